@@ -1,0 +1,88 @@
+// Element-wise ops and small reductions over flat float32 arrays of n elements.
+//   act_fwd   y = f(x) for the activation ACT; act_bwd dx = dy * f'(.) written from the saved output y
+//   fill      x = value
+//   mul       out = a * b
+//   dropout_fwd  mask = (hash(seed, i) >= p) / (1 - p); y = x * mask
+//   bias_grad db[c] += sum over n and p of dy[n, c, p] for dy (N, C, P); one work-group of LSIZE per channel
+// Defines: ACT (1 ReLU, 2 Sigmoid, 3 Tanh), LSIZE (work-group size of bias_grad, a power of two).
+#include "common.h"
+
+#ifndef ACT
+#define ACT 1       // 1 ReLU, 2 Sigmoid, 3 Tanh
+#endif
+#ifndef LSIZE
+#define LSIZE 256   // bias_grad work-group size
+#endif
+#if LSIZE & (LSIZE - 1)
+#error "LSIZE must be a power of two"
+#endif
+
+__kernel void act_fwd(__global const float* restrict x, __global float* restrict y, const int n) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const float v = x[i];
+#if ACT == 1
+    y[i] = fmax(v, 0.0f);
+#elif ACT == 2
+    y[i] = 1.0f / (1.0f + exp(-v));
+#elif ACT == 3
+    y[i] = tanh(v);
+#else
+#error "unknown ACT"
+#endif
+}
+
+__kernel void act_bwd(__global const float* restrict y, __global const float* restrict dy, __global float* restrict dx,
+                      const int n) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const float v = y[i];
+#if ACT == 1
+    dx[i] = v > 0.0f ? dy[i] : 0.0f;
+#elif ACT == 2
+    dx[i] = dy[i] * v * (1.0f - v);
+#elif ACT == 3
+    dx[i] = dy[i] * (1.0f - v * v);
+#endif
+}
+
+__kernel void fill(__global float* x, const float value, const int n) {
+    const int i = get_global_id(0);
+    if (i < n) x[i] = value;
+}
+
+__kernel void mul(__global const float* restrict a, __global const float* restrict b, __global float* restrict out,
+                  const int n) {
+    const int i = get_global_id(0);
+    if (i < n) out[i] = a[i] * b[i];
+}
+
+__kernel void dropout_fwd(__global const float* restrict x, __global float* restrict y, __global float* restrict mask,
+                          const int n, const float p, const uint seed) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const uint h = clnet_hash(clnet_hash((uint)i ^ 0x9e3779b9U) + seed);
+    const float u = (float)(h >> 8) * (1.0f / 16777216.0f);  // uniform in [0, 1)
+    const float m = u >= p ? 1.0f / (1.0f - p) : 0.0f;
+    mask[i] = m;
+    y[i] = x[i] * m;
+}
+
+__kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
+void bias_grad(__global const float* restrict dy, __global float* restrict db, const int N, const int C, const int P) {
+    const int c = get_group_id(0);
+    const int lid = get_local_id(0);
+    __local float part[LSIZE];
+    float s = 0.0f;
+    for (int e = lid; e < N * P; e += LSIZE) {
+        const int n = e / P, p = e % P;
+        s += dy[(n * C + c) * P + p];
+    }
+    part[lid] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = LSIZE / 2; w > 0; w >>= 1) {
+        if (lid < w) part[lid] += part[lid + w];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) db[c] += part[0];
+}

@@ -1,0 +1,47 @@
+// Convolution lowering to matrix products.
+//   im2col: x (N, C, H, W) images [n0, n0 + nimg) -> col (C*KH*KW, nimg*OH*OW); row r = (c*KH + ky)*KW + kx,
+//           column j = i*OH*OW + oy*OW + ox; zero where the window reads padding.
+//   col2im: the adjoint: dcol (C*KH*KW, nimg*OH*OW) -> dx (nimg, C, H, W), each input element gathering from every
+//           window position that read it (no atomics, deterministic). Writes dx; does not accumulate.
+// All sizes are arguments; no defines.
+#include "common.h"
+
+#define CONV_GEOMETRY \
+    const int C, const int H, const int W, const int KH, const int KW, const int SH, const int SW, \
+    const int PH, const int PW, const int DH, const int DW, const int OH, const int OW, const int nimg
+
+__kernel void im2col(__global const float* restrict x, const int x_off, CONV_GEOMETRY, __global float* restrict col) {
+    const int j = get_global_id(0);
+    const int r = get_global_id(1);
+    const int ohw = OH * OW;
+    if (j >= nimg * ohw || r >= C * KH * KW) return;
+    const int i = j / ohw, p = j % ohw;
+    const int oy = p / OW, ox = p % OW;
+    const int kx = r % KW, ky = (r / KW) % KH, c = r / (KW * KH);
+    const int y = oy * SH - PH + ky * DH, xx = ox * SW - PW + kx * DW;
+    float v = 0.0f;
+    if (y >= 0 && y < H && xx >= 0 && xx < W) v = x[x_off + ((i * C + c) * H + y) * W + xx];
+    col[r * (nimg * ohw) + j] = v;
+}
+
+__kernel void col2im(__global const float* restrict col, CONV_GEOMETRY, __global float* restrict dx, const int dx_off) {
+    const int e = get_global_id(0);
+    if (e >= nimg * C * H * W) return;
+    const int xx = e % W, y = (e / W) % H, c = (e / (W * H)) % C, i = e / (W * H * C);
+    const int ohw = OH * OW, np = nimg * ohw;
+    float sum = 0.0f;
+    for (int ky = 0; ky < KH; ky++) {
+        const int ty = y + PH - ky * DH;
+        if (ty < 0 || ty % SH != 0) continue;
+        const int oy = ty / SH;
+        if (oy >= OH) continue;
+        for (int kx = 0; kx < KW; kx++) {
+            const int tx = xx + PW - kx * DW;
+            if (tx < 0 || tx % SW != 0) continue;
+            const int ox = tx / SW;
+            if (ox >= OW) continue;
+            sum += col[((c * KH + ky) * KW + kx) * np + i * ohw + oy * OW + ox];
+        }
+    }
+    dx[dx_off + e] = sum;
+}

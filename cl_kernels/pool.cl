@@ -1,0 +1,90 @@
+// 2-D pooling over NCHW tensors, forward and backward. Windows start at o*S - P; ceil_mode is decided on the host
+// (it only changes OH, OW). Backward kernels gather: each input element visits the windows that cover it, so no
+// atomics are needed and results are deterministic.
+//   maxpool2d_fwd  y = max over the window (padding never wins); idx = the argmax's offset y*W + x in its plane, the
+//                  first one on ties (as PyTorch)
+//   maxpool2d_bwd  dx = sum of dy over the windows whose argmax is this element
+//   avgpool2d_fwd  y = sum / divisor; divisor counts padding when COUNT_PAD (windows clipped to the padded input)
+//   avgpool2d_bwd  dx = sum over covering windows of dy / divisor
+// Defines: COUNT_PAD 0/1 (avgpool only).
+#include "common.h"
+
+#ifndef COUNT_PAD
+#define COUNT_PAD 1  // AvgPool2d count_include_pad
+#endif
+
+#define POOL_GEOMETRY \
+    const int NC, const int H, const int W, const int KH, const int KW, const int SH, const int SW, \
+    const int PH, const int PW, const int OH, const int OW
+
+__kernel void maxpool2d_fwd(__global const float* restrict x, POOL_GEOMETRY, __global float* restrict y,
+                            __global int* restrict idx) {
+    const int e = get_global_id(0);
+    if (e >= NC * OH * OW) return;
+    const int ox = e % OW, oy = (e / OW) % OH, nc = e / (OW * OH);
+    const int y0 = oy * SH - PH, x0 = ox * SW - PW;
+    __global const float* plane = x + nc * H * W;
+    float best = -INFINITY;
+    int arg = -1;
+    for (int ky = max(0, -y0); ky < KH && y0 + ky < H; ky++)
+        for (int kx = max(0, -x0); kx < KW && x0 + kx < W; kx++) {
+            const int off = (y0 + ky) * W + x0 + kx;
+            const float v = plane[off];
+            if (v > best || arg < 0) { best = v; arg = off; }
+        }
+    y[e] = best;
+    idx[e] = arg;
+}
+
+__kernel void maxpool2d_bwd(__global const float* restrict dy, __global const int* restrict idx, POOL_GEOMETRY,
+                            __global float* restrict dx) {
+    const int e = get_global_id(0);
+    if (e >= NC * H * W) return;
+    const int xx = e % W, yy = (e / W) % H, nc = e / (W * H);
+    const int off = yy * W + xx;
+    const int oy_lo = max(0, CEIL_DIV(yy + PH - KH + 1, SH)), oy_hi = min(OH - 1, (yy + PH) / SH);
+    const int ox_lo = max(0, CEIL_DIV(xx + PW - KW + 1, SW)), ox_hi = min(OW - 1, (xx + PW) / SW);
+    float sum = 0.0f;
+    for (int oy = oy_lo; oy <= oy_hi; oy++)
+        for (int ox = ox_lo; ox <= ox_hi; ox++) {
+            const int o = (nc * OH + oy) * OW + ox;
+            if (idx[o] == off) sum += dy[o];
+        }
+    dx[e] = sum;
+}
+
+inline float avg_divisor(const int y0, const int x0, const int H, const int W, const int KH, const int KW,
+                         const int PH, const int PW) {
+#if COUNT_PAD
+    const int y1 = min(y0 + KH, H + PH), x1 = min(x0 + KW, W + PW);
+    return (float)((y1 - y0) * (x1 - x0));
+#else
+    const int y1 = min(y0 + KH, H), x1 = min(x0 + KW, W);
+    return (float)((y1 - max(y0, 0)) * (x1 - max(x0, 0)));
+#endif
+}
+
+__kernel void avgpool2d_fwd(__global const float* restrict x, POOL_GEOMETRY, __global float* restrict y) {
+    const int e = get_global_id(0);
+    if (e >= NC * OH * OW) return;
+    const int ox = e % OW, oy = (e / OW) % OH, nc = e / (OW * OH);
+    const int y0 = oy * SH - PH, x0 = ox * SW - PW;
+    __global const float* plane = x + nc * H * W;
+    float sum = 0.0f;
+    for (int yy = max(y0, 0); yy < min(y0 + KH, H); yy++)
+        for (int xx = max(x0, 0); xx < min(x0 + KW, W); xx++) sum += plane[yy * W + xx];
+    y[e] = sum / avg_divisor(y0, x0, H, W, KH, KW, PH, PW);
+}
+
+__kernel void avgpool2d_bwd(__global const float* restrict dy, POOL_GEOMETRY, __global float* restrict dx) {
+    const int e = get_global_id(0);
+    if (e >= NC * H * W) return;
+    const int xx = e % W, yy = (e / W) % H, nc = e / (W * H);
+    const int oy_lo = max(0, CEIL_DIV(yy + PH - KH + 1, SH)), oy_hi = min(OH - 1, (yy + PH) / SH);
+    const int ox_lo = max(0, CEIL_DIV(xx + PW - KW + 1, SW)), ox_hi = min(OW - 1, (xx + PW) / SW);
+    float sum = 0.0f;
+    for (int oy = oy_lo; oy <= oy_hi; oy++)
+        for (int ox = ox_lo; ox <= ox_hi; ox++)
+            sum += dy[(nc * OH + oy) * OW + ox] / avg_divisor(oy * SH - PH, ox * SW - PW, H, W, KH, KW, PH, PW);
+    dx[e] = sum;
+}

@@ -1,0 +1,79 @@
+// Softmax family over one axis of a tensor viewed as (outer, C, inner), and the cross-entropy loss.
+//   softmax_fwd / softmax_bwd  one work-item per (outer, inner) position; LOG selects log-softmax
+//   cross_entropy  logits (N, C), int labels (N): loss = mean_i (logsumexp(z_i) - z_i[label_i]) written to loss[0],
+//                  grad = (softmax(z) - onehot) / N; one work-group of LSIZE does the whole batch in one launch
+// Defines: LOG 0/1, LSIZE (a power of two).
+#include "common.h"
+
+#ifndef LOG
+#define LOG 0       // log-softmax instead of softmax
+#endif
+#ifndef LSIZE
+#define LSIZE 256   // cross_entropy work-group size
+#endif
+
+__kernel void softmax_fwd(__global const float* restrict x, __global float* restrict y, const int outer, const int C,
+                          const int inner) {
+    const int e = get_global_id(0);
+    if (e >= outer * inner) return;
+    const int base = (e / inner) * C * inner + e % inner;
+    float mx = -INFINITY;
+    for (int c = 0; c < C; c++) mx = fmax(mx, x[base + c * inner]);
+    float s = 0.0f;
+    for (int c = 0; c < C; c++) s += exp(x[base + c * inner] - mx);
+#if LOG
+    const float lse = mx + log(s);
+    for (int c = 0; c < C; c++) y[base + c * inner] = x[base + c * inner] - lse;
+#else
+    const float inv = 1.0f / s;
+    for (int c = 0; c < C; c++) y[base + c * inner] = exp(x[base + c * inner] - mx) * inv;
+#endif
+}
+
+__kernel void softmax_bwd(__global const float* restrict y, __global const float* restrict dy,
+                          __global float* restrict dx, const int outer, const int C, const int inner) {
+    const int e = get_global_id(0);
+    if (e >= outer * inner) return;
+    const int base = (e / inner) * C * inner + e % inner;
+    float s = 0.0f;
+#if LOG
+    for (int c = 0; c < C; c++) s += dy[base + c * inner];
+    for (int c = 0; c < C; c++) dx[base + c * inner] = dy[base + c * inner] - exp(y[base + c * inner]) * s;
+#else
+    for (int c = 0; c < C; c++) s += dy[base + c * inner] * y[base + c * inner];
+    for (int c = 0; c < C; c++) dx[base + c * inner] = y[base + c * inner] * (dy[base + c * inner] - s);
+#endif
+}
+
+__kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
+void cross_entropy(__global const float* restrict z, __global const int* restrict labels, const int N, const int C,
+                   __global float* restrict grad, __global float* restrict loss) {
+    const int lid = get_local_id(0);
+    __local float part[LSIZE];
+    const float invN = 1.0f / (float)N;
+    float total = 0.0f;
+    for (int i = lid; i < N; i += LSIZE) {
+        __global const float* row = z + i * C;
+        float mx = -INFINITY;
+        for (int c = 0; c < C; c++) mx = fmax(mx, row[c]);
+        float s = 0.0f;
+        for (int c = 0; c < C; c++) s += exp(row[c] - mx);
+        const int label = labels[i];
+        if (label < 0 || label >= C) {  // a label the host could not check: poison the row, never read past it
+            total += NAN;
+            for (int c = 0; c < C; c++) grad[i * C + c] = NAN;
+            continue;
+        }
+        total += mx + log(s) - row[label];
+        const float inv = 1.0f / s;
+        for (int c = 0; c < C; c++)
+            grad[i * C + c] = (exp(row[c] - mx) * inv - (c == label ? 1.0f : 0.0f)) * invN;
+    }
+    part[lid] = total;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = LSIZE / 2; w > 0; w >>= 1) {
+        if (lid < w) part[lid] += part[lid + w];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) loss[0] = part[0] * invN;
+}

@@ -1,0 +1,10 @@
+"""clnet: a portable neural-network engine whose kernels are OpenCL C; every buffer stays on the device."""
+from .device import Device, DeviceNotFound, device, list_devices  # first: registers vendor OpenCL libraries
+from .rng import manual_seed
+from .tensor import Tensor, reset_transfer_stats, tensor, transfer_stats
+from . import nn, optim  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = ["Device", "DeviceNotFound", "Tensor", "device", "list_devices", "manual_seed", "nn", "optim",
+           "reset_transfer_stats", "tensor", "transfer_stats", "__version__"]

@@ -1,0 +1,182 @@
+"""OpenCL discovery: platforms, device choice, context and queue.
+
+This is the only module that asks OpenCL which platforms and devices exist.  It also registers vendor OpenCL
+libraries that are installed but have no ICD file (common in containers, where ``libnvidia-opencl.so.1`` is mounted
+from the host but ``/etc/OpenCL/vendors`` is empty), so that such a GPU is found without editing system files.
+"""
+import glob
+import os
+import tempfile
+
+SYSTEM_VENDOR_DIR = "/etc/OpenCL/vendors"
+# Vendor libraries that implement the ICD interface, by the file names their drivers install.
+VENDOR_LIBRARIES = ("libnvidia-opencl.so.1", "libamdocl64.so", "libamdocl-orca64.so", "libigdrcl.so",
+                    "libintelocl.so", "libmali.so", "libpocl.so.2")
+LIBRARY_DIRS = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64",
+                "/usr/lib", "/usr/local/lib", "/usr/lib/wsl/lib", "/opt/rocm/lib", "/opt/rocm/opencl/lib",
+                "/usr/lib/x86_64-linux-gnu/intel-opencl", "/usr/lib/aarch64-linux-gnu")
+
+# Libraries clnet registered itself, reported by `clnet devices`.
+registered_libraries = []
+
+
+def _find_unregistered_libraries():
+    """Vendor libraries present on disk whose name no ICD file mentions."""
+    vendor_dir = os.environ.get("OCL_ICD_VENDORS", SYSTEM_VENDOR_DIR)
+    named = set()
+    for icd in glob.glob(os.path.join(vendor_dir, "*.icd")):
+        try:
+            with open(icd) as f:
+                named.add(os.path.basename(f.read().strip()))
+        except OSError:
+            continue
+    search = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d] + list(LIBRARY_DIRS)
+    found = []
+    for name in VENDOR_LIBRARIES:
+        if name in named:
+            continue
+        for d in search:
+            path = os.path.join(d, name)
+            if os.path.exists(path):
+                found.append(path)
+                break
+    return vendor_dir, found
+
+
+def register_vendor_libraries():
+    """Point the ICD loader at a directory naming every vendor library found; must run before OpenCL is queried.
+
+    The loader reads ``OCL_ICD_VENDORS`` once, at the first platform query, and then ignores the system directory,
+    so the new directory repeats every ICD file that was already registered.
+    """
+    if os.environ.get("CLNET_NO_ICD_SEARCH"):
+        return
+    vendor_dir, found = _find_unregistered_libraries()
+    if not found:
+        return
+    new_dir = tempfile.mkdtemp(prefix="clnet-icd-")
+    for icd in glob.glob(os.path.join(vendor_dir, "*.icd")):
+        with open(icd) as src, open(os.path.join(new_dir, os.path.basename(icd)), "w") as dst:
+            dst.write(src.read())
+    for path in found:
+        with open(os.path.join(new_dir, "clnet-" + os.path.basename(path).split(".")[0] + ".icd"), "w") as f:
+            f.write(path + "\n")
+    os.environ["OCL_ICD_VENDORS"] = new_dir
+    registered_libraries.extend(found)
+
+
+register_vendor_libraries()
+
+import pyopencl as cl  # noqa: E402  (the loader must see OCL_ICD_VENDORS first)
+
+
+class DeviceNotFound(RuntimeError):
+    pass
+
+
+NO_PLATFORM_HELP = ("no OpenCL platform found. Install PoCL for the CPU (`pip install pocl-binary-distribution`, "
+                    "which `pip install clnet` brings) or your GPU vendor's OpenCL driver.")
+
+
+class Device:
+    """One OpenCL device with its own context and in-order, profiling-enabled queue."""
+
+    def __init__(self, index, cl_device):
+        self.index = index
+        self.cl_device = cl_device
+        self.context = cl.Context([cl_device])
+        self.queue = cl.CommandQueue(self.context, properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self.name = cl_device.name.strip()
+        self.platform_name = cl_device.platform.name.strip()
+        self.is_gpu = bool(cl_device.type & cl.device_type.GPU)
+        self.kind = "gpu" if self.is_gpu else ("cpu" if cl_device.type & cl.device_type.CPU else "other")
+        self.compute_units = cl_device.max_compute_units
+        self.local_mem_size = cl_device.local_mem_size
+        self.max_work_group_size = cl_device.max_work_group_size
+        self.global_mem_size = cl_device.global_mem_size
+        self.driver_version = cl_device.driver_version
+        self.version = cl_device.version
+        self.vendor = cl_device.vendor.strip()
+
+    def synchronize(self):
+        self.queue.finish()
+
+    def __repr__(self):
+        return f"Device({self.index}: {self.name!r} on {self.platform_name!r}, {self.kind})"
+
+
+def _all_cl_devices():
+    try:
+        platforms = cl.get_platforms()
+    except cl.LogicError:  # the ICD loader reports "no platform" as an error
+        platforms = []
+    devices = []
+    for p in platforms:
+        try:
+            devices.extend(p.get_devices())
+        except cl.Error:
+            continue
+    return devices
+
+
+def list_devices():
+    """Every OpenCL device as a dict, in the index order that `device(int)` uses."""
+    rows = []
+    for i, d in enumerate(_all_cl_devices()):
+        rows.append(dict(index=i, platform=d.platform.name.strip(), name=d.name.strip(),
+                         type=cl.device_type.to_string(d.type), compute_units=d.max_compute_units,
+                         global_mem=d.global_mem_size, local_mem=d.local_mem_size, version=d.version.strip(),
+                         driver=d.driver_version.strip()))
+    return rows
+
+
+_open_devices = {}
+
+
+def _speed(d):
+    return d.max_compute_units * d.max_clock_frequency
+
+
+def device(spec="auto"):
+    """Return the Device named by spec: 'auto', 'gpu', 'cpu', an index from `clnet devices`, or a name substring.
+
+    The same physical device always gives the same Device object, so tensors made through either share a context.
+    """
+    if isinstance(spec, Device):
+        return spec
+    devices = _all_cl_devices()
+    if not devices:
+        raise DeviceNotFound(NO_PLATFORM_HELP)
+    listing = "; ".join(f"{i}: {d.name.strip()} ({d.platform.name.strip()})" for i, d in enumerate(devices))
+    spec_text = str(spec).strip()
+    chosen = None
+    gpus = [d for d in devices if d.type & cl.device_type.GPU]
+    cpus = [d for d in devices if d.type & cl.device_type.CPU]
+    if spec_text.lower() == "auto":
+        chosen = max(gpus or cpus or devices, key=_speed)
+    elif spec_text.lower() == "gpu":
+        if not gpus:
+            raise DeviceNotFound(f"no OpenCL GPU found; devices present: {listing}. Use --device cpu, or install "
+                                 "the GPU vendor's OpenCL driver.")
+        chosen = max(gpus, key=_speed)
+    elif spec_text.lower() == "cpu":
+        if not cpus:
+            raise DeviceNotFound(f"no OpenCL CPU device found; devices present: {listing}. "
+                                 "`pip install pocl-binary-distribution` adds one.")
+        chosen = max(cpus, key=_speed)
+    elif spec_text.lstrip("-").isdigit():
+        i = int(spec_text)
+        if not 0 <= i < len(devices):
+            raise DeviceNotFound(f"no OpenCL device with index {i}; devices present: {listing}")
+        chosen = devices[i]
+    else:
+        matches = [d for d in devices
+                   if spec_text.lower() in (d.name + " " + d.platform.name).lower()]
+        if not matches:
+            raise DeviceNotFound(f"no OpenCL device matches {spec_text!r}; devices present: {listing}")
+        chosen = matches[0]
+    index = devices.index(chosen)
+    key = (chosen.platform.name, chosen.name, index)
+    if key not in _open_devices:
+        _open_devices[key] = Device(index, chosen)
+    return _open_devices[key]

@@ -1,0 +1,129 @@
+"""Finds cl_kernels/*.cl, builds programs with -D defines, caches them per (context, file, defines), launches them.
+
+Every launch goes through `launch`, which converts arguments, pads the global size to the work-group size, records
+profiling events when a profiler is attached (the benchmark's per-layer times), and turns OpenCL failures into
+messages that name the operation and its sizes.
+"""
+import os
+import warnings
+from importlib import resources
+
+import numpy as np
+import pyopencl as cl
+
+
+class KernelError(RuntimeError):
+    pass
+
+
+def kernel_dir():
+    """cl_kernels/ as installed in the wheel (clnet.cl_kernels), else beside the package in a source checkout."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(here, "cl_kernels"), os.path.join(os.path.dirname(here), "cl_kernels")):
+        if os.path.isfile(os.path.join(candidate, "common.h")):
+            return candidate
+    try:
+        path = str(resources.files("clnet.cl_kernels"))
+        if os.path.isfile(os.path.join(path, "common.h")):
+            return path
+    except ModuleNotFoundError:
+        pass
+    raise KernelError("clnet's OpenCL sources (cl_kernels/) are missing from the installation; reinstall clnet")
+
+
+_programs = {}
+_sources = {}
+build_count = 0
+
+
+def _source(filename):
+    if filename not in _sources:
+        with open(os.path.join(kernel_dir(), filename)) as f:
+            _sources[filename] = f.read()
+    return _sources[filename]
+
+
+def program(dev, filename, defines=None):
+    """The built program for (device, file, defines); built once per process."""
+    global build_count
+    items = tuple(sorted((defines or {}).items()))
+    key = (dev.context.int_ptr, filename, items)
+    prog = _programs.get(key)
+    if prog is None:
+        options = [f"-D{k}={int(v) if isinstance(v, bool) else v}" for k, v in items]
+        options += ["-I", kernel_dir(), "-cl-mad-enable"]
+        try:
+            with warnings.catch_warnings():  # drivers' build chatter (PoCL's AVX ABI notes) is not the user's concern
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                prog = cl.Program(dev.context, _source(filename)).build(options=options)
+        except cl.RuntimeError as e:
+            raise KernelError(f"building {filename} with {' '.join(options[:-3])} failed on {dev.name}:\n{e}") from e
+        build_count += 1
+        prog.kernel_cache = {}
+        _programs[key] = prog
+    return prog
+
+
+def kernel(dev, filename, name, defines=None):
+    prog = program(dev, filename, defines)
+    k = prog.kernel_cache.get(name)
+    if k is None:
+        k = prog.kernel_cache[name] = getattr(prog, name)
+    return k
+
+
+class Profiler:
+    """Collects (tag, kernel name, event) for every launch while attached; times read after the queue finishes."""
+
+    def __init__(self):
+        self.records = []
+        self.tag = None
+
+    def times_ms(self):
+        out = []
+        for tag, name, ev in self.records:
+            out.append((tag, name, (ev.profile.end - ev.profile.start) * 1e-6))
+        return out
+
+
+profiler = None  # set by the benchmark; None costs nothing
+launch_count = 0
+
+
+def _arg(a):
+    if a is None:
+        return None
+    if isinstance(a, (bool, np.bool_)):
+        return np.int32(a)
+    if isinstance(a, (int, np.integer)):
+        return np.int32(a)
+    if isinstance(a, (float, np.floating)):
+        return np.float32(a)
+    if hasattr(a, "storage"):  # a Tensor
+        return a.storage.buffer
+    return a
+
+
+def launch(dev, k, global_size, local_size, *args, what=""):
+    """Enqueue kernel k; global_size is rounded up to a multiple of local_size."""
+    global launch_count
+    if local_size is not None:
+        global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
+    if any(g == 0 for g in global_size):
+        return None
+    try:
+        k.set_args(*[_arg(a) for a in args])
+        ev = cl.enqueue_nd_range_kernel(dev.queue, k, global_size, local_size)
+    except cl.Error as e:
+        code = getattr(e, "code", None)
+        if code in (cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE, cl.status_code.OUT_OF_RESOURCES,
+                    cl.status_code.OUT_OF_HOST_MEMORY):
+            raise MemoryError(f"clnet: out of memory on {dev.name} while running {what or k.function_name} "
+                              f"(global size {global_size}): use a smaller batch") from e
+        raise KernelError(f"clnet: {what or k.function_name} could not run on {dev.name} (global size "
+                          f"{global_size}, work-group {local_size}): {e}. This is a clnet bug; please report it "
+                          "with the layer and input shape.") from e
+    launch_count += 1
+    if profiler is not None:
+        profiler.records.append((profiler.tag, k.function_name, ev))
+    return ev

@@ -1,0 +1,304 @@
+"""Device operations: each function sizes its work, picks kernel and parameters (tuning.py) and launches it.
+
+Layers (nn/) call these; nothing here talks to OpenCL discovery or copies to the host.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import kernels, tuning
+from .tensor import Tensor, empty
+
+NO_SPLIT = 1 << 30  # a column divisor no index reaches
+
+
+@dataclass(frozen=True)
+class Mat:
+    """How a matrix operand sits in its buffer: element (r, c) of batch b is at
+    off + b*bs + r*rs + (c % cdiv)*cs + (c // cdiv)*cso."""
+    off: int = 0
+    bs: int = 0
+    rs: int = 1
+    cs: int = 1
+    cdiv: int = NO_SPLIT
+    cso: int = 0
+
+    @property
+    def split(self):
+        return self.cdiv != NO_SPLIT
+
+    def args(self):
+        return (self.off, self.bs, self.rs, self.cs, self.cdiv, self.cso)
+
+
+def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bias_mode=0, bias_bs=0, relu=False,
+         what="matrix product"):
+    """C = act(alpha * A @ B + beta * C + bias) for `batch` products laid out as the Mats a, b, c describe."""
+    dev = C.device
+    cfg = tuning.gemm_config(dev, M, N, K, batch)
+    defines = dict(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split, BIAS=bias_mode if bias is not None else 0,
+                   RELU=relu)
+    if cfg["kernel"] == "gemm_tiled":
+        defines.update(TM=cfg["TM"], TN=cfg["TN"], TK=cfg["TK"], WM=cfg["WM"], WN=cfg["WN"],
+                       A_KFAST=(a.cs == 1 and a.rs != 1 and not a.split), B_KFAST=(b.rs == 1 and b.cs != 1))
+        local = (cfg["TN"] // cfg["WN"], cfg["TM"] // cfg["WM"], 1)
+        global_size = (-(-N // cfg["TN"]) * local[0], -(-M // cfg["TM"]) * local[1], batch)
+    else:
+        defines.update(RM=cfg["RM"], B_CONTIG=(b.cs == 1 and not b.split))
+        local = None
+        global_size = (-(-N // 16), -(-M // cfg["RM"]), batch)
+    k = kernels.kernel(dev, "gemm.cl", cfg["kernel"], defines)
+    kernels.launch(dev, k, global_size, local, M, N, K, alpha, beta, A, *a.args(), B, *b.args(), C, *c.args(),
+                   bias, bias_bs, what=what)
+
+
+def _flat_launch(dev, k, n, *args, what=""):
+    kernels.launch(dev, k, (n,), None, *args, what=what)
+
+
+def fill(t, value):
+    _flat_launch(t.device, kernels.kernel(t.device, "elementwise.cl", "fill"), t.size, t, float(value), t.size,
+                 what="fill")
+    return t
+
+
+def zeros(shape, dev):
+    return fill(empty(shape, dev), 0.0)
+
+
+def mul(a, b):
+    out = empty(a.shape, a.device)
+    _flat_launch(a.device, kernels.kernel(a.device, "elementwise.cl", "mul"), a.size, a, b, out, a.size, what="mul")
+    return out
+
+
+ACTIVATIONS = {"relu": 1, "sigmoid": 2, "tanh": 3}
+
+
+def activation_forward(name, x):
+    y = empty(x.shape, x.device)
+    k = kernels.kernel(x.device, "elementwise.cl", "act_fwd", dict(ACT=ACTIVATIONS[name]))
+    _flat_launch(x.device, k, x.size, x, y, x.size, what=name)
+    return y
+
+
+def activation_backward(name, y, dy):
+    dx = empty(y.shape, y.device)
+    k = kernels.kernel(y.device, "elementwise.cl", "act_bwd", dict(ACT=ACTIVATIONS[name]))
+    _flat_launch(y.device, k, y.size, y, dy, dx, y.size, what=name + " backward")
+    return dx
+
+
+def dropout_forward(x, p, seed):
+    y, mask = empty(x.shape, x.device), empty(x.shape, x.device)
+    k = kernels.kernel(x.device, "elementwise.cl", "dropout_fwd")
+    _flat_launch(x.device, k, x.size, x, y, mask, x.size, float(p), np.uint32(seed & 0xFFFFFFFF), what="dropout")
+    return y, mask
+
+
+def bias_grad(dy, db, N, C, P):
+    """db += sum of dy (N, C, P) over N and P."""
+    lsize = 256 if dy.device.max_work_group_size >= 256 else 1 << (dy.device.max_work_group_size.bit_length() - 1)
+    k = kernels.kernel(dy.device, "elementwise.cl", "bias_grad", dict(LSIZE=lsize))
+    kernels.launch(dy.device, k, (C * lsize,), (lsize,), dy, db, N, C, P, what="bias gradient")
+
+
+def softmax_forward(x, dim, log):
+    outer = int(np.prod(x.shape[:dim], dtype=np.int64))
+    inner = int(np.prod(x.shape[dim + 1:], dtype=np.int64))
+    y = empty(x.shape, x.device)
+    k = kernels.kernel(x.device, "softmax.cl", "softmax_fwd", dict(LOG=log))
+    _flat_launch(x.device, k, outer * inner, x, y, outer, x.shape[dim], inner, what="softmax")
+    return y
+
+
+def softmax_backward(y, dy, dim, log):
+    outer = int(np.prod(y.shape[:dim], dtype=np.int64))
+    inner = int(np.prod(y.shape[dim + 1:], dtype=np.int64))
+    dx = empty(y.shape, y.device)
+    k = kernels.kernel(y.device, "softmax.cl", "softmax_bwd", dict(LOG=log))
+    _flat_launch(y.device, k, outer * inner, y, dy, dx, outer, y.shape[dim], inner, what="softmax backward")
+    return dx
+
+
+def cross_entropy(logits, labels):
+    """Mean cross-entropy of logits (N, C) and int32 labels (N,): (loss tensor of one element, d loss / d logits)."""
+    dev = logits.device
+    N, C = logits.shape
+    grad, loss = empty(logits.shape, dev), empty((), dev)
+    lsize = min(256, dev.max_work_group_size)
+    lsize = 1 << (lsize.bit_length() - 1)
+    k = kernels.kernel(dev, "softmax.cl", "cross_entropy", dict(LSIZE=lsize))
+    kernels.launch(dev, k, (lsize,), (lsize,), logits, labels, N, C, grad, loss, what="cross-entropy")
+    return loss, grad
+
+
+def sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov, first):
+    k = kernels.kernel(p.device, "sgd.cl", "sgd_step", dict(MOMENTUM=momentum != 0, NESTEROV=nesterov))
+    _flat_launch(p.device, k, p.size, p, g, buf, p.size, float(lr), float(momentum), float(weight_decay), int(first),
+                 what="SGD step")
+
+
+# ---- pooling -------------------------------------------------------------------------------------------------------
+
+def _pool_args(x_shape, out_hw, k, s, p):
+    N, C, H, W = x_shape
+    return (N * C, H, W, k[0], k[1], s[0], s[1], p[0], p[1], out_hw[0], out_hw[1])
+
+
+def maxpool_forward(x, out_hw, k, s, p):
+    N, C = x.shape[:2]
+    y = empty((N, C) + tuple(out_hw), x.device)
+    idx = empty(y.shape, x.device, np.int32)
+    kern = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd")
+    _flat_launch(x.device, kern, y.size, x, *_pool_args(x.shape, out_hw, k, s, p), y, idx, what="max pooling")
+    return y, idx
+
+
+def maxpool_backward(dy, idx, x_shape, k, s, p):
+    dx = empty(x_shape, dy.device)
+    kern = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd")
+    _flat_launch(dy.device, kern, dx.size, dy, idx, *_pool_args(x_shape, dy.shape[2:], k, s, p), dx,
+                 what="max pooling backward")
+    return dx
+
+
+def avgpool_forward(x, out_hw, k, s, p, count_include_pad):
+    N, C = x.shape[:2]
+    y = empty((N, C) + tuple(out_hw), x.device)
+    kern = kernels.kernel(x.device, "pool.cl", "avgpool2d_fwd", dict(COUNT_PAD=count_include_pad))
+    _flat_launch(x.device, kern, y.size, x, *_pool_args(x.shape, out_hw, k, s, p), y, what="average pooling")
+    return y
+
+
+def avgpool_backward(dy, x_shape, k, s, p, count_include_pad):
+    dx = empty(x_shape, dy.device)
+    kern = kernels.kernel(dy.device, "pool.cl", "avgpool2d_bwd", dict(COUNT_PAD=count_include_pad))
+    _flat_launch(dy.device, kern, dx.size, dy, *_pool_args(x_shape, dy.shape[2:], k, s, p), dx,
+                 what="average pooling backward")
+    return dx
+
+
+# ---- convolution ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConvShape:
+    N: int
+    C: int
+    H: int
+    W: int
+    O: int
+    KH: int
+    KW: int
+    SH: int
+    SW: int
+    PH: int  # top padding (bottom padding only changes OH)
+    PW: int  # left padding
+    DH: int
+    DW: int
+    G: int
+    OH: int
+    OW: int
+
+    @property
+    def pointwise(self):
+        """1x1, stride 1, no padding: the input already is the lowered matrix."""
+        return (self.KH, self.KW, self.SH, self.SW, self.PH, self.PW, self.OH, self.OW) == \
+            (1, 1, 1, 1, 0, 0, self.H, self.W)
+
+    def geometry(self, nimg):
+        return (self.C, self.H, self.W, self.KH, self.KW, self.SH, self.SW, self.PH, self.PW, self.DH, self.DW,
+                self.OH, self.OW, nimg)
+
+    def chunk(self, dev):
+        """Images per im2col chunk, so that the column buffer stays within the device's budget."""
+        per_image = self.C * self.KH * self.KW * self.OH * self.OW * 4
+        return max(1, min(self.N, tuning.col_bytes(dev) // max(per_image, 1)))
+
+
+def _im2col(x, s, n0, nimg, col):
+    k = kernels.kernel(x.device, "im2col.cl", "im2col")
+    rows = s.C * s.KH * s.KW
+    kernels.launch(x.device, k, (nimg * s.OH * s.OW, rows), None, x, n0 * s.C * s.H * s.W, *s.geometry(nimg), col,
+                   what="im2col")
+
+
+def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):
+    dev = x.device
+    y = empty((s.N, s.O, s.OH, s.OW), dev)
+    Og, Cg, KK, OHW = s.O // s.G, s.C // s.G, s.KH * s.KW, s.OH * s.OW
+    chunk = s.chunk(dev)
+    col = None if s.pointwise else empty((s.C * KK * chunk * OHW,), dev)
+    for n0 in range(0, s.N, chunk):
+        nimg = min(chunk, s.N - n0)
+        NP = nimg * OHW
+        if s.pointwise:
+            B, b = x, Mat(off=n0 * s.C * OHW, bs=Cg * OHW, rs=OHW, cs=1, cdiv=OHW if nimg > 1 else NO_SPLIT,
+                          cso=s.C * OHW if nimg > 1 else 0)
+        else:
+            _im2col(x, s, n0, nimg, col)
+            B, b = col, Mat(bs=Cg * KK * NP, rs=NP, cs=1)
+        c = Mat(off=n0 * s.O * OHW, bs=Og * OHW, rs=OHW, cs=1, cdiv=OHW if nimg > 1 else NO_SPLIT,
+                cso=s.O * OHW if nimg > 1 else 0)
+        gemm(Og, NP, Cg * KK, w, Mat(bs=Og * Cg * KK, rs=Cg * KK, cs=1), B, b, y, c, batch=s.G,
+             bias=bias, bias_mode=1, bias_bs=Og, relu=relu, what=what)
+    return y
+
+
+def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward"):
+    """Adds d loss / d w into dw (and d loss / d bias into db); returns d loss / d x (or None)."""
+    dev = x.device
+    Og, Cg, KK, OHW = s.O // s.G, s.C // s.G, s.KH * s.KW, s.OH * s.OW
+    chunk = s.chunk(dev)
+    col = empty((s.C * KK * chunk * OHW,), dev)
+    dx = empty(x.shape, dev) if need_dx else None
+    if db is not None:
+        bias_grad(dy, db, s.N, s.O, OHW)
+    for n0 in range(0, s.N, chunk):
+        nimg = min(chunk, s.N - n0)
+        NP = nimg * OHW
+        dy_cols = Mat(off=n0 * s.O * OHW, bs=Og * OHW, rs=OHW, cs=1, cdiv=OHW if nimg > 1 else NO_SPLIT,
+                      cso=s.O * OHW if nimg > 1 else 0)
+        _im2col(x, s, n0, nimg, col)
+        # dw_g (Og, Cg*KK) += dy_g (Og, NP) @ col_g^T (NP, Cg*KK)
+        gemm(Og, Cg * KK, NP, dy, dy_cols, col, Mat(bs=Cg * KK * NP, rs=1, cs=NP), dw,
+             Mat(bs=Og * Cg * KK, rs=Cg * KK, cs=1), beta=1.0, batch=s.G, what=what + " (weights)")
+        if not need_dx:
+            continue
+        w_t = Mat(bs=Og * Cg * KK, rs=1, cs=Cg * KK)  # w_g^T: (Cg*KK, Og)
+        if s.pointwise:
+            # dx_g (Cg, NP) = w_g^T @ dy_g, written straight into NCHW
+            c = Mat(off=n0 * s.C * OHW, bs=Cg * OHW, rs=OHW, cs=1, cdiv=OHW if nimg > 1 else NO_SPLIT,
+                    cso=s.C * OHW if nimg > 1 else 0)
+            gemm(Cg, NP, Og, w, w_t, dy, dy_cols, dx, c, batch=s.G, what=what + " (data)")
+        else:
+            gemm(Cg * KK, NP, Og, w, w_t, dy, dy_cols, col, Mat(bs=Cg * KK * NP, rs=NP, cs=1), batch=s.G,
+                 what=what + " (data)")
+            k = kernels.kernel(dev, "im2col.cl", "col2im")
+            kernels.launch(dev, k, (nimg * s.C * s.H * s.W,), None, col, *s.geometry(nimg), dx,
+                           n0 * s.C * s.H * s.W, what="col2im")
+    return dx
+
+
+# ---- dense ---------------------------------------------------------------------------------------------------------
+
+def linear_forward(x, w, bias, relu=False, what="Linear"):
+    N, I = x.shape
+    O = w.shape[0]
+    y = empty((N, O), x.device)
+    gemm(N, O, I, x, Mat(rs=I, cs=1), w, Mat(rs=1, cs=I), y, Mat(rs=O, cs=1), bias=bias, bias_mode=2, relu=relu,
+         what=what)
+    return y
+
+
+def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward"):
+    N, I = x.shape
+    O = w.shape[0]
+    gemm(O, I, N, dy, Mat(rs=1, cs=O), x, Mat(rs=I, cs=1), dw, Mat(rs=I, cs=1), beta=1.0, what=what + " (weights)")
+    if db is not None:
+        bias_grad(dy, db, N, O, 1)
+    if not need_dx:
+        return None
+    dx = empty((N, I), x.device)
+    gemm(N, I, O, dy, Mat(rs=O, cs=1), w, Mat(rs=I, cs=1), dx, Mat(rs=I, cs=1), what=what + " (data)")
+    return dx

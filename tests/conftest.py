@@ -1,0 +1,42 @@
+import numpy as np
+import pytest
+
+import clnet
+
+DEVICES = clnet.list_devices()
+
+
+@pytest.fixture(params=[d["index"] for d in DEVICES], ids=[f"{d['index']}-{d['name'][:24]}" for d in DEVICES])
+def dev(request):
+    """Every test that takes `dev` runs on every OpenCL device present (PoCL in CI)."""
+    return clnet.device(request.param)
+
+
+@pytest.fixture
+def rng():
+    """Fresh random data per test (the seed is printed on failure for replay)."""
+    seed = np.random.SeedSequence().entropy % 2**32
+    print(f"random seed {seed}")
+    return np.random.default_rng(seed)
+
+
+def assert_close(actual, expected, name, tol=2e-5):
+    """Compare a clnet float32 result with a float64 reference: normwise relative error and the worst element."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, f"{name}: shape {actual.shape}, expected {expected.shape}"
+    assert np.all(np.isfinite(actual)), f"{name}: non-finite values in the result"
+    scale = max(np.abs(expected).max(initial=0.0), 1e-30)
+    worst = np.abs(actual - expected).max(initial=0.0) / scale
+    norm = np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30)
+    assert worst < 20 * tol and norm < tol, \
+        f"{name}: relative error {norm:.2e} (worst element {worst:.2e} of the largest magnitude), tolerance {tol:.0e}"
+
+
+try:
+    import torch  # noqa: F401
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+
+needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed; the NumPy reference still runs")

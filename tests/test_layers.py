@@ -1,0 +1,247 @@
+"""Every layer, forward and every gradient, against float64 NumPy references (and PyTorch where installed)."""
+import numpy as np
+import pytest
+
+import clnet
+from clnet import nn
+
+import reference as ref
+from conftest import assert_close, needs_torch
+
+
+def run_layer(layer, dev, x, dy_fn=None, rng=None):
+    """Forward and backward through a clnet layer with a random upstream gradient; returns (y, dy, dx)."""
+    layer.to(dev)
+    y = layer(clnet.tensor(x, dev))
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dx = layer.backward(clnet.tensor(dy, dev))
+    return y.numpy(), dy, dx.numpy()
+
+
+CONV_CASES = [
+    # (N, C, H, W, O, kernel, stride, padding, dilation, groups)
+    (2, 3, 9, 11, 5, 3, 1, 0, 1, 1),
+    (1, 1, 28, 28, 20, 5, 1, 0, 1, 1),
+    (3, 4, 13, 7, 6, (3, 2), (2, 1), (1, 2), 1, 2),
+    (2, 6, 17, 15, 9, 3, 2, 1, (2, 1), 3),
+    (2, 5, 12, 12, 31, 1, 1, 0, 1, 1),      # pointwise: no lowering
+    (2, 33, 8, 8, 65, 1, 1, 0, 1, 1),
+    (2, 3, 10, 9, 4, 4, 1, "same", 1, 1),   # even kernel: PyTorch puts the extra pixel at the bottom/right
+    (1, 2, 9, 9, 3, 3, 1, "same", 2, 1),
+    (2, 3, 23, 23, 8, 11, 4, 2, 1, 1),      # AlexNet's first layer shape, small
+    (3, 8, 5, 5, 8, 3, 1, 1, 1, 8),         # depthwise
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=[str(i) for i in range(len(CONV_CASES))])
+def test_conv2d(dev, rng, case):
+    N, C, H, W, O, k, s, p, d, g = case
+    layer = nn.Conv2d(C, O, k, stride=s, padding=p, dilation=d, groups=g)
+    x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    y, dy, dx = run_layer(layer, dev, x, rng=rng)
+    w, b = layer.weight.numpy(), layer.bias.numpy()
+    ry, rdx, rdw, rdb = ref.conv2d(x, w, b, layer.stride, layer._pad_begin, layer._pad_total, layer.dilation, g, dy)
+    assert_close(y, ry, "output")
+    assert_close(dx, rdx, "grad input")
+    assert_close(layer.weight.grad.numpy(), rdw, "grad weight")
+    assert_close(layer.bias.grad.numpy(), rdb, "grad bias")
+
+
+def test_conv2d_large_batch_is_chunked(dev, rng, monkeypatch):
+    """Batches whose lowered matrix exceeds the budget run in chunks with the same result."""
+    from clnet import tuning
+    monkeypatch.setitem(tuning.COL_BYTES, "gpu", 3000)
+    monkeypatch.setitem(tuning.COL_BYTES, "cpu", 3000)
+    layer = nn.Conv2d(3, 4, 3, padding=1, bias=False)
+    x = rng.standard_normal((5, 3, 7, 6)).astype(np.float32)
+    y, dy, dx = run_layer(layer, dev, x, rng=rng)
+    ry, rdx, rdw, _ = ref.conv2d(x, layer.weight.numpy(), None, (1, 1), (1, 1), (2, 2), (1, 1), 1, dy)
+    assert_close(y, ry, "output")
+    assert_close(dx, rdx, "grad input")
+    assert_close(layer.weight.grad.numpy(), rdw, "grad weight")
+
+
+def test_gradients_accumulate(dev, rng):
+    """backward adds into .grad, so two passes give twice the gradient."""
+    layer = nn.Linear(7, 3).to(dev)
+    x = clnet.tensor(rng.standard_normal((4, 7)), dev)
+    dy = clnet.tensor(rng.standard_normal((4, 3)), dev)
+    layer(x)
+    layer.backward(dy)
+    once = layer.weight.grad.numpy()
+    layer(x)
+    layer.backward(dy)
+    assert_close(layer.weight.grad.numpy(), 2 * once.astype(np.float64), "accumulated grad")
+
+
+@pytest.mark.parametrize("N,I,O", [(1, 1, 1), (3, 31, 33), (65, 17, 5), (8, 800, 500)])
+def test_linear(dev, rng, N, I, O):
+    layer = nn.Linear(I, O)
+    x = rng.standard_normal((N, I)).astype(np.float32)
+    y, dy, dx = run_layer(layer, dev, x, rng=rng)
+    ry, rdx, rdw, rdb = ref.linear(x, layer.weight.numpy(), layer.bias.numpy(), dy)
+    assert_close(y, ry, "output")
+    assert_close(dx, rdx, "grad input")
+    assert_close(layer.weight.grad.numpy(), rdw, "grad weight")
+    assert_close(layer.bias.grad.numpy(), rdb, "grad bias")
+
+
+POOL_CASES = [
+    # (N, C, H, W, kernel, stride, padding, ceil_mode)
+    (2, 3, 8, 8, 2, None, 0, False),
+    (1, 2, 13, 11, 3, 2, 0, False),
+    (2, 3, 13, 11, 3, 2, 1, True),
+    (1, 1, 7, 7, 3, 1, 1, False),           # 3x3 stride 1 that keeps the size
+    (3, 2, 10, 9, (3, 2), (2, 3), (1, 1), True),
+    (1, 4, 31, 33, 3, 2, 0, True),
+]
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=[str(i) for i in range(len(POOL_CASES))])
+def test_maxpool2d(dev, rng, case):
+    N, C, H, W, k, s, p, ceil = case
+    layer = nn.MaxPool2d(k, s, p, ceil)
+    x = rng.permutation(N * C * H * W).reshape(N, C, H, W).astype(np.float32) / 10  # no ties
+    y, dy, dx = run_layer(layer, dev, x, rng=rng)
+    ry, rdx = ref.maxpool2d(x, layer.kernel_size, layer.stride, layer.padding, ceil, dy)
+    assert_close(y, ry, "output")
+    assert_close(dx, rdx, "grad input")
+
+
+@pytest.mark.parametrize("count_include_pad", [True, False])
+@pytest.mark.parametrize("case", POOL_CASES, ids=[str(i) for i in range(len(POOL_CASES))])
+def test_avgpool2d(dev, rng, case, count_include_pad):
+    N, C, H, W, k, s, p, ceil = case
+    layer = nn.AvgPool2d(k, s, p, ceil, count_include_pad)
+    x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    y, dy, dx = run_layer(layer, dev, x, rng=rng)
+    ry, rdx = ref.avgpool2d(x, layer.kernel_size, layer.stride, layer.padding, ceil, count_include_pad, dy)
+    assert_close(y, ry, "output")
+    assert_close(dx, rdx, "grad input")
+
+
+@pytest.mark.parametrize("kind,layer_cls", [("relu", nn.ReLU), ("sigmoid", nn.Sigmoid), ("tanh", nn.Tanh)])
+def test_activations(dev, rng, kind, layer_cls):
+    x = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    x[np.abs(x) < 1e-3] = 0.5  # away from ReLU's kink
+    y, dy, dx = run_layer(layer_cls(), dev, x, rng=rng)
+    ry, rdx = ref.activation(kind, x, dy)
+    assert_close(y, ry, "output", tol=1e-6)
+    assert_close(dx, rdx, "grad input", tol=1e-6)
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("shape,dim", [((4, 10), 1), ((2, 3, 5, 4), 1), ((3, 65), -1), ((1, 1), 1)])
+def test_softmax(dev, rng, shape, dim, log):
+    layer = nn.LogSoftmax(dim) if log else nn.Softmax(dim)
+    x = (3 * rng.standard_normal(shape)).astype(np.float32)
+    y, dy, dx = run_layer(layer, dev, x, rng=rng)
+    ry, rdx = ref.softmax(x, dim, log, dy)
+    assert_close(y, ry, "output", tol=1e-5)
+    assert_close(dx, rdx, "grad input", tol=1e-5)
+
+
+def test_flatten(dev, rng):
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    y, dy, dx = run_layer(nn.Flatten(), dev, x, rng=rng)
+    assert y.shape == (2, 60)
+    np.testing.assert_array_equal(y, x.reshape(2, 60))
+    np.testing.assert_array_equal(dx, dy.reshape(x.shape))
+
+
+def test_dropout(dev, rng):
+    clnet.manual_seed(int(rng.integers(1 << 30)))
+    layer = nn.Dropout(0.3).to(dev)
+    x = rng.standard_normal((50, 400)).astype(np.float32) + 3
+    y, dy, dx = run_layer(layer, dev, x, rng=rng)
+    kept = y != 0
+    assert 0.65 < kept.mean() < 0.75, f"kept fraction {kept.mean():.3f}, expected about 0.7"
+    np.testing.assert_allclose(y[kept], x[kept] / 0.7, rtol=1e-6)
+    np.testing.assert_allclose(dx, np.where(kept, dy / 0.7, 0), rtol=1e-6)
+    layer.eval()
+    y_eval, _, dx_eval = run_layer(layer, dev, x, rng=rng)
+    np.testing.assert_array_equal(y_eval, x)
+
+
+@pytest.mark.parametrize("N,C", [(1, 2), (7, 10), (300, 33)])
+def test_cross_entropy(dev, rng, N, C):
+    logits = (2 * rng.standard_normal((N, C))).astype(np.float32)
+    labels = rng.integers(0, C, N)
+    loss_fn = nn.CrossEntropyLoss()
+    loss = loss_fn(clnet.tensor(logits, dev), labels)
+    rl, rg = ref.cross_entropy(logits, labels)
+    assert abs(float(loss) - rl) < 1e-5 * max(1, abs(rl))
+    assert_close(loss_fn.backward().numpy(), rg, "grad logits", tol=1e-5)
+
+
+def test_reference_conv_matches_finite_differences(rng):
+    """The float64 reference's gradients agree with central differences, so the references themselves are right."""
+    x = rng.standard_normal((1, 2, 5, 6))
+    w = rng.standard_normal((4, 1, 3, 2))
+    b = rng.standard_normal(4)
+    args = ((2, 1), (1, 0), (2, 1), (1, 2), 2)
+    y = ref.conv2d(x, w, b, *args)
+    dy = rng.standard_normal(y.shape)
+    _, dx, dw, db = ref.conv2d(x, w, b, *args, dy=dy)
+    eps = 1e-6
+    for arr, grad in ((x, dx), (w, dw), (b, db)):
+        for idx in [tuple(rng.integers(0, s) for s in arr.shape) for _ in range(6)]:
+            old = arr[idx]
+            arr[idx] = old + eps
+            up = (ref.conv2d(x, w, b, *args) * dy).sum()
+            arr[idx] = old - eps
+            down = (ref.conv2d(x, w, b, *args) * dy).sum()
+            arr[idx] = old
+            assert abs((up - down) / (2 * eps) - grad[idx]) < 1e-6 * max(1, abs(grad[idx]))
+
+
+def test_reference_pools_match_finite_differences(rng):
+    x = rng.permutation(2 * 9 * 8).reshape(1, 2, 9, 8) / 7.0
+    for fn in (lambda a, g=None: ref.maxpool2d(a, (3, 2), (2, 2), (1, 1), True, g),
+               lambda a, g=None: ref.avgpool2d(a, (3, 3), (2, 1), (1, 1), True, False, g)):
+        y = fn(x)
+        dy = rng.standard_normal(y.shape)
+        _, dx = fn(x, dy)
+        eps = 1e-4
+        for idx in [tuple(rng.integers(0, s) for s in x.shape) for _ in range(8)]:
+            old = x[idx]
+            x[idx] = old + eps
+            up = (fn(x) * dy).sum()
+            x[idx] = old - eps
+            down = (fn(x) * dy).sum()
+            x[idx] = old
+            assert abs((up - down) / (2 * eps) - dx[idx]) < 1e-6
+
+
+@needs_torch
+@pytest.mark.parametrize("case", CONV_CASES[:4] + CONV_CASES[6:8], ids=[str(i) for i in (0, 1, 2, 3, 6, 7)])
+def test_conv2d_against_torch(dev, rng, case):
+    import torch
+    N, C, H, W, O, k, s, p, d, g = case
+    layer = nn.Conv2d(C, O, k, stride=s, padding=p, dilation=d, groups=g)
+    tl = torch.nn.Conv2d(C, O, k, stride=s, padding=p, dilation=d, groups=g).double()
+    tl.load_state_dict({k2: torch.tensor(v, dtype=torch.float64) for k2, v in layer.state_dict().items()})
+    x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    y, dy, dx = run_layer(layer, dev, x, rng=rng)
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    ty = tl(tx)
+    ty.backward(torch.tensor(dy, dtype=torch.float64))
+    assert_close(y, ty.detach().numpy(), "output")
+    assert_close(dx, tx.grad.numpy(), "grad input")
+    assert_close(layer.weight.grad.numpy(), tl.weight.grad.numpy(), "grad weight")
+
+
+@needs_torch
+@pytest.mark.parametrize("case", POOL_CASES, ids=[str(i) for i in range(len(POOL_CASES))])
+def test_pools_against_torch(dev, rng, case):
+    import torch
+    N, C, H, W, k, s, p, ceil = case
+    x = rng.permutation(N * C * H * W).reshape(N, C, H, W).astype(np.float32) / 10
+    for layer, tl in ((nn.MaxPool2d(k, s, p, ceil), torch.nn.MaxPool2d(k, s, p, ceil_mode=ceil)),
+                      (nn.AvgPool2d(k, s, p, ceil, False), torch.nn.AvgPool2d(k, s, p, ceil, False))):
+        y, dy, dx = run_layer(layer, dev, x, rng=rng)
+        tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+        ty = tl(tx)
+        ty.backward(torch.tensor(dy, dtype=torch.float64))
+        assert_close(y, ty.detach().numpy(), f"{layer!r} output")
+        assert_close(dx, tx.grad.numpy(), f"{layer!r} grad input")
