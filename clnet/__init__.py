@@ -1,5 +1,5 @@
 """clnet: a portable neural-network engine whose kernels are OpenCL C; every buffer stays on the device."""
-from .device import Device, DeviceNotFound, device, list_devices  # first: registers vendor OpenCL libraries
+from .devices import Device, DeviceNotFound, device, list_devices  # first: registers vendor OpenCL libraries
 from .rng import manual_seed
 from .tensor import Tensor, reset_transfer_stats, tensor, transfer_stats
 from . import nn, optim  # noqa: E402

@@ -2,7 +2,7 @@
 import numpy as np
 import pyopencl as cl
 
-from .device import device as _device
+from .devices import device as _device
 
 _stats = dict(host_to_device_bytes=0, host_to_device_count=0, device_to_host_bytes=0, device_to_host_count=0)
 

@@ -2,7 +2,7 @@
 import numpy as np
 
 from .. import kernels, ops
-from ..device import device as _device
+from ..devices import device as _device
 from ..tensor import Tensor, tensor
 
 

@@ -1,0 +1,121 @@
+"""Device choice, discovery of unregistered vendor libraries, tensors and transfer counting."""
+import os
+
+import numpy as np
+import pytest
+
+import clnet
+from clnet import devices as device_mod
+from clnet import ops
+from clnet.ops import Mat
+
+from conftest import assert_close
+
+
+def test_devices_listed():
+    rows = clnet.list_devices()
+    assert rows, "no OpenCL device: PoCL should always be present"
+    for r in rows:
+        assert {"index", "platform", "name", "type", "compute_units", "global_mem", "local_mem", "version"} <= set(r)
+
+
+def test_device_choice():
+    auto = clnet.device("auto")
+    assert clnet.device("auto") is auto
+    assert clnet.device(auto.index) is auto
+    assert clnet.device(auto.name[:5]) is clnet.device(auto.name[:5])
+    assert clnet.device(str(auto.index)) is auto
+
+
+def test_unknown_device_lists_devices():
+    with pytest.raises(clnet.DeviceNotFound, match="devices present: 0: "):
+        clnet.device("no-such-device-xyz")
+    with pytest.raises(clnet.DeviceNotFound, match="no OpenCL device with index 99"):
+        clnet.device(99)
+
+
+def test_gpu_request_without_gpu():
+    if any("GPU" in r["type"] for r in clnet.list_devices()):
+        pytest.skip("a GPU is present")
+    with pytest.raises(clnet.DeviceNotFound, match="no OpenCL GPU found"):
+        clnet.device("gpu")
+
+
+def test_unregistered_vendor_library_is_found(tmp_path, monkeypatch):
+    """A vendor library with no ICD file is found; libraries already named by an ICD file are left alone."""
+    vendors = tmp_path / "vendors"
+    vendors.mkdir()
+    (vendors / "pocl.icd").write_text("libpocl.so.2\n")
+    libdir = tmp_path / "lib"
+    libdir.mkdir()
+    (libdir / "libnvidia-opencl.so.1").write_text("")
+    (libdir / "libpocl.so.2").write_text("")
+    monkeypatch.setenv("OCL_ICD_VENDORS", str(vendors))
+    monkeypatch.setattr(device_mod, "LIBRARY_DIRS", (str(libdir),))
+    monkeypatch.setenv("LD_LIBRARY_PATH", "")
+    monkeypatch.setattr(device_mod, "registered_libraries", [])
+    device_mod.register_vendor_libraries()
+    new_dir = os.environ["OCL_ICD_VENDORS"]
+    assert new_dir != str(vendors)
+    contents = sorted(open(os.path.join(new_dir, f)).read().strip() for f in os.listdir(new_dir))
+    assert contents == sorted(["libpocl.so.2", str(libdir / "libnvidia-opencl.so.1")])
+    assert device_mod.registered_libraries == [str(libdir / "libnvidia-opencl.so.1")]
+
+
+def test_tensor_round_trip_and_counts(dev, rng):
+    a = rng.standard_normal((3, 5)).astype(np.float32)
+    clnet.reset_transfer_stats()
+    t = clnet.tensor(a, dev)
+    assert t.shape == (3, 5) and t.dtype == np.float32 and t.device is dev
+    np.testing.assert_array_equal(t.numpy(), a)
+    labels = clnet.tensor(np.array([1, 2, 3], np.int64), dev)
+    assert labels.dtype == np.int32
+    np.testing.assert_array_equal(labels.numpy(), [1, 2, 3])
+    assert clnet.transfer_stats() == dict(host_to_device_bytes=a.nbytes + 12, host_to_device_count=2,
+                                          device_to_host_bytes=a.nbytes + 12, device_to_host_count=2)
+
+
+def test_pool_reuses_buffers(dev):
+    from clnet.tensor import pool
+    t = clnet.tensor(np.ones(1000, np.float32), dev)
+    buf = t.buffer
+    del t
+    before = pool(dev).allocated_bytes
+    t2 = clnet.tensor(np.ones(999, np.float32), dev)
+    assert t2.buffer is buf or t2.buffer.int_ptr == buf.int_ptr
+    assert pool(dev).allocated_bytes == before
+
+
+GEMM_CASES = [(1, 1, 1), (3, 31, 33), (65, 17, 129), (130, 129, 31), (33, 200, 65)]
+
+
+@pytest.mark.parametrize("M,N,K", GEMM_CASES)
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
+def test_gemm_layouts(dev, rng, M, N, K, trans_a, trans_b):
+    A = rng.standard_normal((K, M) if trans_a else (M, K)).astype(np.float32)
+    B = rng.standard_normal((N, K) if trans_b else (K, N)).astype(np.float32)
+    C0 = rng.standard_normal((M, N)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    a = Mat(rs=1, cs=M) if trans_a else Mat(rs=K, cs=1)
+    b = Mat(rs=1, cs=K) if trans_b else Mat(rs=N, cs=1)
+    C = clnet.tensor(C0, dev)
+    ops.gemm(M, N, K, clnet.tensor(A, dev), a, clnet.tensor(B, dev), b, C, Mat(rs=N, cs=1), alpha=0.5, beta=2.0,
+             bias=clnet.tensor(bias, dev), bias_mode=2, relu=True)
+    A64 = (A.T if trans_a else A).astype(np.float64)
+    B64 = (B.T if trans_b else B).astype(np.float64)
+    expected = np.maximum(0.5 * A64 @ B64 + 2.0 * C0 + bias, 0)
+    assert_close(C.numpy(), expected, "C", tol=1e-5)
+
+
+def test_gemm_batched_with_split_columns(dev, rng):
+    """C's columns run over (image, pixel) of an NCHW tensor, batched over groups: the convolution layout."""
+    G, Mg, K, imgs, P = 2, 3, 5, 3, 7
+    A = rng.standard_normal((G, Mg, K)).astype(np.float32)
+    B = rng.standard_normal((G, K, imgs * P)).astype(np.float32)
+    C = clnet.tensor(np.full((imgs, G * Mg, P), np.nan, np.float32), dev)
+    ops.gemm(Mg, imgs * P, K, clnet.tensor(A, dev), Mat(bs=Mg * K, rs=K, cs=1), clnet.tensor(B, dev),
+             Mat(bs=K * imgs * P, rs=imgs * P, cs=1), C, Mat(bs=Mg * P, rs=P, cs=1, cdiv=P, cso=G * Mg * P),
+             batch=G)
+    prod = np.einsum("gmk,gkn->gmn", A.astype(np.float64), B.astype(np.float64)).reshape(G, Mg, imgs, P)
+    expected = prod.transpose(2, 0, 1, 3).reshape(imgs, G * Mg, P)
+    assert_close(C.numpy(), expected, "C", tol=1e-5)

@@ -1,0 +1,113 @@
+"""Bad input gets a clear Python exception before any kernel runs."""
+import contextlib
+
+import numpy as np
+import pytest
+
+import clnet
+from clnet import kernels, models, nn
+
+
+@contextlib.contextmanager
+def no_launch():
+    """Fails the test if any kernel is launched inside the block."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a kernel was launched for bad input")
+    saved = kernels.launch
+    kernels.launch = forbidden
+    try:
+        yield
+    finally:
+        kernels.launch = saved
+
+
+def test_wrong_channels(dev):
+    layer = nn.Conv2d(3, 64, 11).to(dev)
+    x = clnet.tensor(np.zeros((8, 1, 224, 224), np.float32), dev)
+    with no_launch(), pytest.raises(ValueError, match=r"expected input with 3 channels, got shape \(8, 1, 224, 224\)"):
+        layer(x)
+
+
+def test_wrong_rank(dev):
+    x = clnet.tensor(np.zeros((8, 28, 28), np.float32), dev)
+    pool = nn.MaxPool2d(2).to(dev)
+    with no_launch(), pytest.raises(ValueError, match=r"expected input of shape \(N, C, H, W\), got shape \(8, 28, 28\)"):
+        pool(x)
+
+
+def test_kernel_larger_than_padded_input(dev):
+    x = clnet.tensor(np.zeros((1, 1, 3, 3), np.float32), dev)
+    conv, pool = nn.Conv2d(1, 2, 5, padding=0).to(dev), nn.MaxPool2d(4).to(dev)
+    with no_launch(), pytest.raises(ValueError, match="larger than the padded input"):
+        conv(x)
+    with no_launch(), pytest.raises(ValueError, match="larger than the padded input"):
+        pool(x)
+
+
+def test_model_error_names_the_layer(dev):
+    x = clnet.tensor(np.zeros((2, 1, 32, 32), np.float32), dev)
+    model = models.lenet().to(dev)
+    with no_launch(), pytest.raises(ValueError, match=r"layer 5: Linear\(in_features=800.*got shape \(2, 1250\)"):
+        model(x)
+
+
+def test_labels_out_of_range(dev):
+    logits = clnet.tensor(np.zeros((4, 10), np.float32), dev)
+    with no_launch(), pytest.raises(ValueError, match=r"labels must lie in \[0, 9\].*\[0, 10\]"):
+        nn.CrossEntropyLoss()(logits, np.array([0, 1, 2, 10]))
+
+
+def test_labels_tensor_out_of_range(dev):
+    logits = clnet.tensor(np.zeros((3, 10), np.float32), dev)
+    labels = clnet.tensor(np.array([1, -1, 3]), dev)
+    with pytest.raises(ValueError, match="labels must lie"):
+        nn.CrossEntropyLoss()(logits, labels)
+
+
+def test_labels_shape(dev):
+    logits = clnet.tensor(np.zeros((3, 10), np.float32), dev)
+    with pytest.raises(ValueError, match=r"expected \(3,\)"):
+        nn.CrossEntropyLoss()(logits, np.array([1, 2]))
+
+
+def test_state_dict_errors(dev):
+    model = models.lenet()
+    sd = model.state_dict()
+    bad = dict(sd)
+    del bad["2.bias"]
+    with pytest.raises(KeyError, match=r"missing keys \['2.bias'\]"):
+        model.load_state_dict(bad)
+    bad = dict(sd, extra=np.zeros(3))
+    with pytest.raises(KeyError, match=r"unexpected keys \['extra'\]"):
+        model.load_state_dict(bad)
+    bad = dict(sd)
+    bad["5.weight"] = np.zeros((500, 801), np.float32)
+    with pytest.raises(ValueError, match=r"'5.weight' has shape \(500, 801\), the model expects \(500, 800\)"):
+        model.load_state_dict(bad)
+    np.testing.assert_array_equal(model.state_dict()["5.weight"], sd["5.weight"])  # nothing changed
+
+
+def test_bad_configuration():
+    with pytest.raises(ValueError, match="divisible by groups"):
+        nn.Conv2d(3, 4, 3, groups=2)
+    with pytest.raises(ValueError, match="'same' needs stride 1"):
+        nn.Conv2d(3, 4, 3, stride=2, padding="same")
+    with pytest.raises(ValueError, match="at most half the kernel"):
+        nn.MaxPool2d(2, padding=2)
+
+
+def test_backward_before_forward(dev):
+    with pytest.raises(RuntimeError, match="before forward"):
+        nn.ReLU().to(dev).backward(clnet.tensor(np.zeros(3, np.float32), dev))
+
+
+def test_gradient_shape_checked(dev):
+    layer = nn.Linear(4, 2).to(dev)
+    layer(clnet.tensor(np.zeros((3, 4), np.float32), dev))
+    with pytest.raises(ValueError, match=r"gradient has shape \(3, 3\).*\(3, 2\)"):
+        layer.backward(clnet.tensor(np.zeros((3, 3), np.float32), dev))
+
+
+def test_numpy_input_is_refused_with_a_hint(dev):
+    with pytest.raises(TypeError, match="clnet.tensor"):
+        nn.ReLU().to(dev)(np.zeros(3))

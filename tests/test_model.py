@@ -1,0 +1,159 @@
+"""Whole-model behaviour: a LeNet training step against the reference, transfers, memory, weights, optimizer."""
+import numpy as np
+import pytest
+
+import clnet
+from clnet import models, nn, optim
+from clnet.tensor import pool
+
+import reference as ref
+from conftest import assert_close, needs_torch
+
+
+def lenet_reference(params, x, labels):
+    """Float64 forward and backward of models.lenet() from the reference ops: (loss, logits, grads by key)."""
+    p = {k: v.astype(np.float64) for k, v in params.items()}
+    one, zero = (1, 1), (0, 0)
+    c1 = ref.conv2d(x, p["0.weight"], p["0.bias"], one, zero, zero, one, 1)
+    p1 = ref.maxpool2d(c1, (2, 2), (2, 2), zero, False)
+    c2 = ref.conv2d(p1, p["2.weight"], p["2.bias"], one, zero, zero, one, 1)
+    p2 = ref.maxpool2d(c2, (2, 2), (2, 2), zero, False)
+    f = p2.reshape(len(x), -1)
+    h = ref.linear(f, p["5.weight"], p["5.bias"])
+    r = ref.activation("relu", h)
+    z = ref.linear(r, p["7.weight"], p["7.bias"])
+    loss, dz = ref.cross_entropy(z, labels)
+    g = {}
+    _, dr, g["7.weight"], g["7.bias"] = ref.linear(r, p["7.weight"], p["7.bias"], dz)
+    _, dh = ref.activation("relu", h, dr)
+    _, df, g["5.weight"], g["5.bias"] = ref.linear(f, p["5.weight"], p["5.bias"], dh)
+    _, dc2 = ref.maxpool2d(c2, (2, 2), (2, 2), zero, False, df.reshape(p2.shape))
+    _, dp1, g["2.weight"], g["2.bias"] = ref.conv2d(p1, p["2.weight"], p["2.bias"], one, zero, zero, one, 1, dc2)
+    _, dc1 = ref.maxpool2d(c1, (2, 2), (2, 2), zero, False, dp1)
+    _, dx, g["0.weight"], g["0.bias"] = ref.conv2d(x, p["0.weight"], p["0.bias"], one, zero, zero, one, 1, dc1)
+    return loss, z, g, dx
+
+
+def training_step(model, loss_fn, opt, x, labels):
+    opt.zero_grad()
+    out = model(x)
+    loss = loss_fn(out, labels)
+    model.backward(loss_fn.backward())
+    opt.step()
+    return out, loss
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_lenet_training_step_matches_reference(dev, rng, batch):
+    clnet.manual_seed(int(rng.integers(1 << 30)))
+    model = models.lenet().to(dev)
+    before = model.state_dict()
+    x = rng.standard_normal((batch, 1, 28, 28)).astype(np.float32)
+    labels = rng.integers(0, 10, batch)
+    loss_fn = nn.CrossEntropyLoss()
+    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    out, loss = training_step(model, loss_fn, opt, clnet.tensor(x, dev), labels)
+    rloss, rz, rgrads, _ = lenet_reference(before, x, labels)
+    assert_close(out.numpy(), rz, "logits", tol=1e-4)
+    assert abs(float(loss) - rloss) < 1e-4 * max(1.0, abs(rloss))
+    for name, p in model.named_parameters():
+        assert_close(p.grad.numpy(), rgrads[name], f"grad {name}", tol=1e-4)
+        expected, _ = ref.sgd(before[name].astype(np.float64), rgrads[name], None, 0.1, 0.9, 1e-3, False)
+        assert_close(p.data.numpy(), expected, f"updated {name}", tol=1e-4)
+
+
+def test_training_step_transfers_exactly_input_labels_and_loss(dev, rng):
+    model = models.lenet().to(dev)
+    loss_fn, opt = nn.CrossEntropyLoss(), optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = rng.standard_normal((8, 1, 28, 28)).astype(np.float32)
+    labels = rng.integers(0, 10, 8)
+    training_step(model, loss_fn, opt, clnet.tensor(x, dev), labels)  # first step creates momentum buffers
+    clnet.reset_transfer_stats()
+    _, loss = training_step(model, loss_fn, opt, clnet.tensor(x, dev), labels)
+    float(loss)
+    assert clnet.transfer_stats() == dict(host_to_device_bytes=x.nbytes + 8 * 4, host_to_device_count=2,
+                                          device_to_host_bytes=4, device_to_host_count=1)
+
+
+def test_memory_stays_flat_over_50_steps(dev, rng):
+    model = models.lenet().to(dev)
+    loss_fn, opt = nn.CrossEntropyLoss(), optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = clnet.tensor(rng.standard_normal((4, 1, 28, 28)), dev)
+    labels = clnet.tensor(rng.integers(0, 10, 4), dev)
+    for _ in range(2):
+        training_step(model, loss_fn, opt, x, labels)
+    dev.synchronize()
+    after_warmup = pool(dev).allocated_bytes
+    for _ in range(50):
+        training_step(model, loss_fn, opt, x, labels)
+    dev.synchronize()
+    assert pool(dev).allocated_bytes == after_warmup
+    assert np.isfinite(float(loss_fn(model(x), labels)))
+
+
+def test_training_reduces_loss(dev, rng):
+    """A few steps on a fixed batch drive the loss down: the pieces work together."""
+    clnet.manual_seed(1)
+    model = models.lenet().to(dev)
+    loss_fn, opt = nn.CrossEntropyLoss(), optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x = clnet.tensor(rng.standard_normal((16, 1, 28, 28)), dev)
+    labels = rng.integers(0, 10, 16)
+    first = float(training_step(model, loss_fn, opt, x, labels)[1])
+    for _ in range(15):
+        last = float(training_step(model, loss_fn, opt, x, labels)[1])
+    assert last < 0.5 * first
+
+
+@pytest.mark.parametrize("momentum,weight_decay,nesterov", [(0.0, 0.0, False), (0.9, 0.01, False), (0.8, 0.0, True)])
+def test_sgd_matches_reference(dev, rng, momentum, weight_decay, nesterov):
+    layer = nn.Linear(13, 3).to(dev)
+    opt = optim.SGD(layer.parameters(), lr=0.1, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
+    p = layer.weight.numpy().astype(np.float64)
+    buf = None
+    for _ in range(3):
+        g = rng.standard_normal(p.shape)
+        layer.weight.grad.write(g)
+        layer.bias.grad.write(np.zeros(3))
+        opt.step()
+        p, buf = ref.sgd(p, g.astype(np.float32).astype(np.float64), buf, 0.1, momentum, weight_decay, nesterov)
+    assert_close(layer.weight.data.numpy(), p, "parameters after 3 steps", tol=1e-6)
+
+
+def test_state_dict_round_trip_and_keys(dev, rng):
+    model = models.lenet().to(dev)
+    sd = model.state_dict()
+    assert list(sd) == ["0.weight", "0.bias", "2.weight", "2.bias", "5.weight", "5.bias", "7.weight", "7.bias"]
+    assert sd["0.weight"].shape == (20, 1, 5, 5) and sd["5.weight"].shape == (500, 800)
+    new = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in sd.items()}
+    model.load_state_dict(new)
+    for k, v in model.state_dict().items():
+        np.testing.assert_array_equal(v, new[k])
+
+
+@needs_torch
+def test_lenet_matches_torch(dev, rng):
+    import torch
+    model = models.lenet().to(dev)
+    tm = torch.nn.Sequential(torch.nn.Conv2d(1, 20, 5), torch.nn.MaxPool2d(2), torch.nn.Conv2d(20, 50, 5),
+                             torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(800, 500), torch.nn.ReLU(),
+                             torch.nn.Linear(500, 10)).double()
+    tm.load_state_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in model.state_dict().items()})
+    x = rng.standard_normal((3, 1, 28, 28)).astype(np.float32)
+    labels = rng.integers(0, 10, 3)
+    loss_fn = nn.CrossEntropyLoss()
+    loss = loss_fn(model(clnet.tensor(x, dev)), labels)
+    model.backward(loss_fn.backward())
+    tl = torch.nn.functional.cross_entropy(tm(torch.tensor(x, dtype=torch.float64)), torch.tensor(labels))
+    tl.backward()
+    assert abs(float(loss) - tl.item()) < 1e-4
+    tparams = dict(tm.named_parameters())
+    for name, p in model.named_parameters():
+        assert_close(p.grad.numpy(), tparams[name].grad.numpy(), f"grad {name}", tol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["lenet-wide", "alexnet", "overfeat", "vgg-a"])
+def test_zoo_shapes(name):
+    """Each zoo model maps its input to 10 or 1000 classes (pure Python, no device)."""
+    entry = models.MODELS[name]
+    out = models.build(name).output_shape((2,) + entry["input_shape"])
+    assert out == (2, 10 if name.startswith("lenet") else 1000)
