@@ -4,7 +4,7 @@ from .rng import manual_seed
 from .tensor import Tensor, reset_transfer_stats, tensor, transfer_stats
 from . import nn, optim  # noqa: E402
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["Device", "DeviceNotFound", "Tensor", "device", "list_devices", "manual_seed", "nn", "optim",
            "reset_transfer_stats", "tensor", "transfer_stats", "__version__"]

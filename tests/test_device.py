@@ -89,9 +89,20 @@ def test_pool_reuses_buffers(dev):
 GEMM_CASES = [(1, 1, 1), (3, 31, 33), (65, 17, 129), (130, 129, 31), (33, 200, 65)]
 
 
+@pytest.fixture(params=["device-default", "tiled-small", "tiled-large", "block"])
+def gemm_variant(request, monkeypatch):
+    """Every GEMM kernel shape is checked on every device, not only the one its tuning would pick."""
+    from clnet import tuning
+    forced = {"tiled-small": tuning.GEMM_TILED_SMALL, "tiled-large": tuning.GEMM_TILED_LARGE,
+              "block": tuning.GEMM_BLOCK}.get(request.param)
+    if forced:
+        monkeypatch.setattr(tuning, "gemm_config", lambda *args, **kwargs: forced)
+    return request.param
+
+
 @pytest.mark.parametrize("M,N,K", GEMM_CASES)
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
-def test_gemm_layouts(dev, rng, M, N, K, trans_a, trans_b):
+def test_gemm_layouts(dev, rng, gemm_variant, M, N, K, trans_a, trans_b):
     A = rng.standard_normal((K, M) if trans_a else (M, K)).astype(np.float32)
     B = rng.standard_normal((N, K) if trans_b else (K, N)).astype(np.float32)
     C0 = rng.standard_normal((M, N)).astype(np.float32)
@@ -107,7 +118,7 @@ def test_gemm_layouts(dev, rng, M, N, K, trans_a, trans_b):
     assert_close(C.numpy(), expected, "C", tol=1e-5)
 
 
-def test_gemm_batched_with_split_columns(dev, rng):
+def test_gemm_batched_with_split_columns(dev, rng, gemm_variant):
     """C's columns run over (image, pixel) of an NCHW tensor, batched over groups: the convolution layout."""
     G, Mg, K, imgs, P = 2, 3, 5, 3, 7
     A = rng.standard_normal((G, Mg, K)).astype(np.float32)

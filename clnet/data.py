@@ -1,0 +1,285 @@
+"""Data sets and the batch feeder: an IDX reader (MNIST, Fashion-MNIST), where the files are found, and a
+double-buffered loader that shuffles, normalises and uploads the next batch while the device computes the current one.
+
+Nothing is downloaded: the files come from ``--data-dir``, ``$CLNET_DATA`` or, for Fashion-MNIST, Debian's
+``dataset-fashion-mnist`` package.
+"""
+import gzip
+import os
+import queue
+import threading
+import time
+
+import numpy as np
+import pyopencl as cl
+
+from .tensor import Tensor, _stats
+
+# IDX element types by their code in the third magic byte; multi-byte types are big-endian.
+IDX_DTYPES = {0x08: np.dtype(np.uint8), 0x09: np.dtype(np.int8), 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
+              0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+
+SYSTEM_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
+FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+         "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+# Mean and standard deviation of the training images scaled to [0, 1].
+NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion-mnist": (0.2860, 0.3530)}
+CLASSES = {"mnist": tuple(str(i) for i in range(10)),
+           "fashion-mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
+                             "Bag", "Ankle boot")}
+DATASETS = tuple(NORMALISATION)
+
+
+class IDXError(ValueError):
+    """A file that is not a valid IDX file; the message names the file and what is wrong."""
+
+
+class DataNotFound(FileNotFoundError):
+    """The data set's files are in none of the places searched; the message says which files and how to get them."""
+
+
+def read_idx(path):
+    """Read an IDX file (gzip-compressed or raw) into a NumPy array of its own dtype and dimensions.
+
+    The magic number, element type, dimensions and file length are checked; any problem raises IDXError naming the
+    file.
+    """
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise IDXError(f"{path}: cannot read: {e.strerror or e}") from e
+    compressed = raw[:2] == b"\x1f\x8b"
+    if compressed:
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError, gzip.BadGzipFile) as e:
+            raise IDXError(f"{path}: damaged gzip data ({e}); the file is truncated or corrupt") from e
+    if len(raw) < 4:
+        raise IDXError(f"{path}: {len(raw)} bytes is too short for an IDX header (4 bytes of magic number)")
+    if raw[0] != 0 or raw[1] != 0:
+        raise IDXError(f"{path}: bad magic number 0x{raw[:4].hex()}; an IDX file starts with two zero bytes, "
+                       "a type code and the number of dimensions")
+    code, ndim = raw[2], raw[3]
+    if code not in IDX_DTYPES:
+        raise IDXError(f"{path}: unknown IDX element type 0x{code:02x}; expected one of "
+                       f"{', '.join(f'0x{c:02x}' for c in IDX_DTYPES)}")
+    if ndim == 0:
+        raise IDXError(f"{path}: the header declares 0 dimensions")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise IDXError(f"{path}: truncated header: {ndim} dimensions need {header} bytes, the file has {len(raw)}")
+    dims = tuple(int(d) for d in np.frombuffer(raw, ">u4", ndim, 4))
+    dtype = IDX_DTYPES[code]
+    expected = header + int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    if len(raw) != expected:
+        what = "truncated" if len(raw) < expected else "has trailing bytes"
+        raise IDXError(f"{path}: {what}: dimensions {dims} of {dtype.name} need {expected} bytes, "
+                       f"the {'decompressed ' if compressed else ''}data has {len(raw)}")
+    return np.frombuffer(raw, dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
+
+
+def write_idx(path, array):
+    """Write an array as an IDX file (gzip-compressed when the name ends in .gz); the inverse of read_idx."""
+    array = np.asarray(array)
+    codes = {v.newbyteorder("="): k for k, v in IDX_DTYPES.items()}
+    native = array.dtype.newbyteorder("=")
+    if native not in codes:
+        raise TypeError(f"write_idx: IDX holds uint8, int8, int16, int32, float32 or float64, not {array.dtype}")
+    code = codes[native]
+    body = (bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
+            + np.ascontiguousarray(array, IDX_DTYPES[code]).tobytes())
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(body)
+
+
+def search_dirs(name, data_dir=None):
+    """Directories searched for a data set, in order: --data-dir, else $CLNET_DATA, else the system location.
+
+    A given directory is searched itself and then its subdirectory named after the data set, so one
+    ``$CLNET_DATA`` can hold both ``mnist/`` and ``fashion-mnist/``.
+    """
+    if data_dir is not None:
+        roots = [str(data_dir)]
+    elif os.environ.get("CLNET_DATA"):
+        roots = [os.environ["CLNET_DATA"]]
+    else:
+        roots = [SYSTEM_DIRS[name]] if name in SYSTEM_DIRS else []
+    return [d for r in roots for d in (r, os.path.join(r, name))]
+
+
+def _how_to_get(name):
+    needed = ", ".join(f"{f}[.gz]" for split in ("train", "test") for f in FILES[split])
+    ways = []
+    if name == "fashion-mnist":
+        ways.append(f"install Debian's data package (`sudo apt-get install dataset-fashion-mnist`, which puts them "
+                    f"in {SYSTEM_DIRS[name]})")
+    ways.append(f"place the official {name} IDX files in a directory and pass --data-dir DIR or set CLNET_DATA=DIR")
+    return f"{name} needs the files {needed}. To get them, " + ", or ".join(ways) + "."
+
+
+def find_files(name, split, data_dir=None):
+    """(images path, labels path) of a split ('train' or 'test'), or DataNotFound saying what is needed."""
+    if name not in NORMALISATION:
+        raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASETS)}")
+    dirs = search_dirs(name, data_dir)
+    for d in dirs:
+        found = []
+        for base in FILES[split]:
+            for candidate in (base + ".gz", base):
+                if os.path.isfile(os.path.join(d, candidate)):
+                    found.append(os.path.join(d, candidate))
+                    break
+        if len(found) == 2:
+            return tuple(found)
+    where = ", ".join(dirs) if dirs else "nowhere (no --data-dir, no $CLNET_DATA and no system location)"
+    raise DataNotFound(f"the {name} {split} files were not found (searched {where}). {_how_to_get(name)}")
+
+
+class Dataset:
+    """Images (N, H, W) uint8 and labels (N,) of one split, with the normalisation of its data set."""
+
+    def __init__(self, images, labels, name="custom", mean=0.0, std=1.0, classes=None):
+        images, labels = np.asarray(images), np.asarray(labels)
+        if images.ndim == 3:
+            images = images[:, None]
+        if images.ndim != 4 or labels.shape != (len(images),):
+            raise ValueError(f"Dataset: expected images (N, H, W) or (N, C, H, W) and labels (N,), got "
+                             f"{images.shape} and {labels.shape}")
+        self.images, self.labels = images, labels.astype(np.int32)
+        self.name, self.mean, self.std = name, float(mean), float(std)
+        self.classes = tuple(classes) if classes is not None else tuple(str(c) for c in range(self.num_classes))
+
+    @property
+    def num_classes(self):
+        return int(self.labels.max()) + 1 if len(self.labels) else 0
+
+    def __len__(self):
+        return len(self.labels)
+
+    def subset(self, n):
+        """The first n examples (the IDX files are already in random order)."""
+        if n is None or n >= len(self):
+            return self
+        if n <= 0:
+            raise ValueError(f"subset: need a positive number of examples, got {n}")
+        return Dataset(self.images[:n], self.labels[:n], self.name, self.mean, self.std, self.classes)
+
+    def batch(self, indices):
+        """Normalised float32 images (B, C, H, W) and int32 labels (B,) for the given indices."""
+        x = self.images[indices].astype(np.float32)
+        if self.images.dtype == np.uint8:
+            x *= 1.0 / 255.0
+        x -= self.mean
+        x *= 1.0 / self.std
+        return x, self.labels[indices]
+
+    def __repr__(self):
+        return f"Dataset({self.name!r}, {len(self)} images of shape {self.images.shape[1:]})"
+
+
+def load(name, split="train", data_dir=None):
+    """Load a split ('train' or 'test') of 'mnist' or 'fashion-mnist' as a Dataset; both files are validated."""
+    images_path, labels_path = find_files(name, split, data_dir)
+    images, labels = read_idx(images_path), read_idx(labels_path)
+    if images.ndim != 3 or images.dtype != np.uint8:
+        raise IDXError(f"{images_path}: expected uint8 images of 3 dimensions, got {images.dtype.name} with "
+                       f"dimensions {images.shape}")
+    if labels.ndim != 1 or labels.dtype != np.uint8:
+        raise IDXError(f"{labels_path}: expected uint8 labels of 1 dimension, got {labels.dtype.name} with "
+                       f"dimensions {labels.shape}")
+    if len(images) != len(labels):
+        raise IDXError(f"{labels_path}: {len(labels)} labels for {len(images)} images in {images_path}")
+    if labels.size and labels.max() >= len(CLASSES[name]):
+        raise IDXError(f"{labels_path}: label {labels.max()} is out of range for {len(CLASSES[name])} classes")
+    mean, std = NORMALISATION[name]
+    return Dataset(images, labels, name, mean, std, CLASSES[name])
+
+
+def epoch_order(n, seed, epoch, shuffle=True):
+    """The example order of one epoch: a permutation drawn from (seed, epoch) alone, so a resumed run repeats it."""
+    if not shuffle:
+        return np.arange(n)
+    return np.random.default_rng([int(seed), int(epoch)]).permutation(n)
+
+
+class Loader:
+    """Batches of one epoch on the device, double-buffered.
+
+    A background thread gathers and normalises the next host batches while the device works.  Taking a batch queues
+    its upload as a non-blocking copy on the device's in-order queue into one of two buffer pairs (slot i % 2), so a
+    loop that takes batch i + 1 right after enqueueing step i, and only then reads step i's results, keeps the
+    device fed: the copy runs behind step i and before step i + 1 without the host waiting.  Step i - 1, the last
+    user of the other slot, is already ahead of it in the queue.  ``wait_s`` is the time the loop waited for the
+    host side: the stall.
+
+    Iterating yields (x, y, n): device tensors of the batch and its size.
+    """
+
+    def __init__(self, data, batch, device, order, start=0, prefetch=2):
+        self.data, self.batch, self.device = data, int(batch), device
+        self.order = order
+        self.starts = list(range(start * self.batch, len(order), self.batch))
+        self.prefetch = prefetch
+        self.wait_s = 0.0
+        self._slots = {}
+
+    def __len__(self):
+        return len(self.starts)
+
+    def _produce(self, out, stop):
+        try:
+            for s in self.starts:
+                item = self.data.batch(self.order[s:s + self.batch])
+                while not stop.is_set():
+                    try:
+                        out.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            out.put(None)
+        except BaseException as e:  # handed to the consumer, which re-raises it
+            out.put(e)
+
+    def _upload(self, i, x, y):
+        """Queue copies of x, y into device buffers of slot i % 2; the host arrays stay alive with the events."""
+        key = (i % 2, len(y))
+        if key not in self._slots:
+            self._slots[key] = (Tensor(x.shape, np.float32, self.device), Tensor(y.shape, np.int32, self.device))
+        tx, ty = self._slots[key]
+        q = self.device.queue
+        cl.enqueue_copy(q, tx.buffer, x, is_blocking=False)
+        cl.enqueue_copy(q, ty.buffer, y, is_blocking=False)
+        _stats["host_to_device_bytes"] += x.nbytes + y.nbytes
+        _stats["host_to_device_count"] += 2
+        ty.value_range = (int(y.min()), int(y.max())) if y.size else None
+        return tx, ty
+
+    def __iter__(self):
+        out, stop = queue.Queue(maxsize=self.prefetch), threading.Event()
+        worker = threading.Thread(target=self._produce, args=(out, stop), daemon=True)
+        worker.start()
+
+        def take():
+            t0 = time.perf_counter()
+            item = out.get()
+            self.wait_s += time.perf_counter() - t0
+            if isinstance(item, BaseException):
+                raise item
+            return item
+
+        try:
+            i = 0
+            while True:
+                item = take()
+                if item is None:
+                    return
+                x, y = self._upload(i, *item)
+                i += 1
+                yield x, y, len(item[1])
+        finally:
+            stop.set()
+            worker.join()
