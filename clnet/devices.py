@@ -6,6 +6,7 @@ from the host but ``/etc/OpenCL/vendors`` is empty), so that such a GPU is found
 """
 import glob
 import os
+import subprocess
 import tempfile
 
 SYSTEM_VENDOR_DIR = "/etc/OpenCL/vendors"
@@ -31,16 +32,31 @@ def _find_unregistered_libraries():
         except OSError:
             continue
     search = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d] + list(LIBRARY_DIRS)
+    cached = _ldconfig_paths()
     found = []
     for name in VENDOR_LIBRARIES:
         if name in named:
             continue
-        for d in search:
-            path = os.path.join(d, name)
-            if os.path.exists(path):
-                found.append(path)
-                break
+        paths = [os.path.join(d, name) for d in search] + cached.get(name, [])
+        path = next((p for p in paths if os.path.exists(p)), None)
+        if path:
+            found.append(path)
     return vendor_dir, found
+
+
+def _ldconfig_paths():
+    """Library name -> paths from the dynamic linker's cache, for libraries outside the usual directories."""
+    try:
+        text = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    paths = {}
+    for line in text.splitlines():
+        name, _, path = line.strip().partition(" => ")
+        name = name.split(" ", 1)[0]
+        if path and name in VENDOR_LIBRARIES:
+            paths.setdefault(name, []).append(path)
+    return paths
 
 
 def register_vendor_libraries():

@@ -52,6 +52,7 @@ def test_unregistered_vendor_library_is_found(tmp_path, monkeypatch):
     (libdir / "libpocl.so.2").write_text("")
     monkeypatch.setenv("OCL_ICD_VENDORS", str(vendors))
     monkeypatch.setattr(device_mod, "LIBRARY_DIRS", (str(libdir),))
+    monkeypatch.setattr(device_mod, "_ldconfig_paths", lambda: {})
     monkeypatch.setenv("LD_LIBRARY_PATH", "")
     monkeypatch.setattr(device_mod, "registered_libraries", [])
     device_mod.register_vendor_libraries()
