@@ -4,6 +4,10 @@
 //   X[b](r, c) = X[x_off + b*x_bs + r*x_rs + (c % x_cdiv)*x_cs + (c / x_cdiv)*x_cso]
 // The column split (cdiv, cso) lets a column index run over (image, pixel) pairs of an NCHW tensor; it is compiled
 // in only where needed (A_SPLIT, B_SPLIT, C_SPLIT). beta == 0 never reads C, so C may hold garbage.
+// Split-K: with ksplit > 1 the third global index z runs over batch * ksplit; slice s = z % ksplit sums k in
+// [s*kc, s*kc + kc) and writes its partial product to C[z] (plain, alpha 1, beta 0, no epilogue: the host passes a
+// scratch buffer), then gemm_reduce sums the slices in a fixed order and applies the real epilogue. This keeps
+// products with a small M x N and a huge K (convolution weight gradients) both parallel and accurate.
 //
 // Two kernels, one per device shape:
 //   gemm_tiled  GPU-shaped: a TM x TN tile per work-group staged through local memory in TK-deep slices, each
@@ -101,7 +105,7 @@
     const int b_cdiv, const int b_cso, \
     __global float* C, const int c_off, const int c_bs, const int c_rs, const int c_cs, \
     const int c_cdiv, const int c_cso, \
-    __global const float* restrict bias, const int bias_bs
+    __global const float* restrict bias, const int bias_bs, const int ksplit, const int kc
 
 inline float epilogue(float acc, const float alpha, const float beta, __global const float* C, const int c_idx,
                       __global const float* restrict bias, const int bias_idx) {
@@ -119,7 +123,8 @@ inline float epilogue(float acc, const float alpha, const float beta, __global c
 __kernel __attribute__((reqd_work_group_size(TN / WN, TM / WM, 1)))
 void gemm_tiled(GEMM_ARGS) {
     const int tx = get_local_id(0), ty = get_local_id(1);
-    const int b = get_global_id(2);
+    const int z = get_global_id(2), b = z / ksplit;
+    const int kbeg = (z % ksplit) * kc, kend = min(K, kbeg + kc);
     const int m0 = get_group_id(1) * TM, n0 = get_group_id(0) * TN;
     const int tid = ty * (TN / WN) + tx;
     const int nthreads = (TM / WM) * (TN / WN);
@@ -132,7 +137,7 @@ void gemm_tiled(GEMM_ARGS) {
     for (int i = 0; i < WM; i++)
         for (int j = 0; j < WN; j++) acc[i][j] = 0.0f;
 
-    for (int k0 = 0; k0 < K; k0 += TK) {
+    for (int k0 = kbeg; k0 < kend; k0 += TK) {
         for (int e = tid; e < TM * TK; e += nthreads) {
 #if A_KFAST
             const int kk = e % TK, mm = e / TK;
@@ -140,7 +145,7 @@ void gemm_tiled(GEMM_ARGS) {
             const int mm = e % TM, kk = e / TM;
 #endif
             const int gm = m0 + mm, gk = k0 + kk;
-            As[kk][mm] = (gm < M && gk < K) ? Ab[gm * a_rs + A_COL(gk)] : 0.0f;
+            As[kk][mm] = (gm < M && gk < kend) ? Ab[gm * a_rs + A_COL(gk)] : 0.0f;
         }
         for (int e = tid; e < TN * TK; e += nthreads) {
 #if B_KFAST
@@ -149,7 +154,7 @@ void gemm_tiled(GEMM_ARGS) {
             const int nn = e % TN, kk = e / TN;
 #endif
             const int gn = n0 + nn, gk = k0 + kk;
-            Bs[kk][nn] = (gn < N && gk < K) ? Bb[gk * b_rs + B_COL(gn)] : 0.0f;
+            Bs[kk][nn] = (gn < N && gk < kend) ? Bb[gk * b_rs + B_COL(gn)] : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
@@ -163,7 +168,7 @@ void gemm_tiled(GEMM_ARGS) {
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-    __global float* Cb = C + c_off + b * c_bs;
+    __global float* Cb = C + c_off + z * c_bs;
     __global const float* biasb = bias + b * bias_bs;
     for (int i = 0; i < WM; i++) {
         const int gm = m0 + ty + i * (TM / WM);
@@ -185,7 +190,8 @@ void gemm_tiled(GEMM_ARGS) {
 __kernel void gemm_block(GEMM_ARGS) {
     const int n0 = get_global_id(0) * 16;
     const int m0 = get_global_id(1) * RM;
-    const int b = get_global_id(2);
+    const int z = get_global_id(2), b = z / ksplit;
+    const int kbeg = (z % ksplit) * kc, kend = min(K, kbeg + kc);
     if (n0 >= N || m0 >= M) return;
     __global const float* Ab = A + a_off + b * a_bs;
     __global const float* Bb = B + b_off + b * b_bs;
@@ -198,7 +204,7 @@ __kernel void gemm_block(GEMM_ARGS) {
         hi[i] = (float8)(0.0f);
         arow[i] = min(m0 + i, M - 1) * a_rs;  // rows past M repeat the last row; never stored
     }
-    for (int k = 0; k < K; k++) {
+    for (int k = kbeg; k < kend; k++) {
         float8 blo, bhi;
 #if B_CONTIG
         if (full_n) {
@@ -220,7 +226,7 @@ __kernel void gemm_block(GEMM_ARGS) {
         }
     }
 
-    __global float* Cb = C + c_off + b * c_bs;
+    __global float* Cb = C + c_off + z * c_bs;
     __global const float* biasb = bias + b * bias_bs;
     for (int i = 0; i < RM; i++) {
         const int gm = m0 + i;
@@ -234,4 +240,21 @@ __kernel void gemm_block(GEMM_ARGS) {
             Cb[ci] = epilogue(t[j], alpha, beta, Cb, ci, biasb, BIAS == 1 ? gm : gn);
         }
     }
+}
+
+// Sums the ksplit partial products P[(b*ksplit + s)](m, n), stored densely (M x N each), in order s = 0, 1, ...,
+// and applies the epilogue into C. One work-item per (n, m, b).
+__kernel void gemm_reduce(const int M, const int N, const int ksplit, const float alpha, const float beta,
+                          __global const float* restrict P,
+                          __global float* C, const int c_off, const int c_bs, const int c_rs, const int c_cs,
+                          const int c_cdiv, const int c_cso,
+                          __global const float* restrict bias, const int bias_bs) {
+    const int n = get_global_id(0), m = get_global_id(1), b = get_global_id(2);
+    if (n >= N || m >= M) return;
+    __global const float* p = P + (size_t)b * ksplit * M * N + m * N + n;
+    float acc = 0.0f;
+    for (int s = 0; s < ksplit; s++) acc += p[(size_t)s * M * N];
+    __global float* Cb = C + c_off + b * c_bs;
+    const int ci = m * c_rs + C_COL(n);
+    Cb[ci] = epilogue(acc, alpha, beta, Cb, ci, bias + b * bias_bs, BIAS == 1 ? m : n);
 }

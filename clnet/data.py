@@ -214,7 +214,7 @@ class Loader:
     user of the other slot, is already ahead of it in the queue.  ``wait_s`` is the time the loop waited for the
     host side: the stall.
 
-    Iterating yields (x, y, n): device tensors of the batch and its size.
+    Iterating yields (x, y, labels): the batch's device tensors and its labels on the host.
     """
 
     def __init__(self, data, batch, device, order, start=0, prefetch=2):
@@ -279,7 +279,7 @@ class Loader:
                     return
                 x, y = self._upload(i, *item)
                 i += 1
-                yield x, y, len(item[1])
+                yield x, y, item[1]
         finally:
             stop.set()
             worker.join()

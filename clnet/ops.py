@@ -36,20 +36,36 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
     """C = act(alpha * A @ B + beta * C + bias) for `batch` products laid out as the Mats a, b, c describe."""
     dev = C.device
     cfg = tuning.gemm_config(dev, M, N, K, batch)
-    defines = dict(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split, BIAS=bias_mode if bias is not None else 0,
-                   RELU=relu)
+    ksplit = tuning.k_splits(dev, cfg, M, N, K, batch)
+    epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
+    if ksplit > 1:
+        kc = -(-K // ksplit)
+        kc = -(-kc // 16) * 16  # whole tile slices
+        ksplit = -(-K // kc)
+        partial = empty((batch * ksplit * M * N,), dev)
+        _gemm(dev, cfg, M, N, K, A, a, B, b, partial, Mat(bs=M * N, rs=N, cs=1), 1.0, 0.0, batch * ksplit,
+              None, 0, {}, ksplit, kc, what)
+        k = kernels.kernel(dev, "gemm.cl", "gemm_reduce", dict(C_SPLIT=c.split, **epilogue))
+        kernels.launch(dev, k, (N, M, batch), None, M, N, ksplit, alpha, beta, partial, C, *c.args(), bias, bias_bs,
+                       what=what + " (split-K sum)")
+        return
+    _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bias, bias_bs, epilogue, 1, K, what)
+
+
+def _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, zsize, bias, bias_bs, epilogue, ksplit, kc, what):
+    defines = dict(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split, **epilogue)
     if cfg["kernel"] == "gemm_tiled":
         defines.update(TM=cfg["TM"], TN=cfg["TN"], TK=cfg["TK"], WM=cfg["WM"], WN=cfg["WN"],
                        A_KFAST=(a.cs == 1 and a.rs != 1 and not a.split), B_KFAST=(b.rs == 1 and b.cs != 1))
         local = (cfg["TN"] // cfg["WN"], cfg["TM"] // cfg["WM"], 1)
-        global_size = (-(-N // cfg["TN"]) * local[0], -(-M // cfg["TM"]) * local[1], batch)
+        global_size = (-(-N // cfg["TN"]) * local[0], -(-M // cfg["TM"]) * local[1], zsize)
     else:
         defines.update(RM=cfg["RM"], B_CONTIG=(b.cs == 1 and not b.split))
         local = None
-        global_size = (-(-N // 16), -(-M // cfg["RM"]), batch)
+        global_size = (-(-N // 16), -(-M // cfg["RM"]), zsize)
     k = kernels.kernel(dev, "gemm.cl", cfg["kernel"], defines)
     kernels.launch(dev, k, global_size, local, M, N, K, alpha, beta, A, *a.args(), B, *b.args(), C, *c.args(),
-                   bias, bias_bs, what=what)
+                   bias, bias_bs, ksplit, kc, what=what)
 
 
 def _flat_launch(dev, k, n, *args, what=""):

@@ -25,5 +25,25 @@ def gemm_config(dev, M, N, K, batch=1):
     return GEMM_TILED_SMALL
 
 
+# Split-K: slices of at least this depth, and enough work-groups to fill the device this many times over.
+SPLIT_K_MIN_DEPTH = 256
+SPLIT_K_WAVES = 4
+
+
+def k_splits(dev, cfg, M, N, K, batch=1):
+    """How many slices to cut K into: products with few output tiles and a deep K (weight gradients) get more.
+
+    Besides filling the device, slicing shortens each float32 running sum, so long reductions stay accurate.
+    """
+    if cfg["kernel"] == "gemm_tiled":
+        tiles = -(-M // cfg["TM"]) * -(-N // cfg["TN"]) * batch
+    else:
+        tiles = -(-M // cfg["RM"]) * -(-N // 16) * batch
+    want = SPLIT_K_WAVES * dev.compute_units * (1 if dev.is_gpu else 16)
+    if tiles >= want or K < 2 * SPLIT_K_MIN_DEPTH:
+        return 1
+    return max(1, min(-(-want // tiles), K // SPLIT_K_MIN_DEPTH))
+
+
 def col_bytes(dev):
     return COL_BYTES["gpu" if dev.is_gpu else "cpu"]

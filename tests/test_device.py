@@ -87,7 +87,7 @@ def test_pool_reuses_buffers(dev):
     assert pool(dev).allocated_bytes == before
 
 
-GEMM_CASES = [(1, 1, 1), (3, 31, 33), (65, 17, 129), (130, 129, 31), (33, 200, 65)]
+GEMM_CASES = [(1, 1, 1), (3, 31, 33), (65, 17, 129), (130, 129, 31), (33, 200, 65), (3, 17, 2049)]  # last: split-K
 
 
 @pytest.fixture(params=["device-default", "tiled-small", "tiled-large", "block"])

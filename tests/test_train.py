@@ -1,0 +1,309 @@
+"""Training end to end: the IDX reader, the batch loader, fit on real Fashion-MNIST, checkpoints (resume equivalence,
+atomic writes, damaged and wrong-model files, Ctrl-C) and the `train` / `eval` commands."""
+import gzip
+import hashlib
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import clnet
+from clnet import data, models, nn, train
+
+
+def fashion_available():
+    try:
+        data.find_files("fashion-mnist", "train")
+        data.find_files("fashion-mnist", "test")
+        return True
+    except data.DataNotFound:
+        return False
+
+
+needs_fashion = pytest.mark.skipif(not fashion_available(), reason="Fashion-MNIST is not installed: "
+                                   "apt-get install dataset-fashion-mnist, or set CLNET_DATA to the IDX files")
+
+
+def idx_bytes(code, array_bytes, dims):
+    """An IDX file written by hand, independent of data.write_idx."""
+    return bytes([0, 0, code, len(dims)]) + b"".join(int(d).to_bytes(4, "big") for d in dims) + array_bytes
+
+
+def sha(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def tiny_model():
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 10))
+
+
+def synthetic(n=160, seed=1):
+    """Images whose class is a bright square's position: learnable in a few steps."""
+    r = np.random.default_rng(seed)
+    labels = r.integers(0, 10, n).astype(np.uint8)
+    images = r.integers(0, 60, (n, 28, 28)).astype(np.uint8)
+    for i, c in enumerate(labels):
+        images[i, 2 * c:2 * c + 6, 4:10] = 250
+    return data.Dataset(images, labels, "synthetic", 0.2, 0.3)
+
+
+# -- IDX reader -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("compress", [False, True])
+def test_idx_reads_valid_files(tmp_path, rng, compress):
+    images = rng.integers(0, 256, (7, 5, 3)).astype(np.uint8)
+    floats = rng.standard_normal((4, 2)).astype(np.float32)
+    cases = [(0x08, images.tobytes(), images), (0x0D, floats.astype(">f4").tobytes(), floats)]
+    for i, (code, body, expected) in enumerate(cases):
+        raw = idx_bytes(code, body, expected.shape)
+        path = tmp_path / (f"f{i}" + (".gz" if compress else ""))
+        path.write_bytes(gzip.compress(raw) if compress else raw)
+        got = data.read_idx(path)
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        np.testing.assert_array_equal(got, expected)
+        data.write_idx(tmp_path / "again", got)
+        np.testing.assert_array_equal(data.read_idx(tmp_path / "again"), expected)
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_idx_truncated_file_names_file_and_problem(tmp_path, compress):
+    raw = idx_bytes(0x08, bytes(6 * 28 * 28), (6, 28, 28))
+    cut = raw[:len(raw) - 100]
+    path = tmp_path / ("short-images" + (".gz" if compress else ""))
+    path.write_bytes(gzip.compress(cut) if compress else cut)
+    with pytest.raises(data.IDXError, match="short-images.*truncated"):
+        data.read_idx(path)
+    if compress:  # the gzip stream itself cut short
+        path.write_bytes(gzip.compress(raw)[:-30])
+        with pytest.raises(data.IDXError, match="short-images.*(gzip|truncated)"):
+            data.read_idx(path)
+    header_only = tmp_path / "header"
+    header_only.write_bytes(raw[:9])
+    with pytest.raises(data.IDXError, match="header.*truncated header"):
+        data.read_idx(header_only)
+
+
+def test_idx_wrong_magic_and_type(tmp_path):
+    bad = tmp_path / "bad-magic"
+    bad.write_bytes(b"\x89PNG" + bytes(40))
+    with pytest.raises(data.IDXError, match="bad-magic.*magic number"):
+        data.read_idx(bad)
+    badtype = tmp_path / "bad-type"
+    badtype.write_bytes(idx_bytes(0x07, bytes(4), (4,)))
+    with pytest.raises(data.IDXError, match="bad-type.*element type 0x07"):
+        data.read_idx(badtype)
+    extra = tmp_path / "extra"
+    extra.write_bytes(idx_bytes(0x08, bytes(5), (4,)))
+    with pytest.raises(data.IDXError, match="extra.*trailing"):
+        data.read_idx(extra)
+
+
+def test_missing_files_say_what_is_needed(tmp_path, monkeypatch):
+    monkeypatch.delenv("CLNET_DATA", raising=False)
+    with pytest.raises(data.DataNotFound) as e:
+        data.load("fashion-mnist", "train", tmp_path)
+    msg = str(e.value)
+    assert str(tmp_path) in msg and "train-images-idx3-ubyte" in msg and "t10k-labels-idx1-ubyte" in msg
+    assert "dataset-fashion-mnist" in msg and "--data-dir" in msg
+    with pytest.raises(data.DataNotFound, match="CLNET_DATA"):
+        data.load("mnist", "test")
+
+
+def test_load_from_data_dir_and_clnet_data(tmp_path, monkeypatch, rng):
+    sub = tmp_path / "mnist"
+    sub.mkdir()
+    images = rng.integers(0, 256, (9, 28, 28)).astype(np.uint8)
+    labels = rng.integers(0, 10, 9).astype(np.uint8)
+    data.write_idx(sub / "t10k-images-idx3-ubyte.gz", images)
+    data.write_idx(sub / "t10k-labels-idx1-ubyte", labels)
+    monkeypatch.setenv("CLNET_DATA", str(tmp_path))
+    ds = data.load("mnist", "test")  # found in $CLNET_DATA/mnist
+    np.testing.assert_array_equal(ds.images[:, 0], images)
+    np.testing.assert_array_equal(ds.labels, labels)
+    assert len(data.load("mnist", "test", data_dir=sub)) == 9
+    data.write_idx(sub / "t10k-labels-idx1-ubyte", labels[:5])
+    with pytest.raises(data.IDXError, match="5 labels for 9 images"):
+        data.load("mnist", "test", data_dir=sub)
+
+
+# -- loader -----------------------------------------------------------------------------------------------------------
+def test_loader_feeds_every_example_once_and_counts_copies(dev):
+    ds = synthetic(50)
+    order = data.epoch_order(len(ds), seed=3, epoch=1)
+    assert not np.array_equal(order, data.epoch_order(len(ds), seed=3, epoch=2))
+    np.testing.assert_array_equal(order, data.epoch_order(len(ds), seed=3, epoch=1))
+    clnet.reset_transfer_stats()
+    loader = data.Loader(ds, 16, dev, order)
+    seen = []
+    for x, y, labels in loader:
+        assert x.shape == (len(labels), 1, 28, 28) and y.value_range == (labels.min(), labels.max())
+        seen.append(labels)
+        expected_x, _ = ds.batch(order[sum(map(len, seen)) - len(labels):sum(map(len, seen))])
+        np.testing.assert_array_equal(x.numpy(), expected_x)
+        np.testing.assert_array_equal(y.numpy(), labels)
+    assert [len(s) for s in seen] == [16, 16, 16, 2]
+    np.testing.assert_array_equal(np.concatenate(seen), ds.labels[order])
+    stats = clnet.transfer_stats()
+    assert stats["host_to_device_count"] == 2 * 4
+    assert stats["host_to_device_bytes"] == 50 * 28 * 28 * 4 + 50 * 4
+    assert loader.wait_s >= 0
+
+
+# -- training on real data --------------------------------------------------------------------------------------------
+@needs_fashion
+def test_lenet_learns_fashion_mnist_subset(dev):
+    train_data = data.load("fashion-mnist", "train").subset(6400)
+    test_data = data.load("fashion-mnist", "test").subset(1000)
+    clnet.manual_seed(0)
+    model = models.lenet().to(dev)
+    clnet.reset_transfer_stats()
+    result = train.fit(model, train_data, test_data, epochs=1, batch=32, lr=0.01, momentum=0.9, device=dev,
+                       model_name="lenet")
+    (record,) = result["epochs"]
+    assert record["steps"] == 200 and record["images"] == 6400
+    assert record["test_accuracy"] > 0.6, record  # chance is 0.1
+    assert record["train_loss"] < 1.2, record
+    assert 0 <= record["stall_fraction"] < 1
+    # per step: the batch's two uploads, the logits and the loss read back; nothing else
+    stats = clnet.transfer_stats()
+    eval_batches = -(-1000 // 256)
+    assert stats["host_to_device_count"] == 2 * (200 + eval_batches)
+    assert stats["device_to_host_count"] == 2 * (200 + eval_batches)
+
+
+# -- checkpoints ------------------------------------------------------------------------------------------------------
+def run_tiny(dev, path=None, resume=None, max_steps=None, data_set=None, epochs=2):
+    if resume is None:
+        clnet.manual_seed(7)
+    model = tiny_model()
+    result = train.fit(model, data_set or synthetic(), epochs=epochs, batch=16, lr=0.05, momentum=0.9,
+                       weight_decay=1e-4, device=dev, seed=5, checkpoint=path, resume=resume, max_steps=max_steps,
+                       model_name="tiny")
+    return model, result
+
+
+def strip_times(history):
+    return [{k: v for k, v in r.items() if "second" not in k and "wait" not in k and "per_s" not in k
+             and "stall" not in k} for r in history]
+
+
+def test_resume_gives_the_uninterrupted_result(dev, tmp_path):
+    full, full_result = run_tiny(dev)
+    assert full_result["global_step"] == 20
+    ckpt = tmp_path / "tiny.ckpt"
+    # stop inside the second epoch, then continue in a fresh model whose random stream is elsewhere
+    _, part = run_tiny(dev, ckpt, max_steps=13)
+    assert part["stopped"] and part["global_step"] == 13 and part["epoch"] == 1 and part["step"] == 3
+    clnet.manual_seed(12345)
+    resumed, rest = run_tiny(dev, ckpt, resume=ckpt)
+    assert rest["global_step"] == 20
+    for (k, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
+        np.testing.assert_array_equal(a, b, err_msg=k)
+    assert strip_times(full_result["epochs"]) == strip_times(rest["epochs"])
+    done = train.load_checkpoint(ckpt)
+    assert done["epoch"] == 2 and done["step"] == 0 and done["global_step"] == 20
+
+
+def test_ctrl_c_finishes_the_step_and_writes_a_checkpoint(dev, tmp_path):
+    class Interrupting(data.Dataset):
+        calls = 0
+
+        def batch(self, indices):  # runs in the loader's thread; the signal goes to the main thread
+            Interrupting.calls += 1
+            if Interrupting.calls == 4:
+                os.kill(os.getpid(), signal.SIGINT)
+            return super().batch(indices)
+
+    plain = synthetic()
+    full, _ = run_tiny(dev)
+    ckpt = tmp_path / "tiny.ckpt"
+    _, part = run_tiny(dev, ckpt, data_set=Interrupting(plain.images, plain.labels, "s", plain.mean, plain.std))
+    assert part["interrupted"] and 0 < part["global_step"] < 20
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    resumed, rest = run_tiny(dev, ckpt, resume=ckpt)
+    assert rest["global_step"] == 20 and not rest["interrupted"]
+    for (k, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
+        np.testing.assert_array_equal(a, b, err_msg=k)
+
+
+def test_crash_mid_write_leaves_the_old_checkpoint(dev, tmp_path, monkeypatch):
+    ckpt = tmp_path / "tiny.ckpt"
+    model, _ = run_tiny(dev, ckpt, max_steps=3)
+    before, weights = sha(ckpt), model.state_dict()
+
+    def crash(f, **arrays):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(train.np, "savez", crash)
+    with pytest.raises(OSError, match="simulated"):
+        run_tiny(dev, ckpt, max_steps=6)
+    monkeypatch.undo()
+    assert sha(ckpt) == before and not os.path.exists(str(ckpt) + ".tmp")
+    loaded = train.load_checkpoint(ckpt)
+    assert loaded["global_step"] == 3
+    for k, a in weights.items():
+        np.testing.assert_array_equal(loaded["state_dict"][k], a)
+
+
+def test_damaged_and_wrong_model_checkpoints_fail_cleanly(dev, tmp_path):
+    ckpt = tmp_path / "tiny.ckpt"
+    run_tiny(dev, ckpt, max_steps=2)
+    good = ckpt.read_bytes()
+    digest = sha(ckpt)
+    lenet = models.lenet().to(dev)
+    lenet_weights = lenet.state_dict()
+    with pytest.raises(train.CheckpointError, match="holds a 'tiny' model, not 'lenet'"):
+        train.load_into(train.load_checkpoint(ckpt), lenet, None, "lenet")
+    with pytest.raises(train.CheckpointError, match="another architecture"):
+        train.load_into(train.load_checkpoint(ckpt), lenet, None)
+    for k, a in lenet.state_dict().items():
+        np.testing.assert_array_equal(a, lenet_weights[k])
+    assert sha(ckpt) == digest
+    damaged = tmp_path / "damaged.ckpt"
+    for content in (good[:len(good) // 2], good[:200] + bytes(len(good) - 200), b"not a checkpoint"):
+        damaged.write_bytes(content)
+        with pytest.raises(train.CheckpointError, match="damaged.ckpt"):
+            train.load_checkpoint(damaged)
+    # a flipped byte inside the weights fails the archive's checksum
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(flipped))
+    with pytest.raises(train.CheckpointError, match="damaged.ckpt"):
+        train.load_checkpoint(damaged)
+    with pytest.raises(train.CheckpointError, match="no such file"):
+        train.load_checkpoint(tmp_path / "absent.ckpt")
+
+
+# -- commands ---------------------------------------------------------------------------------------------------------
+@needs_fashion
+def test_train_and_eval_commands(dev, tmp_path):
+    ckpt, log = tmp_path / "lenet.ckpt", tmp_path / "log.json"
+    args = ["lenet", "--dataset", "fashion-mnist", "--subset", "320", "--test-subset", "200", "--epochs", "1",
+            "--batch", "32", "--device", str(dev.index), "--checkpoint", str(ckpt), "--log", str(log)]
+    r = CliRunner().invoke(train.train_command, args)
+    assert r.exit_code == 0, r.output
+    assert "epoch 1/1: train loss" in r.output and "done: lenet on fashion-mnist, 1 epochs" in r.output
+    (record,) = json.loads(log.read_text())["epochs"]
+    assert record["steps"] == 10 and "test_accuracy" in record and "data_wait_s" in record
+    r = CliRunner().invoke(train.eval_command, ["lenet", "--checkpoint", str(ckpt), "--test-subset", "200",
+                                                "--device", str(dev.index)])
+    assert r.exit_code == 0, r.output
+    assert "accuracy" in r.output and "Ankle boot" in r.output and "confusion counts" in r.output
+    digest = sha(ckpt)
+    r = CliRunner().invoke(train.eval_command, ["lenet-wide", "--checkpoint", str(ckpt)])
+    assert r.exit_code == 1 and "holds a 'lenet' model, not 'lenet-wide'" in r.output
+    r = CliRunner().invoke(train.train_command, ["lenet-wide", "--resume", str(ckpt)])
+    assert r.exit_code == 1 and "not 'lenet-wide'" in r.output
+    r = CliRunner().invoke(train.train_command, ["lenet", "--resume", str(ckpt), "--batch", "64"])
+    assert r.exit_code == 1 and "--batch 64 (checkpoint: 32)" in r.output
+    assert sha(ckpt) == digest
+
+
+def test_train_command_without_data_says_how_to_get_it(tmp_path):
+    r = CliRunner().invoke(train.train_command, ["lenet", "--dataset", "mnist", "--data-dir", str(tmp_path)])
+    assert r.exit_code == 1
+    assert "train-images-idx3-ubyte" in r.output and "--data-dir" in r.output and "Traceback" not in r.output
