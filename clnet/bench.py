@@ -149,24 +149,42 @@ def _rel_err(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def check_agreement(model, dev, tm, tdev, x, labels):
-    """One forward and backward on both engines from the same weights and batch: largest relative errors."""
+def _torch_grads(tm, tdev, x, labels, dtype):
     import torch
+    tm.zero_grad()
+    out = tm(torch.from_numpy(x).to(tdev, dtype))
+    torch.nn.functional.cross_entropy(out, torch.from_numpy(labels.astype(np.int64)).to(tdev)).backward()
+    grads = {"output": out.detach().cpu().double().numpy()}
+    grads.update({"grad " + k: p.grad.detach().cpu().double().numpy() for k, p in tm.named_parameters()})
+    return grads
+
+
+def check_agreement(model, dev, tm, tdev, x, labels):
+    """One forward and backward from the same weights and batch in clnet, in PyTorch float32, and in PyTorch float64.
+
+    Returns, per quantity, the relative error of clnet against PyTorch float32 ('vs_torch'), and of each float32 engine
+    against float64 ('clnet_vs_fp64', 'torch_vs_fp64'): a long reduction (the first layer's weight gradient sums
+    N*OH*OW terms) legitimately differs between two float32 engines, and float64 says which is closer.
+    """
+    import copy
     loss_fn = nn.CrossEntropyLoss()
-    for p in model.parameters():
-        from .ops import fill
-        fill(p.grad, 0.0)
+    model.zero_grad()
     out = model(tensor(x, dev))
     loss_fn(out, labels)
     model.backward(loss_fn.backward())
-    tm.zero_grad()
-    tout = tm(torch.from_numpy(x).to(tdev))
-    torch.nn.functional.cross_entropy(tout, torch.from_numpy(labels.astype(np.int64)).to(tdev)).backward()
-    errors = {"output": _rel_err(out.numpy(), tout.detach().cpu().numpy())}
-    tparams = dict(tm.named_parameters())
-    for name, p in model.named_parameters():
-        errors["grad " + name] = _rel_err(p.grad.numpy(), tparams[name].grad.cpu().numpy())
-    return errors
+    ours = {"output": out.numpy()}
+    ours.update({"grad " + k: p.grad.numpy() for k, p in model.named_parameters()})
+    t32 = _torch_grads(tm, tdev, x, labels, None)
+    t64 = _torch_grads(copy.deepcopy(tm).double(), tdev, x, labels, __import__("torch").float64)
+    return {k: dict(vs_torch=_rel_err(ours[k], t32[k]), clnet_vs_fp64=_rel_err(ours[k], t64[k]),
+                    torch_vs_fp64=_rel_err(t32[k], t64[k])) for k in ours}
+
+
+def disagreements(agreement, tolerance):
+    """Quantities where clnet is off by more than float32 allows: beyond the tolerance against float64 and also
+    clearly worse than PyTorch's own float32 result."""
+    return {k: v for k, v in agreement.items()
+            if v["clnet_vs_fp64"] > tolerance and v["clnet_vs_fp64"] > 2 * v["torch_vs_fp64"]}
 
 
 def run_torch(tm, tdev, x, labels, iterations, warmup, forward_only, progress=True):
@@ -301,9 +319,11 @@ def render_table(result, markdown=False):
                        + f"; total {ttotal:.3f} ms; {n / ttotal * 1e3:.0f} images/s")
         summary.append(f"clnet / {cmp['engine']} time ratio: {total / ttotal:.2f} "
                        f"(clnet speed is {ttotal / total:.2f}x {cmp['engine']}'s)")
-        worst = max(cmp["agreement"].values())
-        summary.append(f"agreement: largest relative error {worst:.2e} "
-                       f"({max(cmp['agreement'], key=cmp['agreement'].get)}), tolerance {cmp['tolerance']:.0e}")
+        ag = cmp["agreement"]
+        worst = max(ag, key=lambda k: ag[k]["clnet_vs_fp64"])
+        summary.append(f"agreement: largest relative error against float64 {ag[worst]['clnet_vs_fp64']:.2e} for clnet, "
+                       f"{ag[worst]['torch_vs_fp64']:.2e} for PyTorch float32 ({worst}); clnet vs PyTorch float32 "
+                       f"at most {max(v['vs_torch'] for v in ag.values()):.2e}; tolerance {cmp['tolerance']:.0e}")
     lines += [("- " if markdown else "") + s for s in summary]
     return "\n".join(lines)
 
@@ -426,7 +446,7 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
             t32 = run_torch(tm, tdev, x, labels, iterations, warmup, forward_only, progress=False)
             result["compare"]["tf32_phases"] = t32["phases"]
             result["compare"]["tf32_total_ms"] = sum(t32["phases"].values())
-        if max(agreement.values()) > AGREEMENT_TOLERANCE:
+        if disagreements(agreement, AGREEMENT_TOLERANCE):
             status = 1
     click.echo(render_table(result, markdown))
     if compare and "tf32_total_ms" in result["compare"]:
@@ -436,7 +456,8 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
             json.dump(result, f, indent=1, default=str)
         click.echo(f"wrote {json_path}", err=True)
     if status:
-        worst = max(result["compare"]["agreement"], key=result["compare"]["agreement"].get)
-        click.echo(f"ERROR: clnet and PyTorch disagree: {worst} relative error "
-                   f"{result['compare']['agreement'][worst]:.2e} > {AGREEMENT_TOLERANCE:.0e}", err=True)
+        for k, v in disagreements(result["compare"]["agreement"], AGREEMENT_TOLERANCE).items():
+            click.echo(f"ERROR: clnet disagrees with the float64 reference on {k}: relative error "
+                       f"{v['clnet_vs_fp64']:.2e} (PyTorch float32: {v['torch_vs_fp64']:.2e}), tolerance "
+                       f"{AGREEMENT_TOLERANCE:.0e}", err=True)
         sys.exit(1)
