@@ -2,9 +2,10 @@
 from .devices import Device, DeviceNotFound, device, list_devices  # first: registers vendor OpenCL libraries
 from .rng import manual_seed
 from .tensor import Tensor, reset_transfer_stats, tensor, transfer_stats
-from . import nn, optim  # noqa: E402
+from . import data, nn, optim  # noqa: E402
+from .train import evaluate, fit  # noqa: E402
 
 from .version import __version__
 
-__all__ = ["Device", "DeviceNotFound", "Tensor", "device", "list_devices", "manual_seed", "nn", "optim",
-           "reset_transfer_stats", "tensor", "transfer_stats", "__version__"]
+__all__ = ["Device", "DeviceNotFound", "Tensor", "data", "device", "evaluate", "fit", "list_devices", "manual_seed",
+           "nn", "optim", "reset_transfer_stats", "tensor", "transfer_stats", "__version__"]

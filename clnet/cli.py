@@ -4,6 +4,8 @@ import sys
 import click
 
 from . import devices as device_mod
+from .bench import bench
+from .train import eval_command, train_command
 
 
 @click.group()
@@ -27,18 +29,9 @@ def devices():
                    f"{r['version']}, driver {r['driver']}")
 
 
-def _register_optional_commands():
-    from .bench import bench
-    main.add_command(bench)
-    try:
-        from .train import eval_command, train_command
-    except ImportError:
-        return
-    main.add_command(train_command, "train")
-    main.add_command(eval_command, "eval")
-
-
-_register_optional_commands()
+main.add_command(bench)
+main.add_command(train_command, "train")
+main.add_command(eval_command, "eval")
 
 if __name__ == "__main__":
     sys.exit(main())
