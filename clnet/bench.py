@@ -304,7 +304,7 @@ def render_table(result, markdown=False):
         lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
     lines.append("")
     n = result["batch"]
-    summary = [f"clnet on {result['env']['device']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in c.items())
+    summary = [f"{result['model']} batch {n}, clnet on {result['env']['device']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in c.items())
                + f"; total {total:.3f} ms; {n / total * 1e3:.0f} images/s; "
                f"{result['clnet']['launches_per_iteration']:.0f} kernel launches per iteration"]
     t = result["clnet"]["transfers_per_iteration"]
