@@ -3,11 +3,7 @@
 # and every zoo model against PyTorch + cuDNN. Run through the device tool with .whl carried. At most 8 files come
 # back from $OUT, so text goes to one log and JSON to one file per model plus one for SGEMM.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source bench/h200_env.sh
 LOG="$OUT/h200.log"
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv

@@ -2,11 +2,7 @@
 # Training on the lent H200: lenet on Fashion-MNIST to the 0.90 target, and lenet-wide epoch times at batch 64 and 1.
 # Carries .whl (pyopencl and its needs) and .data (the four Fashion-MNIST .gz files, as Debian's package installs them).
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source bench/h200_env.sh
 timed() { local t=$SECONDS; "$@"; echo "wall $((SECONDS - t)) s: $*"; }
 {
   timed python3 -m clnet.cli train lenet --dataset fashion-mnist --data-dir .data --device gpu \

@@ -1,7 +1,9 @@
 // Softmax family over one axis of a tensor viewed as (outer, C, inner), and the cross-entropy loss.
 //   softmax_fwd / softmax_bwd  one work-item per (outer, inner) position; LOG selects log-softmax
 //   cross_entropy  logits (N, C), int labels (N): loss = mean_i (logsumexp(z_i) - z_i[label_i]) written to loss[0],
-//                  grad = (softmax(z) - onehot) / N; one work-group of LSIZE does the whole batch in one launch
+//                  grad = (softmax(z) - onehot) / N, and metrics = (loss, rows whose first argmax is the label), so a
+//                  training loop reads one 8-byte buffer per step instead of the logits; one work-group of LSIZE
+//                  does the whole batch in one launch
 // Defines: LOG 0/1, LSIZE (a power of two).
 #include "common.h"
 
@@ -47,15 +49,18 @@ __kernel void softmax_bwd(__global const float* restrict y, __global const float
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
 void cross_entropy(__global const float* restrict z, __global const int* restrict labels, const int N, const int C,
-                   __global float* restrict grad, __global float* restrict loss) {
+                   __global float* restrict grad, __global float* restrict loss, __global float* restrict metrics) {
     const int lid = get_local_id(0);
     __local float part[LSIZE];
+    __local float hits[LSIZE];
     const float invN = 1.0f / (float)N;
-    float total = 0.0f;
+    float total = 0.0f, correct = 0.0f;
     for (int i = lid; i < N; i += LSIZE) {
         __global const float* row = z + i * C;
         float mx = -INFINITY;
-        for (int c = 0; c < C; c++) mx = fmax(mx, row[c]);
+        int arg = 0;
+        for (int c = 0; c < C; c++)
+            if (row[c] > mx) { mx = row[c]; arg = c; }
         float s = 0.0f;
         for (int c = 0; c < C; c++) s += exp(row[c] - mx);
         const int label = labels[i];
@@ -65,15 +70,24 @@ void cross_entropy(__global const float* restrict z, __global const int* restric
             continue;
         }
         total += mx + log(s) - row[label];
+        correct += (arg == label) ? 1.0f : 0.0f;
         const float inv = 1.0f / s;
         for (int c = 0; c < C; c++)
             grad[i * C + c] = (exp(row[c] - mx) * inv - (c == label ? 1.0f : 0.0f)) * invN;
     }
     part[lid] = total;
+    hits[lid] = correct;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int w = LSIZE / 2; w > 0; w >>= 1) {
-        if (lid < w) part[lid] += part[lid + w];
+        if (lid < w) {
+            part[lid] += part[lid + w];
+            hits[lid] += hits[lid + w];
+        }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (lid == 0) loss[0] = part[0] * invN;
+    if (lid == 0) {
+        loss[0] = part[0] * invN;
+        metrics[0] = part[0] * invN;
+        metrics[1] = hits[0];
+    }
 }

@@ -14,7 +14,7 @@ import time
 import click
 import numpy as np
 
-from . import kernels, models, nn, optim
+from . import kernels, models, nn, optim, rng
 from .devices import DeviceNotFound, device as get_device
 from .tensor import reset_transfer_stats, tensor, transfer_stats
 from .version import __version__
@@ -41,11 +41,17 @@ def describe(model, in_shape):
     return rows
 
 
+def _tag(where, phase):
+    """Attribute the following launches to `where` in the per-layer profile (the model tags its own layers)."""
+    if kernels.profiler is not None:
+        kernels.profiler.tag = (where, phase)
+
+
 class ClnetRunner:
-    def __init__(self, model, dev, x, labels, lr=0.01):
+    def __init__(self, model, dev, x, labels):
         self.model, self.dev, self.x_host, self.labels = model.to(dev), dev, x, labels
         self.loss_fn = nn.CrossEntropyLoss()
-        self.opt = optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        self.opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def iteration(self, forward_only=False):
         """One training iteration; returns per-phase wall ms with the queue finished after each phase."""
@@ -53,19 +59,18 @@ class ClnetRunner:
         t0 = time.perf_counter()
         x = tensor(self.x_host, self.dev)
         out = self.model(x)
+        _tag("loss", "forward")
         loss = self.loss_fn(out, self.labels)
         q.finish()
         t1 = time.perf_counter()
         t["forward"] = (t1 - t0) * 1e3
         if not forward_only:
-            if kernels.profiler is not None:
-                kernels.profiler.tag = ("loss", "backward")
+            _tag("update", "zero_grad")
             self.opt.zero_grad()
             self.model.backward(self.loss_fn.backward())
             q.finish()
             t2 = time.perf_counter()
-            if kernels.profiler is not None:
-                kernels.profiler.tag = ("update", "update")
+            _tag("update", "update")
             self.opt.step()
             q.finish()
             t3 = time.perf_counter()
@@ -81,10 +86,13 @@ def _median_phases(samples, phases):
 def run_clnet(model, dev, x, labels, iterations, warmup, forward_only, progress=True):
     runner = ClnetRunner(model, dev, x, labels)
     phases = ["forward"] if forward_only else ["forward", "backward", "update"]
+    t_warmup = time.perf_counter()
     with click.progressbar(range(warmup), label=f"clnet warm-up ({dev.name})", file=sys.stderr,
                            hidden=not progress) as bar:
         for _ in bar:
             runner.iteration(forward_only)
+    dev.synchronize()
+    warmup_s = time.perf_counter() - t_warmup
     reset_transfer_stats()
     launches = kernels.launch_count
     samples = []
@@ -108,7 +116,7 @@ def run_clnet(model, dev, x, labels, iterations, warmup, forward_only, progress=
         per_layer.setdefault(key, []).append(ms)
     layer_ms = {k: sum(v) / profiled for k, v in per_layer.items()}
     return dict(phases=_median_phases(samples, phases), layer_ms=layer_ms, launches_per_iteration=launches,
-                transfers_per_iteration=transfers, runner=runner)
+                transfers_per_iteration=transfers, warmup_s=warmup_s)
 
 
 # ---- PyTorch side -------------------------------------------------------------------------------------------------
@@ -150,6 +158,7 @@ def _rel_err(a, b):
 
 
 def _torch_grads(tm, tdev, x, labels, dtype):
+    """PyTorch's output and parameter gradients for one batch, computed in dtype, returned in float64."""
     import torch
     tm.zero_grad()
     out = tm(torch.from_numpy(x).to(tdev, dtype))
@@ -167,6 +176,8 @@ def check_agreement(model, dev, tm, tdev, x, labels):
     N*OH*OW terms) legitimately differs between two float32 engines, and float64 says which is closer.
     """
     import copy
+
+    import torch
     loss_fn = nn.CrossEntropyLoss()
     model.zero_grad()
     out = model(tensor(x, dev))
@@ -174,8 +185,8 @@ def check_agreement(model, dev, tm, tdev, x, labels):
     model.backward(loss_fn.backward())
     ours = {"output": out.numpy()}
     ours.update({"grad " + k: p.grad.numpy() for k, p in model.named_parameters()})
-    t32 = _torch_grads(tm, tdev, x, labels, None)
-    t64 = _torch_grads(copy.deepcopy(tm).double(), tdev, x, labels, __import__("torch").float64)
+    t32 = _torch_grads(tm, tdev, x, labels, torch.float32)
+    t64 = _torch_grads(copy.deepcopy(tm).double(), tdev, x, labels, torch.float64)
     return {k: dict(vs_torch=_rel_err(ours[k], t32[k]), clnet_vs_fp64=_rel_err(ours[k], t64[k]),
                     torch_vs_fp64=_rel_err(t32[k], t64[k])) for k in ours}
 
@@ -382,8 +393,7 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
         raise click.ClickException(str(e))
     entry = models.MODELS[model]
     batch = batch or entry["batch"]
-    from . import rng as clrng
-    clrng.manual_seed(seed)
+    rng.manual_seed(seed)
     net = models.build(model)
     in_shape = (batch,) + entry["input_shape"]
     layers = describe(net, in_shape)
@@ -393,10 +403,6 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
     labels = data_rng.integers(0, classes, batch).astype(np.int32)
     click.echo(f"clnet bench {model}: batch {batch}, {iterations} iterations after {warmup} warm-up, on "
                f"{dev.name} ({dev.platform_name}, driver {dev.driver_version})", err=True)
-    tm = None
-    if compare:
-        tm = to_torch(net).to(tdev)  # before clnet trains: identical starting weights
-    t_build = time.perf_counter()
     builds = kernels.build_count
     cl_res = run_clnet(net, dev, x, labels, iterations, warmup, forward_only, progress=True)
     result = dict(
@@ -408,8 +414,7 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
         clnet=dict(phases=cl_res["phases"], total_ms=sum(cl_res["phases"].values()),
                    launches_per_iteration=cl_res["launches_per_iteration"],
                    transfers_per_iteration=cl_res["transfers_per_iteration"],
-                   kernel_builds=kernels.build_count - builds,
-                   setup_s=time.perf_counter() - t_build),
+                   kernel_builds=kernels.build_count - builds, warmup_s=cl_res["warmup_s"]),
         expected_transfer_bytes=dict(input=int(x.nbytes), labels=int(labels.nbytes), loss=4),
         layers=layers)
     for L in layers:
@@ -417,17 +422,16 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
         L["clnet_backward_ms"] = cl_res["layer_ms"].get((L["index"], "backward"))
     result["clnet"]["loss_and_update_ms"] = {
         "loss_forward": cl_res["layer_ms"].get(("loss", "forward")),
+        "zero_grad": cl_res["layer_ms"].get(("update", "zero_grad")),
         "update": cl_res["layer_ms"].get(("update", "update"))}
     status = 0
     if compare:
         import torch
-        cl_runner = cl_res["runner"]
-        # Agreement on fresh weights: rebuild both from one state so that training steps taken above don't matter.
-        clrng.manual_seed(seed + 1)
+        # Agreement on fresh weights: both engines start from one new state, untouched by the timed steps above.
+        rng.manual_seed(seed + 1)
         fresh = models.build(model).to(dev)
         tm = to_torch(fresh).to(tdev)
         agreement = check_agreement(fresh, dev, tm, tdev, x, labels)
-        del cl_runner
         t_res = run_torch(tm, tdev, x, labels, iterations, warmup, forward_only)
         result["compare"] = dict(engine="cuDNN" if compare == "cuda" else "torch-cpu", torch=torch.__version__,
                                  cudnn=torch.backends.cudnn.version() if compare == "cuda" else None,
@@ -435,7 +439,7 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
                                  tf32=False, phases=t_res["phases"], total_ms=sum(t_res["phases"].values()),
                                  agreement=agreement, tolerance=AGREEMENT_TOLERANCE,
                                  ratio_time=result["clnet"]["total_ms"] / sum(t_res["phases"].values()))
-        if compare == "cpu":
+        if compare == "torch-cpu":
             result["compare"]["threads"] = torch.get_num_threads()
         for L in layers:
             L["torch_forward_ms"] = t_res["layer_ms"].get((L["index"], "forward"))

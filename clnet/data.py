@@ -11,9 +11,8 @@ import threading
 import time
 
 import numpy as np
-import pyopencl as cl
 
-from .tensor import Tensor, _stats
+from .tensor import Tensor
 
 # IDX element types by their code in the third magic byte; multi-byte types are big-endian.
 IDX_DTYPES = {0x08: np.dtype(np.uint8), 0x09: np.dtype(np.int8), 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
@@ -250,13 +249,7 @@ class Loader:
         if key not in self._slots:
             self._slots[key] = (Tensor(x.shape, np.float32, self.device), Tensor(y.shape, np.int32, self.device))
         tx, ty = self._slots[key]
-        q = self.device.queue
-        cl.enqueue_copy(q, tx.buffer, x, is_blocking=False)
-        cl.enqueue_copy(q, ty.buffer, y, is_blocking=False)
-        _stats["host_to_device_bytes"] += x.nbytes + y.nbytes
-        _stats["host_to_device_count"] += 2
-        ty.value_range = (int(y.min()), int(y.max())) if y.size else None
-        return tx, ty
+        return tx.write(x, blocking=False), ty.write(y, blocking=False)
 
     def __iter__(self):
         out, stop = queue.Queue(maxsize=self.prefetch), threading.Event()

@@ -5,6 +5,7 @@ libraries that are installed but have no ICD file (common in containers, where `
 from the host but ``/etc/OpenCL/vendors`` is empty), so that such a GPU is found without editing system files.
 """
 import glob
+import hashlib
 import os
 import subprocess
 import tempfile
@@ -22,24 +23,34 @@ registered_libraries = []
 
 
 def _find_unregistered_libraries():
-    """Vendor libraries present on disk whose name no ICD file mentions."""
+    """Vendor libraries present on disk that no ICD file already names.
+
+    An ICD file may name a library by another name or path than ours (a versioned file, a full path), so a library
+    counts as registered when its name or its resolved file matches an ICD entry's.
+    """
     vendor_dir = os.environ.get("OCL_ICD_VENDORS", SYSTEM_VENDOR_DIR)
+    search = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d] + list(LIBRARY_DIRS)
+    cached = _ldconfig_paths()
+
+    def locate(entry):
+        candidates = [entry] if os.path.isabs(entry) else [os.path.join(d, entry) for d in search]
+        return next((p for p in candidates + cached.get(entry, []) if os.path.exists(p)), None)
+
     named = set()
     for icd in glob.glob(os.path.join(vendor_dir, "*.icd")):
         try:
             with open(icd) as f:
-                named.add(os.path.basename(f.read().strip()))
+                entry = f.read().strip()
         except OSError:
             continue
-    search = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d] + list(LIBRARY_DIRS)
-    cached = _ldconfig_paths()
+        named.add(os.path.basename(entry))
+        path = locate(entry)
+        if path:
+            named.add(os.path.realpath(path))
     found = []
     for name in VENDOR_LIBRARIES:
-        if name in named:
-            continue
-        paths = [os.path.join(d, name) for d in search] + cached.get(name, [])
-        path = next((p for p in paths if os.path.exists(p)), None)
-        if path:
+        path = locate(name)
+        if path and name not in named and os.path.realpath(path) not in named:
             found.append(path)
     return vendor_dir, found
 
@@ -70,13 +81,19 @@ def register_vendor_libraries():
     vendor_dir, found = _find_unregistered_libraries()
     if not found:
         return
-    new_dir = tempfile.mkdtemp(prefix="clnet-icd-")
+    files = {}
     for icd in glob.glob(os.path.join(vendor_dir, "*.icd")):
-        with open(icd) as src, open(os.path.join(new_dir, os.path.basename(icd)), "w") as dst:
-            dst.write(src.read())
+        with open(icd) as src:
+            files[os.path.basename(icd)] = src.read()
     for path in found:
-        with open(os.path.join(new_dir, "clnet-" + os.path.basename(path).split(".")[0] + ".icd"), "w") as f:
-            f.write(path + "\n")
+        files["clnet-" + os.path.basename(path).split(".")[0] + ".icd"] = path + "\n"
+    # One directory per distinct content, reused by every process instead of a new one each time.
+    digest = hashlib.sha1(repr(sorted(files.items())).encode()).hexdigest()[:12]
+    new_dir = os.path.join(tempfile.gettempdir(), f"clnet-icd-{os.getuid()}-{digest}")
+    os.makedirs(new_dir, exist_ok=True)
+    for name, text in files.items():
+        with open(os.path.join(new_dir, name), "w") as f:
+            f.write(text)
     os.environ["OCL_ICD_VENDORS"] = new_dir
     registered_libraries.extend(found)
 

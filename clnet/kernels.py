@@ -59,16 +59,19 @@ def program(dev, filename, defines=None):
         except cl.RuntimeError as e:
             raise KernelError(f"building {filename} with {' '.join(options[:-3])} failed on {dev.name}:\n{e}") from e
         build_count += 1
-        prog.kernel_cache = {}
         _programs[key] = prog
     return prog
 
 
+_kernels = {}
+
+
 def kernel(dev, filename, name, defines=None):
-    prog = program(dev, filename, defines)
-    k = prog.kernel_cache.get(name)
+    """The kernel `name` of (device, file, defines); one dictionary lookup once built, since this runs per launch."""
+    key = (id(dev), filename, name, tuple(sorted((defines or {}).items())))
+    k = _kernels.get(key)
     if k is None:
-        k = prog.kernel_cache[name] = getattr(prog, name)
+        k = _kernels[key] = getattr(program(dev, filename, defines), name)
     return k
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels, tuning
-from .tensor import Tensor, empty
+from .tensor import empty
 
 NO_SPLIT = 1 << 30  # a column divisor no index reaches
 
@@ -39,8 +39,9 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
     ksplit = tuning.k_splits(dev, cfg, M, N, K, batch)
     epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
     if ksplit > 1:
+        depth = cfg.get("TK", 1)
         kc = -(-K // ksplit)
-        kc = -(-kc // 16) * 16  # whole tile slices
+        kc = -(-kc // depth) * depth  # slices of whole tile depths
         ksplit = -(-K // kc)
         partial = empty((batch * ksplit * M * N,), dev)
         _gemm(dev, cfg, M, N, K, A, a, B, b, partial, Mat(bs=M * N, rs=N, cs=1), 1.0, 0.0, batch * ksplit,
@@ -138,15 +139,16 @@ def softmax_backward(y, dy, dim, log):
 
 
 def cross_entropy(logits, labels):
-    """Mean cross-entropy of logits (N, C) and int32 labels (N,): (loss tensor of one element, d loss / d logits)."""
+    """Mean cross-entropy of logits (N, C) and int32 labels (N,): (loss tensor of one element, d loss / d logits,
+    metrics tensor (loss, number of rows whose prediction is the label))."""
     dev = logits.device
     N, C = logits.shape
-    grad, loss = empty(logits.shape, dev), empty((), dev)
+    grad, loss, metrics = empty(logits.shape, dev), empty((), dev), empty((2,), dev)
     lsize = min(256, dev.max_work_group_size)
     lsize = 1 << (lsize.bit_length() - 1)
     k = kernels.kernel(dev, "softmax.cl", "cross_entropy", dict(LSIZE=lsize))
-    kernels.launch(dev, k, (lsize,), (lsize,), logits, labels, N, C, grad, loss, what="cross-entropy")
-    return loss, grad
+    kernels.launch(dev, k, (lsize,), (lsize,), logits, labels, N, C, grad, loss, metrics, what="cross-entropy")
+    return loss, grad, metrics
 
 
 def sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov, first):

@@ -85,7 +85,7 @@ class _Storage:
             pass
 
 
-DTYPES = {np.dtype(np.float32): np.float32, np.dtype(np.int32): np.int32}
+DTYPES = {np.dtype(np.float32), np.dtype(np.int32)}
 
 
 class Tensor:
@@ -142,13 +142,17 @@ class Tensor:
             _stats["device_to_host_count"] += 1
         return out
 
-    def write(self, array):
-        """Copy a host array of the same size into this tensor."""
+    def write(self, array, blocking=True):
+        """Copy a host array of the same size into this tensor.
+
+        With blocking=False the copy is only queued (pyopencl keeps the host array alive until it is done), so a
+        feeder can upload the next batch while the device still computes the current one.
+        """
         array = np.ascontiguousarray(array, dtype=self.dtype)
         if array.size != self.size:
             raise ValueError(f"cannot write an array of shape {array.shape} into a tensor of shape {self.shape}")
         if array.size:
-            cl.enqueue_copy(self.device.queue, self.buffer, array, is_blocking=True)
+            cl.enqueue_copy(self.device.queue, self.buffer, array, is_blocking=blocking)
             _stats["host_to_device_bytes"] += array.nbytes
             _stats["host_to_device_count"] += 1
         if self.dtype == np.int32 and array.size:

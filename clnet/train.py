@@ -121,10 +121,10 @@ def load_into(ckpt, model, optimizer, model_name=None):
 
 
 # -- evaluation ------------------------------------------------------------------------------------------------------
-def _step_results(out, loss, y_host):
-    """(summed loss, correct count, predictions) of a finished step; the one read-back of a step."""
-    pred = out.numpy().argmax(axis=1)
-    return float(loss) * len(y_host), int((pred == y_host).sum()), pred
+def _step_results(loss_fn, n):
+    """(summed loss, correct count) of a finished training step of n examples: its one read-back, 8 bytes."""
+    loss, correct = loss_fn.metrics.numpy()
+    return float(loss) * n, int(correct)
 
 
 def evaluate(model, dataset, batch=256, device=None):
@@ -145,7 +145,8 @@ def evaluate(model, dataset, batch=256, device=None):
             out = model(x)
             loss = loss_fn(out, y)
             item = next(it, None)  # queues the next upload before this batch's results are read
-            s_loss, s_correct, pred = _step_results(out, loss, y_host)
+            pred = out.numpy().argmax(axis=1)  # the confusion counts need every prediction
+            s_loss, s_correct = float(loss) * len(y_host), int((pred == y_host).sum())
             if confusion is None:
                 confusion = np.zeros((out.shape[1], out.shape[1]), np.int64)
             np.add.at(confusion, (y_host, pred), 1)
@@ -281,13 +282,13 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
                     x, y, y_host = item
                     optimizer.zero_grad()
                     out = model(x)
-                    loss = loss_fn(out, y)
+                    loss_fn(out, y)
                     model.backward(loss_fn.backward())
                     optimizer.step()
                     last = flag.set or (max_steps is not None and global_step + 1 >= max_steps)
                     # The next batch's upload is queued behind this step before its results are read.
                     item = None if last else next(it, None)
-                    s_loss, s_correct, _ = _step_results(out, loss, y_host)
+                    s_loss, s_correct = _step_results(loss_fn, len(y_host))
                     step, global_step = step + 1, global_step + 1
                     sums["loss"] += s_loss
                     sums["correct"] += s_correct

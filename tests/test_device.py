@@ -131,3 +131,18 @@ def test_gemm_batched_with_split_columns(dev, rng, gemm_variant):
     prod = np.einsum("gmk,gkn->gmn", A.astype(np.float64), B.astype(np.float64)).reshape(G, Mg, imgs, P)
     expected = prod.transpose(2, 0, 1, 3).reshape(imgs, G * Mg, P)
     assert_close(C.numpy(), expected, "C", tol=1e-5)
+
+
+def test_library_named_differently_by_an_icd_file_is_not_registered_twice(tmp_path, monkeypatch):
+    """An ICD file naming the same library by its versioned file counts as registering it (PoCL appeared twice)."""
+    vendors, libdir = tmp_path / "vendors", tmp_path / "lib"
+    vendors.mkdir()
+    libdir.mkdir()
+    (libdir / "libpocl.so.2.12.0").write_text("")
+    os.symlink(libdir / "libpocl.so.2.12.0", libdir / "libpocl.so.2")
+    (vendors / "pocl.icd").write_text(str(libdir / "libpocl.so.2.12.0") + "\n")
+    monkeypatch.setenv("OCL_ICD_VENDORS", str(vendors))
+    monkeypatch.setattr(device_mod, "LIBRARY_DIRS", (str(libdir),))
+    monkeypatch.setattr(device_mod, "_ldconfig_paths", lambda: {})
+    monkeypatch.setenv("LD_LIBRARY_PATH", "")
+    assert device_mod._find_unregistered_libraries() == (str(vendors), [])

@@ -245,3 +245,15 @@ def test_pools_against_torch(dev, rng, case):
         ty.backward(torch.tensor(dy, dtype=torch.float64))
         assert_close(y, ty.detach().numpy(), f"{layer!r} output")
         assert_close(dx, tx.grad.numpy(), f"{layer!r} grad input")
+
+
+def test_cross_entropy_metrics_count_correct_predictions(dev, rng):
+    """The loss's metrics tensor holds (loss, rows whose first argmax equals the label), read in one copy."""
+    logits = rng.standard_normal((37, 5)).astype(np.float32)
+    labels = rng.integers(0, 5, 37)
+    loss_fn = nn.CrossEntropyLoss()
+    loss = loss_fn(clnet.tensor(logits, dev), labels)
+    value, correct = loss_fn.metrics.numpy()
+    assert correct == (logits.argmax(axis=1) == labels).sum()
+    assert value == float(loss)
+    assert abs(value - ref.cross_entropy(logits, labels)[0]) < 1e-5

@@ -157,3 +157,45 @@ def test_zoo_shapes(name):
     entry = models.MODELS[name]
     out = models.build(name).output_shape((2,) + entry["input_shape"])
     assert out == (2, 10 if name.startswith("lenet") else 1000)
+
+
+def test_relu_folded_into_conv_and_linear_matches_reference(dev, rng):
+    """Sequential folds a ReLU into the layer before it: same forward and gradients, one launch fewer per ReLU."""
+    from clnet import kernels
+    model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 5 * 4, 7),
+                          nn.ReLU(), nn.Linear(7, 4)).to(dev)
+    p = {k: v.astype(np.float64) for k, v in model.state_dict().items()}
+    x = rng.standard_normal((3, 2, 5, 4)).astype(np.float32)
+    dy = rng.standard_normal((3, 4)).astype(np.float32)
+    launches = kernels.launch_count
+    out = model(clnet.tensor(x, dev))
+    dx = model.backward(clnet.tensor(dy, dev))
+    launches = kernels.launch_count - launches
+
+    c = ref.conv2d(x, p["0.weight"], p["0.bias"], (1, 1), (1, 1), (2, 2), (1, 1), 1)
+    r1 = ref.activation("relu", c)
+    h = ref.linear(r1.reshape(3, -1), p["3.weight"], p["3.bias"])
+    r2 = ref.activation("relu", h)
+    z, dr2, g5w, g5b = ref.linear(r2, p["5.weight"], p["5.bias"], dy)
+    _, dh = ref.activation("relu", h, dr2)
+    _, dr1, g3w, g3b = ref.linear(r1.reshape(3, -1), p["3.weight"], p["3.bias"], dh)
+    _, dc = ref.activation("relu", c, dr1.reshape(c.shape))
+    _, rdx, g0w, g0b = ref.conv2d(x, p["0.weight"], p["0.bias"], (1, 1), (1, 1), (2, 2), (1, 1), 1, dc)
+    assert_close(out.numpy(), z, "output")
+    assert_close(dx.numpy(), rdx, "grad input")
+    for name, expected in (("0.weight", g0w), ("0.bias", g0b), ("3.weight", g3w), ("3.bias", g3b),
+                           ("5.weight", g5w), ("5.bias", g5b)):
+        assert_close(dict(model.named_parameters())[name].grad.numpy(), expected, f"grad {name}")
+    assert model._folded == {1, 4}
+
+    # The same layers one by one, without folding, launch one more forward kernel per ReLU (the backward mask
+    # runs either way).
+    unfolded = kernels.launch_count
+    y = clnet.tensor(x, dev)
+    for layer in model:
+        y = layer(y)
+    g = clnet.tensor(dy, dev)
+    for layer in reversed(list(model)):
+        g = layer.backward(g)
+    assert kernels.launch_count - unfolded == launches + 2
+    assert_close(y.numpy(), z, "unfolded output")

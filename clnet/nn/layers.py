@@ -30,6 +30,8 @@ def _check_image(layer, shape, channels=None):
 
 
 class Conv2d(Module):
+    takes_relu = True  # forward(x, relu=True) applies a following ReLU in the matrix product's epilogue
+
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True):
         super().__init__()
         name = f"Conv2d({in_channels}, {out_channels}, {kernel_size})"
@@ -65,7 +67,6 @@ class Conv2d(Module):
         if bias:
             self._parameters["bias"] = Parameter(_uniform((self.out_channels,), bound))
         self._saved = None
-        self.fused_relu = False  # set by a model that folds the following ReLU into this layer's epilogue
 
     @property
     def weight(self):
@@ -103,24 +104,26 @@ class Conv2d(Module):
         s = self.conv_shape(input_shape)
         return (s.N, s.O, s.OH, s.OW)
 
-    def forward(self, x):
+    def forward(self, x, relu=False):
         s = self.conv_shape(x.shape)
         bias = self.bias.data if self.bias is not None else None
-        y = ops.conv2d_forward(x, self.weight.data, bias, s, relu=self.fused_relu, what=repr(self))
-        self._saved = (x, y if self.fused_relu else None, s)
+        y = ops.conv2d_forward(x, self.weight.data, bias, s, relu=relu, what=repr(self))
+        self._saved = (x, y if relu else None, s)
         return y
 
     def backward(self, grad_output):
-        x, y, s = self._saved if self._saved else (None, None, None)
+        x, relu_y, s = self._saved if self._saved else (None, None, None)
         self._check_grad(grad_output, None if s is None else (s.N, s.O, s.OH, s.OW))
-        if self.fused_relu:
-            grad_output = ops.activation_backward("relu", y, grad_output)
+        if relu_y is not None:
+            grad_output = ops.activation_backward("relu", relu_y, grad_output)
         db = self.bias.grad if self.bias is not None else None
         return ops.conv2d_backward(x, self.weight.data, grad_output, s, self.weight.grad, db,
                                    what=repr(self) + " backward")
 
 
 class Linear(Module):
+    takes_relu = True
+
     def __init__(self, in_features, out_features, bias=True):
         super().__init__()
         self.in_features, self.out_features = int(in_features), int(out_features)
@@ -131,7 +134,6 @@ class Linear(Module):
         if bias:
             self._parameters["bias"] = Parameter(_uniform((self.out_features,), bound))
         self._saved = None
-        self.fused_relu = False
 
     @property
     def weight(self):
@@ -151,17 +153,17 @@ class Linear(Module):
                              f"{tuple(input_shape)}{hint}")
         return (input_shape[0], self.out_features)
 
-    def forward(self, x):
+    def forward(self, x, relu=False):
         bias = self.bias.data if self.bias is not None else None
-        y = ops.linear_forward(x, self.weight.data, bias, relu=self.fused_relu, what=repr(self))
-        self._saved = (x, y if self.fused_relu else None)
+        y = ops.linear_forward(x, self.weight.data, bias, relu=relu, what=repr(self))
+        self._saved = (x, y if relu else None)
         return y
 
     def backward(self, grad_output):
-        x, y = self._saved if self._saved else (None, None)
+        x, relu_y = self._saved if self._saved else (None, None)
         self._check_grad(grad_output, None if x is None else (x.shape[0], self.out_features))
-        if self.fused_relu:
-            grad_output = ops.activation_backward("relu", y, grad_output)
+        if relu_y is not None:
+            grad_output = ops.activation_backward("relu", relu_y, grad_output)
         db = self.bias.grad if self.bias is not None else None
         return ops.linear_backward(x, self.weight.data, grad_output, self.weight.grad, db,
                                    what=repr(self) + " backward")

@@ -10,6 +10,7 @@ class CrossEntropyLoss:
 
     def __init__(self):
         self._grad = None
+        self.metrics = None  # device tensor (loss, correct predictions) of the last call, for training loops
 
     def __call__(self, logits, labels):
         if not isinstance(logits, Tensor) or logits.ndim != 2:
@@ -33,7 +34,7 @@ class CrossEntropyLoss:
                              f"[{known[0]}, {known[1]}]")
         if not isinstance(labels, Tensor):
             labels = tensor(host.astype(np.int32), logits.device)
-        loss, self._grad = ops.cross_entropy(logits, labels)
+        loss, self._grad, self.metrics = ops.cross_entropy(logits, labels)
         return loss
 
     def backward(self):

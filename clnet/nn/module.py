@@ -39,6 +39,8 @@ class Parameter:
 class Module:
     """Base of every layer: configuration in __init__, parameters in ``_parameters``, children in ``_modules``."""
 
+    takes_relu = False  # whether forward(x, relu=True) can absorb a ReLU that follows this layer
+
     def __init__(self):
         self._parameters = {}
         self._modules = {}
@@ -152,6 +154,7 @@ class Sequential(Module):
             if not isinstance(layer, Module):
                 raise TypeError(f"Sequential: item {i} is a {type(layer).__name__}, not a clnet layer")
             self._modules[str(i)] = layer
+        self._folded = set()  # indices of ReLUs folded into the layer before them in the last forward
 
     def __getitem__(self, i):
         return list(self._modules.values())[i]
@@ -172,15 +175,28 @@ class Sequential(Module):
         return shape
 
     def forward(self, x):
-        for i, layer in enumerate(self):
+        """Runs the layers in order; a ReLU right after a layer that takes it is folded into that layer's matrix
+        product epilogue: one launch and one pass over the activations fewer. Backward still applies the mask."""
+        layers = list(self)
+        self._folded = set()
+        for i, layer in enumerate(layers):
+            if i in self._folded:
+                continue
             if kernels.profiler is not None:
                 kernels.profiler.tag = (i, "forward")
-            x = layer.forward(x)
+            nxt = layers[i + 1] if i + 1 < len(layers) else None
+            if layer.takes_relu and getattr(nxt, "kind", None) == "relu":
+                x = layer.forward(x, relu=True)
+                self._folded.add(i + 1)
+            else:
+                x = layer.forward(x)
         return x
 
     def backward(self, grad_output):
         g = grad_output
         for i, layer in reversed(list(enumerate(self))):
+            if i in self._folded:
+                continue  # its layer's backward applies the ReLU mask
             if kernels.profiler is not None:
                 kernels.profiler.tag = (i, "backward")
             g = layer.backward(g)
