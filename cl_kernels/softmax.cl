@@ -61,9 +61,13 @@ void cross_entropy(__global const float* restrict z, __global const int* restric
         int arg = 0;
         for (int c = 0; c < C; c++)
             if (row[c] > mx) { mx = row[c]; arg = c; }
-        float s = 0.0f;
-        for (int c = 0; c < C; c++) s += exp(row[c] - mx);
         const int label = labels[i];
+        // The label's gradient, p - 1, is computed as -(sum of the other classes' terms) / s: the direct form
+        // cancels when p is close to 1 and loses most of its float32 digits.
+        float others = 0.0f;
+        for (int c = 0; c < C; c++)
+            if (c != label) others += exp(row[c] - mx);
+        const float s = others + ((label >= 0 && label < C) ? exp(row[label] - mx) : 0.0f);
         if (label < 0 || label >= C) {  // a label the host could not check: poison the row, never read past it
             total += NAN;
             for (int c = 0; c < C; c++) grad[i * C + c] = NAN;
@@ -73,7 +77,7 @@ void cross_entropy(__global const float* restrict z, __global const int* restric
         correct += (arg == label) ? 1.0f : 0.0f;
         const float inv = 1.0f / s;
         for (int c = 0; c < C; c++)
-            grad[i * C + c] = (exp(row[c] - mx) * inv - (c == label ? 1.0f : 0.0f)) * invN;
+            grad[i * C + c] = (c == label ? -others : exp(row[c] - mx)) * inv * invN;
     }
     part[lid] = total;
     hits[lid] = correct;
