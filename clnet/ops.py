@@ -53,18 +53,22 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
     _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bias, bias_bs, epilogue, 1, K, what)
 
 
+GEMM_FILES = dict(gemm_tiled="gemm.cl", gemm_block="gemm_cpu.cl")
+
+
 def _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, zsize, bias, bias_bs, epilogue, ksplit, kc, what):
-    defines = dict(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split, **epilogue)
-    if cfg["kernel"] == "gemm_tiled":
-        defines.update(TM=cfg["TM"], TN=cfg["TN"], TK=cfg["TK"], WM=cfg["WM"], WN=cfg["WN"],
-                       A_KFAST=(a.cs == 1 and a.rs != 1 and not a.split), B_KFAST=(b.rs == 1 and b.cs != 1))
+    name = cfg["kernel"]
+    defines = {k: v for k, v in cfg.items() if k != "kernel"}
+    defines.update(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split, **epilogue)
+    if name == "gemm_tiled":
+        defines.update(A_KFAST=(a.cs == 1 and a.rs != 1 and not a.split), B_KFAST=(b.rs == 1 and b.cs != 1))
         local = (cfg["TN"] // cfg["WN"], cfg["TM"] // cfg["WM"], 1)
         global_size = (-(-N // cfg["TN"]) * local[0], -(-M // cfg["TM"]) * local[1], zsize)
     else:
-        defines.update(RM=cfg["RM"], B_CONTIG=(b.cs == 1 and not b.split))
+        defines.update(B_CONTIG=(b.cs == 1 and not b.split))
         local = None
         global_size = (-(-N // 16), -(-M // cfg["RM"]), zsize)
-    k = kernels.kernel(dev, "gemm.cl", cfg["kernel"], defines)
+    k = kernels.kernel(dev, GEMM_FILES[name], name, defines)
     kernels.launch(dev, k, global_size, local, M, N, K, alpha, beta, A, *a.args(), B, *b.args(), C, *c.args(),
                    bias, bias_bs, ksplit, kc, what=what)
 

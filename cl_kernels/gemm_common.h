@@ -1,0 +1,79 @@
+// What every matrix-product kernel shares (gemm.cl for GPUs, gemm_cpu.cl for CPUs):
+//   C[b](m, n) = act(alpha * sum_k A[b](m, k) * B[b](k, n) + beta * C[b](m, n) + bias)
+// Each operand X in {A, B, C} is addressed through strides, so transposes and NCHW views need no copies:
+//   X[b](r, c) = X[x_off + b*x_bs + r*x_rs + (c % x_cdiv)*x_cs + (c / x_cdiv)*x_cso]
+// The column split (cdiv, cso) lets a column index run over (image, pixel) pairs of an NCHW tensor; it is compiled
+// in only where needed (A_SPLIT, B_SPLIT, C_SPLIT). beta == 0 never reads C, so C may hold garbage.
+// Split-K: with ksplit > 1 the third global index z runs over batch * ksplit; slice s = z % ksplit sums k in
+// [s*kc, s*kc + kc) and writes its partial product to C[z] (plain, alpha 1, beta 0, no epilogue: the host passes a
+// scratch buffer), then gemm_reduce (gemm.cl) sums the slices in a fixed order and applies the real epilogue. This
+// keeps products with a small M x N and a huge K (convolution weight gradients) both parallel and accurate.
+//
+// Defines:
+//   A_SPLIT, B_SPLIT, C_SPLIT  0/1: column split in use for that operand
+//   BIAS      0 none, 1 one value per row m, 2 one value per column n (bias pointer advanced by b*bias_bs)
+//   RELU      0/1: apply max(0, x) last
+#ifndef CLNET_GEMM_COMMON_H
+#define CLNET_GEMM_COMMON_H
+#include "common.h"
+
+#ifndef A_SPLIT
+#define A_SPLIT 0   // column split on A
+#endif
+#ifndef B_SPLIT
+#define B_SPLIT 0   // column split on B
+#endif
+#ifndef C_SPLIT
+#define C_SPLIT 0   // column split on C
+#endif
+#ifndef BIAS
+#define BIAS 0      // 0 none, 1 per row, 2 per column
+#endif
+#ifndef RELU
+#define RELU 0      // fused ReLU
+#endif
+
+#if BIAS < 0 || BIAS > 2
+#error "BIAS must be 0, 1 or 2"
+#endif
+
+#if A_SPLIT
+#define A_COL(c) (((c) % a_cdiv) * a_cs + ((c) / a_cdiv) * a_cso)
+#else
+#define A_COL(c) ((c) * a_cs)
+#endif
+#if B_SPLIT
+#define B_COL(c) (((c) % b_cdiv) * b_cs + ((c) / b_cdiv) * b_cso)
+#else
+#define B_COL(c) ((c) * b_cs)
+#endif
+#if C_SPLIT
+#define C_COL(c) (((c) % c_cdiv) * c_cs + ((c) / c_cdiv) * c_cso)
+#else
+#define C_COL(c) ((c) * c_cs)
+#endif
+
+#define GEMM_ARGS \
+    const int M, const int N, const int K, const float alpha, const float beta, \
+    __global const float* restrict A, const int a_off, const int a_bs, const int a_rs, const int a_cs, \
+    const int a_cdiv, const int a_cso, \
+    __global const float* restrict B, const int b_off, const int b_bs, const int b_rs, const int b_cs, \
+    const int b_cdiv, const int b_cso, \
+    __global float* C, const int c_off, const int c_bs, const int c_rs, const int c_cs, \
+    const int c_cdiv, const int c_cso, \
+    __global const float* restrict bias, const int bias_bs, const int ksplit, const int kc
+
+inline float epilogue(float acc, const float alpha, const float beta, __global const float* C, const int c_idx,
+                      __global const float* restrict bias, const int bias_idx) {
+    float v = alpha * acc;
+    if (beta != 0.0f) v += beta * C[c_idx];
+#if BIAS
+    v += bias[bias_idx];
+#endif
+#if RELU
+    v = fmax(v, 0.0f);
+#endif
+    return v;
+}
+
+#endif
