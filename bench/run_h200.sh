@@ -10,9 +10,10 @@ LOG="$OUT/h200.log"
   python3 -m clnet.cli devices
 } 2>&1 | tee "$LOG"
 if [ "${RUN_TESTS:-1}" = 1 ]; then
-  (cd tests && timeout 300 python3 -m pytest -q -x -p no:cacheprovider . 2>&1 | tail -8) | tee -a "$LOG"
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests} 2>&1 | tail -8 | tee -a "$LOG"
 fi
-timeout 120 python3 bench/sgemm.py --device gpu --sizes ${SGEMM_SIZES:-1024 4096 8192} --json "$OUT/sgemm-h200.json" \
+timeout 200 python3 bench/sgemm.py --device gpu --sizes ${SGEMM_SIZES:-1024 4096 8192} ${SWEEP:+--sweep} \
+  --json "$OUT/sgemm-h200.json" \
   2>&1 | tee -a "$LOG"
 for m in ${MODELS:-lenet lenet-wide alexnet overfeat vgg-a}; do
   timeout 200 python3 -m clnet.cli bench "$m" --device gpu --compare cuda --iterations ${ITERS:-10} --warmup 3 \

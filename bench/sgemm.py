@@ -17,12 +17,14 @@ from clnet.ops import Mat
 
 
 def time_clnet(dev, n, repeat, variant=None):
+    """Median kernel time of C = A @ B with the tuned (or default) choice, or with `variant`'s tile shape."""
     rng = np.random.default_rng(n)
     a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
     A, B, C = clnet.tensor(a, dev), clnet.tensor(b, dev), clnet.tensor(np.zeros((n, n), np.float32), dev)
-    saved = tuning.gemm_config
-    if variant:
+    saved = tuning.gemm_config, tuning.entries
+    if variant:  # the variant's tile shape with its default split, whatever the cache says
         tuning.gemm_config = lambda *args, **kwargs: variant
+        tuning.entries = lambda dev: {}
     try:
         def run():
             ops.gemm(n, n, n, A, Mat(rs=n, cs=1), B, Mat(rs=n, cs=1), C, Mat(rs=n, cs=1))
@@ -34,9 +36,19 @@ def time_clnet(dev, n, repeat, variant=None):
         dev.synchronize()
         kernels.profiler = None
     finally:
-        tuning.gemm_config = saved
+        tuning.gemm_config, tuning.entries = saved
     ms = statistics.median(t for _, _, t in prof.times_ms())
     return ms, a, b, C.numpy()
+
+
+def sweep(dev, n, repeat):
+    """Every candidate tile shape of the device's class at n (the autotuner's menu), fastest first."""
+    out = []
+    for cfg in tuning.GEMM_CANDIDATES[tuning.device_class(dev)]:
+        if tuning.fits(dev, cfg):
+            ms = time_clnet(dev, n, repeat, cfg)[0]
+            out.append(dict(config=tuning.describe(dict(cfg=cfg, ksplit=1)), ms=ms, tflops=2.0 * n ** 3 / ms / 1e9))
+    return sorted(out, key=lambda r: r["ms"])
 
 
 def time_torch_cuda(a, b, repeat):
@@ -71,6 +83,7 @@ def main():
     p.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--json")
+    p.add_argument("--sweep", action="store_true", help="also time every candidate tile shape (without the cache)")
     args = p.parse_args()
     dev = clnet.device(args.device)
     try:
@@ -91,7 +104,11 @@ def main():
         err = float(np.linalg.norm(c - ref_c) / np.linalg.norm(ref_c))
         row = dict(n=n, clnet_ms=ms, clnet_tflops=flop / ms / 1e9, reference=ref_name, reference_ms=ref_ms,
                    reference_tflops=flop / ref_ms / 1e9, speed_ratio=ref_ms / ms, rel_err=err,
-                   config=tuning.gemm_config(dev, n, n, n))
+                   config=tuning.describe(tuning.gemm_default(dev, n, n, n, 1)))
+        if args.sweep:
+            row["sweep"] = sweep(dev, n, args.repeat)
+            for r in row["sweep"]:
+                print(f"    {r['config']:24s} {r['ms']:.3f} ms  {r['tflops']:.2f} TFLOP/s", flush=True)
         rows.append(row)
         print(f"n={n}: clnet {ms:.3f} ms ({row['clnet_tflops']:.2f} TFLOP/s), {ref_name} {ref_ms:.3f} ms "
               f"({row['reference_tflops']:.2f} TFLOP/s), clnet speed {row['speed_ratio']:.2f}x, rel err {err:.1e}",

@@ -14,7 +14,7 @@ import time
 import click
 import numpy as np
 
-from . import kernels, models, nn, optim, rng
+from . import kernels, models, nn, optim, rng, tuning
 from .devices import DeviceNotFound, device as get_device
 from .tensor import reset_transfer_stats, tensor, transfer_stats
 from .version import __version__
@@ -104,19 +104,22 @@ def run_clnet(model, dev, x, labels, iterations, warmup, forward_only, progress=
     # Per-layer kernel times from profiling events, over a few extra iterations.
     prof = kernels.Profiler()
     kernels.profiler = prof
+    tuning.used = choices = {}
     profiled = min(iterations, 5)
     try:
         for _ in range(profiled):
             runner.iteration(forward_only)
     finally:
         kernels.profiler = None
+        tuning.used = None
     per_layer = {}
     for tag, name, ms in prof.times_ms():
         key = (tag[0], tag[1]) if tag else ("other", "other")
         per_layer.setdefault(key, []).append(ms)
     layer_ms = {k: sum(v) / profiled for k, v in per_layer.items()}
     return dict(phases=_median_phases(samples, phases), layer_ms=layer_ms, launches_per_iteration=launches,
-                transfers_per_iteration=transfers, warmup_s=warmup_s)
+                transfers_per_iteration=transfers, warmup_s=warmup_s,
+                choices={tag: sorted(set(c.values())) for tag, c in choices.items() if tag})
 
 
 # ---- PyTorch side -------------------------------------------------------------------------------------------------
@@ -290,15 +293,16 @@ def _fmt(v, digits=3):
 def render_table(result, markdown=False):
     rows = []
     cmp = result.get("compare")
-    head = ["#", "layer", "output", "fwd ms", "bwd ms", "fwd GFLOP/s", "bwd GFLOP/s"]
+    head = ["#", "layer", "output", "fwd ms", "bwd ms", "fwd GFLOP/s", "bwd GFLOP/s", "kernels fwd | bwd"]
     if cmp:
         head += [f"{cmp['engine']} fwd ms", f"{cmp['engine']} bwd ms"]
     for L in result["layers"]:
         f, b = L["clnet_forward_ms"], L["clnet_backward_ms"]
         gf = L["forward_flop"] / (f * 1e6) if f and L["forward_flop"] else None
         gb = L["backward_flop"] / (b * 1e6) if b and L["backward_flop"] else None
+        kinds = " | ".join(", ".join(L.get("clnet_choices", {}).get(p, [])) or "-" for p in ("forward", "backward"))
         row = [str(L["index"]), L["layer"][:48], "x".join(map(str, L["output"][1:])), _fmt(f), _fmt(b),
-               _fmt(gf, 0), _fmt(gb, 0)]
+               _fmt(gf, 0), _fmt(gb, 0), kinds if kinds != "- | -" else "-"]
         if cmp:
             row += [_fmt(L.get("torch_forward_ms")), _fmt(L.get("torch_backward_ms"))]
         rows.append(row)
@@ -340,6 +344,7 @@ def render_table(result, markdown=False):
 
 
 AGREEMENT_TOLERANCE = 1e-3
+TUNE_BUDGET_S = 120.0  # first-run tuning inside `clnet bench`; `clnet tune` has its own budget
 
 
 @click.command()
@@ -355,8 +360,10 @@ AGREEMENT_TOLERANCE = 1e-3
 @click.option("--tf32", is_flag=True, help="with --compare cuda: also time PyTorch with its TF32 defaults")
 @click.option("--list", "list_models", is_flag=True, help="list the models and their default batch sizes")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--tune/--no-tune", default=None,
+              help="autotune shapes missing from the cache first [default: on GPUs, where it takes seconds]")
 def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path, markdown, compare, tf32,
-          list_models, seed):
+          list_models, seed, tune):
     """Time training iterations of MODEL (forward, backward, update), layer by layer."""
     if list_models or model is None:
         for name, entry in models.MODELS.items():
@@ -403,6 +410,14 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
     labels = data_rng.integers(0, classes, batch).astype(np.int32)
     click.echo(f"clnet bench {model}: batch {batch}, {iterations} iterations after {warmup} warm-up, on "
                f"{dev.name} ({dev.platform_name}, driver {dev.driver_version})", err=True)
+    tune_report = None
+    if tune or (tune is None and dev.is_gpu):
+        from .tune import tune_module
+        tune_report = tune_module(net, in_shape, dev, budget_s=TUNE_BUDGET_S,
+                                  progress=lambda line: click.echo("tune " + line, err=True))
+        click.echo(f"tuning: {len(tune_report['tuned'])} shapes tuned, {tune_report['cached']} cached, "
+                   f"{len(tune_report['left'])} left at defaults, {tune_report['seconds']:.1f} s "
+                   f"(cache {tuning.cache_path()})", err=True)
     builds = kernels.build_count
     cl_res = run_clnet(net, dev, x, labels, iterations, warmup, forward_only, progress=True)
     result = dict(
@@ -414,10 +429,14 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
         clnet=dict(phases=cl_res["phases"], total_ms=sum(cl_res["phases"].values()),
                    launches_per_iteration=cl_res["launches_per_iteration"],
                    transfers_per_iteration=cl_res["transfers_per_iteration"],
-                   kernel_builds=kernels.build_count - builds, warmup_s=cl_res["warmup_s"]),
+                   kernel_builds=kernels.build_count - builds, warmup_s=cl_res["warmup_s"],
+                   tuning=tune_report and dict(seconds=tune_report["seconds"], tuned=tune_report["tuned"],
+                                               cached=tune_report["cached"], left=tune_report["left"])),
         expected_transfer_bytes=dict(input=int(x.nbytes), labels=int(labels.nbytes), loss=4),
         layers=layers)
     for L in layers:
+        L["clnet_choices"] = {p: cl_res["choices"][(L["index"], p)] for p in ("forward", "backward")
+                              if (L["index"], p) in cl_res["choices"]}
         L["clnet_forward_ms"] = cl_res["layer_ms"].get((L["index"], "forward"))
         L["clnet_backward_ms"] = cl_res["layer_ms"].get((L["index"], "backward"))
     result["clnet"]["loss_and_update_ms"] = {

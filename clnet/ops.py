@@ -33,16 +33,39 @@ class Mat:
 
 def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bias_mode=0, bias_bs=0, relu=False,
          what="matrix product"):
-    """C = act(alpha * A @ B + beta * C + bias) for `batch` products laid out as the Mats a, b, c describe."""
+    """C = act(alpha * A @ B + beta * C + bias) for `batch` products laid out as the Mats a, b, c describe.
+
+    The kernel, tile shape and split-K factor come from tuning.choose, keyed by the sizes and the operands' layouts."""
     dev = C.device
-    cfg = tuning.gemm_config(dev, M, N, K, batch)
-    ksplit = tuning.k_splits(dev, cfg, M, N, K, batch)
+    key = (f"gemm {M}x{N}x{K}x{batch} A{'k' if _kfast_a(a) else 'm'}{'s' if a.split else ''} "
+           f"B{'k' if _kfast_b(b) else 'n'}{'s' if b.split else ''} C{'s' if c.split else ''}")
+
+    def run(choice):
+        _gemm_choice(dev, choice, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bias, bias_mode, bias_bs, relu,
+                     what)
+
+    choice = tuning.choose(dev, key, lambda: tuning.gemm_default(dev, M, N, K, batch),
+                           lambda: tuning.gemm_candidates(dev, M, N, K, batch), run)
+    run(choice)
+
+
+def _kfast_a(a):
+    return a.cs == 1 and a.rs != 1 and not a.split
+
+
+def _kfast_b(b):
+    return b.rs == 1 and b.cs != 1
+
+
+def _gemm_choice(dev, choice, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bias, bias_mode, bias_bs, relu, what):
+    cfg, ksplit = choice["cfg"], choice["ksplit"]
     epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
     if ksplit > 1:
         depth = cfg.get("TK", 1)
         kc = -(-K // ksplit)
         kc = -(-kc // depth) * depth  # slices of whole tile depths
         ksplit = -(-K // kc)
+    if ksplit > 1:
         partial = empty((batch * ksplit * M * N,), dev)
         _gemm(dev, cfg, M, N, K, A, a, B, b, partial, Mat(bs=M * N, rs=N, cs=1), 1.0, 0.0, batch * ksplit,
               None, 0, {}, ksplit, kc, what)
@@ -61,7 +84,7 @@ def _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, zsize, bias, bias_bs
     defines = {k: v for k, v in cfg.items() if k != "kernel"}
     defines.update(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split, **epilogue)
     if name == "gemm_tiled":
-        defines.update(A_KFAST=(a.cs == 1 and a.rs != 1 and not a.split), B_KFAST=(b.rs == 1 and b.cs != 1))
+        defines.update(A_KFAST=_kfast_a(a), B_KFAST=_kfast_b(b))
         local = (cfg["TN"] // cfg["WN"], cfg["TM"] // cfg["WM"], 1)
         global_size = (-(-N // cfg["TN"]) * local[0], -(-M // cfg["TM"]) * local[1], zsize)
     else:

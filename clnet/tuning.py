@@ -1,7 +1,15 @@
-"""Per-device kernel parameters: a default entry per device class, chosen by the device's type and properties.
+"""Per-device kernel parameters and algorithm choices.
 
-One entry drives both a kernel's defines and its launch geometry, so the two cannot drift apart.
+Every op with a choice to make (a GEMM's tile shape and split-K factor, a convolution's algorithm) asks `choose`
+with a key naming its shape. The answer comes from the persistent cache, filled by the autotuner (`clnet tune`,
+clnet/tune.py) for this platform, device and driver, or else from the default entry for the device's class. One
+entry drives both a kernel's defines and its launch geometry, so the two cannot drift apart.
 """
+import json
+import os
+import tempfile
+
+from . import kernels
 
 # GPU-shaped matrix product: tiles staged in local memory. Large tiles only pay when they fill the device.
 GEMM_TILED_SMALL = dict(kernel="gemm_tiled", TM=64, TN=64, TK=16, WM=4, WN=4)
@@ -9,32 +17,54 @@ GEMM_TILED_LARGE = dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=8)
 # CPU-shaped: register blocks, wide vector loads, no local memory (about 20x the tiled kernel on PoCL).
 GEMM_BLOCK = dict(kernel="gemm_block", RM=4)
 
+# What the autotuner tries per GEMM shape, besides the default's split-K factor halved and doubled.
+GEMM_CANDIDATES = dict(
+    gpu=[GEMM_TILED_LARGE, GEMM_TILED_SMALL,
+         dict(kernel="gemm_tiled", TM=128, TN=128, TK=8, WM=8, WN=8),
+         dict(kernel="gemm_tiled", TM=128, TN=64, TK=16, WM=8, WN=4),
+         dict(kernel="gemm_tiled", TM=64, TN=128, TK=16, WM=4, WN=8),
+         dict(kernel="gemm_tiled", TM=32, TN=64, TK=16, WM=4, WN=4)],
+    cpu=[GEMM_BLOCK, dict(kernel="gemm_block", RM=2), dict(kernel="gemm_block", RM=6)],
+)
+
 # Largest im2col buffer per convolution chunk; the batch is split into chunks that fit.
 COL_BYTES = dict(gpu=512 << 20, cpu=64 << 20)
-
-
-def gemm_config(dev, M, N, K, batch=1):
-    """Kernel choice and tile shape for an M x N x K product (times batch) on dev."""
-    if not dev.is_gpu:
-        return GEMM_BLOCK
-    large = GEMM_TILED_LARGE
-    tiles = -(-M // large["TM"]) * -(-N // large["TN"]) * batch
-    fits_local = dev.local_mem_size >= 2 * large["TK"] * (large["TM"] + large["TN"] + 2) * 4
-    if tiles >= 2 * dev.compute_units and fits_local and dev.max_work_group_size >= 256:
-        return large
-    return GEMM_TILED_SMALL
-
 
 # Split-K: slices of at least this depth, and enough work-groups to fill the device this many times over.
 SPLIT_K_MIN_DEPTH = 256
 SPLIT_K_WAVES = 4
 
 
-def k_splits(dev, cfg, M, N, K, batch=1):
-    """How many slices to cut K into: products with few output tiles and a deep K (weight gradients) get more.
+def device_class(dev):
+    return "gpu" if dev.is_gpu else "cpu"
 
-    Besides filling the device, slicing shortens each float32 running sum, so long reductions stay accurate.
-    """
+
+def local_bytes(cfg):
+    """Local memory a gemm_tiled work-group uses: double-buffered A and B slices, one float4 of padding per row."""
+    return 2 * cfg["TK"] * (cfg["TM"] + cfg["TN"] + 8) * 4
+
+
+def fits(dev, cfg):
+    if cfg["kernel"] != "gemm_tiled":
+        return True
+    threads = (cfg["TM"] // cfg["WM"]) * (cfg["TN"] // cfg["WN"])
+    return local_bytes(cfg) <= dev.local_mem_size and threads <= dev.max_work_group_size
+
+
+def gemm_config(dev, M, N, K, batch=1):
+    """Default kernel and tile shape for an M x N x K product (times batch) on dev."""
+    if not dev.is_gpu:
+        return GEMM_BLOCK
+    large = GEMM_TILED_LARGE
+    tiles = -(-M // large["TM"]) * -(-N // large["TN"]) * batch
+    if tiles >= 2 * dev.compute_units and fits(dev, large):
+        return large
+    return GEMM_TILED_SMALL
+
+
+def k_splits(dev, cfg, M, N, K, batch=1):
+    """Default number of slices to cut K into: products with few output tiles and a deep K (weight gradients) get
+    more. Besides filling the device, slicing shortens each float32 running sum, so long reductions stay accurate."""
     if cfg["kernel"] == "gemm_tiled":
         tiles = -(-M // cfg["TM"]) * -(-N // cfg["TN"]) * batch
     else:
@@ -45,5 +75,131 @@ def k_splits(dev, cfg, M, N, K, batch=1):
     return max(1, min(-(-want // tiles), K // SPLIT_K_MIN_DEPTH))
 
 
+def gemm_default(dev, M, N, K, batch):
+    cfg = gemm_config(dev, M, N, K, batch)
+    return dict(cfg=cfg, ksplit=k_splits(dev, cfg, M, N, K, batch))
+
+
+def gemm_candidates(dev, M, N, K, batch):
+    """(cfg, ksplit) choices for the autotuner, the default first: every candidate tile with its default split, and
+    that split halved and doubled (never below half the default, which keeps long float32 sums short)."""
+    out = [gemm_default(dev, M, N, K, batch)]
+    for cfg in GEMM_CANDIDATES[device_class(dev)]:
+        if not fits(dev, cfg):
+            continue
+        base = k_splits(dev, cfg, M, N, K, batch)
+        for ks in sorted({base, max(1, base // 2), min(base * 2, max(1, K // 64))}):
+            choice = dict(cfg=cfg, ksplit=ks)
+            if choice not in out:
+                out.append(choice)
+    return out
+
+
+def describe(choice):
+    """A short name for a choice, for bench reports: 'tiled 128x128x16/8x8 k4', 'block RM4', 'winograd'."""
+    if isinstance(choice, str):
+        return choice
+    cfg, ks = choice["cfg"], choice["ksplit"]
+    if cfg["kernel"] == "gemm_tiled":
+        name = f"tiled {cfg['TM']}x{cfg['TN']}x{cfg['TK']}/{cfg['WM']}x{cfg['WN']}"
+    else:
+        name = "block " + " ".join(f"{k}{v}" for k, v in cfg.items() if k != "kernel")
+    return name + (f" k{ks}" if ks > 1 else "")
+
+
+# ---- the persistent cache ------------------------------------------------------------------------------------------
+
+CACHE_VERSION = 1
+
+
+def cache_path():
+    """$CLNET_CACHE_DIR, else $XDG_CACHE_HOME/clnet, else ~/.cache/clnet; one JSON file for all devices."""
+    root = os.environ.get("CLNET_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "clnet")
+    return os.path.join(root, f"tuning-v{CACHE_VERSION}.json")
+
+
+def device_key(dev):
+    return f"{dev.platform_name} | {dev.name} | {dev.driver_version}"
+
+
+_cache = None
+_cache_file = None
+
+
+def _load():
+    global _cache, _cache_file
+    path = cache_path()
+    if _cache is None or _cache_file != path:
+        _cache_file = path
+        try:
+            with open(path) as f:
+                _cache = json.load(f)
+        except FileNotFoundError:
+            _cache = {}
+        except (OSError, ValueError) as e:
+            raise RuntimeError(f"clnet: the tuning cache {path} is unreadable ({e}); delete it and run `clnet tune` "
+                               "again") from e
+    return _cache
+
+
+def entries(dev):
+    """This device's tuned entries (key -> choice); empty when untuned."""
+    key = dev.__dict__.get("_tuning_key")
+    if key is None:
+        key = dev._tuning_key = device_key(dev)
+    return _load().get(key, {})
+
+
+def store(dev, new_entries):
+    """Merges new entries into the cache file atomically (a crash never leaves half a file)."""
+    cache = _load()
+    cache.setdefault(device_key(dev), {}).update(new_entries)
+    path = cache_path()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(cache, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def forget():
+    """Drops the in-memory copy, so the next lookup rereads the file (tests point CLNET_CACHE_DIR elsewhere)."""
+    global _cache
+    _cache = None
+
+
+# ---- choosing ------------------------------------------------------------------------------------------------------
+
+class Recorder:
+    """Collects, during one training iteration, every choice an op made: its key, its candidates, and a function that
+    runs the op again with a given choice (the autotuner times those)."""
+
+    def __init__(self):
+        self.sites = {}
+
+    def add(self, key, candidates, run):
+        self.sites.setdefault(key, (candidates, run))
+
+
+recorder = None   # set by the autotuner while it records
+used = None       # set by the benchmark: {profiler tag: {key: description of the choice that ran}}
+
+
+def choose(dev, key, default, candidates=None, run=None):
+    """The tuned choice for key on dev, else default() (the device class's entry). While the autotuner records, the
+    site is remembered with candidates() and run."""
+    if recorder is not None and candidates is not None:
+        options = candidates()
+        if len(options) > 1:
+            recorder.add(key, options, run)
+    choice = entries(dev).get(key)
+    if choice is None:
+        choice = default()
+    if used is not None:
+        used.setdefault(kernels.profiler.tag if kernels.profiler else None, {})[key] = describe(choice)
+    return choice
+
+
 def col_bytes(dev):
-    return COL_BYTES["gpu" if dev.is_gpu else "cpu"]
+    return COL_BYTES[device_class(dev)]

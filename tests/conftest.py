@@ -1,7 +1,13 @@
+import os
+import tempfile
+
 import numpy as np
 import pytest
 
-import clnet
+# Tests see the device-class defaults, never a tuning cache the user's `clnet tune` left behind.
+os.environ["CLNET_CACHE_DIR"] = tempfile.mkdtemp(prefix="clnet-test-cache-")
+
+import clnet  # noqa: E402
 
 DEVICES = clnet.list_devices()
 

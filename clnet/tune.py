@@ -1,0 +1,93 @@
+"""The autotuner: times every choice the ops of one training iteration can make, on the device in hand, and stores
+the fastest in the persistent cache (tuning.py) keyed by platform, device, driver and shape.
+
+The first candidate of every site is the device class's default. A choice is timed by its kernels' profiling events (device time, summed over the launches it makes), as the median of
+a few runs after one untimed run that builds the kernels. Buffers are the ones the recorded iteration used, so the
+timing sees real layouts and real sizes; the model's gradients are left undefined (call zero_grad before training).
+"""
+import statistics
+import time
+
+import numpy as np
+
+from . import kernels, models, nn, rng, tuning
+from .tensor import tensor
+
+
+def _device_ms(dev, run, choice, repeats):
+    times = []
+    for _ in range(repeats):
+        kernels.profiler = prof = kernels.Profiler()
+        try:
+            run(choice)
+            dev.synchronize()
+        finally:
+            kernels.profiler = None
+        times.append(sum(ms for _, _, ms in prof.times_ms()))
+    return statistics.median(times)
+
+
+def _record(model, dev, x_host, labels_host):
+    """Runs one iteration (forward, loss, backward) with the recorder on: every op's key, candidates and runner."""
+    loss_fn = nn.CrossEntropyLoss()
+    tuning.recorder = rec = tuning.Recorder()
+    try:
+        out = model(tensor(x_host, dev))
+        loss_fn(out, labels_host)
+        model.backward(loss_fn.backward())
+        # Algorithms with products inside (Winograd's batched GEMM): run each once while recording, so that
+        # their products are tuned as well.
+        for key, (candidates, run) in list(rec.sites.items()):
+            if not key.startswith("gemm"):
+                for choice in candidates:
+                    run(choice)
+        dev.synchronize()
+    finally:
+        tuning.recorder = None
+    return rec.sites
+
+
+def tune_module(model, input_shape, dev, budget_s=300.0, repeats=3, retune=False, progress=None):
+    """Tunes every op of a training iteration of `model` on inputs of `input_shape` (batch included).
+
+    Products are tuned before the algorithms that contain them. Keys already in the cache are skipped unless
+    `retune`. Stops starting new keys once `budget_s` seconds have passed (the rest keep their defaults).
+    Returns a report: keys tuned, skipped and left, seconds, and per key the winner and its speed-up over the default.
+    """
+    t0 = time.perf_counter()
+    model.to(dev)
+    gen = np.random.default_rng(0)
+    x = gen.standard_normal(input_shape).astype(np.float32)
+    classes = model.output_shape(input_shape)[-1]
+    labels = gen.integers(0, classes, input_shape[0]).astype(np.int32)
+    sites = _record(model, dev, x, labels)
+    known = tuning.entries(dev)
+    order = sorted(sites, key=lambda k: not k.startswith("gemm"))
+    todo = [k for k in order if retune or k not in known]
+    report = dict(device=tuning.device_key(dev), sites=len(sites), cached=len(sites) - len(todo), tuned={},
+                  left=[])
+    for i, key in enumerate(todo):
+        if time.perf_counter() - t0 > budget_s:
+            report["left"] = todo[i:]
+            break
+        candidates, run = sites[key]
+        for choice in candidates:  # build every candidate first, so that timing never includes a build
+            run(choice)
+        dev.synchronize()
+        timed = [(_device_ms(dev, run, c, repeats), j) for j, c in enumerate(candidates)]
+        best_ms, best = min(timed)
+        tuning.store(dev, {key: candidates[best]})
+        report["tuned"][key] = dict(choice=tuning.describe(candidates[best]), ms=best_ms, default_ms=timed[0][0])
+        if progress:
+            progress(f"[{i + 1}/{len(todo)}] {key}: {tuning.describe(candidates[best])} {best_ms:.3f} ms "
+                     f"(default {tuning.describe(candidates[0])} {timed[0][0]:.3f} ms)")
+    report["seconds"] = time.perf_counter() - t0
+    return report
+
+
+def tune_model(name, dev, batch=None, **kwargs):
+    """Tunes a zoo model (models.MODELS) at its paper batch size, or `batch`."""
+    entry = models.MODELS[name]
+    rng.manual_seed(0)
+    net = models.build(name)
+    return tune_module(net, ((batch or entry["batch"]),) + tuple(entry["input_shape"]), dev, **kwargs)
