@@ -268,7 +268,38 @@ def _im2col(x, s, n0, nimg, col):
                    what="im2col")
 
 
+# Convolution algorithms. im2col + GEMM runs every shape; Winograd F(2x2,3x3) (winograd.py) runs 3x3 stride-1
+# layers with 2.25x fewer multiply-adds, and wins where channels are many (its transforms cost traffic per pixel).
+WINOGRAD_MIN_CHANNELS = 16
+
+
+def _conv_key(kind, s):
+    return (f"{kind} {s.N}x{s.C}x{s.H}x{s.W} o{s.O} k{s.KH}x{s.KW} s{s.SH}x{s.SW} p{s.PH}x{s.PW} d{s.DH}x{s.DW} "
+            f"g{s.G} out{s.OH}x{s.OW}")
+
+
+def _conv_algorithm(dev, kind, s, run):
+    from . import winograd  # winograd.py builds on this module's GEMM
+    if not winograd.supported(s):
+        return "im2col"
+    return tuning.choose(dev, _conv_key(kind, s),
+                         lambda: "winograd" if min(s.C, s.O) >= WINOGRAD_MIN_CHANNELS else "im2col",
+                         lambda: ["im2col", "winograd"], run)
+
+
 def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):
+    """y = conv(x, w) + bias (ReLU), by the algorithm tuned (or defaulted) for this shape."""
+    from . import winograd
+
+    def run(algorithm):
+        if algorithm == "winograd":
+            return winograd.conv2d_forward(x, w, bias, s, relu, what=what)
+        return _conv2d_forward_im2col(x, w, bias, s, relu, what)
+
+    return run(_conv_algorithm(x.device, "conv2d_fwd", s, run))
+
+
+def _conv2d_forward_im2col(x, w, bias, s, relu, what):
     dev = x.device
     y = empty((s.N, s.O, s.OH, s.OW), dev)
     Og, Cg, KK, OHW = s.O // s.G, s.C // s.G, s.KH * s.KW, s.OH * s.OW
@@ -291,7 +322,21 @@ def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):
 
 
 def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward"):
-    """Adds d loss / d w into dw (and d loss / d bias into db); returns d loss / d x (or None)."""
+    """Adds d loss / d w into dw (and d loss / d bias into db); returns d loss / d x (or None). The input gradient
+    uses the algorithm tuned for this shape; the weight gradient always im2col + GEMM."""
+    from . import winograd
+    if need_dx:
+        algorithm = _conv_algorithm(x.device, "conv2d_bwd_data", s,
+                                    lambda a: winograd.conv2d_backward_data(w, dy, s, what=what + " (data)")
+                                    if a == "winograd" else _conv2d_backward_im2col(x, w, dy, s, None, None, True,
+                                                                                    what, weights=False))
+        if algorithm == "winograd":
+            _conv2d_backward_im2col(x, w, dy, s, dw, db, False, what)
+            return winograd.conv2d_backward_data(w, dy, s, what=what + " (data)")
+    return _conv2d_backward_im2col(x, w, dy, s, dw, db, need_dx, what)
+
+
+def _conv2d_backward_im2col(x, w, dy, s, dw, db, need_dx, what, weights=True):
     dev = x.device
     Og, Cg, KK, OHW = s.O // s.G, s.C // s.G, s.KH * s.KW, s.OH * s.OW
     chunk = s.chunk(dev)
@@ -304,10 +349,11 @@ def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward"):
         NP = nimg * OHW
         dy_cols = Mat(off=n0 * s.O * OHW, bs=Og * OHW, rs=OHW, cs=1, cdiv=OHW if nimg > 1 else NO_SPLIT,
                       cso=s.O * OHW if nimg > 1 else 0)
-        _im2col(x, s, n0, nimg, col)
-        # dw_g (Og, Cg*KK) += dy_g (Og, NP) @ col_g^T (NP, Cg*KK)
-        gemm(Og, Cg * KK, NP, dy, dy_cols, col, Mat(bs=Cg * KK * NP, rs=1, cs=NP), dw,
-             Mat(bs=Og * Cg * KK, rs=Cg * KK, cs=1), beta=1.0, batch=s.G, what=what + " (weights)")
+        if weights:
+            _im2col(x, s, n0, nimg, col)
+            # dw_g (Og, Cg*KK) += dy_g (Og, NP) @ col_g^T (NP, Cg*KK)
+            gemm(Og, Cg * KK, NP, dy, dy_cols, col, Mat(bs=Cg * KK * NP, rs=1, cs=NP), dw,
+                 Mat(bs=Og * Cg * KK, rs=Cg * KK, cs=1), beta=1.0, batch=s.G, what=what + " (weights)")
         if not need_dx:
             continue
         w_t = Mat(bs=Og * Cg * KK, rs=1, cs=Cg * KK)  # w_g^T: (Cg*KK, Og)
