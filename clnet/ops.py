@@ -178,9 +178,9 @@ def cross_entropy(logits, labels):
     return loss, grad, metrics
 
 
-def sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov, first):
+def sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov):
     k = kernels.kernel(p.device, "sgd.cl", "sgd_step", dict(MOMENTUM=momentum != 0, NESTEROV=nesterov))
-    _flat_launch(p.device, k, p.size, p, g, buf, p.size, float(lr), float(momentum), float(weight_decay), int(first),
+    _flat_launch(p.device, k, p.size, p, g, buf, p.size, float(lr), float(momentum), float(weight_decay),
                  what="SGD step")
 
 

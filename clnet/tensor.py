@@ -1,7 +1,10 @@
 """The one class that owns device memory, its buffer pool, and every host<->device copy (counted)."""
+import math
+
 import numpy as np
 import pyopencl as cl
 
+from . import kernels
 from .devices import device as _device
 
 _stats = dict(host_to_device_bytes=0, host_to_device_count=0, device_to_host_bytes=0, device_to_host_count=0)
@@ -54,6 +57,7 @@ class BufferPool:
         self.free.setdefault(size, []).append(buf)
 
     def release_cached(self):
+        kernels.forget_arguments()  # kept argument sets may name these buffers
         for bucket in self.free.values():
             for buf in bucket:
                 self.allocated_bytes -= buf.size
@@ -85,6 +89,16 @@ class _Storage:
             pass
 
 
+class _Region:
+    """A sub-buffer over part of another tensor's storage (which it keeps alive); never pooled itself."""
+    __slots__ = ("buffer", "size", "parent")
+
+    def __init__(self, parent, offset_bytes, nbytes):
+        self.parent = parent
+        self.buffer = parent.buffer.get_sub_region(offset_bytes, nbytes)
+        self.size = nbytes
+
+
 DTYPES = {np.dtype(np.float32), np.dtype(np.int32)}
 
 
@@ -110,7 +124,7 @@ class Tensor:
 
     @property
     def size(self):
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self):
@@ -133,6 +147,21 @@ class Tensor:
         view = Tensor(shape, self.dtype, self.device, _storage=self.storage)
         view.value_range = self.value_range
         return view
+
+    def region(self, offset, shape):
+        """A tensor of `shape` over elements [offset, offset + size) of this one's memory, as an OpenCL sub-buffer:
+        kernels see an ordinary buffer. offset * itemsize must be a multiple of `region_alignment(device)`."""
+        view = Tensor(shape, self.dtype, self.device, _storage=_Region(self.storage, offset * self.dtype.itemsize,
+                                                                      max(math.prod(shape), 1) * self.dtype.itemsize))
+        return view
+
+    def copy_from(self, other):
+        """Device-to-device copy of a tensor of the same size (queued; no host memory involved)."""
+        if other.size != self.size or other.dtype != self.dtype:
+            raise ValueError(f"cannot copy a tensor of shape {other.shape} into one of shape {self.shape}")
+        if self.size:
+            cl.enqueue_copy(self.device.queue, self.buffer, other.buffer, byte_count=self.nbytes)
+        return self
 
     def numpy(self):
         out = np.empty(self.shape, self.dtype)
@@ -185,6 +214,11 @@ def tensor(data, device=None):
     else:
         raise TypeError(f"clnet.tensor takes numeric data, not {array.dtype}")
     return Tensor(array.shape, dtype, device).write(array)
+
+
+def region_alignment(dev):
+    """Bytes a sub-buffer's start must be a multiple of on dev."""
+    return max(dev.cl_device.mem_base_addr_align // 8, 4)
 
 
 def empty(shape, device, dtype=np.float32):

@@ -119,6 +119,33 @@ def test_sgd_matches_reference(dev, rng, momentum, weight_decay, nesterov):
     assert_close(layer.weight.data.numpy(), p, "parameters after 3 steps", tol=1e-6)
 
 
+def test_sgd_updates_every_parameter_in_one_launch(dev, rng):
+    """Parameters of odd sizes (not multiples of the sub-buffer alignment) share one flat buffer per role: step and
+    zero_grad are one launch each, and every parameter still follows the reference, with momentum carried over."""
+    from clnet import kernels
+    model = nn.Sequential(nn.Linear(7, 5), nn.Linear(5, 3), nn.Linear(3, 1)).to(dev)
+    params = model.parameters()
+    opt = optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=True)
+    p = [q.numpy().astype(np.float64) for q in params]
+    bufs = [None] * len(p)
+    opt.zero_grad()  # the first use builds the flat buffers
+    for _ in range(3):
+        before = kernels.launch_count
+        opt.zero_grad()
+        assert kernels.launch_count - before == 1
+        assert all(not q.grad.numpy().any() for q in params)
+        grads = [rng.standard_normal(q.shape).astype(np.float32) for q in params]
+        for q, g in zip(params, grads):
+            q.grad.write(g)
+        before = kernels.launch_count
+        opt.step()
+        assert kernels.launch_count - before == 1
+        for i, g in enumerate(grads):
+            p[i], bufs[i] = ref.sgd(p[i], g.astype(np.float64), bufs[i], 0.05, 0.9, 0.01, True)
+    for i, q in enumerate(params):
+        assert_close(q.data.numpy(), p[i], f"parameter {i} after 3 steps", tol=1e-6)
+
+
 def test_state_dict_round_trip_and_keys(dev, rng):
     model = models.lenet().to(dev)
     sd = model.state_dict()
