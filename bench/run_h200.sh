@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything measured on the lent H200 in one call: devices, the test suite on NVIDIA's OpenCL, SGEMM against cuBLAS,
-# and every zoo model against PyTorch + cuDNN. Run through the device tool with .whl carried. At most 8 files come
+# the host cost of a lenet step, and every zoo model against PyTorch + cuDNN (each bench
+# autotunes its shapes first). Run through the device tool with .whl carried. At most 8 files come
 # back from $OUT, so text goes to one log and JSON to one file per model plus one for SGEMM.
 set -u
 source bench/h200_env.sh
@@ -15,6 +16,9 @@ fi
 timeout 200 python3 bench/sgemm.py --device gpu --sizes ${SGEMM_SIZES:-1024 4096 8192} ${SWEEP:+--sweep} \
   --json "$OUT/sgemm-h200.json" \
   2>&1 | tee -a "$LOG"
+if [ "${PROFILE:-1}" = 1 ]; then
+  timeout 100 python3 bench/host_profile.py --device gpu --model lenet --batch 64 2>&1 | head -30 | tee -a "$LOG"
+fi
 for m in ${MODELS:-lenet lenet-wide alexnet overfeat vgg-a}; do
   timeout 200 python3 -m clnet.cli bench "$m" --device gpu --compare cuda --iterations ${ITERS:-10} --warmup 3 \
     --json "$OUT/bench-$m-h200.json" 2>/dev/null | tee -a "$LOG"

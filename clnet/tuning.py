@@ -23,7 +23,8 @@ GEMM_CANDIDATES = dict(
          dict(kernel="gemm_tiled", TM=128, TN=128, TK=8, WM=8, WN=8),
          dict(kernel="gemm_tiled", TM=128, TN=64, TK=16, WM=8, WN=4),
          dict(kernel="gemm_tiled", TM=64, TN=128, TK=16, WM=4, WN=8),
-         dict(kernel="gemm_tiled", TM=32, TN=64, TK=16, WM=4, WN=4)],
+         dict(kernel="gemm_tiled", TM=32, TN=64, TK=16, WM=4, WN=4),
+         dict(GEMM_TILED_LARGE, SWIZZLE=8), dict(GEMM_TILED_SMALL, SWIZZLE=8)],
     cpu=[GEMM_BLOCK, dict(kernel="gemm_block", RM=2), dict(kernel="gemm_block", RM=6)],
 )
 
@@ -102,6 +103,7 @@ def describe(choice):
     cfg, ks = choice["cfg"], choice["ksplit"]
     if cfg["kernel"] == "gemm_tiled":
         name = f"tiled {cfg['TM']}x{cfg['TN']}x{cfg['TK']}/{cfg['WM']}x{cfg['WN']}"
+        name += f" sw{cfg['SWIZZLE']}" if cfg.get("SWIZZLE", 1) > 1 else ""
     else:
         name = "block " + " ".join(f"{k}{v}" for k, v in cfg.items() if k != "kernel")
     return name + (f" k{ks}" if ks > 1 else "")
