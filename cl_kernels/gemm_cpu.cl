@@ -1,15 +1,41 @@
 // CPU-shaped matrix product (see gemm_common.h for the operand layout, split-K and the epilogue defines).
-//   gemm_block  each work-item computes RM rows x 16 columns straight from global memory (rows of B as two float8
-//               where they are contiguous), no local memory and no barriers: PoCL turns each work-item into a loop
-//               body, and a register block with wide vector loads is what a CPU core runs well.
-//               Global: (ceil(N/16), ceil(M/RM), batch * ksplit); small work-groups.
+//   gemm_block  each work-item computes RM rows x 16 columns of C straight from global memory: no local memory, no
+//               barriers, so PoCL turns each work-item into one loop body. The core is a register block of MR rows
+//               x 16 columns (2 * MR float8 accumulators) that broadcasts one element of A per row and k.
+//               KC > 0: K is walked in slices of KC; per slice the work-item copies its KC x 16 sliver of B into
+//               private memory (contiguous, so it stays in L1 whatever B's layout: rows of B a multiple of 4 KiB
+//               apart would all fall in one L1 set), then runs the register block over it once per MR rows.
+//               Partial sums wait in private memory between slices and are added in plain k order.
+//               KC == 0: each register block reads B in place over the whole k range (no private slivers).
+//               Global: (ceil(N/16), ceil(M/RM), batch * ksplit); work-group (WG, 1, 1), or the driver's if WG 0.
 // Defines (besides gemm_common.h's):
-//   RM        rows per work-item
-//   B_CONTIG  0/1: B rows may be loaded as float8 pairs (B's column stride is 1 and no split)
+//   RM        rows per work-item; a multiple of MR
+//   MR        rows per register block, 1..6 (AVX2 has 16 ymm registers: 2*MR accumulators, 2 of B, 1 of A)
+//   KC        depth of one slice of K (the sliver is KC * 64 bytes); 0: no slices
+//   WG        work-group size the host launches; KC > 0 needs 1..16, since PoCL keeps a copy of every work-item's
+//             private arrays on its stack (its own choice, up to 4096 work-items, overflows it)
+//   B_CONTIG  0/1: B's rows are contiguous (column stride 1, no split), so full rows load as float8 pairs
 #include "gemm_common.h"
 
 #ifndef RM
 #define RM 4        // rows per work-item
+#endif
+#ifndef MR
+#if RM % 6 == 0
+#define MR 6        // rows per register block
+#elif RM % 4 == 0
+#define MR 4
+#elif RM % 2 == 0
+#define MR 2
+#else
+#define MR 1
+#endif
+#endif
+#ifndef KC
+#define KC 0        // depth of a K slice; 0: no slices, B read in place
+#endif
+#ifndef WG
+#define WG 0        // work-items per work-group (along n) the host launches; 0: the driver picks
 #endif
 #ifndef B_CONTIG
 #define B_CONTIG 0  // B rows contiguous
@@ -17,63 +43,132 @@
 #if B_CONTIG && B_SPLIT
 #error "B_CONTIG needs an unsplit B"
 #endif
+#if KC > 0 && (WG < 1 || WG > 16)
+#error "KC > 0 needs an explicit small work-group (WG 1..16): PoCL keeps every work-item's private arrays on its stack"
+#endif
+#if MR < 1 || MR > 6 || RM % MR != 0
+#error "MR must be 1..6 and divide RM"
+#endif
+
+// PoCL's builtins (min, fma, vload8) are calls it does not inline on this CPU, so the hot paths avoid them.
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define VEC8_AT(p, o) (float8)(p[o], p[o + 1], p[o + 2], p[o + 3], p[o + 4], p[o + 5], p[o + 6], p[o + 7])
+
+// X(i) once per row of the register block.
+#if MR == 1
+#define FOR_ROWS(X) X(0)
+#elif MR == 2
+#define FOR_ROWS(X) X(0) X(1)
+#elif MR == 3
+#define FOR_ROWS(X) X(0) X(1) X(2)
+#elif MR == 4
+#define FOR_ROWS(X) X(0) X(1) X(2) X(3)
+#elif MR == 5
+#define FOR_ROWS(X) X(0) X(1) X(2) X(3) X(4)
+#else
+#define FOR_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#endif
 
 // 16 columns as two float8 halves: float8 is one AVX2 register, and PoCL miscompiles float16 on CPUs without
 // AVX-512 (the upper half comes back as zeros).
-#define VEC8_FROM(t, o) (float8)(t[o], t[o + 1], t[o + 2], t[o + 3], t[o + 4], t[o + 5], t[o + 6], t[o + 7])
-#define VEC8_PARTS(v) v.s0, v.s1, v.s2, v.s3, v.s4, v.s5, v.s6, v.s7
+#define GATHER8(r, o) (float8)(r[bcol[o]], r[bcol[o + 1]], r[bcol[o + 2]], r[bcol[o + 3]], \
+                               r[bcol[o + 4]], r[bcol[o + 5]], r[bcol[o + 6]], r[bcol[o + 7]])
 
-__kernel void gemm_block(GEMM_ARGS) {
+// The register block: rows m .. m + MR - 1 (clamped to M - 1: never stored), k in [KFROM, KTO), row k of the 16
+// columns of B given as two float8 expressions of k.
+#define ROW_BEGIN(i) \
+    __global const float* a##i = Ab + MIN(m + i, M - 1) * a_rs; \
+    float8 lo##i = acc[(s + i) * 2], hi##i = acc[(s + i) * 2 + 1];
+#if KC > 0 && A_SPLIT
+#define A_AT(i, k) a##i[acol[(k) - k0]]
+#else
+#define A_AT(i, k) a##i[A_COL(k)]
+#endif
+#define ROW_STEP(i) { \
+        const float8 av = (float8)(A_AT(i, k)); \
+        lo##i += av * bl; \
+        hi##i += av * bh; \
+    }
+#define ROW_END(i) acc[(s + i) * 2] = lo##i; acc[(s + i) * 2 + 1] = hi##i;
+#define REGISTER_BLOCK(KFROM, KTO, BL, BH) { \
+        FOR_ROWS(ROW_BEGIN) \
+        for (int k = KFROM; k < KTO; k++) { \
+            const float8 bl = BL, bh = BH; \
+            FOR_ROWS(ROW_STEP) \
+        } \
+        FOR_ROWS(ROW_END) \
+    }
+
+#if WG
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
+#else
+__kernel
+#endif
+void gemm_block(GEMM_ARGS) {
     const int n0 = get_global_id(0) * 16;
     const int m0 = get_global_id(1) * RM;
     const int z = get_global_id(2), b = z / ksplit;
-    const int kbeg = (z % ksplit) * kc, kend = min(K, kbeg + kc);
+    const int kbeg = (z % ksplit) * kc, kend = MIN(K, kbeg + kc);
     if (n0 >= N || m0 >= M) return;
+    const int rows = MIN(RM, M - m0), cols = MIN(16, N - n0);
+    const bool fast_b = B_CONTIG && cols == 16;  // 16 contiguous columns: plain vector loads
     __global const float* Ab = A + a_off + b * a_bs;
     __global const float* Bb = B + b_off + b * b_bs;
-    const bool full_n = n0 + 16 <= N;
 
-    float8 lo[RM], hi[RM];
-    int arow[RM];
-    for (int i = 0; i < RM; i++) {
-        lo[i] = (float8)(0.0f);
-        hi[i] = (float8)(0.0f);
-        arow[i] = min(m0 + i, M - 1) * a_rs;  // rows past M repeat the last row; never stored
-    }
-    for (int k = kbeg; k < kend; k++) {
-        float8 blo, bhi;
-#if B_CONTIG
-        if (full_n) {
-            blo = vload8(0, Bb + k * b_rs + n0);
-            bhi = vload8(1, Bb + k * b_rs + n0);
-        } else
+    float8 acc[2 * RM];   // row r's 16 sums are acc[2r], acc[2r + 1]
+    for (int r = 0; r < 2 * MIN(RM, CEIL_DIV(rows, MR) * MR); r++) acc[r] = (float8)(0.0f);
+    int bcol[16];         // B's column offsets; columns past N repeat the last one (never stored)
+    for (int j = 0; j < 16; j++) bcol[j] = B_COL(n0 + MIN(j, cols - 1));
+
+#if KC > 0
+    float8 bp[2 * KC];    // the sliver of B: row k0 + k of the slice is bp[2k], bp[2k + 1]
+#if A_SPLIT
+    int acol[KC];         // A's column offsets for the slice
 #endif
-        {
-            float t[16];
-            for (int j = 0; j < 16; j++) t[j] = (n0 + j < N) ? Bb[k * b_rs + B_COL(n0 + j)] : 0.0f;
-            blo = VEC8_FROM(t, 0);
-            bhi = VEC8_FROM(t, 8);
+    for (int k0 = kbeg; k0 < kend; k0 += KC) {
+        const int kn = MIN(KC, kend - k0);
+        __global const float* Bk = Bb + k0 * b_rs;
+        if (fast_b) {
+            for (int k = 0; k < kn; k++) {
+                __global const float* r = Bk + k * b_rs + n0;
+                bp[2 * k] = VEC8_AT(r, 0);
+                bp[2 * k + 1] = VEC8_AT(r, 8);
+            }
+        } else {
+            for (int k = 0; k < kn; k++) {
+                __global const float* r = Bk + k * b_rs;
+                bp[2 * k] = GATHER8(r, 0);
+                bp[2 * k + 1] = GATHER8(r, 8);
+            }
         }
-        const int acol = A_COL(k);
-        for (int i = 0; i < RM; i++) {
-            const float a = Ab[arow[i] + acol];
-            lo[i] += a * blo;
-            hi[i] += a * bhi;
+#if A_SPLIT
+        for (int k = 0; k < kn; k++) acol[k] = A_COL(k0 + k);
+#endif
+        for (int s = 0; s < rows; s += MR) {
+            const int m = m0 + s;
+            REGISTER_BLOCK(k0, k0 + kn, bp[2 * (k - k0)], bp[2 * (k - k0) + 1])
         }
     }
+#else
+    for (int s = 0; s < rows; s += MR) {
+        const int m = m0 + s;
+        if (fast_b) {
+            REGISTER_BLOCK(kbeg, kend, VEC8_AT((Bb + k * b_rs + n0), 0), VEC8_AT((Bb + k * b_rs + n0), 8))
+        } else {
+            REGISTER_BLOCK(kbeg, kend, GATHER8((Bb + k * b_rs), 0), GATHER8((Bb + k * b_rs), 8))
+        }
+    }
+#endif
 
     __global float* Cb = C + c_off + z * c_bs;
     __global const float* biasb = bias + b * bias_bs;
-    for (int i = 0; i < RM; i++) {
+    const float* sums = (const float*)acc;
+    for (int i = 0; i < rows; i++) {
         const int gm = m0 + i;
-        if (gm >= M) break;
-        const float8 vl = lo[i], vh = hi[i];
-        const float t[16] = {VEC8_PARTS(vl), VEC8_PARTS(vh)};
-        for (int j = 0; j < 16; j++) {
+        for (int j = 0; j < cols; j++) {
             const int gn = n0 + j;
-            if (gn >= N) break;
             const int ci = gm * c_rs + C_COL(gn);
-            Cb[ci] = epilogue(t[j], alpha, beta, Cb, ci, biasb, BIAS == 1 ? gm : gn);
+            Cb[ci] = epilogue(sums[16 * i + j], alpha, beta, Cb, ci, biasb, BIAS == 1 ? gm : gn);
         }
     }
 }
