@@ -113,14 +113,16 @@ def run_clnet(model, dev, x, labels, iterations, warmup, forward_only, progress=
     finally:
         kernels.profiler = None
         tuning.used = None
-    per_layer = {}
+    per_layer, per_kernel = {}, {}
     for tag, name, ms in prof.times_ms():
         key = (tag[0], tag[1]) if tag else ("other", "other")
         per_layer.setdefault(key, []).append(ms)
+        per_kernel.setdefault(key, {}).setdefault(name, 0.0)
+        per_kernel[key][name] += ms / profiled
     layer_ms = {k: sum(v) / profiled for k, v in per_layer.items()}
     return dict(phases=_median_phases(samples, phases), layer_ms=layer_ms, launches_per_iteration=launches,
                 transfers_per_iteration=transfers, warmup_s=warmup_s,
-                choices={tag: sorted(set(c.values())) for tag, c in choices.items() if tag})
+                choices={tag: sorted(set(c.values())) for tag, c in choices.items() if tag}, kernel_ms=per_kernel)
 
 
 # ---- PyTorch side -------------------------------------------------------------------------------------------------
@@ -437,6 +439,8 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
     for L in layers:
         L["clnet_choices"] = {p: cl_res["choices"][(L["index"], p)] for p in ("forward", "backward")
                               if (L["index"], p) in cl_res["choices"]}
+        L["clnet_kernel_ms"] = {p: cl_res["kernel_ms"][(L["index"], p)] for p in ("forward", "backward")
+                                if (L["index"], p) in cl_res["kernel_ms"]}
         L["clnet_forward_ms"] = cl_res["layer_ms"].get((L["index"], "forward"))
         L["clnet_backward_ms"] = cl_res["layer_ms"].get((L["index"], "backward"))
     result["clnet"]["loss_and_update_ms"] = {

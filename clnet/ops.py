@@ -89,7 +89,7 @@ def _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, zsize, bias, bias_bs
         global_size = (-(-N // cfg["TN"]) * local[0], -(-M // cfg["TM"]) * local[1], zsize)
     else:
         defines.update(B_CONTIG=(b.cs == 1 and not b.split))
-        local = None
+        local = (cfg["WG"], 1, 1) if cfg.get("WG") else None
         global_size = (-(-N // 16), -(-M // cfg["RM"]), zsize)
     k = kernels.kernel(dev, GEMM_FILES[name], name, defines)
     kernels.launch(dev, k, global_size, local, M, N, K, alpha, beta, A, *a.args(), B, *b.args(), C, *c.args(),

@@ -14,8 +14,9 @@ from . import kernels
 # GPU-shaped matrix product: tiles staged in local memory. Large tiles only pay when they fill the device.
 GEMM_TILED_SMALL = dict(kernel="gemm_tiled", TM=64, TN=64, TK=16, WM=4, WN=4)
 GEMM_TILED_LARGE = dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=8)
-# CPU-shaped: register blocks, wide vector loads, no local memory (about 20x the tiled kernel on PoCL).
-GEMM_BLOCK = dict(kernel="gemm_block", RM=4)
+# CPU-shaped: register blocks, wide vector loads, no local memory; B copied per 256-deep slice into a private sliver,
+# one work-item per work-group (bench/NOTES_cpu_gemm.md: 171 GFLOP/s at 1024^3 on 2 cores, NumPy 198).
+GEMM_BLOCK = dict(kernel="gemm_block", RM=48, KC=256, WG=1)
 
 # What the autotuner tries per GEMM shape, besides the default's split-K factor halved and doubled.
 GEMM_CANDIDATES = dict(
@@ -25,7 +26,8 @@ GEMM_CANDIDATES = dict(
          dict(kernel="gemm_tiled", TM=64, TN=128, TK=16, WM=4, WN=8),
          dict(kernel="gemm_tiled", TM=32, TN=64, TK=16, WM=4, WN=4),
          dict(GEMM_TILED_LARGE, SWIZZLE=8), dict(GEMM_TILED_SMALL, SWIZZLE=8)],
-    cpu=[GEMM_BLOCK, dict(kernel="gemm_block", RM=2), dict(kernel="gemm_block", RM=6)],
+    cpu=[GEMM_BLOCK, dict(kernel="gemm_block", RM=12), dict(kernel="gemm_block", RM=96, KC=128, WG=1),
+         dict(kernel="gemm_block", RM=12, KC=256, WG=1)],
 )
 
 # Largest im2col buffer per convolution chunk; the batch is split into chunks that fit.
