@@ -3,6 +3,13 @@
 //           column j = i*OH*OW + oy*OW + ox; zero where the window reads padding.
 //   col2im: the adjoint: dcol (C*KH*KW, nimg*OH*OW) -> dx (nimg, C, H, W), each input element gathering from every
 //           window position that read it (no atomics, deterministic). Writes dx; does not accumulate.
+// Two shapes of each, chosen by device class (tuning.py):
+//   im2col, col2im              GPU-shaped: one work-item per element, consecutive work-items on consecutive
+//                               addresses (coalesced).
+//   im2col_rows, col2im_planes  CPU-shaped: one work-item per row of col (one (c, ky, kx) of one image), or per input
+//                               plane, looping over pixels without a division per element; col2im_planes scatters
+//                               the plane's windows into dx in a fixed order (the plane is the work-item's own, so
+//                               no atomics, and the result is deterministic).
 // All sizes are arguments; no defines.
 #include "common.h"
 
@@ -44,4 +51,45 @@ __kernel void col2im(__global const float* restrict col, CONV_GEOMETRY, __global
         }
     }
     dx[dx_off + e] = sum;
+}
+
+__kernel void im2col_rows(__global const float* restrict x, const int x_off, CONV_GEOMETRY,
+                          __global float* restrict col) {
+    const int r = get_global_id(0), i = get_global_id(1);
+    if (r >= C * KH * KW || i >= nimg) return;
+    const int kx = r % KW, ky = (r / KW) % KH, c = r / (KW * KH);
+    const int ohw = OH * OW;
+    __global const float* plane = x + x_off + (i * C + c) * H * W;
+    __global float* out = col + r * (nimg * ohw) + i * ohw;
+    for (int oy = 0; oy < OH; oy++, out += OW) {
+        const int y = oy * SH - PH + ky * DH;
+        if (y < 0 || y >= H) {
+            for (int ox = 0; ox < OW; ox++) out[ox] = 0.0f;
+            continue;
+        }
+        __global const float* row = plane + y * W;
+        int xx = kx * DW - PW;
+        for (int ox = 0; ox < OW; ox++, xx += SW) out[ox] = (xx >= 0 && xx < W) ? row[xx] : 0.0f;
+    }
+}
+
+__kernel void col2im_planes(__global const float* restrict col, CONV_GEOMETRY, __global float* restrict dx,
+                            const int dx_off) {
+    const int c = get_global_id(0), i = get_global_id(1);
+    if (c >= C || i >= nimg) return;
+    const int ohw = OH * OW, np = nimg * ohw;
+    __global float* plane = dx + dx_off + (i * C + c) * H * W;
+    for (int e = 0; e < H * W; e++) plane[e] = 0.0f;
+    for (int ky = 0; ky < KH; ky++)
+        for (int kx = 0; kx < KW; kx++) {
+            __global const float* src = col + ((c * KH + ky) * KW + kx) * np + i * ohw;
+            for (int oy = 0; oy < OH; oy++, src += OW) {
+                const int y = oy * SH - PH + ky * DH;
+                if (y < 0 || y >= H) continue;
+                __global float* row = plane + y * W;
+                int xx = kx * DW - PW;
+                for (int ox = 0; ox < OW; ox++, xx += SW)
+                    if (xx >= 0 && xx < W) row[xx] += src[ox];
+            }
+        }
 }

@@ -3,7 +3,10 @@
 // atomics are needed and results are deterministic.
 //   maxpool2d_fwd  y = max over the window (padding never wins); idx = the argmax's offset y*W + x in its plane, the
 //                  first one on ties (as PyTorch)
+//   maxpool2d_fwd_rows    the same, CPU-shaped: one work-item per output row, no division per element
 //   maxpool2d_bwd  dx = sum of dy over the windows whose argmax is this element
+//   maxpool2d_bwd_planes  the same, CPU-shaped: one work-item per plane zeroes it and adds each window's dy at its
+//                  argmax, in window order (the plane is its own: no atomics, deterministic)
 //   avgpool2d_fwd  y = sum / divisor; divisor counts padding when COUNT_PAD (windows clipped to the padded input)
 //   avgpool2d_bwd  dx = sum over covering windows of dy / divisor
 // Defines: COUNT_PAD 0/1 (avgpool only).
@@ -36,6 +39,30 @@ __kernel void maxpool2d_fwd(__global const float* restrict x, POOL_GEOMETRY, __g
     idx[e] = arg;
 }
 
+__kernel void maxpool2d_fwd_rows(__global const float* restrict x, POOL_GEOMETRY, __global float* restrict y,
+                                 __global int* restrict idx) {
+    const int oy = get_global_id(0), nc = get_global_id(1);
+    if (oy >= OH || nc >= NC) return;
+    const int y0 = oy * SH - PH;
+    const int ky0 = y0 < 0 ? -y0 : 0, ky1 = H - y0 < KH ? H - y0 : KH;
+    __global const float* plane = x + nc * H * W;
+    __global float* out = y + (nc * OH + oy) * OW;
+    __global int* arg_out = idx + (nc * OH + oy) * OW;
+    for (int ox = 0, x0 = -PW; ox < OW; ox++, x0 += SW) {
+        const int kx0 = x0 < 0 ? -x0 : 0, kx1 = W - x0 < KW ? W - x0 : KW;
+        float best = -INFINITY;
+        int arg = -1;
+        for (int ky = ky0; ky < ky1; ky++)
+            for (int kx = kx0; kx < kx1; kx++) {
+                const int off = (y0 + ky) * W + x0 + kx;
+                const float v = plane[off];
+                if (v > best || arg < 0) { best = v; arg = off; }
+            }
+        out[ox] = best;
+        arg_out[ox] = arg;
+    }
+}
+
 __kernel void maxpool2d_bwd(__global const float* restrict dy, __global const int* restrict idx, POOL_GEOMETRY,
                             __global float* restrict dx) {
     const int e = get_global_id(0);
@@ -51,6 +78,17 @@ __kernel void maxpool2d_bwd(__global const float* restrict dy, __global const in
             if (idx[o] == off) sum += dy[o];
         }
     dx[e] = sum;
+}
+
+__kernel void maxpool2d_bwd_planes(__global const float* restrict dy, __global const int* restrict idx,
+                                   POOL_GEOMETRY, __global float* restrict dx) {
+    const int nc = get_global_id(0);
+    if (nc >= NC) return;
+    __global float* plane = dx + nc * H * W;
+    for (int e = 0; e < H * W; e++) plane[e] = 0.0f;
+    __global const float* g = dy + nc * OH * OW;
+    __global const int* at = idx + nc * OH * OW;
+    for (int o = 0; o < OH * OW; o++) plane[at[o]] += g[o];
 }
 
 inline float avg_divisor(const int y0, const int x0, const int H, const int W, const int KH, const int KW,

@@ -195,15 +195,23 @@ def maxpool_forward(x, out_hw, k, s, p):
     N, C = x.shape[:2]
     y = empty((N, C) + tuple(out_hw), x.device)
     idx = empty(y.shape, x.device, np.int32)
-    kern = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd")
-    _flat_launch(x.device, kern, y.size, x, *_pool_args(x.shape, out_hw, k, s, p), y, idx, what="max pooling")
+    args = (x, *_pool_args(x.shape, out_hw, k, s, p), y, idx)
+    if x.device.is_gpu:
+        kernels.launch(x.device, kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd"), (y.size,), None, *args,
+                       what="max pooling")
+    else:
+        kernels.launch(x.device, kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_rows"), (out_hw[0], N * C), None,
+                       *args, what="max pooling")
     return y, idx
 
 
 def maxpool_backward(dy, idx, x_shape, k, s, p):
     dx = empty(x_shape, dy.device)
-    kern = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd")
-    _flat_launch(dy.device, kern, dx.size, dy, idx, *_pool_args(x_shape, dy.shape[2:], k, s, p), dx,
+    if dy.device.is_gpu:
+        kern, n = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd"), dx.size
+    else:  # one work-item per plane: scatter without a search per element
+        kern, n = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd_planes"), x_shape[0] * x_shape[1]
+    _flat_launch(dy.device, kern, n, dy, idx, *_pool_args(x_shape, dy.shape[2:], k, s, p), dx,
                  what="max pooling backward")
     return dx
 
@@ -262,10 +270,20 @@ class ConvShape:
 
 
 def _im2col(x, s, n0, nimg, col):
-    k = kernels.kernel(x.device, "im2col.cl", "im2col")
     rows = s.C * s.KH * s.KW
-    kernels.launch(x.device, k, (nimg * s.OH * s.OW, rows), None, x, n0 * s.C * s.H * s.W, *s.geometry(nimg), col,
-                   what="im2col")
+    if x.device.is_gpu:
+        k, size = kernels.kernel(x.device, "im2col.cl", "im2col"), (nimg * s.OH * s.OW, rows)
+    else:
+        k, size = kernels.kernel(x.device, "im2col.cl", "im2col_rows"), (rows, nimg)
+    kernels.launch(x.device, k, size, None, x, n0 * s.C * s.H * s.W, *s.geometry(nimg), col, what="im2col")
+
+
+def _col2im(col, s, n0, nimg, dx):
+    if dx.device.is_gpu:
+        k, size = kernels.kernel(dx.device, "im2col.cl", "col2im"), (nimg * s.C * s.H * s.W,)
+    else:
+        k, size = kernels.kernel(dx.device, "im2col.cl", "col2im_planes"), (s.C, nimg)
+    kernels.launch(dx.device, k, size, None, col, *s.geometry(nimg), dx, n0 * s.C * s.H * s.W, what="col2im")
 
 
 # Convolution algorithms. im2col + GEMM runs every shape; Winograd F(2x2,3x3) (winograd.py) runs 3x3 stride-1
@@ -365,9 +383,7 @@ def _conv2d_backward_im2col(x, w, dy, s, dw, db, need_dx, what, weights=True):
         else:
             gemm(Cg * KK, NP, Og, w, w_t, dy, dy_cols, col, Mat(bs=Cg * KK * NP, rs=NP, cs=1), batch=s.G,
                  what=what + " (data)")
-            k = kernels.kernel(dev, "im2col.cl", "col2im")
-            kernels.launch(dev, k, (nimg * s.C * s.H * s.W,), None, col, *s.geometry(nimg), dx,
-                           n0 * s.C * s.H * s.W, what="col2im")
+            _col2im(col, s, n0, nimg, dx)
     return dx
 
 
