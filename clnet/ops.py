@@ -196,7 +196,7 @@ def maxpool_forward(x, out_hw, k, s, p):
     y = empty((N, C) + tuple(out_hw), x.device)
     idx = empty(y.shape, x.device, np.int32)
     args = (x, *_pool_args(x.shape, out_hw, k, s, p), y, idx)
-    if x.device.is_gpu:
+    if not tuning.cpu_shaped(x.device):
         kernels.launch(x.device, kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd"), (y.size,), None, *args,
                        what="max pooling")
     else:
@@ -207,7 +207,7 @@ def maxpool_forward(x, out_hw, k, s, p):
 
 def maxpool_backward(dy, idx, x_shape, k, s, p):
     dx = empty(x_shape, dy.device)
-    if dy.device.is_gpu:
+    if not tuning.cpu_shaped(dy.device):
         kern, n = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd"), dx.size
     else:  # one work-item per plane: scatter without a search per element
         kern, n = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd_planes"), x_shape[0] * x_shape[1]
@@ -271,7 +271,7 @@ class ConvShape:
 
 def _im2col(x, s, n0, nimg, col):
     rows = s.C * s.KH * s.KW
-    if x.device.is_gpu:
+    if not tuning.cpu_shaped(x.device):
         k, size = kernels.kernel(x.device, "im2col.cl", "im2col"), (nimg * s.OH * s.OW, rows)
     else:
         k, size = kernels.kernel(x.device, "im2col.cl", "im2col_rows"), (rows, nimg)
@@ -279,7 +279,7 @@ def _im2col(x, s, n0, nimg, col):
 
 
 def _col2im(col, s, n0, nimg, dx):
-    if dx.device.is_gpu:
+    if not tuning.cpu_shaped(dx.device):
         k, size = kernels.kernel(dx.device, "im2col.cl", "col2im"), (nimg * s.C * s.H * s.W,)
     else:
         k, size = kernels.kernel(dx.device, "im2col.cl", "col2im_planes"), (s.C, nimg)

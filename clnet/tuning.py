@@ -54,6 +54,12 @@ def fits(dev, cfg):
     return local_bytes(cfg) <= dev.local_mem_size and threads <= dev.max_work_group_size
 
 
+def cpu_shaped(dev):
+    """Whether dev runs the CPU-shaped data-movement kernels (a row or plane per work-item, loops inside) rather than
+    the GPU-shaped ones (an element per work-item)."""
+    return not dev.is_gpu
+
+
 def gemm_config(dev, M, N, K, batch=1):
     """Default kernel and tile shape for an M x N x K product (times batch) on dev."""
     if not dev.is_gpu:

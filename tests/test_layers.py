@@ -33,8 +33,19 @@ CONV_CASES = [
 ]
 
 
+
+@pytest.fixture(params=["own-shape", "other-shape"])
+def kernel_shape(request, monkeypatch):
+    """Convolution lowering and pooling run with the device's own kernel shape and with the other class's, so the
+    GPU-shaped kernels are checked on a CPU too (CI has only PoCL)."""
+    if request.param == "other-shape":
+        from clnet import tuning
+        default = tuning.cpu_shaped
+        monkeypatch.setattr(tuning, "cpu_shaped", lambda dev: not default(dev))
+    return request.param
+
 @pytest.mark.parametrize("case", CONV_CASES, ids=[str(i) for i in range(len(CONV_CASES))])
-def test_conv2d(dev, rng, case):
+def test_conv2d(dev, rng, case, kernel_shape):
     N, C, H, W, O, k, s, p, d, g = case
     layer = nn.Conv2d(C, O, k, stride=s, padding=p, dilation=d, groups=g)
     x = rng.standard_normal((N, C, H, W)).astype(np.float32)
@@ -98,7 +109,7 @@ POOL_CASES = [
 
 
 @pytest.mark.parametrize("case", POOL_CASES, ids=[str(i) for i in range(len(POOL_CASES))])
-def test_maxpool2d(dev, rng, case):
+def test_maxpool2d(dev, rng, case, kernel_shape):
     N, C, H, W, k, s, p, ceil = case
     layer = nn.MaxPool2d(k, s, p, ceil)
     x = rng.permutation(N * C * H * W).reshape(N, C, H, W).astype(np.float32) / 10  # no ties
