@@ -50,7 +50,8 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
 
 
 def _kfast_a(a):
-    return a.cs == 1 and a.rs != 1 and not a.split
+    # k contiguous (within each image's segment when split, as dy in a weight gradient): load along k to coalesce
+    return a.cs == 1 and a.rs != 1
 
 
 def _kfast_b(b):

@@ -91,13 +91,14 @@ def gemm_default(dev, M, N, K, batch):
 
 def gemm_candidates(dev, M, N, K, batch):
     """(cfg, ksplit) choices for the autotuner, the default first: every candidate tile with its default split, and
-    that split halved and doubled (never below half the default, which keeps long float32 sums short)."""
+    that split doubled. Never fewer slices than the default: its slices bound the float32 running sums' length, so
+    tuning can change speed but not make a result less accurate."""
     out = [gemm_default(dev, M, N, K, batch)]
     for cfg in GEMM_CANDIDATES[device_class(dev)]:
         if not fits(dev, cfg):
             continue
         base = k_splits(dev, cfg, M, N, K, batch)
-        for ks in sorted({base, max(1, base // 2), min(base * 2, max(1, K // 64))}):
+        for ks in sorted({base, max(base, min(base * 2, K // 64))}):
             choice = dict(cfg=cfg, ksplit=ks)
             if choice not in out:
                 out.append(choice)
@@ -134,14 +135,14 @@ def device_key(dev):
 
 
 _cache = None
-_cache_file = None
 
 
 def _load():
-    global _cache, _cache_file
-    path = cache_path()
-    if _cache is None or _cache_file != path:
-        _cache_file = path
+    """The cache file's contents, read once per process (forget() rereads); lookups run per launch, so no path
+    resolution happens after the first."""
+    global _cache
+    if _cache is None:
+        path = cache_path()
         try:
             with open(path) as f:
                 _cache = json.load(f)
@@ -153,30 +154,41 @@ def _load():
     return _cache
 
 
+_device_entries = {}
+
+
 def entries(dev):
-    """This device's tuned entries (key -> choice); empty when untuned."""
-    key = dev.__dict__.get("_tuning_key")
-    if key is None:
-        key = dev._tuning_key = device_key(dev)
-    return _load().get(key, {})
+    """This device's tuned entries (key -> choice), the cache's own dict (store() adds to it); empty when untuned."""
+    found = _device_entries.get(dev)
+    if found is None:
+        found = _device_entries[dev] = _load().setdefault(device_key(dev), {})
+    return found
 
 
 def store(dev, new_entries):
-    """Merges new entries into the cache file atomically (a crash never leaves half a file)."""
-    cache = _load()
-    cache.setdefault(device_key(dev), {}).update(new_entries)
+    """Adds entries for dev and writes the file atomically (a crash never leaves half a file), merged with what is on
+    disk now, so that runs tuning other devices at the same time keep theirs."""
+    mine = entries(dev)
+    mine.update(new_entries)
     path = cache_path()
+    try:
+        with open(path) as f:
+            on_disk = json.load(f)
+    except (OSError, ValueError):
+        on_disk = {}
+    on_disk.setdefault(device_key(dev), {}).update(mine)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
     with os.fdopen(fd, "w") as f:
-        json.dump(cache, f, indent=1, sort_keys=True)
+        json.dump(on_disk, f, indent=1, sort_keys=True)
     os.replace(tmp, path)
 
 
 def forget():
-    """Drops the in-memory copy, so the next lookup rereads the file (tests point CLNET_CACHE_DIR elsewhere)."""
+    """Drops the in-memory copy, so the next lookup rereads the file (after CLNET_CACHE_DIR changes)."""
     global _cache
     _cache = None
+    _device_entries.clear()
 
 
 # ---- choosing ------------------------------------------------------------------------------------------------------
