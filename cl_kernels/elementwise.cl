@@ -3,8 +3,10 @@
 //   fill      x = value
 //   mul       out = a * b
 //   dropout_fwd  mask = (hash(seed, i) >= p) / (1 - p); y = x * mask
-//   bias_grad db[c] += sum over n and p of dy[n, c, p] for dy (N, C, P); one work-group of LSIZE per channel
-// Defines: ACT (1 ReLU, 2 Sigmoid, 3 Tanh), LSIZE (work-group size of bias_grad, a power of two).
+//   bias_grad db[c] += sum over n and p of dy[n, c, p] for dy (N, C, P); one work-group of LSIZE per channel.
+//             With PARTIAL, work-group (c, s) sums only the s-th run of `chunk` (n, p) pairs and stores it in
+//             db[s*C + c]: a first pass for large N*P, whose (S, C) result a plain pass then adds up in order.
+// Defines: ACT (1 ReLU, 2 Sigmoid, 3 Tanh), LSIZE (work-group size of bias_grad, a power of two), PARTIAL 0/1.
 #include "common.h"
 
 #ifndef ACT
@@ -12,6 +14,9 @@
 #endif
 #ifndef LSIZE
 #define LSIZE 256   // bias_grad work-group size
+#endif
+#ifndef PARTIAL
+#define PARTIAL 0   // bias_grad: first pass of two
 #endif
 #if LSIZE & (LSIZE - 1)
 #error "LSIZE must be a power of two"
@@ -69,12 +74,18 @@ __kernel void dropout_fwd(__global const float* restrict x, __global float* rest
 }
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void bias_grad(__global const float* restrict dy, __global float* restrict db, const int N, const int C, const int P) {
+void bias_grad(__global const float* restrict dy, __global float* restrict db, const int N, const int C, const int P,
+               const int chunk) {
     const int c = get_group_id(0);
     const int lid = get_local_id(0);
     __local float part[LSIZE];
     float s = 0.0f;
-    for (int e = lid; e < N * P; e += LSIZE) {
+#if PARTIAL
+    const int e0 = get_group_id(1) * chunk, e1 = min(N * P, e0 + chunk);
+#else
+    const int e0 = 0, e1 = N * P;
+#endif
+    for (int e = e0 + lid; e < e1; e += LSIZE) {
         const int n = e / P, p = e % P;
         s += dy[(n * C + c) * P + p];
     }
@@ -84,5 +95,9 @@ void bias_grad(__global const float* restrict dy, __global float* restrict db, c
         if (lid < w) part[lid] += part[lid + w];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
+#if PARTIAL
+    if (lid == 0) db[get_group_id(1) * C + c] = part[0];
+#else
     if (lid == 0) db[c] += part[0];
+#endif
 }

@@ -142,10 +142,19 @@ def dropout_forward(x, p, seed):
 
 
 def bias_grad(dy, db, N, C, P):
-    """db += sum of dy (N, C, P) over N and P."""
-    lsize = 256 if dy.device.max_work_group_size >= 256 else 1 << (dy.device.max_work_group_size.bit_length() - 1)
-    k = kernels.kernel(dy.device, "elementwise.cl", "bias_grad", dict(LSIZE=lsize))
-    kernels.launch(dy.device, k, (C * lsize,), (lsize,), dy, db, N, C, P, what="bias gradient")
+    """db += sum of dy (N, C, P) over N and P. Few channels over many pixels (a first layer) would leave most of a GPU
+    idle with a work-group per channel, so there each channel's sum is cut into runs first, then added in order."""
+    dev = dy.device
+    lsize = 256 if dev.max_work_group_size >= 256 else 1 << (dev.max_work_group_size.bit_length() - 1)
+    runs = tuning.reduction_runs(dev, N * P, C, lsize)
+    if runs > 1:
+        chunk = -(-N * P // runs)
+        part = empty((runs, C), dev)
+        k = kernels.kernel(dev, "elementwise.cl", "bias_grad", dict(LSIZE=lsize, PARTIAL=1))
+        kernels.launch(dev, k, (C * lsize, runs), (lsize, 1), dy, part, N, C, P, chunk, what="bias gradient (runs)")
+        dy, N, P = part, runs, 1
+    k = kernels.kernel(dev, "elementwise.cl", "bias_grad", dict(LSIZE=lsize))
+    kernels.launch(dev, k, (C * lsize,), (lsize,), dy, db, N, C, P, 0, what="bias gradient")
 
 
 def softmax_forward(x, dim, log):

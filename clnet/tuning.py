@@ -25,7 +25,8 @@ GEMM_CANDIDATES = dict(
          dict(kernel="gemm_tiled", TM=128, TN=64, TK=16, WM=8, WN=4),
          dict(kernel="gemm_tiled", TM=64, TN=128, TK=16, WM=4, WN=8),
          dict(kernel="gemm_tiled", TM=32, TN=64, TK=16, WM=4, WN=4),
-         dict(GEMM_TILED_LARGE, SWIZZLE=8), dict(GEMM_TILED_SMALL, SWIZZLE=8)],
+         dict(GEMM_TILED_LARGE, SWIZZLE=8), dict(GEMM_TILED_SMALL, SWIZZLE=8),
+         dict(GEMM_TILED_SMALL, TK=32)],  # deeper slices: more arithmetic behind each prefetch
     cpu=[GEMM_BLOCK, dict(kernel="gemm_block", RM=12), dict(kernel="gemm_block", RM=96, KC=128, WG=1),
          dict(kernel="gemm_block", RM=12, KC=256, WG=1)],
 )
@@ -58,6 +59,14 @@ def cpu_shaped(dev):
     """Whether dev runs the CPU-shaped data-movement kernels (a row or plane per work-item, loops inside) rather than
     the GPU-shaped ones (an element per work-item)."""
     return not dev.is_gpu
+
+
+def reduction_runs(dev, n, groups, lsize):
+    """Runs to cut each of `groups` sums of n terms into, so that a GPU gets about 4 work-groups per compute unit
+    (each run at least 64 terms per work-item); a CPU's few cores are busy with one work-group per sum."""
+    if cpu_shaped(dev):
+        return 1
+    return max(1, min(-(-n // (64 * lsize)), -(-4 * dev.compute_units // groups)))
 
 
 def gemm_config(dev, M, N, K, batch=1):

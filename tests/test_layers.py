@@ -58,6 +58,18 @@ def test_conv2d(dev, rng, case, kernel_shape):
     assert_close(layer.bias.grad.numpy(), rdb, "grad bias")
 
 
+def test_bias_gradient_in_runs(dev, rng, monkeypatch):
+    """The two-pass bias gradient (sums cut into runs, as on GPUs for first layers) against the reference."""
+    from clnet import tuning
+    monkeypatch.setattr(tuning, "reduction_runs", lambda dev, n, groups, lsize: 3)
+    layer = nn.Conv2d(2, 3, 3).to(dev)
+    x = rng.standard_normal((5, 2, 11, 13)).astype(np.float32)
+    y = layer(clnet.tensor(x, dev))
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    layer.backward(clnet.tensor(dy, dev))
+    assert_close(layer.bias.grad.numpy(), dy.astype(np.float64).sum(axis=(0, 2, 3)), "bias gradient", tol=1e-6)
+
+
 def test_conv2d_large_batch_is_chunked(dev, rng, monkeypatch):
     """Batches whose lowered matrix exceeds the budget run in chunks with the same result."""
     from clnet import tuning
