@@ -21,5 +21,7 @@ if [ "${PROFILE:-1}" = 1 ]; then
 fi
 for m in ${MODELS:-lenet lenet-wide alexnet overfeat vgg-a}; do
   timeout 200 python3 -m clnet.cli bench "$m" --device gpu --compare cuda --iterations ${ITERS:-10} --warmup 3 \
-    --json "$OUT/bench-$m-h200.json" 2>/dev/null | tee -a "$LOG"
+    --json "$OUT/bench-$m-h200.json" 2>/tmp/bench-stderr.txt | tee -a "$LOG"
+  # progress bars stay out of the log; the tuning summary and any disagreement go in
+  grep -E "^(tuning:|ERROR)" /tmp/bench-stderr.txt | tee -a "$LOG"
 done
