@@ -397,6 +397,7 @@ def _check_model(name):
                                  f"use lenet or lenet-wide", param_hint="MODEL")
 
 
+TUNE_BUDGET_S = 60.0  # first-run tuning before training; `clnet tune` has its own budget
 DEFAULTS = dict(epochs=10, batch=64, lr=0.01, momentum=0.9, weight_decay=0.0, seed=0, subset=None)
 
 
@@ -420,10 +421,12 @@ DEFAULTS = dict(epochs=10, batch=64, lr=0.01, momentum=0.9, weight_decay=0.0, se
 @click.option("--subset", type=click.IntRange(min=1), default=None, help="Train on the first N training images.")
 @click.option("--test-subset", type=click.IntRange(min=1), default=None, help="Test on the first N test images.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None, help="JSON log of per-epoch figures.")
+@click.option("--tune/--no-tune", default=None,
+              help="autotune the model's shapes missing from the cache first [default: on GPUs]")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="PNG of the loss and accuracy curves (needs matplotlib: pip install 'clnet[plot]').")
 def train_command(model, dataset, data_dir, epochs, batch, lr, momentum, weight_decay, device_spec, seed, checkpoint,
-                  resume, subset, test_subset, log_path, plot_path):
+                  resume, subset, test_subset, log_path, tune, plot_path):
     """Train MODEL (lenet, lenet-wide) on MNIST or Fashion-MNIST, reporting test accuracy after each epoch.
 
     Ctrl-C finishes the current step, writes a checkpoint and exits; --resume continues it exactly.
@@ -461,6 +464,11 @@ def train_command(model, dataset, data_dir, epochs, batch, lr, momentum, weight_
     rng.manual_seed(cfg["seed"])
     net = models.build(model).to(dev)
     opt = optim.SGD(net.parameters(), lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"])
+    if tune or (tune is None and dev.is_gpu):
+        from .tune import tune_module
+        report = tune_module(net, (cfg["batch"],) + tuple(models.MODELS[model]["input_shape"]), dev,
+                             budget_s=TUNE_BUDGET_S)
+        click.echo(f"tuned {len(report['tuned'])} shapes ({report['cached']} cached) in {report['seconds']:.1f} s")
     click.echo(f"training {model} on {dataset} ({len(train_data)} training, {len(test_data)} test images) on "
                f"{dev.name} ({dev.platform_name}): batch {cfg['batch']}, lr {cfg['lr']}, momentum "
                f"{cfg['momentum']}, weight decay {cfg['weight_decay']}, seed {cfg['seed']}")

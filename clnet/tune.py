@@ -55,6 +55,14 @@ def tune_module(model, input_shape, dev, budget_s=300.0, repeats=3, retune=False
     Returns a report: keys tuned, skipped and left, seconds, and per key the winner and its speed-up over the default.
     """
     t0 = time.perf_counter()
+    saved_rng = rng.get_state()  # dropout draws during the timed runs must not shift the caller's random stream
+    try:
+        return _tune(model, input_shape, dev, budget_s, repeats, retune, progress, t0)
+    finally:
+        rng.set_state(saved_rng)
+
+
+def _tune(model, input_shape, dev, budget_s, repeats, retune, progress, t0):
     model.to(dev)
     gen = np.random.default_rng(0)
     x = gen.standard_normal(input_shape).astype(np.float32)
