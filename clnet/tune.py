@@ -93,6 +93,17 @@ def _tune(model, input_shape, dev, budget_s, repeats, retune, progress, t0):
     return report
 
 
+def autotune(model, input_shape, device=None, budget_s=300.0, progress=None):
+    """Public entry (`clnet.autotune`): tunes a training iteration of `model` on inputs of `input_shape` (batch
+    included) on `device` (default: the model's), storing the winners in the cache that every later run reads.
+
+    Returns the report of `tune_module` (shapes tuned, cached, left; seconds; each winner and its default's time).
+    """
+    from .devices import device as _device
+    dev = _device(device if device is not None else (model.device or "auto"))
+    return tune_module(model, tuple(input_shape), dev, budget_s=budget_s, progress=progress)
+
+
 def tune_model(name, dev, batch=None, **kwargs):
     """Tunes a zoo model (models.MODELS) at its paper batch size, or `batch`."""
     entry = models.MODELS[name]

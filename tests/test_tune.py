@@ -85,3 +85,9 @@ def test_cli_tune_reports_and_rejects_unknown_models(cache_dir):
     assert "left at their defaults" in r.output
     r = CliRunner().invoke(main, ["tune", "resnet-1000", "--device", "cpu"])
     assert r.exit_code != 0 and "unknown model" in r.output
+
+
+def test_public_autotune_uses_the_models_device(dev, cache_dir):
+    model = nn.Sequential(nn.Linear(300, 7)).to(dev)
+    report = clnet.autotune(model, (5, 300))
+    assert report["device"] == tuning.device_key(dev) and report["sites"] >= 1
