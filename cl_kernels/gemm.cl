@@ -13,6 +13,8 @@
 //   WM WN     outputs per work-item along m and n (multiples of 4)
 //   A_KFAST   0/1: consecutive work-items load A along k (set when A's k stride is 1), else along m
 //   B_KFAST   0/1: likewise for B, else along n
+//   LBUF      2: double-buffered local slices (one barrier per slice); 1: one buffer, two barriers per slice,
+//             which leaves room in 48 KiB for deeper slices (128x128x32) whose rows of A span 128 bytes
 //   SWIZZLE   work-groups run down bands of this many tile rows before moving right (1: row by row), so that
 //             the tiles in flight share A and B panels in the L2 cache when the matrices outgrow it
 #include "gemm_common.h"
@@ -40,6 +42,12 @@
 #endif
 #ifndef SWIZZLE
 #define SWIZZLE 1   // tile rows per band of work-groups
+#endif
+#ifndef LBUF
+#define LBUF 2      // local buffers per operand
+#endif
+#if LBUF != 1 && LBUF != 2
+#error "LBUF must be 1 or 2"
 #endif
 
 #define TX (TN / WN)        // work-items along n
@@ -76,8 +84,8 @@ void gemm_tiled(GEMM_ARGS) {
     __global const float* Ab = A + a_off + b * a_bs;
     __global const float* Bb = B + b_off + b * b_bs;
 
-    __local float4 As[2][TK][TM / 4 + PAD4];
-    __local float4 Bs[2][TK][TN / 4 + PAD4];
+    __local float4 As[LBUF][TK][TM / 4 + PAD4];
+    __local float4 Bs[LBUF][TK][TN / 4 + PAD4];
     float ra[LA], rb[LB];
     float acc[WM][WN];
     for (int i = 0; i < WM; i++)
@@ -140,9 +148,15 @@ void gemm_tiled(GEMM_ARGS) {
 #pragma unroll
                 for (int j = 0; j < WN; j++) acc[i][j] = mad(a[i], bv[j], acc[i][j]);
         }
+#if LBUF == 2
         if (more) { STORE(buf ^ 1); }
         barrier(CLK_LOCAL_MEM_FENCE);
         buf ^= 1;
+#else
+        barrier(CLK_LOCAL_MEM_FENCE);  // everyone is done reading the slice before it is overwritten
+        if (more) { STORE(0); }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
     }
 
     __global float* Cb = C + c_off + z * c_bs;

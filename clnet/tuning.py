@@ -26,7 +26,8 @@ GEMM_CANDIDATES = dict(
          dict(kernel="gemm_tiled", TM=64, TN=128, TK=16, WM=4, WN=8),
          dict(kernel="gemm_tiled", TM=32, TN=64, TK=16, WM=4, WN=4),
          dict(GEMM_TILED_LARGE, SWIZZLE=8), dict(GEMM_TILED_SMALL, SWIZZLE=8),
-         dict(GEMM_TILED_SMALL, TK=32)],  # deeper slices: more arithmetic behind each prefetch
+         dict(GEMM_TILED_SMALL, TK=32),  # deeper slices: more arithmetic behind each prefetch
+         dict(GEMM_TILED_LARGE, TK=32, LBUF=1)],
     cpu=[GEMM_BLOCK, dict(kernel="gemm_block", RM=12), dict(kernel="gemm_block", RM=96, KC=128, WG=1),
          dict(kernel="gemm_block", RM=12, KC=256, WG=1)],
 )
@@ -44,8 +45,8 @@ def device_class(dev):
 
 
 def local_bytes(cfg):
-    """Local memory a gemm_tiled work-group uses: double-buffered A and B slices, one float4 of padding per row."""
-    return 2 * cfg["TK"] * (cfg["TM"] + cfg["TN"] + 8) * 4
+    """Local memory a gemm_tiled work-group uses: LBUF (default 2) A and B slices, a float4 of padding per row."""
+    return cfg.get("LBUF", 2) * cfg["TK"] * (cfg["TM"] + cfg["TN"] + 8) * 4
 
 
 def fits(dev, cfg):
@@ -122,6 +123,7 @@ def describe(choice):
     if cfg["kernel"] == "gemm_tiled":
         name = f"tiled {cfg['TM']}x{cfg['TN']}x{cfg['TK']}/{cfg['WM']}x{cfg['WN']}"
         name += f" sw{cfg['SWIZZLE']}" if cfg.get("SWIZZLE", 1) > 1 else ""
+        name += " 1buf" if cfg.get("LBUF", 2) == 1 else ""
     else:
         name = "block " + " ".join(f"{k}{v}" for k, v in cfg.items() if k != "kernel")
     return name + (f" k{ks}" if ks > 1 else "")

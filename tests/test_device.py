@@ -97,7 +97,7 @@ def gemm_variant(request, monkeypatch):
     forced = {"tiled-small": tuning.GEMM_TILED_SMALL, "tiled-large": tuning.GEMM_TILED_LARGE,
               # bands of 3 tile rows leave a partial band on most sizes; an 8-deep slice, another fetch split
               "tiled-swizzled": dict(kernel="gemm_tiled", TM=32, TN=64, TK=8, WM=4, WN=4, SWIZZLE=3),
-              "tiled-deep": dict(tuning.GEMM_TILED_SMALL, TK=32),
+              "tiled-deep": dict(tuning.GEMM_TILED_SMALL, TK=32, LBUF=1),
               "block": tuning.GEMM_BLOCK}.get(request.param)
     if forced:
         monkeypatch.setattr(tuning, "gemm_config", lambda *args, **kwargs: forced)
