@@ -14,7 +14,8 @@ import clnet
 from clnet import kernels, ops, tuning
 from clnet.ops import Mat
 
-SHAPES = [tuning.GEMM_TILED_LARGE, dict(tuning.GEMM_TILED_LARGE, TK=32, LBUF=1), dict(tuning.GEMM_TILED_SMALL, TK=32)]
+SHAPES = [dict(tuning.GEMM_TILED_LARGE, TK=16, LBUF=2), dict(tuning.GEMM_TILED_LARGE, TK=32, LBUF=1),
+          dict(tuning.GEMM_TILED_SMALL, TK=32)]
 
 
 def main():

@@ -37,16 +37,22 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
 
     The kernel, tile shape and split-K factor come from tuning.choose, keyed by the sizes and the operands' layouts."""
     dev = C.device
-    key = (f"gemm {M}x{N}x{K}x{batch} A{'k' if _kfast_a(a) else 'm'}{'s' if a.split else ''} "
-           f"B{'k' if _kfast_b(b) else 'n'}{'s' if b.split else ''} C{'s' if c.split else ''}")
+    key = gemm_key(M, N, K, batch, a, b, c)
 
     def run(choice):
         _gemm_choice(dev, choice, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bias, bias_mode, bias_bs, relu,
                      what)
 
     choice = tuning.choose(dev, key, lambda: tuning.gemm_default(dev, M, N, K, batch),
-                           lambda: tuning.gemm_candidates(dev, M, N, K, batch), run)
+                           lambda: tuning.gemm_candidates(dev, M, N, K, batch, _kfast_a(a),
+                                                          _kfast_b(b) and not b.split), run)
     run(choice)
+
+
+def gemm_key(M, N, K, batch, a, b, c):
+    """The tuning key of a product: its sizes and the operands' layout classes (which way k runs, splits)."""
+    return (f"gemm {M}x{N}x{K}x{batch} A{'k' if _kfast_a(a) else 'm'}{'s' if a.split else ''} "
+            f"B{'k' if _kfast_b(b) else 'n'}{'s' if b.split else ''} C{'s' if c.split else ''}")
 
 
 def _kfast_a(a):
@@ -58,8 +64,21 @@ def _kfast_b(b):
     return b.rs == 1 and b.cs != 1
 
 
+def _transposed(dev, X, x, R, CC, batch):
+    """The operand X (laid out as x; R rows, CC columns, batch of them) copied to a dense (CC, R) buffer per batch."""
+    tile = 32 if dev.max_work_group_size >= 1024 else 16
+    T = empty((batch * R * CC,), dev)
+    k = kernels.kernel(dev, "transpose.cl", "transpose", dict(TT=tile, SPLIT=x.split))
+    kernels.launch(dev, k, (CC, R, batch), (tile, tile, 1), X, *x.args(), R, CC, T, what="operand transpose")
+    return T
+
+
 def _gemm_choice(dev, choice, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bias, bias_mode, bias_bs, relu, what):
     cfg, ksplit = choice["cfg"], choice["ksplit"]
+    if choice.get("ta"):  # A(m, k) -> A^T stored (K, M): loads along m
+        A, a = _transposed(dev, A, a, M, K, batch), Mat(bs=K * M, rs=1, cs=M)
+    if choice.get("tb"):  # B(k, n), k fastest, seen as (N, K) -> stored (K, N): loads along n
+        B, b = _transposed(dev, B, Mat(off=b.off, bs=b.bs, rs=b.cs, cs=b.rs), N, K, batch), Mat(bs=K * N, rs=N, cs=1)
     epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
     if ksplit > 1:
         depth = cfg.get("TK", 1)

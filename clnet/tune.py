@@ -68,7 +68,22 @@ def _tune(model, input_shape, dev, budget_s, repeats, retune, progress, t0):
     x = gen.standard_normal(input_shape).astype(np.float32)
     classes = model.output_shape(input_shape)[-1]
     labels = gen.integers(0, classes, input_shape[0]).astype(np.int32)
-    sites = _record(model, dev, x, labels)
+    return tune_sites(dev, _record(model, dev, x, labels), budget_s, repeats, retune, progress, t0)
+
+
+def record(fn):
+    """Runs fn() with the recorder on and returns the sites its ops met (key -> (candidates, runner))."""
+    tuning.recorder = rec = tuning.Recorder()
+    try:
+        fn()
+    finally:
+        tuning.recorder = None
+    return rec.sites
+
+
+def tune_sites(dev, sites, budget_s=300.0, repeats=3, retune=False, progress=None, t0=None):
+    """Times every candidate of every site (products before the algorithms that contain them) and stores winners."""
+    t0 = time.perf_counter() if t0 is None else t0
     known = tuning.entries(dev)
     order = sorted(sites, key=lambda k: not k.startswith("gemm"))
     todo = [k for k in order if retune or k not in known]

@@ -149,3 +149,24 @@ def test_library_named_differently_by_an_icd_file_is_not_registered_twice(tmp_pa
     monkeypatch.setattr(device_mod, "_ldconfig_paths", lambda: {})
     monkeypatch.setenv("LD_LIBRARY_PATH", "")
     assert device_mod._find_unregistered_libraries() == (str(vendors), [])
+
+
+@pytest.mark.parametrize("ta,tb", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("ksplit", [1, 3])
+def test_gemm_with_transposed_operands(dev, rng, ta, tb, ksplit):
+    """The tuner may copy a k-fast operand to a transposed buffer first; with A split over (image, pixel) as dy is in a
+    weight gradient, batched over groups, and B stored (N, K)."""
+    from clnet import tuning
+    G, Mg, imgs, P, N = 2, 5, 3, 11, 37
+    K = imgs * P
+    dy = rng.standard_normal((imgs, G * Mg, P)).astype(np.float32)
+    Bt = rng.standard_normal((G, N, K)).astype(np.float32)
+    C0 = rng.standard_normal((G, Mg, N)).astype(np.float32)
+    C = clnet.tensor(C0, dev)
+    choice = dict(cfg=dict(tuning.GEMM_TILED_SMALL, TK=32, LBUF=1), ksplit=ksplit, ta=ta, tb=tb)
+    ops._gemm_choice(dev, choice, Mg, N, K, clnet.tensor(dy, dev), Mat(bs=Mg * P, rs=P, cs=1, cdiv=P, cso=G * Mg * P),
+                     clnet.tensor(Bt, dev), Mat(bs=N * K, rs=1, cs=K), C, Mat(bs=Mg * N, rs=N, cs=1), 1.0, 1.0, G,
+                     None, 0, 0, False, "test")
+    A64 = dy.astype(np.float64).reshape(imgs, G, Mg, P).transpose(1, 2, 0, 3).reshape(G, Mg, K)
+    expected = np.einsum("gmk,gnk->gmn", A64, Bt.astype(np.float64)) + C0
+    assert_close(C.numpy(), expected, "C", tol=1e-5)
