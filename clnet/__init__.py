@@ -8,5 +8,5 @@ from .tune import autotune  # noqa: E402
 
 from .version import __version__
 
-__all__ = ["Device", "DeviceNotFound", "Tensor", "autotune", "data", "device", "evaluate", "fit", "list_devices", "manual_seed",
-           "nn", "optim", "reset_transfer_stats", "tensor", "transfer_stats", "__version__"]
+__all__ = ["Device", "DeviceNotFound", "Tensor", "autotune", "data", "device", "evaluate", "fit", "list_devices",
+           "manual_seed", "nn", "optim", "reset_transfer_stats", "tensor", "transfer_stats", "__version__"]

@@ -322,8 +322,8 @@ def render_table(result, markdown=False):
         lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
     lines.append("")
     n = result["batch"]
-    summary = [f"{result['model']} batch {n}, clnet on {result['env']['device']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in c.items())
-               + f"; total {total:.3f} ms; {n / total * 1e3:.0f} images/s; "
+    summary = [f"{result['model']} batch {n}, clnet on {result['env']['device']}: "
+               + ", ".join(f"{k} {v:.3f} ms" for k, v in c.items()) + f"; total {total:.3f} ms; {n / total * 1e3:.0f} images/s; "
                f"{result['clnet']['launches_per_iteration']:.0f} kernel launches per iteration"]
     t = result["clnet"]["transfers_per_iteration"]
     summary.append(f"host<->device per iteration: {t['host_to_device_bytes']:.0f} B up in "
@@ -415,11 +415,15 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
     tune_report = None
     if tune or (tune is None and dev.is_gpu):
         from .tune import tune_module
-        tune_report = tune_module(net, in_shape, dev, budget_s=TUNE_BUDGET_S,
-                                  progress=lambda line: click.echo("tune " + line, err=True))
-        click.echo(f"tuning: {len(tune_report['tuned'])} shapes tuned, {tune_report['cached']} cached, "
-                   f"{len(tune_report['left'])} left at defaults, {tune_report['seconds']:.1f} s "
-                   f"(cache {tuning.cache_path()})", err=True)
+        try:
+            tune_report = tune_module(net, in_shape, dev, budget_s=TUNE_BUDGET_S,
+                                      progress=lambda line: click.echo("tune " + line, err=True))
+            click.echo(f"tuning: {len(tune_report['tuned'])} shapes tuned, {tune_report['cached']} cached, "
+                       f"{len(tune_report['left'])} left at defaults, {tune_report['seconds']:.1f} s "
+                       f"(cache {tuning.cache_path()})", err=True)
+        except MemoryError:  # tuning holds a whole iteration's buffers; the benchmark itself may still fit
+            click.echo("tuning: skipped, out of device memory (defaults used; try `clnet tune` with a smaller "
+                       "--batch)", err=True)
     builds = kernels.build_count
     cl_res = run_clnet(net, dev, x, labels, iterations, warmup, forward_only, progress=True)
     result = dict(

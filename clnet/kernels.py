@@ -127,10 +127,20 @@ def _arg(a):
 
 
 def _key_arg(a):
-    # A tensor stands for its buffer; np.uint32 seeds and Python numbers hash by value. Every position of a kernel's
-    # signature takes one Python type (callers pass floats to float parameters), so equal keys mean equal bits.
-    buffer = getattr(a, "storage", None)
-    return a if buffer is None else buffer.buffer
+    """What identifies an argument's bits: a tensor's buffer; a float's exact bits (0.0 and -0.0 differ, and 2.0
+    must not find a clone made for the integer 2); anything else by type and value."""
+    storage = getattr(a, "storage", None)
+    if storage is not None:
+        return storage.buffer
+    if type(a) is float:
+        return a.hex()
+    if type(a) is int:
+        return a
+    return (type(a), a)
+
+
+def _arg_of_key(a):
+    return float.fromhex(a) if type(a) is str else (a[1] if type(a) is tuple else a)
 
 
 def _with_args(k, args):
@@ -145,7 +155,7 @@ def _with_args(k, args):
         clone = clones.popitem(last=False)[1]
     else:
         clone = cl.Kernel(k.program, k.name)
-    clone.set_args(*[_arg(a) for a in key])
+    clone.set_args(*[_arg(_arg_of_key(a)) for a in key])
     clones[key] = clone
     return clone
 

@@ -37,6 +37,7 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
 
     The kernel, tile shape and split-K factor come from tuning.choose, keyed by the sizes and the operands' layouts."""
     dev = C.device
+    alpha, beta = float(alpha), float(beta)  # float parameters: an int would be set as int32 bits
     key = gemm_key(M, N, K, batch, a, b, c)
 
     def run(choice):
@@ -45,7 +46,8 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
 
     choice = tuning.choose(dev, key, lambda: tuning.gemm_default(dev, M, N, K, batch),
                            lambda: tuning.gemm_candidates(dev, M, N, K, batch, _kfast_a(a),
-                                                          _kfast_b(b) and not b.split), run)
+                                                          _kfast_b(b) and not b.split), run,
+                           lambda cached: tuning.valid_gemm(dev, cached, M, N, K, batch, b.split))
     run(choice)
 
 
@@ -78,6 +80,7 @@ def _gemm_choice(dev, choice, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bia
     if choice.get("ta"):  # A(m, k) -> A^T stored (K, M): loads along m
         A, a = _transposed(dev, A, a, M, K, batch), Mat(bs=K * M, rs=1, cs=M)
     if choice.get("tb"):  # B(k, n), k fastest, seen as (N, K) -> stored (K, N): loads along n
+        assert not b.split, "a transposed B copy needs an unsplit B (gemm_candidates never offers it otherwise)"
         B, b = _transposed(dev, B, Mat(off=b.off, bs=b.bs, rs=b.cs, cs=b.rs), N, K, batch), Mat(bs=K * N, rs=N, cs=1)
     epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
     if ksplit > 1:
@@ -329,9 +332,10 @@ def _conv_algorithm(dev, kind, s, run):
     from . import winograd  # winograd.py builds on this module's GEMM
     if not winograd.supported(s):
         return "im2col"
-    return tuning.choose(dev, _conv_key(kind, s),
-                         lambda: "winograd" if min(s.C, s.O) >= WINOGRAD_MIN_CHANNELS else "im2col",
-                         lambda: ["im2col", "winograd"], run)
+    default = "winograd" if min(s.C, s.O) >= WINOGRAD_MIN_CHANNELS else "im2col"
+    return tuning.choose(dev, _conv_key(kind, s), lambda: default,
+                         lambda: [default] + [a for a in tuning.CONV_ALGORITHMS if a != default], run,
+                         lambda cached: cached in tuning.CONV_ALGORITHMS)
 
 
 def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):

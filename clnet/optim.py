@@ -4,8 +4,10 @@ On its first use SGD moves every parameter, its gradient and its momentum into o
 `data` and `grad` become sub-buffers of those), so that `step` is one launch and `zero_grad` one fill, whatever the
 number of parameters: for a small network the launches, not the arithmetic, are the cost of an update.
 """
+import numpy as np
+
 from . import ops
-from .tensor import empty, region_alignment
+from .tensor import region_alignment
 
 
 class SGD:
@@ -42,6 +44,7 @@ class SGD:
         data, grad = ops.zeros((total,), dev), ops.zeros((total,), dev)
         mom = ops.zeros((total,), dev) if self.momentum else None  # zero momentum makes the first step PyTorch's
         old_momentum = [None if b is None else b.numpy() for b in self.buffers]
+        self.buffers = [None] * len(self.params)
         for i, (p, off) in enumerate(zip(self.params, offsets)):
             new_data, new_grad = data.region(off, p.shape), grad.region(off, p.shape)
             new_data.copy_from(p.data)
@@ -71,8 +74,12 @@ class SGD:
                      self.nesterov)
 
     def state_dict(self):
+        if self._pending is not None:  # loaded, not yet on the device: hand back what was loaded
+            buffers = [None if b is None else b.copy() for b in self._pending]
+        else:
+            buffers = [None if b is None or not self.momentum else b.numpy() for b in self.buffers]
         return dict(lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay, nesterov=self.nesterov,
-                    buffers=[None if b is None else b.numpy() for b in self.buffers])
+                    buffers=buffers)
 
     def load_state_dict(self, state):
         buffers = state["buffers"]
@@ -86,7 +93,7 @@ class SGD:
         self.lr, self.momentum = state["lr"], state["momentum"]
         self.weight_decay, self.nesterov = state["weight_decay"], state["nesterov"]
         if self._flat is None or self._layout is None:
-            self._pending = buffers
+            self._pending = [None if b is None else np.array(b, dtype=np.float32) for b in buffers]
         else:
             self._load_buffers(buffers)
 

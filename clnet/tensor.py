@@ -114,6 +114,9 @@ class Tensor:
         self.dtype = np.dtype(dtype)
         if self.dtype not in DTYPES:
             raise TypeError(f"clnet tensors hold float32 or int32, not {self.dtype}")
+        if math.prod(self.shape) >= 2**31:
+            raise ValueError(f"clnet tensors hold fewer than 2**31 elements (kernels index with 32-bit integers); "
+                             f"shape {self.shape} has {math.prod(self.shape)}: use a smaller batch")
         self.device = _device(device if device is not None else "auto")
         self.storage = _storage if _storage is not None else _Storage(self.device, self.nbytes)
         self.value_range = None

@@ -1,16 +1,19 @@
 """The autotuner: times every choice the ops of one training iteration can make, on the device in hand, and stores
 the fastest in the persistent cache (tuning.py) keyed by platform, device, driver and shape.
 
-The first candidate of every site is the device class's default. A choice is timed by its kernels' profiling events (device time, summed over the launches it makes), as the median of
-a few runs after one untimed run that builds the kernels. Buffers are the ones the recorded iteration used, so the
-timing sees real layouts and real sizes; the model's gradients are left undefined (call zero_grad before training).
+The first candidate of every site is the device class's default. A choice is timed by its kernels' profiling events
+(device time, summed over the launches it makes), as the median of a few runs after one untimed run that builds the
+kernels; a candidate that cannot run on this device (a build failure, too many registers) is dropped. Buffers are the
+ones the recorded iteration used, so the timing sees real layouts and real sizes. The recorded sites keep those
+buffers alive until tuning ends: tuning needs more device memory than a training step. The model's gradients and
+saved activations are left undefined (call zero_grad before training, as every step does).
 """
 import statistics
 import time
 
 import numpy as np
 
-from . import kernels, models, nn, rng, tuning
+from . import kernels, models, rng, tuning
 from .tensor import tensor
 
 
@@ -27,24 +30,24 @@ def _device_ms(dev, run, choice, repeats):
     return statistics.median(times)
 
 
-def _record(model, dev, x_host, labels_host):
-    """Runs one iteration (forward, loss, backward) with the recorder on: every op's key, candidates and runner."""
-    loss_fn = nn.CrossEntropyLoss()
-    tuning.recorder = rec = tuning.Recorder()
-    try:
+def _record(model, dev, x_host, retune):
+    """Runs one iteration (forward, then backward from a random output gradient) with the recorder on: every op's
+    key, candidates and runner."""
+    known = tuning.entries(dev)
+
+    def iteration():
         out = model(tensor(x_host, dev))
-        loss_fn(out, labels_host)
-        model.backward(loss_fn.backward())
-        # Algorithms with products inside (Winograd's batched GEMM): run each once while recording, so that
-        # their products are tuned as well.
-        for key, (candidates, run) in list(rec.sites.items()):
-            if not key.startswith("gemm"):
+        dy = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
+        model.backward(tensor(dy, dev))
+        # Algorithms with products inside (Winograd's batched GEMM): run each candidate once while recording, so
+        # that their products are tuned as well (not for algorithms already tuned).
+        for key, (candidates, run) in list(tuning.recorder.sites.items()):
+            if not key.startswith("gemm") and (retune or key not in known):
                 for choice in candidates:
                     run(choice)
         dev.synchronize()
-    finally:
-        tuning.recorder = None
-    return rec.sites
+
+    return record(iteration)
 
 
 def tune_module(model, input_shape, dev, budget_s=300.0, repeats=3, retune=False, progress=None):
@@ -63,12 +66,14 @@ def tune_module(model, input_shape, dev, budget_s=300.0, repeats=3, retune=False
 
 
 def _tune(model, input_shape, dev, budget_s, repeats, retune, progress, t0):
+    if repeats < 1:
+        raise ValueError(f"tune: repeats must be at least 1, got {repeats}")
+    if model.device is not None and model.device is not dev:
+        raise ValueError(f"tune: the model is on {model.device.name}, not on {dev.name}; move it with .to(device) "
+                         "first (tuning never moves a model)")
     model.to(dev)
-    gen = np.random.default_rng(0)
-    x = gen.standard_normal(input_shape).astype(np.float32)
-    classes = model.output_shape(input_shape)[-1]
-    labels = gen.integers(0, classes, input_shape[0]).astype(np.int32)
-    return tune_sites(dev, _record(model, dev, x, labels), budget_s, repeats, retune, progress, t0)
+    x = np.random.default_rng(0).standard_normal(input_shape).astype(np.float32)
+    return tune_sites(dev, _record(model, dev, x, retune), budget_s, repeats, retune, progress, t0)
 
 
 def record(fn):
@@ -94,11 +99,19 @@ def tune_sites(dev, sites, budget_s=300.0, repeats=3, retune=False, progress=Non
             report["left"] = todo[i:]
             break
         candidates, run = sites[key]
-        for choice in candidates:  # build every candidate first, so that timing never includes a build
-            run(choice)
-        dev.synchronize()
-        timed = [(_device_ms(dev, run, c, repeats), j) for j, c in enumerate(candidates)]
-        best_ms, best = min(timed)
+        runnable = []
+        for j, choice in enumerate(candidates):  # build every candidate first, so that timing never includes a build
+            try:
+                run(choice)
+                dev.synchronize()
+                runnable.append(j)
+            except (kernels.KernelError, MemoryError) as e:
+                if j == 0:
+                    raise  # the default itself fails: that is an error the user must see
+                if progress:
+                    progress(f"    {tuning.describe(choice)} cannot run here, skipped ({str(e).splitlines()[0]})")
+        timed = [(_device_ms(dev, run, candidates[j], repeats), j) for j in runnable]
+        best_ms, best = min(timed)  # ties go to the earlier candidate, the default first
         tuning.store(dev, {key: candidates[best]})
         report["tuned"][key] = dict(choice=tuning.describe(candidates[best]), ms=best_ms, default_ms=timed[0][0])
         if progress:
@@ -112,7 +125,10 @@ def autotune(model, input_shape, device=None, budget_s=300.0, progress=None):
     """Public entry (`clnet.autotune`): tunes a training iteration of `model` on inputs of `input_shape` (batch
     included) on `device` (default: the model's), storing the winners in the cache that every later run reads.
 
-    Returns the report of `tune_module` (shapes tuned, cached, left; seconds; each winner and its default's time).
+    The model's weights are untouched; its gradients and saved activations are left undefined (zero_grad before the
+    next step, as every training step does). Tuning holds one iteration's buffers at once: it needs more device
+    memory than a step. Returns the report of `tune_module` (shapes tuned, cached, left; seconds; each winner and its
+    default's time).
     """
     from .devices import device as _device
     dev = _device(device if device is not None else (model.device or "auto"))

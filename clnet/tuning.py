@@ -8,6 +8,7 @@ entry drives both a kernel's defines and its launch geometry, so the two cannot 
 import json
 import os
 import tempfile
+import warnings
 
 from . import kernels
 
@@ -102,12 +103,14 @@ def gemm_default(dev, M, N, K, batch):
 
 def gemm_candidates(dev, M, N, K, batch, kfast_a=False, kfast_b=False):
     """(cfg, ksplit, ta, tb) choices for the autotuner, the default first: every candidate tile with its default split,
-    and that split doubled. Never fewer slices than the default: its slices bound the float32 running sums' length,
-    so tuning can change speed but not make a result less accurate. Where an operand's k runs fastest in memory
+    and that split doubled. No slice is longer than the default's: slices bound the float32 running sums' length, so
+    tuning can change speed but not make a result less accurate. Where an operand's k runs fastest in memory
     (kfast_a, kfast_b), GPUs also try transposing it first (ta, tb): tiles then load whole rows of 128 bytes or more
     instead of a 64-byte piece of each of many rows (SGEMM 4096 on the H200: 28.7 -> 35.4 TFLOP/s, with the copy
     costing 1-2% there)."""
-    out = [gemm_default(dev, M, N, K, batch)]
+    default = gemm_default(dev, M, N, K, batch)
+    out = [default]
+    depth = -(-K // default["ksplit"])  # the default's slice length: no candidate sums longer runs
     transposes = [dict()]
     if dev.is_gpu:
         transposes += ([dict(ta=True)] if kfast_a else []) + ([dict(tb=True)] if kfast_b else []) + \
@@ -115,13 +118,32 @@ def gemm_candidates(dev, M, N, K, batch, kfast_a=False, kfast_b=False):
     for cfg in GEMM_CANDIDATES[device_class(dev)]:
         if not fits(dev, cfg):
             continue
-        base = k_splits(dev, cfg, M, N, K, batch)
+        base = max(k_splits(dev, cfg, M, N, K, batch), -(-K // depth))
         for ks in sorted({base, max(base, min(base * 2, K // 64))}):
             for t in (transposes if cfg["TK"] >= 32 else transposes[:1]) if cfg["kernel"] == "gemm_tiled" else [{}]:
                 choice = dict(cfg=cfg, ksplit=ks, **t)
                 if choice not in out:
                     out.append(choice)
     return out
+
+
+GEMM_KERNELS = ("gemm_tiled", "gemm_block")
+CONV_ALGORITHMS = ("im2col", "winograd")
+
+
+def valid_gemm(dev, choice, M, N, K, batch, b_split):
+    """Whether a cached GEMM choice is one this version offers for this device, and keeps the default's accuracy (the
+    file may be old or edited by hand)."""
+    try:
+        cfg, ks = choice["cfg"], choice["ksplit"]
+        known = GEMM_CANDIDATES[device_class(dev)] + [GEMM_TILED_SMALL, GEMM_TILED_LARGE, GEMM_BLOCK]
+        if cfg not in known or not fits(dev, cfg) or type(ks) is not int or ks < 1:
+            return False
+        if set(choice) - {"cfg", "ksplit", "ta", "tb"} or (choice.get("tb") and b_split):
+            return False
+        return -(-K // ks) <= -(-K // gemm_default(dev, M, N, K, batch)["ksplit"])
+    except (KeyError, TypeError):
+        return False
 
 
 def describe(choice):
@@ -141,7 +163,7 @@ def describe(choice):
 
 # ---- the persistent cache ------------------------------------------------------------------------------------------
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # bumped whenever the candidates' rules change, so that older winners are not reused
 
 
 def cache_path():
@@ -169,9 +191,17 @@ def _load():
                 _cache = json.load(f)
         except FileNotFoundError:
             _cache = {}
-        except (OSError, ValueError) as e:
-            raise RuntimeError(f"clnet: the tuning cache {path} is unreadable ({e}); delete it and run `clnet tune` "
-                               "again") from e
+        except OSError as e:
+            warnings.warn(f"clnet: cannot read the tuning cache {path} ({e.strerror}); using default kernel "
+                          "choices (set CLNET_CACHE_DIR to a readable folder)")
+            _cache = {}
+        except ValueError as e:
+            raise RuntimeError(f"clnet: the tuning cache {path} is not valid JSON ({e}); delete it and run `clnet "
+                               "tune` again") from e
+        if not isinstance(_cache, dict) or not all(isinstance(v, dict) for v in _cache.values()):
+            bad, _cache = path, None
+            raise RuntimeError(f"clnet: the tuning cache {bad} does not hold clnet's format; delete it and run "
+                               "`clnet tune` again")
     return _cache
 
 
@@ -189,20 +219,30 @@ def entries(dev):
 def store(dev, new_entries):
     """Adds entries for dev and writes the file atomically (a crash never leaves half a file), merged with what is on
     disk now, so that runs tuning other devices at the same time keep theirs."""
-    mine = entries(dev)
-    mine.update(new_entries)
+    entries(dev).update(new_entries)
+    _checked.clear()
     path = cache_path()
     try:
         with open(path) as f:
             on_disk = json.load(f)
+        if not isinstance(on_disk, dict):
+            on_disk = {}
     except (OSError, ValueError):
         on_disk = {}
-    on_disk.setdefault(device_key(dev), {}).update(mine)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(on_disk, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    on_disk.setdefault(device_key(dev), {}).update(new_entries)
+    tmp = None
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(on_disk, f, indent=1, sort_keys=True)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as e:
+        if tmp and os.path.exists(tmp):
+            os.unlink(tmp)
+        warnings.warn(f"clnet: cannot write the tuning cache {path} ({e.strerror}); the tuned choices last for this "
+                      "process only (set CLNET_CACHE_DIR to a writable folder)")
 
 
 def forget():
@@ -210,6 +250,7 @@ def forget():
     global _cache
     _cache = None
     _device_entries.clear()
+    _checked.clear()
 
 
 # ---- choosing ------------------------------------------------------------------------------------------------------
@@ -229,14 +270,28 @@ recorder = None   # set by the autotuner while it records
 used = None       # set by the benchmark: {profiler tag: {key: description of the choice that ran}}
 
 
-def choose(dev, key, default, candidates=None, run=None):
-    """The tuned choice for key on dev, else default() (the device class's entry). While the autotuner records, the
-    site is remembered with candidates() and run."""
+_checked = {}  # (device, key) -> whether the cached entry passed valid(); cleared when entries change
+
+
+def choose(dev, key, default, candidates=None, run=None, valid=None):
+    """The tuned choice for key on dev, else default() (the device class's entry); a cached choice that valid()
+    rejects is ignored with a warning. While the autotuner records, the site is remembered with candidates() (the
+    default first) and run."""
     if recorder is not None and candidates is not None:
         options = candidates()
         if len(options) > 1:
             recorder.add(key, options, run)
     choice = entries(dev).get(key)
+    if choice is not None and valid is not None:
+        ok = _checked.get((dev, key))
+        if ok is None:
+            ok = _checked[(dev, key)] = bool(valid(choice))
+            if not ok:
+                warnings.warn(f"clnet: ignoring the tuning cache's entry for '{key}' ({choice}): this version of "
+                              "clnet does not offer it here, or it is less accurate than the default; `clnet tune "
+                              "--retune` replaces it")
+        if not ok:
+            choice = None
     if choice is None:
         choice = default()
     if used is not None:

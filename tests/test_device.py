@@ -170,3 +170,18 @@ def test_gemm_with_transposed_operands(dev, rng, ta, tb, ksplit):
     A64 = dy.astype(np.float64).reshape(imgs, G, Mg, P).transpose(1, 2, 0, 3).reshape(G, Mg, K)
     expected = np.einsum("gmk,gnk->gmn", A64, Bt.astype(np.float64)) + C0
     assert_close(C.numpy(), expected, "C", tol=1e-5)
+
+
+def test_argument_sets_are_kept_by_their_bits(dev):
+    """Kernels keep clones with arguments set, keyed by value: -0.0 and 0.0, or 2 and 2.0, are different bits."""
+    from clnet import kernels
+    t = clnet.tensor(np.ones(5, np.float32), dev)
+    ops.fill(t, 0.0)
+    ops.fill(t, -0.0)
+    assert np.signbit(t.numpy()).all()
+    assert kernels._key_arg(2) != kernels._key_arg(2.0) and kernels._key_arg(0.0) != kernels._key_arg(-0.0)
+    A = clnet.tensor(np.ones((3, 3), np.float32), dev)
+    C = clnet.tensor(np.zeros((3, 3), np.float32), dev)
+    for alpha in (2, 2.0, 3.0):  # an integer alpha is a float to the kernel too
+        ops.gemm(3, 3, 3, A, Mat(rs=3, cs=1), A, Mat(rs=3, cs=1), C, Mat(rs=3, cs=1), alpha=alpha)
+        assert np.all(C.numpy() == 3 * alpha)

@@ -67,7 +67,8 @@ def test_bias_gradient_in_runs(dev, rng, monkeypatch):
     y = layer(clnet.tensor(x, dev))
     dy = rng.standard_normal(y.shape).astype(np.float32)
     layer.backward(clnet.tensor(dy, dev))
-    assert_close(layer.bias.grad.numpy(), dy.astype(np.float64).sum(axis=(0, 2, 3)), "bias gradient", tol=1e-6)
+    # tolerance scaled for a sum with heavy cancellation (about 1 seed in 300 failed at 1e-6)
+    assert_close(layer.bias.grad.numpy(), dy.astype(np.float64).sum(axis=(0, 2, 3)), "bias gradient", tol=1e-5)
 
 
 def test_conv2d_large_batch_is_chunked(dev, rng, monkeypatch):

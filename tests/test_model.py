@@ -146,6 +146,37 @@ def test_sgd_updates_every_parameter_in_one_launch(dev, rng):
         assert_close(q.data.numpy(), p[i], f"parameter {i} after 3 steps", tol=1e-6)
 
 
+def test_sgd_state_survives_loading_before_the_first_step(dev, rng):
+    """A resumed optimizer hands back the momentum it was given even before its first step (an interrupt right
+    after resuming writes it again), and continues exactly as the original would."""
+    def make():
+        clnet.manual_seed(3)
+        return nn.Sequential(nn.Linear(5, 4), nn.Linear(4, 2)).to(dev)
+    grads = [[rng.standard_normal(p.shape).astype(np.float32) for p in make().parameters()] for _ in range(3)]
+
+    def step(model, opt, g):
+        opt.zero_grad()
+        for p, gi in zip(model.parameters(), g):
+            p.grad.write(gi)
+        opt.step()
+
+    model = make()
+    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step(model, opt, grads[0])
+    state = opt.state_dict()
+    resumed = make()
+    resumed.load_state_dict(model.state_dict())
+    opt2 = optim.SGD(resumed.parameters(), lr=0.5, momentum=0.0)
+    opt2.load_state_dict(state)
+    for a, b in zip(opt2.state_dict()["buffers"], state["buffers"]):
+        np.testing.assert_array_equal(a, b)
+    for g in grads[1:]:
+        step(model, opt, g)
+        step(resumed, opt2, g)
+    for p, q in zip(model.parameters(), resumed.parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())
+
+
 def test_state_dict_round_trip_and_keys(dev, rng):
     model = models.lenet().to(dev)
     sd = model.state_dict()

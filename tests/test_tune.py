@@ -8,6 +8,7 @@ from click.testing import CliRunner
 import clnet
 from clnet import nn, ops, tune, tuning
 from clnet.cli import main
+from clnet.ops import Mat
 
 import reference as ref
 from conftest import assert_close
@@ -64,17 +65,69 @@ def test_budget_leaves_the_rest_at_defaults(dev, cache_dir):
     assert tuning.entries(dev) == {}
 
 
-def test_tuning_never_shortens_split_k_below_the_default(dev):
-    """Fewer K slices than the default means longer float32 sums: the tuner may not trade accuracy for speed."""
-    M, N, K = 20, 25, 9216
+@pytest.mark.parametrize("M,N,K", [(20, 25, 9216), (100, 100, 65536), (64, 108, 200704), (512, 512, 300)])
+def test_no_candidate_sums_longer_runs_than_the_default(dev, M, N, K):
+    """A slice of K is one float32 running sum: no candidate may cut longer slices than the default, whatever its
+    tile shape (smaller tiles fill the device with fewer slices)."""
     default = tuning.gemm_default(dev, M, N, K, 1)
-    for c in tuning.gemm_candidates(dev, M, N, K, 1):
-        assert c["ksplit"] >= tuning.k_splits(dev, c["cfg"], M, N, K, 1)
-    assert tuning.gemm_candidates(dev, M, N, K, 1)[0] == default
+    candidates = tuning.gemm_candidates(dev, M, N, K, 1, True, True)
+    assert candidates[0] == default
+    for c in candidates:
+        assert -(-K // c["ksplit"]) <= -(-K // default["ksplit"]), c
+        assert tuning.valid_gemm(dev, c, M, N, K, 1, False)
 
 
-def test_unreadable_cache_names_the_file_and_the_fix(dev, cache_dir):
-    (cache_dir / f"tuning-v{tuning.CACHE_VERSION}.json").write_text("{not json")
+def test_a_cached_choice_is_what_runs(dev, rng, cache_dir):
+    """An entry written for a product is the one the product uses (and it computes the right thing)."""
+    M, N, K = 33, 65, 17
+    a, b, c = Mat(rs=K, cs=1), Mat(rs=N, cs=1), Mat(rs=N, cs=1)
+    key = ops.gemm_key(M, N, K, 1, a, b, c)
+    default = tuning.gemm_default(dev, M, N, K, 1)
+    other = next(x for x in tuning.gemm_candidates(dev, M, N, K, 1) if x["cfg"] != default["cfg"])
+    tuning.store(dev, {key: other})
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    B = rng.standard_normal((K, N)).astype(np.float32)
+    C = clnet.tensor(np.zeros((M, N), np.float32), dev)
+    tuning.used = used = {}
+    try:
+        ops.gemm(M, N, K, clnet.tensor(A, dev), a, clnet.tensor(B, dev), b, C, c)
+    finally:
+        tuning.used = None
+    assert used[None][key] == tuning.describe(other) != tuning.describe(default)
+    assert_close(C.numpy(), A.astype(np.float64) @ B, "C", tol=1e-5)
+
+
+def test_invalid_cached_entries_fall_back_to_the_default_with_a_warning(dev, cache_dir):
+    M, N, K = 8, 8, 4096
+    a = b = c = Mat(rs=8, cs=1)
+    key = ops.gemm_key(M, N, K, 1, a, b, c)
+    default = tuning.gemm_default(dev, M, N, K, 1)
+    bad = [dict(cfg=dict(kernel="gemm_blocked"), ksplit=1), dict(cfg=default["cfg"]),
+           dict(cfg=default["cfg"], ksplit=max(1, default["ksplit"] // 2) if default["ksplit"] > 1 else 0)]
+    for entry in bad:
+        tuning.store(dev, {key: entry})
+        with pytest.warns(UserWarning, match="ignoring the tuning cache"):
+            choice = tuning.choose(dev, key, lambda: default, valid=lambda x: tuning.valid_gemm(dev, x, M, N, K, 1,
+                                                                                                False))
+        assert choice == default
+
+
+def test_an_unwritable_cache_warns_and_keeps_the_choices_in_memory(dev, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("CLNET_CACHE_DIR", str(blocker / "sub"))  # a folder below a file cannot be made
+    tuning.forget()
+    try:
+        with pytest.warns(UserWarning, match="cannot write the tuning cache"):
+            tuning.store(dev, {"k": "im2col"})
+        assert tuning.entries(dev)["k"] == "im2col"
+    finally:
+        tuning.forget()
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"a device": []}'])
+def test_unreadable_cache_names_the_file_and_the_fix(dev, cache_dir, text):
+    (cache_dir / f"tuning-v{tuning.CACHE_VERSION}.json").write_text(text)
     with pytest.raises(RuntimeError, match="delete it"):
         tuning.entries(dev)
 
@@ -89,5 +142,17 @@ def test_cli_tune_reports_and_rejects_unknown_models(cache_dir):
 
 def test_public_autotune_uses_the_models_device(dev, cache_dir):
     model = nn.Sequential(nn.Linear(300, 7)).to(dev)
+    before = model[0].weight.numpy()
     report = clnet.autotune(model, (5, 300))
     assert report["device"] == tuning.device_key(dev) and report["sites"] >= 1
+    np.testing.assert_array_equal(model[0].weight.numpy(), before)  # weights untouched
+
+
+def test_autotune_accepts_any_output_and_refuses_another_device(dev, cache_dir):
+    """No loss is involved: a feature extractor (4-D output) tunes too; a model elsewhere is not moved."""
+    features = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).to(dev)
+    assert clnet.autotune(features, (2, 3, 6, 6))["sites"] >= 1
+    others = [d for d in clnet.list_devices() if clnet.device(d["index"]) is not dev]
+    if others:
+        with pytest.raises(ValueError, match="move it"):
+            clnet.autotune(features, (2, 3, 6, 6), device=clnet.device(others[0]["index"]))
