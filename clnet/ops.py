@@ -319,7 +319,8 @@ def _col2im(col, s, n0, nimg, dx):
 
 
 # Convolution algorithms. im2col + GEMM runs every shape; Winograd F(2x2,3x3) (winograd.py) runs 3x3 stride-1
-# layers with 2.25x fewer multiply-adds, and wins where channels are many (its transforms cost traffic per pixel).
+# layers with 2.25x fewer multiply-adds, and wins where channels are many (its transforms cost traffic per pixel):
+# forward, data gradient and weight gradient are three separate choices.
 WINOGRAD_MIN_CHANNELS = 16
 
 
@@ -332,7 +333,11 @@ def _conv_algorithm(dev, kind, s, run):
     from . import winograd  # winograd.py builds on this module's GEMM
     if not winograd.supported(s):
         return "im2col"
-    default = "winograd" if min(s.C, s.O) >= WINOGRAD_MIN_CHANNELS else "im2col"
+    # Defaults from measurements: on the H200 the tuner picked Winograd's forward and data gradient for every
+    # VGG 3x3 layer; on PoCL im2col's row-per-work-item lowering beats Winograd's transforms; Winograd's weight
+    # gradient is slower on PoCL and not yet measured on a GPU, so only the tuner picks it.
+    many = min(s.C, s.O) >= WINOGRAD_MIN_CHANNELS
+    default = "winograd" if dev.is_gpu and many and kind != "conv2d_bwd_weights" else "im2col"
     return tuning.choose(dev, _conv_key(kind, s), lambda: default,
                          lambda: [default] + [a for a in tuning.CONV_ALGORITHMS if a != default], run,
                          lambda cached: cached in tuning.CONV_ALGORITHMS)
@@ -373,34 +378,46 @@ def _conv2d_forward_im2col(x, w, bias, s, relu, what):
 
 
 def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward"):
-    """Adds d loss / d w into dw (and d loss / d bias into db); returns d loss / d x (or None). The input gradient
-    uses the algorithm tuned for this shape; the weight gradient always im2col + GEMM."""
+    """Adds d loss / d w into dw (and d loss / d bias into db); returns d loss / d x (or None). Each gradient uses
+    the algorithm tuned (or defaulted) for this shape; when both use im2col they share one lowering of x."""
     from . import winograd
-    if need_dx:
-        algorithm = _conv_algorithm(x.device, "conv2d_bwd_data", s,
-                                    lambda a: winograd.conv2d_backward_data(w, dy, s, what=what + " (data)")
-                                    if a == "winograd" else _conv2d_backward_im2col(x, w, dy, s, None, None, True,
-                                                                                    what, weights=False))
+    dev = x.device
+
+    def weights(algorithm):
         if algorithm == "winograd":
-            _conv2d_backward_im2col(x, w, dy, s, dw, db, False, what)
+            winograd.conv2d_backward_weights(x, dy, s, dw, what=what + " (weights)")
+        else:
+            _conv2d_backward_im2col(x, w, dy, s, dw, False, what)
+
+    def data(algorithm):
+        if algorithm == "winograd":
             return winograd.conv2d_backward_data(w, dy, s, what=what + " (data)")
-    return _conv2d_backward_im2col(x, w, dy, s, dw, db, need_dx, what)
+        return _conv2d_backward_im2col(x, w, dy, s, None, True, what)
+
+    w_alg = _conv_algorithm(dev, "conv2d_bwd_weights", s, weights)
+    x_alg = _conv_algorithm(dev, "conv2d_bwd_data", s, data) if need_dx else None
+    if db is not None:
+        bias_grad(dy, db, s.N, s.O, s.OH * s.OW)
+    if w_alg == "im2col" and x_alg in ("im2col", None):
+        return _conv2d_backward_im2col(x, w, dy, s, dw, need_dx, what)
+    weights(w_alg)
+    return data(x_alg) if need_dx else None
 
 
-def _conv2d_backward_im2col(x, w, dy, s, dw, db, need_dx, what, weights=True):
+def _conv2d_backward_im2col(x, w, dy, s, dw, need_dx, what):
+    """dw += the weight gradient (unless dw is None); returns dx (if need_dx): im2col + GEMM, one lowering of x per
+    chunk of images serving both."""
     dev = x.device
     Og, Cg, KK, OHW = s.O // s.G, s.C // s.G, s.KH * s.KW, s.OH * s.OW
     chunk = s.chunk(dev)
     col = empty((s.C * KK * chunk * OHW,), dev)
     dx = empty(x.shape, dev) if need_dx else None
-    if db is not None:
-        bias_grad(dy, db, s.N, s.O, OHW)
     for n0 in range(0, s.N, chunk):
         nimg = min(chunk, s.N - n0)
         NP = nimg * OHW
         dy_cols = Mat(off=n0 * s.O * OHW, bs=Og * OHW, rs=OHW, cs=1, cdiv=OHW if nimg > 1 else NO_SPLIT,
                       cso=s.O * OHW if nimg > 1 else 0)
-        if weights:
+        if dw is not None:
             _im2col(x, s, n0, nimg, col)
             # dw_g (Og, Cg*KK) += dy_g (Og, NP) @ col_g^T (NP, Cg*KK)
             gemm(Og, Cg * KK, NP, dy, dy_cols, col, Mat(bs=Cg * KK * NP, rs=1, cs=NP), dw,

@@ -156,3 +156,28 @@ def test_autotune_accepts_any_output_and_refuses_another_device(dev, cache_dir):
     if others:
         with pytest.raises(ValueError, match="move it"):
             clnet.autotune(features, (2, 3, 6, 6), device=clnet.device(others[0]["index"]))
+
+
+@pytest.mark.parametrize("fwd,wgt,data", [("winograd", "winograd", "winograd"), ("im2col", "winograd", "im2col"),
+                                          ("winograd", "im2col", "winograd"), ("im2col", "im2col", "winograd")])
+def test_every_mix_of_convolution_algorithms_is_right(dev, rng, cache_dir, fwd, wgt, data):
+    """Forward, weight gradient and data gradient choose their algorithms separately (from the cache here)."""
+    layer = nn.Conv2d(16, 17, 3, padding=(1, 2)).to(dev)
+    x = rng.standard_normal((2, 16, 7, 6)).astype(np.float32)
+    s = layer.conv_shape(x.shape)
+    tuning.store(dev, {ops._conv_key("conv2d_fwd", s): fwd, ops._conv_key("conv2d_bwd_weights", s): wgt,
+                       ops._conv_key("conv2d_bwd_data", s): data})
+    tuning.used = used = {}
+    try:
+        y = layer(clnet.tensor(x, dev))
+        dy = rng.standard_normal(y.shape).astype(np.float32)
+        dx = layer.backward(clnet.tensor(dy, dev))
+    finally:
+        tuning.used = None
+    ran = {k.split()[0]: v for per_tag in used.values() for k, v in per_tag.items() if not k.startswith("gemm")}
+    assert ran == {"conv2d_fwd": fwd, "conv2d_bwd_weights": wgt, "conv2d_bwd_data": data}
+    ry, rdx, rdw, rdb = ref.conv2d(x, layer.weight.numpy(), layer.bias.numpy(), (1, 1), (1, 2), (2, 4), (1, 1), 1, dy)
+    assert_close(y.numpy(), ry, "y", tol=1e-5)
+    assert_close(dx.numpy(), rdx, "dx", tol=1e-5)
+    assert_close(layer.weight.grad.numpy(), rdw, "dw", tol=1e-5)
+    assert_close(layer.bias.grad.numpy(), rdb, "db", tol=1e-5)
