@@ -95,11 +95,12 @@ def test_training_reduces_loss(dev, rng):
     """A few steps on a fixed batch drive the loss down: the pieces work together."""
     clnet.manual_seed(1)
     model = models.lenet().to(dev)
-    loss_fn, opt = nn.CrossEntropyLoss(), optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    # lr 0.05 diverged on 3 of 200 random batches; at 0.02 over 25 steps the worst of 200 ended at 0.15 of the start
+    loss_fn, opt = nn.CrossEntropyLoss(), optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     x = clnet.tensor(rng.standard_normal((16, 1, 28, 28)), dev)
     labels = rng.integers(0, 10, 16)
     first = float(training_step(model, loss_fn, opt, x, labels)[1])
-    for _ in range(15):
+    for _ in range(24):
         last = float(training_step(model, loss_fn, opt, x, labels)[1])
     assert last < 0.5 * first
 
