@@ -15,8 +15,6 @@
 //   B_KFAST   0/1: likewise for B, else along n
 //   LBUF      2: double-buffered local slices (one barrier per slice); 1: one buffer, two barriers per slice,
 //             which leaves room in 48 KiB for deeper slices (128x128x32) whose rows of A span 128 bytes
-//   SWIZZLE   work-groups run down bands of this many tile rows before moving right (1: row by row), so that
-//             the tiles in flight share A and B panels in the L2 cache when the matrices outgrow it
 #include "gemm_common.h"
 
 #ifndef TM
@@ -39,9 +37,6 @@
 #endif
 #ifndef B_KFAST
 #define B_KFAST 0   // B loads run along k
-#endif
-#ifndef SWIZZLE
-#define SWIZZLE 1   // tile rows per band of work-groups
 #endif
 #ifndef LBUF
 #define LBUF 2      // local buffers per operand
@@ -72,15 +67,7 @@ void gemm_tiled(GEMM_ARGS) {
     const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * TX + tx;
     const int z = get_global_id(2), b = z / ksplit;
     const int kbeg = (z % ksplit) * kc, kend = min(K, kbeg + kc);
-#if SWIZZLE > 1
-    const int ngx = get_num_groups(0), ngy = get_num_groups(1);
-    const int lin = get_group_id(1) * ngx + get_group_id(0);
-    const int band = lin / (SWIZZLE * ngx), in_band = lin % (SWIZZLE * ngx);
-    const int rows = min(SWIZZLE, ngy - band * SWIZZLE);
-    const int m0 = (band * SWIZZLE + in_band % rows) * TM, n0 = (in_band / rows) * TN;
-#else
     const int m0 = get_group_id(1) * TM, n0 = get_group_id(0) * TN;
-#endif
     __global const float* Ab = A + a_off + b * a_bs;
     __global const float* Bb = B + b_off + b * b_bs;
 

@@ -154,7 +154,6 @@ def describe(choice):
     pre = "".join(f"{x}+" for x in ("ta", "tb") if choice.get(x))
     if cfg["kernel"] == "gemm_tiled":
         name = f"tiled {cfg['TM']}x{cfg['TN']}x{cfg['TK']}/{cfg['WM']}x{cfg['WN']}"
-        name += f" sw{cfg['SWIZZLE']}" if cfg.get("SWIZZLE", 1) > 1 else ""
         name += " 1buf" if cfg.get("LBUF", 2) == 1 else ""
     else:
         name = "block " + " ".join(f"{k}{v}" for k, v in cfg.items() if k != "kernel")
