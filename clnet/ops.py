@@ -331,8 +331,8 @@ def _conv_key(kind, s):
 
 def _conv_algorithm(dev, kind, s, run):
     from . import winograd  # winograd.py builds on this module's GEMM
-    if not winograd.supported(s):
-        return "im2col"
+    if not winograd.supported(s):  # the only algorithm: no candidates, but bench reports still name it
+        return tuning.choose(dev, _conv_key(kind, s), lambda: "im2col", valid=lambda cached: cached == "im2col")
     # Defaults from measurements: on the H200 the tuner picked Winograd's forward and data gradient for every
     # VGG 3x3 layer; on PoCL im2col's row-per-work-item lowering beats Winograd's transforms; Winograd's weight
     # gradient is slower on PoCL and not yet measured on a GPU, so only the tuner picks it.
