@@ -319,9 +319,11 @@ def _col2im(col, s, n0, nimg, dx):
 
 
 # Convolution algorithms. im2col + GEMM runs every shape; Winograd F(2x2,3x3) (winograd.py) runs 3x3 stride-1
-# layers with 2.25x fewer multiply-adds, and wins where channels are many (its transforms cost traffic per pixel):
-# forward, data gradient and weight gradient are three separate choices.
+# layers with 2.25x fewer multiply-adds, and wins where channels are many (its transforms cost traffic per pixel);
+# direct (direct.py, forward only) reads x and w in place, for few input channels. Forward, data gradient and weight
+# gradient are three separate choices.
 WINOGRAD_MIN_CHANNELS = 16
+DIRECT_MAX_CHANNELS_CPU = 64  # input channels per group up to which direct is PoCL's default forward
 
 
 def _conv_key(kind, s):
@@ -330,26 +332,39 @@ def _conv_key(kind, s):
 
 
 def _conv_algorithm(dev, kind, s, run):
-    from . import winograd  # winograd.py builds on this module's GEMM
-    if not winograd.supported(s):  # the only algorithm: no candidates, but bench reports still name it
-        return tuning.choose(dev, _conv_key(kind, s), lambda: "im2col", valid=lambda cached: cached == "im2col")
-    # Defaults from measurements: on the H200 the tuner picked Winograd's forward and data gradient for every
-    # VGG 3x3 layer; on PoCL im2col's row-per-work-item lowering beats Winograd's transforms; Winograd's weight
-    # gradient is slower on PoCL and not yet measured on a GPU, so only the tuner picks it.
-    many = min(s.C, s.O) >= WINOGRAD_MIN_CHANNELS
-    default = "winograd" if dev.is_gpu and many and kind != "conv2d_bwd_weights" else "im2col"
+    """The algorithm for one pass (kind: conv2d_fwd, conv2d_bwd_data, conv2d_bwd_weights) of a layer of shape s:
+    tuned, else the default, from those that can run it."""
+    from . import direct, winograd  # both build on this module
+    options = ["im2col"]
+    if winograd.supported(s):
+        options.append("winograd")
+    if kind == "conv2d_fwd" and direct.supported(s):
+        options.append("direct")
+    # Defaults from measurements. H200: the tuner picked Winograd's forward and data gradient for every VGG 3x3
+    # layer. PoCL: direct beat im2col's forward 1.3-2.9x for 1 to 64 input channels per group (first layers,
+    # LeNet, 3x3 64->64), and im2col's row-per-work-item lowering beats Winograd's transforms. Winograd's weight
+    # gradient (slower on PoCL) and direct on GPUs are not measured there yet: only the tuner picks them.
+    if not dev.is_gpu and "direct" in options and s.C // s.G <= DIRECT_MAX_CHANNELS_CPU:
+        default = "direct"
+    elif dev.is_gpu and "winograd" in options and min(s.C, s.O) >= WINOGRAD_MIN_CHANNELS \
+            and kind != "conv2d_bwd_weights":
+        default = "winograd"
+    else:
+        default = "im2col"
     return tuning.choose(dev, _conv_key(kind, s), lambda: default,
-                         lambda: [default] + [a for a in tuning.CONV_ALGORITHMS if a != default], run,
-                         lambda cached: cached in tuning.CONV_ALGORITHMS)
+                         lambda: [default] + [a for a in options if a != default], run,
+                         lambda cached: cached in options)
 
 
 def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):
     """y = conv(x, w) + bias (ReLU), by the algorithm tuned (or defaulted) for this shape."""
-    from . import winograd
+    from . import direct, winograd
 
     def run(algorithm):
         if algorithm == "winograd":
             return winograd.conv2d_forward(x, w, bias, s, relu, what=what)
+        if algorithm == "direct":
+            return direct.conv2d_forward(x, w, bias, s, relu, what=what)
         return _conv2d_forward_im2col(x, w, bias, s, relu, what)
 
     return run(_conv_algorithm(x.device, "conv2d_fwd", s, run))

@@ -127,10 +127,6 @@ def gemm_candidates(dev, M, N, K, batch, kfast_a=False, kfast_b=False):
     return out
 
 
-GEMM_KERNELS = ("gemm_tiled", "gemm_block")
-CONV_ALGORITHMS = ("im2col", "winograd")
-
-
 def valid_gemm(dev, choice, M, N, K, batch, b_split):
     """Whether a cached GEMM choice is one this version offers for this device, and keeps the default's accuracy (the
     file may be old or edited by hand)."""

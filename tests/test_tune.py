@@ -159,7 +159,8 @@ def test_autotune_accepts_any_output_and_refuses_another_device(dev, cache_dir):
 
 
 @pytest.mark.parametrize("fwd,wgt,data", [("winograd", "winograd", "winograd"), ("im2col", "winograd", "im2col"),
-                                          ("winograd", "im2col", "winograd"), ("im2col", "im2col", "winograd")])
+                                          ("winograd", "im2col", "winograd"), ("im2col", "im2col", "winograd"),
+                                          ("direct", "im2col", "im2col"), ("direct", "winograd", "winograd")])
 def test_every_mix_of_convolution_algorithms_is_right(dev, rng, cache_dir, fwd, wgt, data):
     """Forward, weight gradient and data gradient choose their algorithms separately (from the cache here)."""
     layer = nn.Conv2d(16, 17, 3, padding=(1, 2)).to(dev)
