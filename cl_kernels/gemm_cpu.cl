@@ -5,6 +5,9 @@
 //               KC > 0: K is walked in slices of KC; per slice the work-item copies its KC x 16 sliver of B into
 //               private memory (contiguous, so it stays in L1 whatever B's layout: rows of B a multiple of 4 KiB
 //               apart would all fall in one L1 set), then runs the register block over it once per MR rows.
+//               Where B is k-fast (b_rs == 1: weight gradients, Linear's forward), the copy loads 8 consecutive k of
+//               each of 8 columns as vectors and transposes them in registers, instead of gathering 16 scalars per k
+//               from 16 columns (often a multiple of 4 KiB apart, so their 16 cache lines share one L1 set).
 //               Partial sums wait in private memory between slices and are added in plain k order.
 //               KC == 0: each register block reads B in place over the whole k range (no private slivers).
 //               Global: (ceil(N/16), ceil(M/RM), batch * ksplit); work-group (WG, 1, 1), or the driver's if WG 0.
@@ -74,6 +77,35 @@
 #define GATHER8(r, o) (float8)(r[bcol[o]], r[bcol[o + 1]], r[bcol[o + 2]], r[bcol[o + 3]], \
                                r[bcol[o + 4]], r[bcol[o + 5]], r[bcol[o + 6]], r[bcol[o + 7]])
 
+// An unaligned float8 load from global memory (p + o is only float-aligned): LLVM sees one vector load, which it
+// keeps as one (vmovups) and can shuffle; VEC8_AT's 8 scalar loads would be re-gathered through the shuffles below.
+typedef float8 __attribute__((aligned(4))) float8_unaligned;
+#define LOAD8(p, o) (*(__global const float8_unaligned*)((p) + (o)))
+
+// 8x8 transpose: R0..R7 hold 8 consecutive k of 8 columns; OUT[0], OUT[2], .., OUT[14] get row k, k + 1, .., k + 7
+// of those columns (every other float8, as the sliver interleaves two halves of 16 columns). Three rounds of
+// two-source shuffles that AVX does in one instruction each: interleave pairs within each 128-bit half (unpcklps,
+// unpckhps), pick pairs of pairs (shufps), join 128-bit halves (vperm2f128 / vinsertf128).
+#define UNPACK_LO(x, y) (float8)(x.s0, y.s0, x.s1, y.s1, x.s4, y.s4, x.s5, y.s5)
+#define UNPACK_HI(x, y) (float8)(x.s2, y.s2, x.s3, y.s3, x.s6, y.s6, x.s7, y.s7)
+#define PAIR_LO(x, y) (float8)(x.s0, x.s1, y.s0, y.s1, x.s4, x.s5, y.s4, y.s5)
+#define PAIR_HI(x, y) (float8)(x.s2, x.s3, y.s2, y.s3, x.s6, x.s7, y.s6, y.s7)
+#define TRANSPOSE8(R0, R1, R2, R3, R4, R5, R6, R7, OUT) { \
+        const float8 r0 = R0, r1 = R1, r2 = R2, r3 = R3, r4 = R4, r5 = R5, r6 = R6, r7 = R7; \
+        const float8 t0 = UNPACK_LO(r0, r1), t1 = UNPACK_HI(r0, r1), t2 = UNPACK_LO(r2, r3), t3 = UNPACK_HI(r2, r3); \
+        const float8 t4 = UNPACK_LO(r4, r5), t5 = UNPACK_HI(r4, r5), t6 = UNPACK_LO(r6, r7), t7 = UNPACK_HI(r6, r7); \
+        const float8 u0 = PAIR_LO(t0, t2), u1 = PAIR_HI(t0, t2), u2 = PAIR_LO(t1, t3), u3 = PAIR_HI(t1, t3); \
+        const float8 u4 = PAIR_LO(t4, t6), u5 = PAIR_HI(t4, t6), u6 = PAIR_LO(t5, t7), u7 = PAIR_HI(t5, t7); \
+        (OUT)[0] = (float8)(u0.s0123, u4.s0123); \
+        (OUT)[2] = (float8)(u1.s0123, u5.s0123); \
+        (OUT)[4] = (float8)(u2.s0123, u6.s0123); \
+        (OUT)[6] = (float8)(u3.s0123, u7.s0123); \
+        (OUT)[8] = (float8)(u0.s4567, u4.s4567); \
+        (OUT)[10] = (float8)(u1.s4567, u5.s4567); \
+        (OUT)[12] = (float8)(u2.s4567, u6.s4567); \
+        (OUT)[14] = (float8)(u3.s4567, u7.s4567); \
+    }
+
 // The register block: rows m .. m + MR - 1 (clamped to M - 1: never stored), k in [KFROM, KTO), row k of the 16
 // columns of B given as two float8 expressions of k.
 #define ROW_BEGIN(i) \
@@ -133,6 +165,26 @@ void gemm_block(GEMM_ARGS) {
                 __global const float* r = Bk + k * b_rs + n0;
                 bp[2 * k] = VEC8_AT(r, 0);
                 bp[2 * k + 1] = VEC8_AT(r, 8);
+            }
+        } else if (b_rs == 1) {  // B(k, n) at Bk[k + bcol[n]], split or not
+            const int k8 = kn & ~7;
+            for (int h = 0; h < 2; h++) {  // columns 8h .. 8h + 7
+                __global const float* c0 = Bk + bcol[8 * h];
+                __global const float* c1 = Bk + bcol[8 * h + 1];
+                __global const float* c2 = Bk + bcol[8 * h + 2];
+                __global const float* c3 = Bk + bcol[8 * h + 3];
+                __global const float* c4 = Bk + bcol[8 * h + 4];
+                __global const float* c5 = Bk + bcol[8 * h + 5];
+                __global const float* c6 = Bk + bcol[8 * h + 6];
+                __global const float* c7 = Bk + bcol[8 * h + 7];
+                for (int k = 0; k < k8; k += 8) {
+                    TRANSPOSE8(LOAD8(c0, k), LOAD8(c1, k), LOAD8(c2, k), LOAD8(c3, k),
+                               LOAD8(c4, k), LOAD8(c5, k), LOAD8(c6, k), LOAD8(c7, k), bp + 2 * k + h)
+                }
+            }
+            for (int k = k8; k < kn; k++) {
+                bp[2 * k] = GATHER8((Bk + k), 0);
+                bp[2 * k + 1] = GATHER8((Bk + k), 8);
             }
         } else {
             for (int k = 0; k < kn; k++) {
