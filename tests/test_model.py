@@ -197,7 +197,23 @@ def test_lenet_matches_torch(dev, rng):
                              torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(800, 500), torch.nn.ReLU(),
                              torch.nn.Linear(500, 10)).double()
     tm.load_state_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in model.state_dict().items()})
+
+    def near_tie(x):
+        """Whether a max-pool window holds two values closer than float32 rounding can tell apart: there float32
+        and float64 may pick different maxima and route the gradient differently (about 1 run in 20 failed so)."""
+        h = torch.tensor(x, dtype=torch.float64)
+        for layer in tm:
+            if isinstance(layer, torch.nn.MaxPool2d):
+                win = torch.nn.functional.unfold(h.flatten(0, 1)[:, None], 2, stride=2)  # (N*C, 4, windows)
+                top = win.topk(2, dim=1).values
+                if ((top[:, 0] - top[:, 1]) < 1e-5 * h.abs().max()).any():
+                    return True
+            h = layer(h)
+        return False
+
     x = rng.standard_normal((3, 1, 28, 28)).astype(np.float32)
+    while near_tie(x):
+        x = rng.standard_normal((3, 1, 28, 28)).astype(np.float32)
     labels = rng.integers(0, 10, 3)
     loss_fn = nn.CrossEntropyLoss()
     loss = loss_fn(model(clnet.tensor(x, dev)), labels)
