@@ -16,41 +16,41 @@ from clnet import kernels, ops, tuning
 from clnet.ops import Mat
 
 
-def time_clnet(dev, n, repeat, variant=None):
-    """Median kernel time of C = A @ B with the tuned (or default) choice, or with `variant`'s tile shape."""
-    rng = np.random.default_rng(n)
-    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
-    A, B, C = clnet.tensor(a, dev), clnet.tensor(b, dev), clnet.tensor(np.zeros((n, n), np.float32), dev)
-    saved = tuning.gemm_config, tuning.entries
-    if variant:  # the variant's tile shape with its default split, whatever the cache says
-        tuning.gemm_config = lambda *args, **kwargs: variant
-        tuning.entries = lambda dev: {}
-    try:
-        def run():
-            ops.gemm(n, n, n, A, Mat(rs=n, cs=1), B, Mat(rs=n, cs=1), C, Mat(rs=n, cs=1))
-        run()
-        dev.synchronize()
-        per_run = []
-        for _ in range(repeat):  # a run may launch several kernels (a transpose, split-K's sum): time them all
-            kernels.profiler = prof = kernels.Profiler()
-            run()
-            dev.synchronize()
-            kernels.profiler = None
-            per_run.append(sum(t for _, _, t in prof.times_ms()))
-    finally:
-        kernels.profiler = None
-        tuning.gemm_config, tuning.entries = saved
-    ms = statistics.median(per_run)
-    return ms, a, b, C.numpy()
+class Product:
+    """C = A @ B on fresh random n x n operands on dev; `run(choice)` runs one given (cfg, ksplit, ...) choice, `run()`
+    the tuned or default one, as every op does."""
+
+    def __init__(self, dev, n):
+        gen = np.random.default_rng(n)
+        self.dev, self.n = dev, n
+        self.a, self.b = gen.standard_normal((n, n), dtype=np.float32), gen.standard_normal((n, n), dtype=np.float32)
+        self.A, self.B = clnet.tensor(self.a, dev), clnet.tensor(self.b, dev)
+        self.C = clnet.tensor(np.zeros((n, n), np.float32), dev)
+        self.mat = Mat(rs=n, cs=1)
+
+    def run(self, choice=None):
+        n, m = self.n, self.mat
+        if choice is None:
+            ops.gemm(n, n, n, self.A, m, self.B, m, self.C, m)
+        else:
+            ops._gemm_choice(self.dev, choice, n, n, n, self.A, m, self.B, m, self.C, m, 1.0, 0.0, 1, None, 0, 0,
+                             False, "sgemm")
+
+    def time(self, repeat, choice=None):
+        """Median device time (ms) of the choice's kernels, after one untimed run that builds them."""
+        self.run(choice)
+        return kernels.device_ms(self.dev, lambda: self.run(choice), repeat)
 
 
-def sweep(dev, n, repeat):
-    """Every candidate tile shape of the device's class at n (the autotuner's menu), fastest first."""
+def sweep(product, repeat):
+    """Every candidate tile shape of the device's class at its default split (the autotuner's menu), fastest first."""
+    dev, n = product.dev, product.n
     out = []
     for cfg in tuning.GEMM_CANDIDATES[tuning.device_class(dev)]:
         if tuning.fits(dev, cfg):
-            ms = time_clnet(dev, n, repeat, cfg)[0]
-            out.append(dict(config=tuning.describe(dict(cfg=cfg, ksplit=1)), ms=ms, tflops=2.0 * n ** 3 / ms / 1e9))
+            choice = dict(cfg=cfg, ksplit=tuning.k_splits(dev, cfg, n, n, n))
+            ms = product.time(repeat, choice)
+            out.append(dict(config=tuning.describe(choice), ms=ms, tflops=2.0 * n ** 3 / ms / 1e9))
     return sorted(out, key=lambda r: r["ms"])
 
 
@@ -86,7 +86,7 @@ def main():
     p.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--json")
-    p.add_argument("--sweep", action="store_true", help="also time every candidate tile shape (without the cache)")
+    p.add_argument("--sweep", action="store_true", help="also time every candidate tile shape at its default split")
     args = p.parse_args()
     dev = clnet.device(args.device)
     try:
@@ -97,15 +97,19 @@ def main():
     rows = []
     for n in args.sizes:
         flop = 2.0 * n ** 3
+        product = Product(dev, n)
         if dev.is_gpu:  # as `clnet bench` does: tune this product's shape first (kept in the cache)
             from clnet import tune
-            A = B = C = clnet.tensor(np.zeros((n, n), np.float32), dev)
-            sites = tune.record(lambda: ops.gemm(n, n, n, A, Mat(rs=n, cs=1), B, Mat(rs=n, cs=1), C, Mat(rs=n, cs=1)))
-            tuned = tune.tune_sites(dev, sites)
+            tuned = tune.tune_sites(dev, tune.record(product.run))
             print(f"n={n}: tuned in {tuned['seconds']:.1f} s: "
                   + ", ".join(f"{r['choice']} {r['ms']:.3f} ms (default {r['default_ms']:.3f})"
                               for r in tuned["tuned"].values()), flush=True)
-        ms, a, b, c = time_clnet(dev, n, args.repeat)
+        tuning.used = used = {}
+        try:
+            ms = product.time(args.repeat)
+        finally:
+            tuning.used = None
+        a, b, c = product.a, product.b, product.C.numpy()
         if use_cuda:
             ref_ms, ref_c = time_torch_cuda(a, b, args.repeat)
             ref_name = "cuBLAS (torch.mm, TF32 off)"
@@ -115,10 +119,9 @@ def main():
         err = float(np.linalg.norm(c - ref_c) / np.linalg.norm(ref_c))
         row = dict(n=n, clnet_ms=ms, clnet_tflops=flop / ms / 1e9, reference=ref_name, reference_ms=ref_ms,
                    reference_tflops=flop / ref_ms / 1e9, speed_ratio=ref_ms / ms, rel_err=err,
-                   config=tuning.describe(tuning.choose(dev, ops.gemm_key(n, n, n, 1, *[Mat(rs=n, cs=1)] * 3),
-                                                        lambda: tuning.gemm_default(dev, n, n, n, 1))))
+                   config=", ".join(sorted(set(used[None].values()))))
         if args.sweep:
-            row["sweep"] = sweep(dev, n, args.repeat)
+            row["sweep"] = sweep(product, args.repeat)
             for r in row["sweep"]:
                 print(f"    {r['config']:24s} {r['ms']:.3f} ms  {r['tflops']:.2f} TFLOP/s", flush=True)
         rows.append(row)

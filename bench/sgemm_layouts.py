@@ -6,7 +6,6 @@ for a few tile shapes, by profiling events; cuBLAS on the same sizes for scale.
 """
 import argparse
 import json
-import statistics
 
 import numpy as np
 
@@ -33,34 +32,20 @@ def main():
     layouts = {"A(M,K) k-fast": Mat(rs=n, cs=1), "A(K,M) m-fast": Mat(rs=1, cs=n)}
     blayouts = {"B(K,N) n-fast": Mat(rs=n, cs=1), "B(N,K) k-fast": Mat(rs=1, cs=n)}
     rows = []
-    saved = tuning.gemm_config, tuning.entries
-    tuning.entries = lambda dev: {}
-    try:
-        for cfg in SHAPES:
-            if not tuning.fits(dev, cfg):
-                continue
-            tuning.gemm_config = lambda *a, cfg=cfg, **k: cfg
-            for an, a in layouts.items():
-                for bn, b in blayouts.items():
-                    def run():
-                        ops.gemm(n, n, n, A, a, B, b, C, Mat(rs=n, cs=1))
-                    run()
-                    dev.synchronize()
-                    per_run = []
-                    for _ in range(args.repeat):  # every kernel of a run counts (split-K adds a sum)
-                        kernels.profiler = prof = kernels.Profiler()
-                        run()
-                        dev.synchronize()
-                        kernels.profiler = None
-                        per_run.append(sum(t for _, _, t in prof.times_ms()))
-                    ms = statistics.median(per_run)
-                    row = dict(config=tuning.describe(dict(cfg=cfg, ksplit=1)), a=an, b=bn, ms=ms,
-                               tflops=2.0 * n ** 3 / ms / 1e9)
-                    rows.append(row)
-                    print(f"{row['config']:28s} {an:14s} {bn:14s} {ms:7.3f} ms {row['tflops']:6.2f} TFLOP/s",
-                          flush=True)
-    finally:
-        tuning.gemm_config, tuning.entries = saved
+    for cfg in SHAPES:
+        if not tuning.fits(dev, cfg):
+            continue
+        choice = dict(cfg=cfg, ksplit=tuning.k_splits(dev, cfg, n, n, n))
+        for an, a in layouts.items():
+            for bn, b in blayouts.items():
+                def run():
+                    ops._gemm_choice(dev, choice, n, n, n, A, a, B, b, C, Mat(rs=n, cs=1), 1.0, 0.0, 1, None, 0, 0,
+                                     False, "sgemm")
+                run()  # builds the kernels
+                ms = kernels.device_ms(dev, run, args.repeat)
+                row = dict(config=tuning.describe(choice), a=an, b=bn, ms=ms, tflops=2.0 * n ** 3 / ms / 1e9)
+                rows.append(row)
+                print(f"{row['config']:28s} {an:14s} {bn:14s} {ms:7.3f} ms {row['tflops']:6.2f} TFLOP/s", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=dev.name, driver=dev.driver_version, n=n, rows=rows), f, indent=1)

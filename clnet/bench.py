@@ -17,6 +17,7 @@ import numpy as np
 from . import kernels, models, nn, optim, rng, tuning
 from .devices import DeviceNotFound, device as get_device
 from .tensor import reset_transfer_stats, tensor, transfer_stats
+from .tune import tune_first
 from .version import __version__
 
 
@@ -412,18 +413,8 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
     labels = data_rng.integers(0, classes, batch).astype(np.int32)
     click.echo(f"clnet bench {model}: batch {batch}, {iterations} iterations after {warmup} warm-up, on "
                f"{dev.name} ({dev.platform_name}, driver {dev.driver_version})", err=True)
-    tune_report = None
-    if tune or (tune is None and dev.is_gpu):
-        from .tune import tune_module
-        try:
-            tune_report = tune_module(net, in_shape, dev, budget_s=TUNE_BUDGET_S,
-                                      progress=lambda line: click.echo("tune " + line, err=True))
-            click.echo(f"tuning: {len(tune_report['tuned'])} shapes tuned, {tune_report['cached']} cached, "
-                       f"{len(tune_report['left'])} left at defaults, {tune_report['seconds']:.1f} s "
-                       f"(cache {tuning.cache_path()})", err=True)
-        except MemoryError:  # tuning holds a whole iteration's buffers; the benchmark itself may still fit
-            click.echo("tuning: skipped, out of device memory (defaults used; try `clnet tune` with a smaller "
-                       "--batch)", err=True)
+    tune_report = tune_first(net, in_shape, dev, tune, TUNE_BUDGET_S, lambda line: click.echo(line, err=True),
+                             progress=lambda line: click.echo("tune " + line, err=True))
     builds = kernels.build_count
     cl_res = run_clnet(net, dev, x, labels, iterations, warmup, forward_only, progress=True)
     result = dict(

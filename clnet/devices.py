@@ -92,8 +92,18 @@ def register_vendor_libraries():
     new_dir = os.path.join(tempfile.gettempdir(), f"clnet-icd-{os.getuid()}-{digest}")
     os.makedirs(new_dir, exist_ok=True)
     for name, text in files.items():
-        with open(os.path.join(new_dir, name), "w") as f:
+        path = os.path.join(new_dir, name)
+        try:
+            with open(path) as f:
+                if f.read() == text:
+                    continue
+        except OSError:
+            pass
+        # written aside and renamed: a process reading the directory meanwhile never sees half a file
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
             f.write(text)
+        os.replace(tmp, path)
     os.environ["OCL_ICD_VENDORS"] = new_dir
     registered_libraries.extend(found)
 

@@ -10,6 +10,7 @@ keeps a few clones with their arguments already set, keyed by the argument value
 dictionary lookup and an enqueue.
 """
 import os
+import statistics
 import warnings
 from collections import OrderedDict
 from importlib import resources
@@ -111,6 +112,22 @@ class Profiler:
 
 
 profiler = None  # set by the benchmark; None costs nothing
+
+
+def device_ms(dev, fn, repeats=1):
+    """Median over `repeats` calls of fn() of the summed device time (ms) of every kernel one call launches (a GEMM
+    may launch a transpose, a product and a split-K sum), read from profiling events."""
+    global profiler
+    times = []
+    for _ in range(repeats):
+        profiler = prof = Profiler()
+        try:
+            fn()
+            dev.synchronize()
+        finally:
+            profiler = None
+        times.append(sum(ms for _, _, ms in prof.times_ms()))
+    return statistics.median(times)
 launch_count = 0
 
 
@@ -145,7 +162,7 @@ def _arg_of_key(a):
 
 def _with_args(k, args):
     """A clone of k whose arguments are args, set now unless a clone already holds them."""
-    key = tuple(map(_key_arg, args))
+    key = tuple(a if type(a) is int else _key_arg(a) for a in args)  # most arguments are sizes
     clones = k.clones
     clone = clones.get(key)
     if clone is not None:

@@ -83,11 +83,7 @@ def _gemm_choice(dev, choice, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bia
         assert not b.split, "a transposed B copy needs an unsplit B (gemm_candidates never offers it otherwise)"
         B, b = _transposed(dev, B, Mat(off=b.off, bs=b.bs, rs=b.cs, cs=b.rs), N, K, batch), Mat(bs=K * N, rs=N, cs=1)
     epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
-    if ksplit > 1:
-        depth = cfg.get("TK", 1)
-        kc = -(-K // ksplit)
-        kc = -(-kc // depth) * depth  # slices of whole tile depths
-        ksplit = -(-K // kc)
+    ksplit, kc = tuning.slices(cfg, K, ksplit)
     if ksplit > 1:
         partial = empty((batch * ksplit * M * N,), dev)
         _gemm(dev, cfg, M, N, K, A, a, B, b, partial, Mat(bs=M * N, rs=N, cs=1), 1.0, 0.0, batch * ksplit,

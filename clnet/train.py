@@ -20,6 +20,7 @@ from . import data as data_mod
 from . import models, nn, optim, rng
 from .devices import DeviceNotFound
 from .devices import device as _device
+from .tune import tune_first
 
 FORMAT = "clnet-checkpoint"
 VERSION = 1
@@ -464,15 +465,8 @@ def train_command(model, dataset, data_dir, epochs, batch, lr, momentum, weight_
     rng.manual_seed(cfg["seed"])
     net = models.build(model).to(dev)
     opt = optim.SGD(net.parameters(), lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"])
-    if tune or (tune is None and dev.is_gpu):
-        from .tune import tune_module
-        try:
-            report = tune_module(net, (cfg["batch"],) + tuple(models.MODELS[model]["input_shape"]), dev,
-                                 budget_s=TUNE_BUDGET_S)
-            click.echo(f"tuned {len(report['tuned'])} shapes ({report['cached']} cached) in "
-                       f"{report['seconds']:.1f} s")
-        except MemoryError:  # tuning holds a whole iteration's buffers; training itself may still fit
-            click.echo("tuning skipped: out of device memory (default kernel choices used)")
+    tune_first(net, (cfg["batch"],) + tuple(models.MODELS[model]["input_shape"]), dev, tune, TUNE_BUDGET_S,
+               click.echo)
     click.echo(f"training {model} on {dataset} ({len(train_data)} training, {len(test_data)} test images) on "
                f"{dev.name} ({dev.platform_name}): batch {cfg['batch']}, lr {cfg['lr']}, momentum "
                f"{cfg['momentum']}, weight decay {cfg['weight_decay']}, seed {cfg['seed']}")

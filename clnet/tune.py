@@ -8,26 +8,12 @@ ones the recorded iteration used, so the timing sees real layouts and real sizes
 buffers alive until tuning ends: tuning needs more device memory than a training step. The model's gradients and
 saved activations are left undefined (call zero_grad before training, as every step does).
 """
-import statistics
 import time
 
 import numpy as np
 
 from . import kernels, models, rng, tuning
 from .tensor import tensor
-
-
-def _device_ms(dev, run, choice, repeats):
-    times = []
-    for _ in range(repeats):
-        kernels.profiler = prof = kernels.Profiler()
-        try:
-            run(choice)
-            dev.synchronize()
-        finally:
-            kernels.profiler = None
-        times.append(sum(ms for _, _, ms in prof.times_ms()))
-    return statistics.median(times)
 
 
 def _record(model, dev, x_host, retune):
@@ -110,7 +96,7 @@ def tune_sites(dev, sites, budget_s=300.0, repeats=3, retune=False, progress=Non
                     raise  # the default itself fails: that is an error the user must see
                 if progress:
                     progress(f"    {tuning.describe(choice)} cannot run here, skipped ({str(e).splitlines()[0]})")
-        timed = [(_device_ms(dev, run, candidates[j], repeats), j) for j in runnable]
+        timed = [(kernels.device_ms(dev, lambda: run(candidates[j]), repeats), j) for j in runnable]
         best_ms, best = min(timed)  # ties go to the earlier candidate, the default first
         tuning.store(dev, {key: candidates[best]})
         report["tuned"][key] = dict(choice=tuning.describe(candidates[best]), ms=best_ms, default_ms=timed[0][0])
@@ -118,6 +104,23 @@ def tune_sites(dev, sites, budget_s=300.0, repeats=3, retune=False, progress=Non
             progress(f"[{i + 1}/{len(todo)}] {key}: {tuning.describe(candidates[best])} {best_ms:.3f} ms "
                      f"(default {tuning.describe(candidates[0])} {timed[0][0]:.3f} ms)")
     report["seconds"] = time.perf_counter() - t0
+    return report
+
+
+def tune_first(model, input_shape, dev, flag, budget_s, echo, progress=None):
+    """What `clnet bench` and `clnet train` do before they start: tune the shapes missing from the cache when flag
+    says so (None: on GPUs, where it takes seconds), and say what it did through echo. Out of device memory (tuning
+    holds a whole iteration's buffers) the run keeps the defaults. Returns the report, or None."""
+    if not (flag or (flag is None and dev.is_gpu)):
+        return None
+    try:
+        report = tune_module(model, input_shape, dev, budget_s=budget_s, progress=progress)
+    except MemoryError:
+        echo("tuning: skipped, out of device memory (default kernel choices used; `clnet tune` with a smaller "
+             "--batch may fit)")
+        return None
+    echo(f"tuning: {len(report['tuned'])} shapes tuned, {report['cached']} cached, {len(report['left'])} left at "
+         f"defaults, {report['seconds']:.1f} s (cache {tuning.cache_path()})")
     return report
 
 

@@ -96,6 +96,15 @@ def k_splits(dev, cfg, M, N, K, batch=1):
     return max(1, min(-(-want // tiles), K // SPLIT_K_MIN_DEPTH))
 
 
+def slices(cfg, K, ksplit):
+    """(ksplit, kc): K cut into ksplit slices of kc terms each (the last may be shorter), kc a whole number of the
+    tile's k-depth. The one place slices are cut: the launch, the candidates and the cache check all use it."""
+    depth = cfg.get("TK", 1)
+    kc = -(-K // max(1, ksplit))
+    kc = -(-kc // depth) * depth
+    return -(-K // kc), kc
+
+
 def gemm_default(dev, M, N, K, batch):
     cfg = gemm_config(dev, M, N, K, batch)
     return dict(cfg=cfg, ksplit=k_splits(dev, cfg, M, N, K, batch))
@@ -110,7 +119,7 @@ def gemm_candidates(dev, M, N, K, batch, kfast_a=False, kfast_b=False):
     costing 1-2% there)."""
     default = gemm_default(dev, M, N, K, batch)
     out = [default]
-    depth = -(-K // default["ksplit"])  # the default's slice length: no candidate sums longer runs
+    longest = slices(default["cfg"], K, default["ksplit"])[1]  # no candidate sums longer runs than this
     transposes = [dict()]
     if dev.is_gpu:
         transposes += ([dict(ta=True)] if kfast_a else []) + ([dict(tb=True)] if kfast_b else []) + \
@@ -118,8 +127,12 @@ def gemm_candidates(dev, M, N, K, batch, kfast_a=False, kfast_b=False):
     for cfg in GEMM_CANDIDATES[device_class(dev)]:
         if not fits(dev, cfg):
             continue
-        base = max(k_splits(dev, cfg, M, N, K, batch), -(-K // depth))
-        for ks in sorted({base, max(base, min(base * 2, K // 64))}):
+        base = k_splits(dev, cfg, M, N, K, batch)
+        for ks in sorted({base, min(base * 2, max(1, K // 64))}):
+            while slices(cfg, K, ks)[1] > longest and ks < K:
+                ks += 1
+            if slices(cfg, K, ks)[1] > longest:
+                continue
             for t in (transposes if cfg["TK"] >= 32 else transposes[:1]) if cfg["kernel"] == "gemm_tiled" else [{}]:
                 choice = dict(cfg=cfg, ksplit=ks, **t)
                 if choice not in out:
@@ -132,12 +145,12 @@ def valid_gemm(dev, choice, M, N, K, batch, b_split):
     file may be old or edited by hand)."""
     try:
         cfg, ks = choice["cfg"], choice["ksplit"]
-        known = GEMM_CANDIDATES[device_class(dev)] + [GEMM_TILED_SMALL, GEMM_TILED_LARGE, GEMM_BLOCK]
-        if cfg not in known or not fits(dev, cfg) or type(ks) is not int or ks < 1:
+        if cfg not in GEMM_CANDIDATES[device_class(dev)] or not fits(dev, cfg) or type(ks) is not int or ks < 1:
             return False
         if set(choice) - {"cfg", "ksplit", "ta", "tb"} or (choice.get("tb") and b_split):
             return False
-        return -(-K // ks) <= -(-K // gemm_default(dev, M, N, K, batch)["ksplit"])
+        default = gemm_default(dev, M, N, K, batch)
+        return slices(cfg, K, ks)[1] <= slices(default["cfg"], K, default["ksplit"])[1]
     except (KeyError, TypeError):
         return False
 
@@ -241,11 +254,13 @@ def store(dev, new_entries):
 
 
 def forget():
-    """Drops the in-memory copy, so the next lookup rereads the file (after CLNET_CACHE_DIR changes)."""
+    """Drops the in-memory copy and the memoised defaults, so the next lookup rereads the file (after CLNET_CACHE_DIR
+    changes, or after a test replaces gemm_config)."""
     global _cache
     _cache = None
     _device_entries.clear()
     _checked.clear()
+    _defaults.clear()
 
 
 # ---- choosing ------------------------------------------------------------------------------------------------------
@@ -266,6 +281,7 @@ used = None       # set by the benchmark: {profiler tag: {key: description of th
 
 
 _checked = {}  # (device, key) -> whether the cached entry passed valid(); cleared when entries change
+_defaults = {}  # (device, key) -> default(), which depends only on the device and the shape the key names
 
 
 def choose(dev, key, default, candidates=None, run=None, valid=None):
@@ -287,8 +303,10 @@ def choose(dev, key, default, candidates=None, run=None, valid=None):
                               "--retune` replaces it")
         if not ok:
             choice = None
-    if choice is None:
-        choice = default()
+    if choice is None:  # the device class's entry, computed once per key (lookups run on every launch)
+        choice = _defaults.get((dev, key))
+        if choice is None:
+            choice = _defaults[(dev, key)] = default()
     if used is not None:
         used.setdefault(kernels.profiler.tag if kernels.profiler else None, {})[key] = describe(choice)
     return choice

@@ -101,7 +101,9 @@ def gemm_variant(request, monkeypatch):
               "block": tuning.GEMM_BLOCK}.get(request.param)
     if forced:
         monkeypatch.setattr(tuning, "gemm_config", lambda *args, **kwargs: forced)
-    return request.param
+    tuning.forget()  # defaults are memoised per shape
+    yield request.param
+    tuning.forget()
 
 
 @pytest.mark.parametrize("M,N,K", GEMM_CASES)
