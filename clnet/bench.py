@@ -324,7 +324,8 @@ def render_table(result, markdown=False):
     lines.append("")
     n = result["batch"]
     summary = [f"{result['model']} batch {n}, clnet on {result['env']['device']}: "
-               + ", ".join(f"{k} {v:.3f} ms" for k, v in c.items()) + f"; total {total:.3f} ms; {n / total * 1e3:.0f} images/s; "
+               + ", ".join(f"{k} {v:.3f} ms" for k, v in c.items())
+               + f"; total {total:.3f} ms; {n / total * 1e3:.0f} images/s; "
                f"{result['clnet']['launches_per_iteration']:.0f} kernel launches per iteration"]
     t = result["clnet"]["transfers_per_iteration"]
     summary.append(f"host<->device per iteration: {t['host_to_device_bytes']:.0f} B up in "

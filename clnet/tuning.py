@@ -18,7 +18,7 @@ GEMM_TILED_SMALL = dict(kernel="gemm_tiled", TM=64, TN=64, TK=16, WM=4, WN=4)
 # layout at 4096^3 on the H200 (bench/results/h200-v4c), and rows of a k-fast operand are fetched 128 bytes at a time.
 GEMM_TILED_LARGE = dict(kernel="gemm_tiled", TM=128, TN=128, TK=32, WM=8, WN=8, LBUF=1)
 # CPU-shaped: register blocks, wide vector loads, no local memory; B copied per 256-deep slice into a private sliver,
-# one work-item per work-group (bench/NOTES_cpu_gemm.md: 171 GFLOP/s at 1024^3 on 2 cores, NumPy 198).
+# one work-item per work-group (SGEMM 1024^3 on 2 cores: 0.78-0.79x NumPy, bench/results/pocl-v5 and pocl-v7).
 GEMM_BLOCK = dict(kernel="gemm_block", RM=48, KC=256, WG=1)
 
 # What the autotuner tries per GEMM shape (besides split-K factors and, for deep tiles, transposed operands).

@@ -24,9 +24,10 @@ What it saves and what it costs, against im2col + GEMM (O x N*OH*OW x 9C):
 When it should win: large C and O (say 64 and up) on sizes where the GEMM dominates, the body of VGG/ResNet-style
 networks: the 2.25x saving is on O*C work, the extra traffic only on (O + C) * pixels. When it should lose: small C,
 above all a first layer with C = 3 (the GEMM's depth is 3, the transforms and M traffic dominate), and tiny spatial
-sizes (clipped tiles). On PoCL (2 cores, a busy machine), N=8, 28x28, padding 1, forward: C=O=64 11.7 ms against
-im2col's 41.3 ms (its GEMM alone 12.7 against 48 ms); C=3, O=64 6.2 ms against 3.8 ms (the output transform alone
-takes longer than im2col's whole GEMM). Precision: F(2, 3)'s transforms only add, subtract and halve; the float32
+sizes (clipped tiles). On PoCL, with its tile-per-work-item transforms, Winograd lost to the row-per-work-item im2col
+at the shapes measured (N=8, C=O=64, 28x28: 7 against 4 ms forward; scratch measurements), so it is the default on
+GPUs only (ops._conv_algorithm); on the H200 the tuner picked it for every VGG 3x3 layer but the first
+(bench/results/h200-v5). Precision: F(2, 3)'s transforms only add, subtract and halve; the float32
 error stays within 2x of im2col's (measured in tests/test_winograd.py).
 
 The backward-data pass is itself a Winograd convolution. From y[oy] = sum_ky w[ky] x[oy + ky - PH] (one axis shown;
