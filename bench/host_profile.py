@@ -33,7 +33,7 @@ def main():
     def step():
         loss_fn(model(x), labels)
         opt.zero_grad()
-        model.backward(loss_fn.backward())
+        model.backward(loss_fn.backward(), input_grad=False)
         opt.step()
 
     for _ in range(5):

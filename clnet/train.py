@@ -284,7 +284,7 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
                     optimizer.zero_grad()
                     out = model(x)
                     loss_fn(out, y)
-                    model.backward(loss_fn.backward())
+                    model.backward(loss_fn.backward(), input_grad=False)
                     optimizer.step()
                     last = flag.set or (max_steps is not None and global_step + 1 >= max_steps)
                     # The next batch's upload is queued behind this step before its results are read.

@@ -24,7 +24,7 @@ def _record(model, dev, x_host, retune):
     def iteration():
         out = model(tensor(x_host, dev))
         dy = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
-        model.backward(tensor(dy, dev))
+        model.backward(tensor(dy, dev), input_grad=False)  # as a training step does
         # Algorithms with products inside (Winograd's batched GEMM): run each candidate once while recording, so
         # that their products are tuned as well (not for algorithms already tuned).
         for key, (candidates, run) in list(tuning.recorder.sites.items()):

@@ -274,3 +274,25 @@ def test_relu_folded_into_conv_and_linear_matches_reference(dev, rng):
         g = layer.backward(g)
     assert kernels.launch_count - unfolded == launches + 2
     assert_close(y.numpy(), z, "unfolded output")
+
+
+def test_training_backward_skips_the_input_gradient(dev, rng):
+    """backward(input_grad=False) leaves out the first layer's input gradient, which a training step never uses:
+    fewer launches, the same parameter gradients, and None instead of d loss / d input."""
+    from clnet import kernels
+    clnet.manual_seed(2)
+    model = models.lenet().to(dev)
+    x = clnet.tensor(rng.standard_normal((3, 1, 28, 28)), dev)
+    labels = rng.integers(0, 10, 3)
+    results = {}
+    for input_grad in (True, False):
+        loss_fn = nn.CrossEntropyLoss()
+        model.zero_grad()
+        loss_fn(model(x), labels)
+        before = kernels.launch_count
+        dx = model.backward(loss_fn.backward(), input_grad=input_grad)
+        results[input_grad] = (kernels.launch_count - before, dx, [p.grad.numpy() for p in model.parameters()])
+    assert results[True][1] is not None and results[False][1] is None
+    assert results[False][0] < results[True][0]
+    for a, b in zip(results[True][2], results[False][2]):
+        np.testing.assert_array_equal(a, b)

@@ -111,13 +111,13 @@ class Conv2d(Module):
         self._saved = (x, y if relu else None, s)
         return y
 
-    def backward(self, grad_output):
+    def backward(self, grad_output, input_grad=True):
         x, relu_y, s = self._saved if self._saved else (None, None, None)
         self._check_grad(grad_output, None if s is None else (s.N, s.O, s.OH, s.OW))
         if relu_y is not None:
             grad_output = ops.activation_backward("relu", relu_y, grad_output)
         db = self.bias.grad if self.bias is not None else None
-        return ops.conv2d_backward(x, self.weight.data, grad_output, s, self.weight.grad, db,
+        return ops.conv2d_backward(x, self.weight.data, grad_output, s, self.weight.grad, db, need_dx=input_grad,
                                    what=repr(self) + " backward")
 
 
@@ -159,13 +159,13 @@ class Linear(Module):
         self._saved = (x, y if relu else None)
         return y
 
-    def backward(self, grad_output):
+    def backward(self, grad_output, input_grad=True):
         x, relu_y = self._saved if self._saved else (None, None)
         self._check_grad(grad_output, None if x is None else (x.shape[0], self.out_features))
         if relu_y is not None:
             grad_output = ops.activation_backward("relu", relu_y, grad_output)
         db = self.bias.grad if self.bias is not None else None
-        return ops.linear_backward(x, self.weight.data, grad_output, self.weight.grad, db,
+        return ops.linear_backward(x, self.weight.data, grad_output, self.weight.grad, db, need_dx=input_grad,
                                    what=repr(self) + " backward")
 
 
@@ -210,9 +210,11 @@ class MaxPool2d(_Pool2d):
         self._saved = (x.shape, idx)
         return y
 
-    def backward(self, grad_output):
+    def backward(self, grad_output, input_grad=True):
         x_shape, idx = self._saved if self._saved else (None, None)
         self._check_grad(grad_output, None if idx is None else idx.shape)
+        if not input_grad:
+            return None  # the input gradient is all this layer computes
         return ops.maxpool_backward(grad_output, idx, x_shape, self.kernel_size, self.stride, self.padding)
 
 
@@ -226,9 +228,11 @@ class AvgPool2d(_Pool2d):
         self._saved = (x.shape, out)
         return ops.avgpool_forward(x, out[2:], self.kernel_size, self.stride, self.padding, self.count_include_pad)
 
-    def backward(self, grad_output):
+    def backward(self, grad_output, input_grad=True):
         x_shape, out = self._saved if self._saved else (None, None)
         self._check_grad(grad_output, out)
+        if not input_grad:
+            return None  # the input gradient is all this layer computes
         return ops.avgpool_backward(grad_output, x_shape, self.kernel_size, self.stride, self.padding,
                                     self.count_include_pad)
 
@@ -244,8 +248,10 @@ class _Activation(Module):
         self._y = ops.activation_forward(self.kind, x)
         return self._y
 
-    def backward(self, grad_output):
+    def backward(self, grad_output, input_grad=True):
         self._check_grad(grad_output, None if self._y is None else self._y.shape)
+        if not input_grad:
+            return None  # the input gradient is all this layer computes
         return ops.activation_backward(self.kind, self._y, grad_output)
 
 
@@ -285,8 +291,10 @@ class Flatten(Module):
         self._in_shape = x.shape
         return x.reshape(self.output_shape(x.shape))
 
-    def backward(self, grad_output):
+    def backward(self, grad_output, input_grad=True):
         self._check_grad(grad_output, None if self._in_shape is None else self.output_shape(self._in_shape))
+        if not input_grad:
+            return None  # the input gradient is all this layer computes
         return grad_output.reshape(self._in_shape)
 
 
@@ -311,8 +319,10 @@ class Dropout(Module):
         y, self._mask = ops.dropout_forward(x, self.p, seed)
         return y
 
-    def backward(self, grad_output):
+    def backward(self, grad_output, input_grad=True):
         self._check_grad(grad_output, self._shape)
+        if not input_grad:
+            return None  # the input gradient is all this layer computes
         return grad_output if self._mask is None else ops.mul(grad_output, self._mask)
 
 
@@ -336,8 +346,10 @@ class _SoftmaxBase(Module):
         self._y = ops.softmax_forward(x, self.dim % x.ndim, self.log)
         return self._y
 
-    def backward(self, grad_output):
+    def backward(self, grad_output, input_grad=True):
         self._check_grad(grad_output, None if self._y is None else self._y.shape)
+        if not input_grad:
+            return None  # the input gradient is all this layer computes
         return ops.softmax_backward(self._y, grad_output, self.dim % self._y.ndim, self.log)
 
 

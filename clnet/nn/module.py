@@ -126,7 +126,9 @@ class Module:
     def forward(self, x):
         raise NotImplementedError
 
-    def backward(self, grad_output):
+    def backward(self, grad_output, input_grad=True):
+        """Adds d loss / d parameter into each parameter's grad and returns d loss / d input, or None when
+        input_grad is False (the first layer of a training step: nobody uses its input gradient)."""
         raise NotImplementedError
 
     def _check_grad(self, grad_output, expected_shape):
@@ -192,14 +194,14 @@ class Sequential(Module):
                 x = layer.forward(x)
         return x
 
-    def backward(self, grad_output):
+    def backward(self, grad_output, input_grad=True):
         g = grad_output
         for i, layer in reversed(list(enumerate(self))):
             if i in self._folded:
                 continue  # its layer's backward applies the ReLU mask
             if kernels.profiler is not None:
                 kernels.profiler.tag = (i, "backward")
-            g = layer.backward(g)
+            g = layer.backward(g, input_grad or i > 0)
         return g
 
     def __repr__(self):
