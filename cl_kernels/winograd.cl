@@ -1,40 +1,51 @@
-// Winograd F(2x2, 3x3) convolution (Lavin & Gray, 2015) for 3x3, stride-1, undilated, ungrouped layers. The output
-// is cut into 2x2 tiles; tile (ty, tx) reads the 4x4 input window whose top-left element is (2*ty - PH, 2*tx - PW),
-// and Y = A^T [ sum over c of (G g G^T) .* (B^T d B) ] A. The sum over c of each of the 16 element-wise products is a
-// matrix product, so the host runs one batched GEMM (batch 16) between the two transforms:
-//   M[xi] (O, P) = U[xi] (O, C) @ V[xi] (C, P), xi = 4*row + column of the 4x4 transformed tile.
+// Winograd F(m x m, r x r) convolution (Lavin & Gray, 2015) for r x r, stride-1, undilated, ungrouped layers. The
+// output is cut into m x m tiles; tile (ty, tx) reads the a x a input window (a = m + r - 1) whose top-left element
+// is (m*ty - PH, m*tx - PW), and Y = A^T [ sum over c of (G g G^T) .* (B^T d B) ] A. The sum over c of each of the
+// a*a element-wise products is a matrix product, so the host runs one batched GEMM (batch a*a) between the transforms:
+//   M[xi] (O, P) = U[xi] (O, C) @ V[xi] (C, P), xi = a*row + column of the a x a transformed tile.
 // The weight gradient runs the same product backwards: with Z = A dY A^T (the adjoint of the output transform),
 //   Mhat[xi] (O, C) = sum over p of Z[xi] (p, O) * V[xi] (p, C), and dw += G^T Mhat G (the adjoint of G g G^T).
 //
-//   winograd_weights       w (O, C, 3, 3) -> U (16, O, C): U[xi][o][c] = (G w[o][c] G^T)[xi].
+//   winograd_weights       w (O, C, r, r) -> U (a*a, O, C): U[xi][o][c] = (G w[o][c] G^T)[xi].
 //                          With FLIP, the weights of the backward-data convolution (channels swapped, kernel rotated
-//                          by 180 degrees): U (16, C, O), U[xi][c][o] = (G rot180(w[o][c]) G^T)[xi].
-//   winograd_input         x (N, C, H, W), images [n0, n0 + nimg) from element x_off on -> V (16, C, P),
+//                          by 180 degrees): U (a*a, C, O), U[xi][c][o] = (G rot180(w[o][c]) G^T)[xi].
+//   winograd_input         x (N, C, H, W), images [n0, n0 + nimg) from element x_off on -> V (a*a, C, P),
 //                          P = nimg*TH*TW, column p = (i*TH + ty)*TW + tx: V[xi][c][p] = (B^T d B)[xi], d read as zero
 //                          outside the image. PH, PW may be negative (the backward-data convolution of a layer padded
-//                          by more than 2). With V_PC, V is stored (16, P, C) instead: V[xi][p][c].
-//   winograd_output        M (16, O, P) -> y (N, O, OH, OW) from element y_off on: the 2x2 tile A^T m A (+ bias[o],
-//                          then ReLU); rows and columns past OH, OW (odd output sizes) are not written.
-//   winograd_grad_output   dy (N, O, OH, OW), images from element dy_off on -> Z (16, P, O): Z[xi][p][o] =
-//                          (A dY A^T)[xi] for the 2x2 tile dY of dy, read as zero past OH, OW (those outputs were
+//                          by more than r - 1). With V_PC, V is stored (a*a, P, C) instead: V[xi][p][c].
+//   winograd_output        M (a*a, O, P) -> y (N, O, OH, OW) from element y_off on: the m x m tile A^T M A
+//                          (+ bias[o], then ReLU); rows and columns past OH, OW (clipped tiles) are not written.
+//   winograd_grad_output   dy (N, O, OH, OW), images from element dy_off on -> Z (a*a, P, O): Z[xi][p][o] =
+//                          (A dY A^T)[xi] for the m x m tile dY of dy, read as zero past OH, OW (those outputs were
 //                          never produced, so they carry no gradient).
-//   winograd_grad_weights  Mhat (16, O, C) -> dw (O, C, 3, 3) += G^T Mhat[.][o][c] G (4x4 -> 3x3).
+//   winograd_grad_weights  Mhat (a*a, O, C) -> dw (O, C, r, r) += G^T Mhat[.][o][c] G (a x a -> r x r).
 // Work-items: one per (p, c) for the input transform ((c, p) with V_PC), per (p, o) for the output transform, per
 // (o, p) for the output-gradient transform, per (o, c) for the weight transforms. The fastest index is the one that
-// puts neighbouring work-items' 16 loads or stores of V, M or Z (the large buffers) at neighbouring addresses; the
-// other side (x, y, dy) is read or written at a stride of 2 or of a plane. Sizes are arguments.
-// Defines: FLIP (winograd_weights), V_PC (winograd_input), BIAS and RELU (winograd_output).
+// puts neighbouring work-items' a*a loads or stores of V, M or Z (the large buffers) at neighbouring addresses; the
+// other side (x, y, dy) is read or written at a stride of m or of a plane. Sizes are arguments.
+// Defines: WINO_M and WINO_R (the variant: F(2, 3), F(2, 5) or F(4, 3)), FLIP (winograd_weights), V_PC
+// (winograd_input), BIAS and RELU (winograd_output).
 //
-// The matrices (the F(2, 3) choice of interpolation points 0, 1, -1 and infinity):
-//   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]   G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]
-//   A^T = [1 1 1 0; 0 1 -1 -1]
+// The matrices are Toom-Cook's for interpolation points f_i and infinity: A^T[j][i] = f_i^j; row i of B^T holds the
+// coefficients (ascending powers) of prod over k != i of (x - f_k), and its last row those of prod over all k; row i
+// of G is (1, f_i, f_i^2, ...) / prod over k != i of (f_i - f_k), its last row (0, ..., 0, 1). Each row of B^T is
+// scaled to integers and its row of G divided by the same factor, so the input transform (applied to every tile of
+// every channel) stays exact in small integers and the divisions fall on the weights. The points 0, 1, -1, 2, -1/2
+// for a = 6: in float32 they gave 2-3x lower error than 0, +-1, +-2 or 0, +-1, +-1/2 (simulated against float64,
+// F(4, 3): 2.1e-6 against 1.3e-5 and 7.8e-6 for 64 channels; F(2, 5): 1.4e-6 against 3.3e-6 and 3.8e-6).
 #include "common.h"
 
+#ifndef WINO_M
+#define WINO_M 2  // m: output tile side
+#endif
+#ifndef WINO_R
+#define WINO_R 3  // r: kernel side
+#endif
 #ifndef FLIP
 #define FLIP 0  // 1: transform the backward-data weights, rot180 and (O, C) transposed
 #endif
 #ifndef V_PC
-#define V_PC 0  // 1: winograd_input stores V as (16, P, C) (the weight gradient's GEMM operand, k = p slowest)
+#define V_PC 0  // 1: winograd_input stores V as (a*a, P, C) (the weight gradient's GEMM operand, k = p slowest)
 #endif
 #ifndef BIAS
 #define BIAS 0  // 1: winograd_output adds bias[o]
@@ -43,42 +54,92 @@
 #define RELU 0  // 1: winograd_output applies max(0, .) after the bias
 #endif
 
-// u = G g for one column (g0, g1, g2) of a 3x3 kernel.
-#define WINO_G(g0, g1, g2, u0, u1, u2, u3) \
-    do { (u0) = (g0); (u1) = 0.5f * ((g0) + (g1) + (g2)); (u2) = 0.5f * ((g0) - (g1) + (g2)); (u3) = (g2); } while (0)
+#define WA (WINO_M + WINO_R - 1)  // a: transformed tile side
+#define WAA (WA * WA)
 
-// v = B^T d for one column (d0, d1, d2, d3) of a 4x4 tile.
-#define WINO_BT(d0, d1, d2, d3, v0, v1, v2, v3) \
-    do { (v0) = (d0) - (d2); (v1) = (d1) + (d2); (v2) = (d2) - (d1); (v3) = (d1) - (d3); } while (0)
+#if WINO_M == 2 && WINO_R == 3
+// points 0, 1, -1: Lavin & Gray's matrices (rows 0 and 3 of B^T negated against the rule above, with G's row 0 and
+// A^T's column 3)
+__constant float BT[WA * WA] = {1, 0, -1, 0,  0, 1, 1, 0,  0, -1, 1, 0,  0, 1, 0, -1};
+__constant float G[WA * WINO_R] = {1, 0, 0,  0.5f, 0.5f, 0.5f,  0.5f, -0.5f, 0.5f,  0, 0, 1};
+__constant float AT[WINO_M * WA] = {1, 1, 1, 0,  0, 1, -1, -1};
+#elif WA == 6
+// points 0, 1, -1, 2, -1/2; B^T and G are the same for F(2, 5) and F(4, 3) up to G's width
+__constant float BT[WA * WA] = {2, 3, -4, -3, 2, 0,  0, -2, -5, -1, 2, 0,  0, 2, 1, -5, 2, 0,  0, -1, -2, 1, 2, 0,
+                                0, 2, -1, -2, 1, 0,  0, 2, 3, -4, -3, 2};
+#if WINO_R == 5
+__constant float G[WA * WINO_R] = {
+    1.0f / 2, 0, 0, 0, 0,
+    -1.0f / 6, -1.0f / 6, -1.0f / 6, -1.0f / 6, -1.0f / 6,
+    1.0f / 6, -1.0f / 6, 1.0f / 6, -1.0f / 6, 1.0f / 6,
+    1.0f / 30, 1.0f / 15, 2.0f / 15, 4.0f / 15, 8.0f / 15,
+    -16.0f / 15, 8.0f / 15, -4.0f / 15, 2.0f / 15, -1.0f / 15,
+    0, 0, 0, 0, 1.0f / 2};
+__constant float AT[WINO_M * WA] = {1, 1, 1, 1, 1, 0,  0, 1, -1, 2, -0.5f, 1};
+#elif WINO_R == 3
+__constant float G[WA * WINO_R] = {
+    1.0f / 2, 0, 0,
+    -1.0f / 6, -1.0f / 6, -1.0f / 6,
+    1.0f / 6, -1.0f / 6, 1.0f / 6,
+    1.0f / 30, 1.0f / 15, 2.0f / 15,
+    -16.0f / 15, 8.0f / 15, -4.0f / 15,
+    0, 0, 1.0f / 2};
+__constant float AT[WINO_M * WA] = {1, 1, 1, 1, 1, 0,  0, 1, -1, 2, -0.5f, 0,  0, 1, 1, 4, 0.25f, 0,
+                                    0, 1, -1, 8, -0.125f, 1};
+#else
+#error "WINO_M = 2 with WINO_R = 5, or WINO_M = 4 with WINO_R = 3"
+#endif
+#else
+#error "supported variants: F(2, 3), F(2, 5), F(4, 3)"
+#endif
 
-// z = A y for one column (y0, y1) of a 2x2 tile: the adjoint of WINO_AT.
-#define WINO_A(y0, y1, z0, z1, z2, z3) \
-    do { (z0) = (y0); (z1) = (y0) + (y1); (z2) = (y0) - (y1); (z3) = -(y1); } while (0)
+// out (n x n) = L in L^T, for L (n x k) stored row-major and in (k x k). The sizes are constants at every call, so
+// the loops unroll and the products with L's zeros and ones fold away.
+#define SANDWICH(L, n, k, in, out) do { \
+    float t_[(n) * (k)]; \
+    for (int i_ = 0; i_ < (n); i_++) \
+        for (int j_ = 0; j_ < (k); j_++) { \
+            float s_ = 0.0f; \
+            for (int l_ = 0; l_ < (k); l_++) s_ += (L)[i_ * (k) + l_] * (in)[l_ * (k) + j_]; \
+            t_[i_ * (k) + j_] = s_; \
+        } \
+    for (int i_ = 0; i_ < (n); i_++) \
+        for (int j_ = 0; j_ < (n); j_++) { \
+            float s_ = 0.0f; \
+            for (int l_ = 0; l_ < (k); l_++) s_ += t_[i_ * (k) + l_] * (L)[j_ * (k) + l_]; \
+            (out)[i_ * (n) + j_] = s_; \
+        } \
+} while (0)
 
-// g = G^T u for one column (u0, u1, u2, u3) of a 4x4 tile: the adjoint of WINO_G.
-#define WINO_GT(u0, u1, u2, u3, g0, g1, g2) \
-    do { const float h = 0.5f * ((u1) + (u2)); (g0) = (u0) + h; (g1) = 0.5f * ((u1) - (u2)); (g2) = h + (u3); } \
-    while (0)
-
-// y = A^T m for one column (m0, m1, m2, m3) of a 4x4 tile.
-#define WINO_AT(m0, m1, m2, m3, y0, y1) \
-    do { (y0) = (m0) + (m1) + (m2); (y1) = (m1) - (m2) - (m3); } while (0)
+// out (n x n) = L^T in L, for L (k x n) stored row-major and in (k x k): the adjoint of SANDWICH.
+#define SANDWICH_T(L, n, k, in, out) do { \
+    float t_[(n) * (k)]; \
+    for (int i_ = 0; i_ < (n); i_++) \
+        for (int j_ = 0; j_ < (k); j_++) { \
+            float s_ = 0.0f; \
+            for (int l_ = 0; l_ < (k); l_++) s_ += (L)[l_ * (n) + i_] * (in)[l_ * (k) + j_]; \
+            t_[i_ * (k) + j_] = s_; \
+        } \
+    for (int i_ = 0; i_ < (n); i_++) \
+        for (int j_ = 0; j_ < (n); j_++) { \
+            float s_ = 0.0f; \
+            for (int l_ = 0; l_ < (k); l_++) s_ += t_[i_ * (k) + l_] * (L)[l_ * (n) + j_]; \
+            (out)[i_ * (n) + j_] = s_; \
+        } \
+} while (0)
 
 __kernel void winograd_weights(__global const float* restrict w, const int O, const int C,
                                __global float* restrict U) {
     const int e = get_global_id(0);
     if (e >= O * C) return;
     const int o = e / C, c = e % C;
-    float g[9];
-    for (int k = 0; k < 9; k++) g[k] = w[e * 9 + (FLIP ? 8 - k : k)];
-    float t[12];  // G g: 4 rows x 3 columns
-    for (int j = 0; j < 3; j++) WINO_G(g[j], g[3 + j], g[6 + j], t[j], t[3 + j], t[6 + j], t[9 + j]);
-    float u[16];  // (G g) G^T: the same transform applied to each row
-    for (int i = 0; i < 4; i++)
-        WINO_G(t[3 * i], t[3 * i + 1], t[3 * i + 2], u[4 * i], u[4 * i + 1], u[4 * i + 2], u[4 * i + 3]);
+    float g[WINO_R * WINO_R];
+    for (int k = 0; k < WINO_R * WINO_R; k++) g[k] = w[e * WINO_R * WINO_R + (FLIP ? WINO_R * WINO_R - 1 - k : k)];
+    float u[WAA];
+    SANDWICH(G, WA, WINO_R, g, u);
     const int oc = O * C;
     const int dst = FLIP ? c * O + o : e;
-    for (int xi = 0; xi < 16; xi++) U[xi * oc + dst] = u[xi];
+    for (int xi = 0; xi < WAA; xi++) U[xi * oc + dst] = u[xi];
 }
 
 __kernel void winograd_input(__global const float* restrict x, const int x_off, const int C, const int H, const int W,
@@ -89,25 +150,22 @@ __kernel void winograd_input(__global const float* restrict x, const int x_off, 
     const int P = nimg * TH * TW;
     if (p >= P || c >= C) return;
     const int tx = p % TW, ty = (p / TW) % TH, i = p / (TW * TH);
-    const int y0 = 2 * ty - PH, x0 = 2 * tx - PW;
+    const int y0 = WINO_M * ty - PH, x0 = WINO_M * tx - PW;
     __global const float* plane = x + x_off + (i * C + c) * H * W;
-    float d[16];
-    for (int r = 0; r < 4; r++) {
+    float d[WAA];
+    for (int r = 0; r < WA; r++) {
         const int yy = y0 + r;
         const bool row_in = yy >= 0 && yy < H;
-        for (int q = 0; q < 4; q++) {
+        for (int q = 0; q < WA; q++) {
             const int xx = x0 + q;
-            d[4 * r + q] = (row_in && xx >= 0 && xx < W) ? plane[yy * W + xx] : 0.0f;
+            d[WA * r + q] = (row_in && xx >= 0 && xx < W) ? plane[yy * W + xx] : 0.0f;
         }
     }
-    float s[16];  // B^T d
-    for (int q = 0; q < 4; q++) WINO_BT(d[q], d[4 + q], d[8 + q], d[12 + q], s[q], s[4 + q], s[8 + q], s[12 + q]);
-    float v[16];  // (B^T d) B
-    for (int r = 0; r < 4; r++)
-        WINO_BT(s[4 * r], s[4 * r + 1], s[4 * r + 2], s[4 * r + 3], v[4 * r], v[4 * r + 1], v[4 * r + 2], v[4 * r + 3]);
+    float v[WAA];
+    SANDWICH(BT, WA, WA, d, v);
     const int cp = C * P;
     const int dst = V_PC ? p * C + c : c * P + p;
-    for (int xi = 0; xi < 16; xi++) V[xi * cp + dst] = v[xi];
+    for (int xi = 0; xi < WAA; xi++) V[xi * cp + dst] = v[xi];
 }
 
 __kernel void winograd_output(__global const float* restrict M, __global const float* restrict bias, const int O,
@@ -119,20 +177,18 @@ __kernel void winograd_output(__global const float* restrict M, __global const f
     if (p >= P || o >= O) return;
     const int tx = p % TW, ty = (p / TW) % TH, i = p / (TW * TH);
     const int op = O * P;
-    float m[16];
-    for (int xi = 0; xi < 16; xi++) m[xi] = M[xi * op + o * P + p];
-    float r[8];  // A^T m: 2 rows x 4 columns
-    for (int q = 0; q < 4; q++) WINO_AT(m[q], m[4 + q], m[8 + q], m[12 + q], r[q], r[4 + q]);
-    float out[4];  // (A^T m) A
-    for (int k = 0; k < 2; k++) WINO_AT(r[4 * k], r[4 * k + 1], r[4 * k + 2], r[4 * k + 3], out[2 * k], out[2 * k + 1]);
+    float m[WAA];
+    for (int xi = 0; xi < WAA; xi++) m[xi] = M[xi * op + o * P + p];
+    float out[WINO_M * WINO_M];
+    SANDWICH(AT, WINO_M, WA, m, out);
     const float b = BIAS ? bias[o] : 0.0f;
     __global float* plane = y + y_off + (i * O + o) * OH * OW;
-    const int oy = 2 * ty, ox = 2 * tx;
-    for (int k = 0; k < 2; k++) {
+    const int oy = WINO_M * ty, ox = WINO_M * tx;
+    for (int k = 0; k < WINO_M; k++) {
         if (oy + k >= OH) break;
-        for (int l = 0; l < 2; l++) {
+        for (int l = 0; l < WINO_M; l++) {
             if (ox + l >= OW) break;
-            float v = out[2 * k + l] + b;
+            float v = out[WINO_M * k + l] + b;
             if (RELU) v = fmax(v, 0.0f);
             plane[(oy + k) * OW + ox + l] = v;
         }
@@ -148,17 +204,15 @@ __kernel void winograd_grad_output(__global const float* restrict dy, const int 
     if (o >= O || p >= P) return;
     const int tx = p % TW, ty = (p / TW) % TH, i = p / (TW * TH);
     __global const float* plane = dy + dy_off + (i * O + o) * OH * OW;
-    const int oy = 2 * ty, ox = 2 * tx;
-    float d[4];
-    for (int k = 0; k < 2; k++)
-        for (int l = 0; l < 2; l++)
-            d[2 * k + l] = (oy + k < OH && ox + l < OW) ? plane[(oy + k) * OW + ox + l] : 0.0f;
-    float t[8];  // A dY: 4 rows x 2 columns
-    for (int l = 0; l < 2; l++) WINO_A(d[l], d[2 + l], t[l], t[2 + l], t[4 + l], t[6 + l]);
-    float z[16];  // (A dY) A^T
-    for (int r = 0; r < 4; r++) WINO_A(t[2 * r], t[2 * r + 1], z[4 * r], z[4 * r + 1], z[4 * r + 2], z[4 * r + 3]);
+    const int oy = WINO_M * ty, ox = WINO_M * tx;
+    float d[WINO_M * WINO_M];
+    for (int k = 0; k < WINO_M; k++)
+        for (int l = 0; l < WINO_M; l++)
+            d[WINO_M * k + l] = (oy + k < OH && ox + l < OW) ? plane[(oy + k) * OW + ox + l] : 0.0f;
+    float z[WAA];
+    SANDWICH_T(AT, WA, WINO_M, d, z);
     const int po = P * O;
-    for (int xi = 0; xi < 16; xi++) Z[xi * po + p * O + o] = z[xi];
+    for (int xi = 0; xi < WAA; xi++) Z[xi * po + p * O + o] = z[xi];
 }
 
 __kernel void winograd_grad_weights(__global const float* restrict Mhat, const int O, const int C,
@@ -166,12 +220,9 @@ __kernel void winograd_grad_weights(__global const float* restrict Mhat, const i
     const int e = get_global_id(0);
     if (e >= O * C) return;
     const int oc = O * C;
-    float m[16];
-    for (int xi = 0; xi < 16; xi++) m[xi] = Mhat[xi * oc + e];
-    float t[12];  // G^T m: 3 rows x 4 columns
-    for (int q = 0; q < 4; q++) WINO_GT(m[q], m[4 + q], m[8 + q], m[12 + q], t[q], t[4 + q], t[8 + q]);
-    float g[9];  // (G^T m) G
-    for (int r = 0; r < 3; r++)
-        WINO_GT(t[4 * r], t[4 * r + 1], t[4 * r + 2], t[4 * r + 3], g[3 * r], g[3 * r + 1], g[3 * r + 2]);
-    for (int k = 0; k < 9; k++) dw[e * 9 + k] += g[k];
+    float m[WAA];
+    for (int xi = 0; xi < WAA; xi++) m[xi] = Mhat[xi * oc + e];
+    float g[WINO_R * WINO_R];
+    SANDWICH_T(G, WINO_R, WA, m, g);
+    for (int k = 0; k < WINO_R * WINO_R; k++) dw[e * WINO_R * WINO_R + k] += g[k];
 }

@@ -314,12 +314,13 @@ def _col2im(col, s, n0, nimg, dx):
     kernels.launch(dx.device, k, size, None, col, *s.geometry(nimg), dx, n0 * s.C * s.H * s.W, what="col2im")
 
 
-# Convolution algorithms. im2col + GEMM runs every shape; Winograd F(2x2,3x3) (winograd.py) runs 3x3 stride-1
-# layers with 2.25x fewer multiply-adds, and wins where channels are many (its transforms cost traffic per pixel);
-# direct (direct.py, forward only) reads x and w in place, for few input channels. Forward, data gradient and weight
+# Convolution algorithms. im2col + GEMM runs every shape; Winograd (winograd.py) runs 3x3 and 5x5 stride-1 layers
+# with 2.25-4x fewer multiply-adds, and wins where channels are many (its transforms cost traffic per pixel); direct
+# (direct.py, forward only) reads x and w in place, for few input channels. Forward, data gradient and weight
 # gradient are three separate choices.
 WINOGRAD_MIN_CHANNELS = 16
 DIRECT_MAX_CHANNELS_CPU = 64  # input channels per group up to which direct is PoCL's default forward
+WINOGRAD_TILE = {"winograd": 2, "winograd4": 4}  # algorithm name -> output tile side m of F(m x m, r x r)
 
 
 def _conv_key(kind, s):
@@ -331,15 +332,13 @@ def _conv_algorithm(dev, kind, s, run):
     """The algorithm for one pass (kind: conv2d_fwd, conv2d_bwd_data, conv2d_bwd_weights) of a layer of shape s:
     tuned, else the default, from those that can run it."""
     from . import direct, winograd  # both build on this module
-    options = ["im2col"]
-    if winograd.supported(s):
-        options.append("winograd")
+    options = ["im2col"] + [a for a, m in WINOGRAD_TILE.items() if winograd.supported(s, m)]
     if kind == "conv2d_fwd" and direct.supported(s):
         options.append("direct")
-    # Defaults from measurements. H200: the tuner picked Winograd's forward and data gradient for every VGG 3x3
+    # Defaults from measurements. H200: the tuner picked F(2x2, 3x3)'s forward and data gradient for every VGG 3x3
     # layer. PoCL: direct beat im2col's forward 1.3-2.9x for 1 to 64 input channels per group (first layers,
     # LeNet, 3x3 64->64), and im2col's row-per-work-item lowering beats Winograd's transforms. Winograd's weight
-    # gradient (slower on PoCL) and direct on GPUs are not measured there yet: only the tuner picks them.
+    # gradient (slower on PoCL), F(4x4, 3x3) and direct on GPUs are not measured there yet: only the tuner picks them.
     if not dev.is_gpu and "direct" in options and s.C // s.G <= DIRECT_MAX_CHANNELS_CPU:
         default = "direct"
     elif dev.is_gpu and "winograd" in options and min(s.C, s.O) >= WINOGRAD_MIN_CHANNELS \
@@ -357,8 +356,8 @@ def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):
     from . import direct, winograd
 
     def run(algorithm):
-        if algorithm == "winograd":
-            return winograd.conv2d_forward(x, w, bias, s, relu, what=what)
+        if algorithm in WINOGRAD_TILE:
+            return winograd.conv2d_forward(x, w, bias, s, relu, what=what, m=WINOGRAD_TILE[algorithm])
         if algorithm == "direct":
             return direct.conv2d_forward(x, w, bias, s, relu, what=what)
         return _conv2d_forward_im2col(x, w, bias, s, relu, what)
@@ -395,14 +394,14 @@ def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward"):
     dev = x.device
 
     def weights(algorithm):
-        if algorithm == "winograd":
-            winograd.conv2d_backward_weights(x, dy, s, dw, what=what + " (weights)")
+        if algorithm in WINOGRAD_TILE:
+            winograd.conv2d_backward_weights(x, dy, s, dw, what=what + " (weights)", m=WINOGRAD_TILE[algorithm])
         else:
             _conv2d_backward_im2col(x, w, dy, s, dw, False, what)
 
     def data(algorithm):
-        if algorithm == "winograd":
-            return winograd.conv2d_backward_data(w, dy, s, what=what + " (data)")
+        if algorithm in WINOGRAD_TILE:
+            return winograd.conv2d_backward_data(w, dy, s, what=what + " (data)", m=WINOGRAD_TILE[algorithm])
         return _conv2d_backward_im2col(x, w, dy, s, None, True, what)
 
     w_alg = _conv_algorithm(dev, "conv2d_bwd_weights", s, weights)

@@ -160,12 +160,14 @@ def test_autotune_accepts_any_output_and_refuses_another_device(dev, cache_dir):
             clnet.autotune(features, (2, 3, 6, 6), device=clnet.device(others[0]["index"]))
 
 
-@pytest.mark.parametrize("fwd,wgt,data", [("winograd", "winograd", "winograd"), ("im2col", "winograd", "im2col"),
-                                          ("winograd", "im2col", "winograd"), ("im2col", "im2col", "winograd"),
-                                          ("direct", "im2col", "im2col"), ("direct", "winograd", "winograd")])
-def test_every_mix_of_convolution_algorithms_is_right(dev, rng, cache_dir, fwd, wgt, data):
+@pytest.mark.parametrize("k,fwd,wgt,data", [
+    (3, "winograd", "winograd", "winograd"), (3, "im2col", "winograd", "im2col"), (3, "winograd", "im2col", "winograd"),
+    (3, "im2col", "im2col", "winograd"), (3, "direct", "im2col", "im2col"), (3, "direct", "winograd", "winograd"),
+    (3, "winograd4", "winograd", "winograd4"), (3, "im2col", "winograd4", "im2col"),
+    (5, "winograd", "winograd", "winograd"), (5, "direct", "winograd", "im2col")])
+def test_every_mix_of_convolution_algorithms_is_right(dev, rng, cache_dir, k, fwd, wgt, data):
     """Forward, weight gradient and data gradient choose their algorithms separately (from the cache here)."""
-    layer = nn.Conv2d(16, 17, 3, padding=(1, 2)).to(dev)
+    layer = nn.Conv2d(16, 17, k, padding=(k // 2, k // 2 + 1)).to(dev)
     x = rng.standard_normal((2, 16, 7, 6)).astype(np.float32)
     s = layer.conv_shape(x.shape)
     tuning.store(dev, {ops._conv_key("conv2d_fwd", s): fwd, ops._conv_key("conv2d_bwd_weights", s): wgt,
@@ -179,7 +181,8 @@ def test_every_mix_of_convolution_algorithms_is_right(dev, rng, cache_dir, fwd, 
         tuning.used = None
     ran = {k.split()[0]: v for per_tag in used.values() for k, v in per_tag.items() if not k.startswith("gemm")}
     assert ran == {"conv2d_fwd": fwd, "conv2d_bwd_weights": wgt, "conv2d_bwd_data": data}
-    ry, rdx, rdw, rdb = ref.conv2d(x, layer.weight.numpy(), layer.bias.numpy(), (1, 1), (1, 2), (2, 4), (1, 1), 1, dy)
+    ry, rdx, rdw, rdb = ref.conv2d(x, layer.weight.numpy(), layer.bias.numpy(), (1, 1), (k // 2, k // 2 + 1),
+                                   (k // 2 * 2, k // 2 * 2 + 2), (1, 1), 1, dy)
     assert_close(y.numpy(), ry, "y", tol=1e-5)
     assert_close(dx.numpy(), rdx, "dx", tol=1e-5)
     assert_close(layer.weight.grad.numpy(), rdw, "dw", tol=1e-5)

@@ -1,4 +1,5 @@
-"""Winograd F(2x2, 3x3) convolution, forward, backward-data and backward-weights, against the float64 NumPy reference.
+"""Winograd convolution, forward, backward-data and backward-weights, against the float64 NumPy reference, for each
+variant: F(2x2, 3x3), F(4x4, 3x3) and F(2x2, 5x5).
 
 Tolerance: float32 Winograd F(2, 3) measured against float64 on PoCL (normwise relative error; worst element relative
 to the largest magnitude), 3x3 'same' layers with weights of PyTorch's default scale:
@@ -15,6 +16,15 @@ The weight gradient sums over every pixel of the batch, so its error grows with 
     C=256, O=64, 2x14x14:   3.2e-7 / 4.5e-7 (im2col 3.4e-7 / 7.5e-7)
     C=16,  O=16, 8x28x28:   5.1e-7 / 6.0e-7 (im2col 3.7e-7 / 3.8e-7)
 TOL_DW is about 5x the largest; the shapes tested here are smaller, so it has room.
+
+The 6x6-tile variants, F(4, 3) and F(2, 5), measured the same way on PoCL (normwise / worst element):
+    F(4, 3), C=64,  O=64, 2x14x14: forward 1.1e-6 / 2.0e-6, backward-data 1.0e-6 / 2.0e-6, weights 8.4e-7 / 1.3e-6
+    F(4, 3), C=256, O=64, 2x14x14: forward 2.0e-6 / 4.1e-6, backward-data 1.1e-6 / 2.6e-6, weights 8.4e-7 / 1.4e-6
+    F(4, 3), C=64,  O=64, 4x28x28: weights 1.8e-6 / 4.4e-6
+    F(2, 5), C=64,  O=64, 2x14x14: forward 1.3e-6 / 1.6e-6, backward-data 1.3e-6 / 1.8e-6, weights 1.5e-6 / 4.5e-6
+    F(2, 5), C=256, O=64, 2x14x14: forward 2.4e-6 / 2.9e-6, backward-data 1.3e-6 / 2.0e-6, weights 1.5e-6 / 3.8e-6
+    F(2, 5), C=64,  O=64, 4x28x28: weights 4.0e-6 / 1.2e-5
+about 4-5x F(2, 3)'s (their transforms multiply by 2, 4, 8 and divide by 6, 15, 30); their tolerances are 4-5x.
 """
 import numpy as np
 import pytest
@@ -26,19 +36,23 @@ from clnet.ops import ConvShape
 import reference as ref
 from conftest import assert_close, needs_torch
 
-TOL = 3e-6
-TOL_DW = 4e-6
-TOL_TINY = 1e-5
+# by transformed tile side a = m + r - 1
+TOL = {4: 3e-6, 6: 1.2e-5}
+TOL_DW = {4: 4e-6, 6: 2e-5}
+TOL_TINY = {4: 1e-5, 6: 4e-5}
+VARIANTS = [(2, 3), (4, 3), (2, 5)]  # (m, r), each listed here to be tested
+VARIANT_IDS = [f"F{m}x{r}" for m, r in VARIANTS]
 
 
-def conv_shape(N, C, H, W, O, padding):
-    """(ConvShape, pad_begin, pad_total): an int or 'same' goes through nn.Conv2d as a layer would compute it; a pair
-    ((top, left), (top + bottom, left + right)) gives asymmetric padding directly."""
+def conv_shape(N, C, H, W, O, padding, r=3):
+    """(ConvShape, pad_begin, pad_total) of an r x r layer: an int or 'same' goes through nn.Conv2d as a layer would
+    compute it; a pair ((top, left), (top + bottom, left + right)) gives asymmetric padding directly."""
     if isinstance(padding, tuple):
         begin, total = padding
-        s = ConvShape(N, C, H, W, O, 3, 3, 1, 1, begin[0], begin[1], 1, 1, 1, H + total[0] - 2, W + total[1] - 2)
+        s = ConvShape(N, C, H, W, O, r, r, 1, 1, begin[0], begin[1], 1, 1, 1, H + total[0] - r + 1,
+                      W + total[1] - r + 1)
         return s, begin, total
-    layer = nn.Conv2d(C, O, 3, padding=padding)
+    layer = nn.Conv2d(C, O, r, padding=padding)
     return layer.conv_shape((N, C, H, W)), layer._pad_begin, layer._pad_total
 
 
@@ -59,40 +73,57 @@ CASES = [
     (2, 64, 6, 5, 70, 1, True, True),
     (2, 128, 8, 8, 64, "same", True, False),
 ]
+CASES_5 = [
+    # the same, for 5x5 kernels
+    (1, 1, 1, 1, 1, 2, True, False),               # one pixel
+    (2, 1, 2, 2, 3, 2, False, False),
+    (1, 3, 5, 5, 2, 0, True, False),               # one output pixel
+    (3, 3, 7, 7, 4, "same", True, True),           # odd sizes: clipped tiles on the bottom and right
+    (2, 17, 7, 9, 5, 4, True, False),              # output 11x13, larger than the input
+    (1, 17, 31, 33, 8, 2, False, True),
+    (2, 5, 8, 9, 3, ((1, 0), (3, 4)), True, False),  # top 1 bottom 2, left 0 right 4
+    (2, 3, 6, 7, 2, ((5, 0), (6, 1)), True, False),  # top 5: the backward-data convolution's padding is negative
+    (2, 64, 6, 5, 70, 2, True, True),
+]
+FORWARD = [(m, r, case) for m, r in VARIANTS for case in (CASES if r == 3 else CASES_5)]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
-def test_winograd_conv2d(dev, rng, case):
+@pytest.mark.parametrize("m,r,case", FORWARD, ids=[f"F{m}x{r}-{i}" for i, (m, r, _) in enumerate(FORWARD)])
+def test_winograd_conv2d(dev, rng, m, r, case):
     N, C, H, W, O, padding, has_bias, relu = case
-    s, begin, total = conv_shape(N, C, H, W, O, padding)
-    assert winograd.supported(s)
+    s, begin, total = conv_shape(N, C, H, W, O, padding, r)
+    assert winograd.supported(s, m)
+    a = m + r - 1
     x = rng.standard_normal((N, C, H, W)).astype(np.float32)
-    w = (rng.uniform(-1, 1, (O, C, 3, 3)) / np.sqrt(9 * C)).astype(np.float32)
+    w = (rng.uniform(-1, 1, (O, C, r, r)) / np.sqrt(r * r * C)).astype(np.float32)
     b = rng.uniform(-1, 1, O).astype(np.float32) if has_bias else None
     dy = rng.standard_normal((N, O, s.OH, s.OW)).astype(np.float32)
     ry, rdx, _, _ = ref.conv2d(x, w, b, (1, 1), begin, total, (1, 1), 1, dy)
     if relu:
         ry = np.maximum(ry, 0.0)
     wt = clnet.tensor(w, dev)
-    y = winograd.conv2d_forward(clnet.tensor(x, dev), wt, clnet.tensor(b, dev) if has_bias else None, s, relu=relu)
-    dx = winograd.conv2d_backward_data(wt, clnet.tensor(dy, dev), s)
+    y = winograd.conv2d_forward(clnet.tensor(x, dev), wt, clnet.tensor(b, dev) if has_bias else None, s, relu=relu,
+                                m=m)
+    dx = winograd.conv2d_backward_data(wt, clnet.tensor(dy, dev), s, m=m)
     # A result of a few elements is a sum whose Winograd terms can cancel to far below their own size: its error is
     # relative to those terms, not to the result (one pixel's input gradient came out 3.3e-6 off, about one full run
     # in fifteen). Such results get TOL_TINY, still 1e5 times finer than any indexing mistake.
-    assert_close(y.numpy(), ry, "output", tol=TOL if ry.size >= 16 else TOL_TINY)
-    assert_close(dx.numpy(), rdx, "grad input", tol=TOL if rdx.size >= 16 else TOL_TINY)
+    assert_close(y.numpy(), ry, "output", tol=TOL[a] if ry.size >= 16 else TOL_TINY[a])
+    assert_close(dx.numpy(), rdx, "grad input", tol=TOL[a] if rdx.size >= 16 else TOL_TINY[a])
 
 
 @needs_torch
-@pytest.mark.parametrize("case", [CASES[3], CASES[8]], ids=["same", "asymmetric"])
-def test_winograd_against_torch(dev, rng, case):
+@pytest.mark.parametrize("m,r,case", [(m, r, (CASES if r == 3 else CASES_5)[i]) for m, r in VARIANTS for i in (3, 8)],
+                         ids=[f"F{m}x{r}-{k}" for m, r in VARIANTS for k in ("same", "asymmetric")])
+def test_winograd_against_torch(dev, rng, m, r, case):
     """A second, independent reference: PyTorch in float64, asymmetric padding through F.pad."""
     import torch
     import torch.nn.functional as F
     N, C, H, W, O, padding, _, relu = case
-    s, begin, total = conv_shape(N, C, H, W, O, padding)
+    s, begin, total = conv_shape(N, C, H, W, O, padding, r)
+    a = m + r - 1
     x = rng.standard_normal((N, C, H, W)).astype(np.float32)
-    w = rng.standard_normal((O, C, 3, 3)).astype(np.float32)
+    w = rng.standard_normal((O, C, r, r)).astype(np.float32)
     b = rng.standard_normal(O).astype(np.float32)
     dy = rng.standard_normal((N, O, s.OH, s.OW)).astype(np.float32)
     tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
@@ -102,13 +133,13 @@ def test_winograd_against_torch(dev, rng, case):
     ty.backward(torch.tensor(dy, dtype=torch.float64))
     ry = torch.relu(ty).detach().numpy() if relu else ty.detach().numpy()
     wt = clnet.tensor(w, dev)
-    y = winograd.conv2d_forward(clnet.tensor(x, dev), wt, clnet.tensor(b, dev), s, relu=relu)
-    dx = winograd.conv2d_backward_data(wt, clnet.tensor(dy, dev), s)
+    y = winograd.conv2d_forward(clnet.tensor(x, dev), wt, clnet.tensor(b, dev), s, relu=relu, m=m)
+    dx = winograd.conv2d_backward_data(wt, clnet.tensor(dy, dev), s, m=m)
     dw = clnet.tensor(np.zeros_like(w), dev)
-    winograd.conv2d_backward_weights(clnet.tensor(x, dev), clnet.tensor(dy, dev), s, dw)
-    assert_close(y.numpy(), ry, "output", tol=TOL)
-    assert_close(dx.numpy(), tx.grad.numpy(), "grad input", tol=TOL)
-    assert_close(dw.numpy(), tw.grad.numpy(), "grad weights", tol=TOL_DW)
+    winograd.conv2d_backward_weights(clnet.tensor(x, dev), clnet.tensor(dy, dev), s, dw, m=m)
+    assert_close(y.numpy(), ry, "output", tol=TOL[a])
+    assert_close(dx.numpy(), tx.grad.numpy(), "grad input", tol=TOL[a])
+    assert_close(dw.numpy(), tw.grad.numpy(), "grad weights", tol=TOL_DW[a])
 
 
 WEIGHT_CASES = [
@@ -127,27 +158,40 @@ WEIGHT_CASES = [
     (3, 4, 4, 5, 17, ((3, 0), (4, 1))),      # 6x4: top 3, more than the kernel reaches
     (3, 64, 14, 14, 64, 1),                  # 14x14: a longer reduction
 ]
+WEIGHT_CASES_5 = [
+    (1, 1, 1, 1, 1, 2),                      # 1x1
+    (3, 3, 5, 5, 17, 0),                     # 1x1 from a 5x5 image
+    (3, 17, 6, 7, 3, 0),                     # 2x3
+    (1, 64, 7, 7, 3, 2),                     # 7x7
+    (3, 3, 31, 33, 5, 2),                    # 31x33
+    (3, 17, 6, 7, 3, ((1, 0), (3, 4))),      # 5x7: top 1 bottom 2, left 0 right 4
+    (3, 4, 6, 7, 17, ((5, 0), (6, 1))),      # 8x4: top 5, more than the kernel reaches
+    (3, 64, 14, 14, 64, 2),                  # 14x14: a longer reduction
+]
+WEIGHTS = [(m, r, case) for m, r in VARIANTS for case in (WEIGHT_CASES if r == 3 else WEIGHT_CASES_5)]
 
 
-def check_backward_weights(dev, rng, N, C, H, W, O, padding, tol=TOL_DW):
+def check_backward_weights(dev, rng, N, C, H, W, O, padding, m=2, r=3):
     """dw, starting from random values, plus Winograd's weight gradient against the float64 reference's."""
-    s, begin, total = conv_shape(N, C, H, W, O, padding)
-    assert winograd.supported(s)
+    s, begin, total = conv_shape(N, C, H, W, O, padding, r)
+    assert winograd.supported(s, m)
+    a = m + r - 1
     x = rng.standard_normal((N, C, H, W)).astype(np.float32)
-    w = (rng.uniform(-1, 1, (O, C, 3, 3)) / np.sqrt(9 * C)).astype(np.float32)
+    w = (rng.uniform(-1, 1, (O, C, r, r)) / np.sqrt(r * r * C)).astype(np.float32)
     dy = rng.standard_normal((N, O, s.OH, s.OW)).astype(np.float32)
     _, _, rdw, _ = ref.conv2d(x, w, None, (1, 1), begin, total, (1, 1), 1, dy)
     dw0 = rng.standard_normal(w.shape).astype(np.float32)
     dw = clnet.tensor(dw0, dev)
-    winograd.conv2d_backward_weights(clnet.tensor(x, dev), clnet.tensor(dy, dev), s, dw)
+    winograd.conv2d_backward_weights(clnet.tensor(x, dev), clnet.tensor(dy, dev), s, dw, m=m)
     # += semantics: subtract the starting values in float64, so the comparison is of the gradient alone (the float32
     # sum dw0 + gradient rounds at dw0's size: a gradient of a few tiny elements gets TOL_TINY, as above)
-    assert_close(dw.numpy().astype(np.float64) - dw0, rdw, "grad weights", tol=tol if rdw.size >= 16 else TOL_TINY)
+    assert_close(dw.numpy().astype(np.float64) - dw0, rdw, "grad weights",
+                 tol=TOL_DW[a] if rdw.size >= 16 else TOL_TINY[a])
 
 
-@pytest.mark.parametrize("case", WEIGHT_CASES, ids=[str(i) for i in range(len(WEIGHT_CASES))])
-def test_winograd_conv2d_backward_weights(dev, rng, case):
-    check_backward_weights(dev, rng, *case)
+@pytest.mark.parametrize("m,r,case", WEIGHTS, ids=[f"F{m}x{r}-{i}" for i, (m, r, _) in enumerate(WEIGHTS)])
+def test_winograd_conv2d_backward_weights(dev, rng, m, r, case):
+    check_backward_weights(dev, rng, *case, m=m, r=r)
 
 
 def test_winograd_backward_weights_accumulates(dev, rng):
@@ -160,7 +204,7 @@ def test_winograd_backward_weights_accumulates(dev, rng):
     for dy in dys:
         winograd.conv2d_backward_weights(clnet.tensor(x, dev), clnet.tensor(dy, dev), s, dw)
     rdw = sum(ref.conv2d(x, w, None, (1, 1), begin, total, (1, 1), 1, dy)[2] for dy in dys)
-    assert_close(dw.numpy(), rdw, "grad weights", tol=TOL_DW)
+    assert_close(dw.numpy(), rdw, "grad weights", tol=TOL_DW[4])
 
 
 def test_winograd_backward_weights_checks_shapes(dev):
@@ -170,41 +214,49 @@ def test_winograd_backward_weights_checks_shapes(dev):
         winograd.conv2d_backward_weights(x, dy, s, clnet.tensor(np.zeros((5, 4, 3, 3), np.float32), dev))
 
 
-def test_winograd_large_batch_is_chunked(dev, rng, monkeypatch):
+@pytest.mark.parametrize("m,r", VARIANTS, ids=VARIANT_IDS)
+def test_winograd_large_batch_is_chunked(dev, rng, monkeypatch, m, r):
     """Batches whose transformed buffers exceed the budget run in chunks (here one image each) with the same result."""
     monkeypatch.setitem(tuning.COL_BYTES, "gpu", 3000)
     monkeypatch.setitem(tuning.COL_BYTES, "cpu", 3000)
-    s, begin, total = conv_shape(5, 3, 7, 6, 4, 1)
-    assert winograd.chunk(s, dev) == 1
+    a = m + r - 1
+    s, begin, total = conv_shape(5, 3, 7, 6, 4, r // 2, r)
+    assert winograd.chunk(s, dev, m) == 1
     x = rng.standard_normal((5, 3, 7, 6)).astype(np.float32)
-    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    w = rng.standard_normal((4, 3, r, r)).astype(np.float32)
     b = rng.standard_normal(4).astype(np.float32)
     dy = rng.standard_normal((5, 4, s.OH, s.OW)).astype(np.float32)
     ry, rdx, _, _ = ref.conv2d(x, w, b, (1, 1), begin, total, (1, 1), 1, dy)
     wt = clnet.tensor(w, dev)
-    y = winograd.conv2d_forward(clnet.tensor(x, dev), wt, clnet.tensor(b, dev), s)
-    dx = winograd.conv2d_backward_data(wt, clnet.tensor(dy, dev), s)
-    assert_close(y.numpy(), ry, "output", tol=TOL)
-    assert_close(dx.numpy(), rdx, "grad input", tol=TOL)
-    # the weight gradient accumulates its chunks into one Winograd-domain buffer: with padding 2 (output 9x10) and an
-    # asymmetric one (output 6x5), and dw starting non-zero
-    for padding in (2, ((1, 0), (1, 1))):
-        s, _, _ = conv_shape(5, 3, 7, 6, 4, padding)
-        assert winograd.chunk(s, dev) == 1
-        check_backward_weights(dev, rng, 5, 3, 7, 6, 4, padding)
+    y = winograd.conv2d_forward(clnet.tensor(x, dev), wt, clnet.tensor(b, dev), s, m=m)
+    dx = winograd.conv2d_backward_data(wt, clnet.tensor(dy, dev), s, m=m)
+    assert_close(y.numpy(), ry, "output", tol=TOL[a])
+    assert_close(dx.numpy(), rdx, "grad input", tol=TOL[a])
+    # the weight gradient accumulates its chunks into one Winograd-domain buffer: with a padding larger than the
+    # kernel's half (output larger than the input) and an asymmetric one, and dw starting non-zero
+    for padding in (r // 2 + 1, ((1, 0), (r - 2, r - 1))):
+        s, _, _ = conv_shape(5, 3, 7, 6, 4, padding, r)
+        assert winograd.chunk(s, dev, m) == 1
+        check_backward_weights(dev, rng, 5, 3, 7, 6, 4, padding, m, r)
 
 
 def test_winograd_supported():
-    """Only 3x3, stride 1, dilation 1, one group; padding and sizes are free. Pure Python, no device."""
+    """F(2, 3) and F(4, 3) for 3x3, F(2, 5) for 5x5; stride 1, dilation 1, one group; padding and sizes are free.
+    Pure Python, no device."""
     def shape(**kw):
         args = dict(kernel_size=3, stride=1, padding=1, dilation=1, groups=1)
         args.update(kw)
         return nn.Conv2d(4, 8, **args).conv_shape((2, 4, 9, 9))
-    assert winograd.supported(shape())
-    assert winograd.supported(shape(padding=0))
-    assert winograd.supported(shape(padding="same"))
-    assert winograd.supported(shape(padding=3))
-    for kw in (dict(kernel_size=5), dict(kernel_size=(3, 1)), dict(stride=2), dict(dilation=2), dict(groups=2)):
-        assert not winograd.supported(shape(**kw)), kw
+    for m in (2, 4):
+        assert winograd.supported(shape(), m)
+        assert winograd.supported(shape(padding=0), m)
+        assert winograd.supported(shape(padding="same"), m)
+        assert winograd.supported(shape(padding=3), m)
+    assert winograd.supported(shape(kernel_size=5, padding=2), 2)
+    assert not winograd.supported(shape(kernel_size=5, padding=2), 4)
+    for kw in (dict(kernel_size=7), dict(kernel_size=1), dict(kernel_size=(3, 1)), dict(kernel_size=(5, 3)),
+               dict(stride=2), dict(dilation=2), dict(groups=2)):
+        for m in (2, 4):
+            assert not winograd.supported(shape(**kw), m), (kw, m)
     with pytest.raises(ValueError, match="Winograd"):
         winograd.conv2d_forward(None, None, None, shape(stride=2))  # refused before any device work
