@@ -11,7 +11,9 @@ LOG="$OUT/h200.log"
   python3 -m clnet.cli devices
 } 2>&1 | tee "$LOG"
 if [ "${RUN_TESTS:-1}" = 1 ]; then
-  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests} 2>&1 | tail -8 | tee -a "$LOG"
+  # PYTEST_K selects tests (e.g. "not pthread": only the NVIDIA-parametrised ones, not PoCL's CPU device as well)
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} \
+    2>&1 | tail -30 | tee -a "$LOG"
 fi
 timeout 200 python3 bench/sgemm.py --device gpu --sizes ${SGEMM_SIZES:-1024 4096 8192} ${SWEEP:+--sweep} \
   --json "$OUT/sgemm-h200.json" \

@@ -4,8 +4,9 @@
 //   col2im: the adjoint: dcol (C*KH*KW, nimg*OH*OW) -> dx (nimg, C, H, W), each input element gathering from every
 //           window position that read it (no atomics, deterministic). Writes dx; does not accumulate.
 // Two shapes of each, chosen by device class (tuning.py):
-//   im2col, col2im              GPU-shaped: one work-item per element, consecutive work-items on consecutive
-//                               addresses (coalesced).
+//   im2col, col2im              GPU-shaped: consecutive work-items on consecutive addresses of col (coalesced);
+//                               im2col has a work-item per column and channel (its KH*KW rows), col2im one per
+//                               element of dx.
 //   im2col_rows, col2im_planes  CPU-shaped: one work-item per row of col (one (c, ky, kx) of one image), or per input
 //                               plane, looping over pixels without a division per element; col2im_planes scatters
 //                               the plane's windows into dx in a fixed order (the plane is the work-item's own, so
@@ -18,17 +19,24 @@
     const int PH, const int PW, const int DH, const int DW, const int OH, const int OW, const int nimg
 
 __kernel void im2col(__global const float* restrict x, const int x_off, CONV_GEOMETRY, __global float* restrict col) {
-    const int j = get_global_id(0);
-    const int r = get_global_id(1);
-    const int ohw = OH * OW;
-    if (j >= nimg * ohw || r >= C * KH * KW) return;
+    const int j = get_global_id(0);  // column: image i, output pixel (oy, ox)
+    const int c = get_global_id(1);  // channel: rows c*KH*KW to (c + 1)*KH*KW - 1
+    const int ohw = OH * OW, np = nimg * ohw;
+    if (j >= np || c >= C) return;
+    // the divisions once per work-item, not per element: they were most of the cost of one work-item per element
     const int i = j / ohw, p = j % ohw;
-    const int oy = p / OW, ox = p % OW;
-    const int kx = r % KW, ky = (r / KW) % KH, c = r / (KW * KH);
-    const int y = oy * SH - PH + ky * DH, xx = ox * SW - PW + kx * DW;
-    float v = 0.0f;
-    if (y >= 0 && y < H && xx >= 0 && xx < W) v = x[x_off + ((i * C + c) * H + y) * W + xx];
-    col[r * (nimg * ohw) + j] = v;
+    const int y0 = (p / OW) * SH - PH, x0 = (p % OW) * SW - PW;
+    __global const float* plane = x + x_off + (i * C + c) * H * W;
+    __global float* out = col + c * KH * KW * np + j;
+    for (int ky = 0; ky < KH; ky++) {
+        const int y = y0 + ky * DH;
+        const bool row_in = y >= 0 && y < H;
+        for (int kx = 0; kx < KW; kx++) {
+            const int xx = x0 + kx * DW;
+            *out = (row_in && xx >= 0 && xx < W) ? plane[y * W + xx] : 0.0f;
+            out += np;
+        }
+    }
 }
 
 __kernel void col2im(__global const float* restrict col, CONV_GEOMETRY, __global float* restrict dx, const int dx_off) {

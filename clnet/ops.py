@@ -300,7 +300,7 @@ class ConvShape:
 def _im2col(x, s, n0, nimg, col):
     rows = s.C * s.KH * s.KW
     if not tuning.cpu_shaped(x.device):
-        k, size = kernels.kernel(x.device, "im2col.cl", "im2col"), (nimg * s.OH * s.OW, rows)
+        k, size = kernels.kernel(x.device, "im2col.cl", "im2col"), (nimg * s.OH * s.OW, s.C)
     else:
         k, size = kernels.kernel(x.device, "im2col.cl", "im2col_rows"), (rows, nimg)
     kernels.launch(x.device, k, size, None, x, n0 * s.C * s.H * s.W, *s.geometry(nimg), col, what="im2col")
@@ -338,11 +338,11 @@ def _conv_algorithm(dev, kind, s, run):
     # Defaults from measurements. H200: the tuner picked F(2x2, 3x3)'s forward and data gradient for every VGG 3x3
     # layer. PoCL: direct beat im2col's forward 1.3-2.9x for 1 to 64 input channels per group (first layers,
     # LeNet, 3x3 64->64), and im2col's row-per-work-item lowering beats Winograd's transforms. Winograd's weight
-    # gradient (slower on PoCL), F(4x4, 3x3) and direct on GPUs are not measured there yet: only the tuner picks them.
+    # gradient is slower on PoCL; on the H200 it took 0.36-0.45 of im2col's time at every VGG, AlexNet and OverFeat
+    # 3x3 layer (bench/results/h200-v6). F(4x4, 3x3) and direct on GPUs: only the tuner picks them.
     if not dev.is_gpu and "direct" in options and s.C // s.G <= DIRECT_MAX_CHANNELS_CPU:
         default = "direct"
-    elif dev.is_gpu and "winograd" in options and min(s.C, s.O) >= WINOGRAD_MIN_CHANNELS \
-            and kind != "conv2d_bwd_weights":
+    elif dev.is_gpu and "winograd" in options and min(s.C, s.O) >= WINOGRAD_MIN_CHANNELS:
         default = "winograd"
     else:
         default = "im2col"
