@@ -371,8 +371,11 @@ TUNE_BUDGET_S = 120.0  # first-run tuning inside `clnet bench`; `clnet tune` has
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--tune/--no-tune", default=None,
               help="autotune shapes missing from the cache first [default: on GPUs, where it takes seconds]")
+@click.option("--less-accurate", is_flag=True,
+              help="let the tuner pick algorithms with a larger float32 error than the default's (Winograd "
+                   "F(4x4,3x3): 4-5x per layer), as cudnn.benchmark does")
 def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path, markdown, compare, tf32,
-          list_models, seed, tune):
+          list_models, seed, tune, less_accurate):
     """Time training iterations of MODEL (forward, backward, update), layer by layer."""
     if list_models or model is None:
         for name, entry in models.MODELS.items():
@@ -419,12 +422,14 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
     labels = data_rng.integers(0, classes, batch).astype(np.int32)
     click.echo(f"clnet bench {model}: batch {batch}, {iterations} iterations after {warmup} warm-up, on "
                f"{dev.name} ({dev.platform_name}, driver {dev.driver_version})", err=True)
+    tuning.allow_less_accurate = less_accurate
     tune_report = tune_first(net, in_shape, dev, tune, TUNE_BUDGET_S, lambda line: click.echo(line, err=True),
                              progress=lambda line: click.echo("tune " + line, err=True))
     builds = kernels.build_count
     cl_res = run_clnet(net, dev, x, labels, iterations, warmup, forward_only, progress=True)
     result = dict(
         model=model, batch=batch, iterations=iterations, warmup=warmup, forward_only=forward_only,
+        less_accurate=less_accurate,
         env=dict(device=dev.name, platform=dev.platform_name, driver=dev.driver_version, opencl=dev.version,
                  device_type=dev.kind, compute_units=dev.compute_units, clnet=__version__,
                  python=platform.python_version(), host=platform.node(),

@@ -36,7 +36,10 @@ def devices():
 @click.option("--budget", type=float, default=600.0, show_default=True,
               help="seconds after which no new shape is started (the rest keep their defaults)")
 @click.option("--retune", is_flag=True, help="time shapes again even if the cache has them")
-def tune(model, device_spec, batch, budget, retune):
+@click.option("--less-accurate", is_flag=True,
+              help="also try algorithms with a larger float32 error than the default's (Winograd F(4x4,3x3): 4-5x "
+                   "per layer), as cudnn.benchmark does")
+def tune(model, device_spec, batch, budget, retune, less_accurate):
     """Time every kernel choice of MODEL's training iteration on the device; store the fastest in the cache."""
     from . import models, tune as tune_mod, tuning
     from .devices import DeviceNotFound, device
@@ -48,6 +51,7 @@ def tune(model, device_spec, batch, budget, retune):
         dev = device(device_spec)
     except DeviceNotFound as e:
         raise click.ClickException(str(e))
+    tuning.allow_less_accurate = less_accurate
     click.echo(f"tuning {model} on {dev.name}; cache {tuning.cache_path()}", err=True)
     report = tune_mod.tune_model(model, dev, batch, budget_s=budget, retune=retune,
                                  progress=lambda line: click.echo(line, err=True))

@@ -321,6 +321,7 @@ def _col2im(col, s, n0, nimg, dx):
 WINOGRAD_MIN_CHANNELS = 16
 DIRECT_MAX_CHANNELS_CPU = 64  # input channels per group up to which direct is PoCL's default forward
 WINOGRAD_TILE = {"winograd": 2, "winograd4": 4}  # algorithm name -> output tile side m of F(m x m, r x r)
+LESS_ACCURATE = {"winograd4"}  # offered only with tuning.allow_less_accurate
 
 
 def _conv_key(kind, s):
@@ -332,14 +333,15 @@ def _conv_algorithm(dev, kind, s, run):
     """The algorithm for one pass (kind: conv2d_fwd, conv2d_bwd_data, conv2d_bwd_weights) of a layer of shape s:
     tuned, else the default, from those that can run it."""
     from . import direct, winograd  # both build on this module
-    options = ["im2col"] + [a for a, m in WINOGRAD_TILE.items() if winograd.supported(s, m)]
+    options = ["im2col"] + [a for a, m in WINOGRAD_TILE.items() if winograd.supported(s, m)
+                            and (a not in LESS_ACCURATE or tuning.allow_less_accurate)]
     if kind == "conv2d_fwd" and direct.supported(s):
         options.append("direct")
     # Defaults from measurements. H200: the tuner picked F(2x2, 3x3)'s forward and data gradient for every VGG 3x3
     # layer. PoCL: direct beat im2col's forward 1.3-2.9x for 1 to 64 input channels per group (first layers,
     # LeNet, 3x3 64->64), and im2col's row-per-work-item lowering beats Winograd's transforms. Winograd's weight
     # gradient is slower on PoCL; on the H200 it took 0.36-0.45 of im2col's time at every VGG, AlexNet and OverFeat
-    # 3x3 layer (bench/results/h200-v6). F(4x4, 3x3) and direct on GPUs: only the tuner picks them.
+    # 3x3 layer (bench/results/h200-v6). Direct on GPUs, and F(4x4, 3x3) where allowed: only the tuner picks them.
     if not dev.is_gpu and "direct" in options and s.C // s.G <= DIRECT_MAX_CHANNELS_CPU:
         default = "direct"
     elif dev.is_gpu and "winograd" in options and min(s.C, s.O) >= WINOGRAD_MIN_CHANNELS:

@@ -18,6 +18,14 @@ def dev(request):
     return clnet.device(request.param)
 
 
+@pytest.fixture(autouse=True)
+def accuracy_first(monkeypatch):
+    """Each test starts with the tuner's accuracy rule in force; a test (or a command it runs) that allows less
+    accurate algorithms does so for itself alone."""
+    from clnet import tuning
+    monkeypatch.setattr(tuning, "allow_less_accurate", False)
+
+
 @pytest.fixture
 def rng():
     """Fresh random data per test (the seed is printed on failure for replay)."""

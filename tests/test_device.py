@@ -90,7 +90,8 @@ def test_pool_reuses_buffers(dev):
 GEMM_CASES = [(1, 1, 1), (3, 31, 33), (65, 17, 129), (130, 129, 31), (33, 200, 65), (3, 17, 2049)]  # last: split-K
 
 
-@pytest.fixture(params=["device-default", "tiled-small", "tiled-large", "tiled-shallow", "tiled-deep", "block"])
+@pytest.fixture(params=["device-default", "tiled-small", "tiled-large", "tiled-shallow", "tiled-deep", "tiled-wide",
+                        "block"])
 def gemm_variant(request, monkeypatch):
     """Every GEMM kernel shape is checked on every device, not only the one its tuning would pick."""
     from clnet import tuning
@@ -98,6 +99,8 @@ def gemm_variant(request, monkeypatch):
               # an 8-deep slice over 128 work-items: another split of the fetches
               "tiled-shallow": dict(kernel="gemm_tiled", TM=32, TN=64, TK=8, WM=4, WN=4),
               "tiled-deep": dict(tuning.GEMM_TILED_SMALL, TK=32, LBUF=1),
+              # 8x16 outputs per work-item, 256 columns per tile
+              "tiled-wide": dict(kernel="gemm_tiled", TM=128, TN=256, TK=8, WM=8, WN=16),
               "block": tuning.GEMM_BLOCK}.get(request.param)
     if forced:
         monkeypatch.setattr(tuning, "gemm_config", lambda *args, **kwargs: forced)

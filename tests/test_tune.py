@@ -165,8 +165,9 @@ def test_autotune_accepts_any_output_and_refuses_another_device(dev, cache_dir):
     (3, "im2col", "im2col", "winograd"), (3, "direct", "im2col", "im2col"), (3, "direct", "winograd", "winograd"),
     (3, "winograd4", "winograd", "winograd4"), (3, "im2col", "winograd4", "im2col"),
     (5, "winograd", "winograd", "winograd"), (5, "direct", "winograd", "im2col")])
-def test_every_mix_of_convolution_algorithms_is_right(dev, rng, cache_dir, k, fwd, wgt, data):
+def test_every_mix_of_convolution_algorithms_is_right(dev, rng, cache_dir, monkeypatch, k, fwd, wgt, data):
     """Forward, weight gradient and data gradient choose their algorithms separately (from the cache here)."""
+    monkeypatch.setattr(tuning, "allow_less_accurate", True)  # F(4x4, 3x3) is among them
     layer = nn.Conv2d(16, 17, k, padding=(k // 2, k // 2 + 1)).to(dev)
     x = rng.standard_normal((2, 16, 7, 6)).astype(np.float32)
     s = layer.conv_shape(x.shape)
@@ -187,3 +188,29 @@ def test_every_mix_of_convolution_algorithms_is_right(dev, rng, cache_dir, k, fw
     assert_close(dx.numpy(), rdx, "dx", tol=1e-5)
     assert_close(layer.weight.grad.numpy(), rdw, "dw", tol=1e-5)
     assert_close(layer.bias.grad.numpy(), rdb, "db", tol=1e-5)
+
+
+def test_less_accurate_algorithms_need_consent(dev, rng, cache_dir, monkeypatch):
+    """F(4x4, 3x3) (4-5x F(2x2, 3x3)'s float32 error) is neither tried by the tuner nor taken from the cache unless
+    tuning.allow_less_accurate is set (`--less-accurate`)."""
+    layer = nn.Conv2d(16, 17, 3, padding=1).to(dev)
+    x = clnet.tensor(rng.standard_normal((2, 16, 8, 8)).astype(np.float32), dev)
+    key = ops._conv_key("conv2d_fwd", layer.conv_shape(x.shape))
+
+    def offered():  # the forward's candidates, as the tuner records them
+        sites = tune.record(lambda: layer(x))
+        return list(sites[key][0])
+    assert "winograd4" not in offered()
+    monkeypatch.setattr(tuning, "allow_less_accurate", True)
+    assert "winograd4" in offered()
+    tuning.store(dev, {key: "winograd4"})
+    monkeypatch.setattr(tuning, "allow_less_accurate", False)
+    tuning.forget()
+    tuning.used = used = {}
+    try:
+        with pytest.warns(UserWarning, match="less accurate than the default"):
+            layer(x)
+    finally:
+        tuning.used = None
+    ran = [v for per_tag in used.values() for k, v in per_tag.items() if k == key]
+    assert ran and "winograd4" not in ran
