@@ -286,9 +286,9 @@ recorder = None   # set by the autotuner while it records
 # Tuning changes speed, not accuracy: no candidate sums longer float32 runs than the default (split-K), and algorithms
 # with a larger float32 error than the default's are tried only when this is True (set it before the first run, or
 # pass --less-accurate to `clnet tune` / `clnet bench`). Today that is Winograd F(4x4, 3x3): 4-5x F(2x2, 3x3)'s
-# error per layer (tests/test_winograd.py), which on the H200 moved overfeat's gradients 5e-3 from float64
-# (bench/results/h200-v7) and made its iteration 1.11x cuDNN's speed instead of about 0.9x; cudnn.benchmark makes
-# the same trade without asking.
+# error per layer (tests/test_winograd.py). On the H200 with it (bench/results/h200-v7), overfeat's iteration ran at
+# 1.11x cuDNN's speed, but its gradients came out 5e-3 from float64 against PyTorch's 1-2e-3 (2.7e-3 with
+# F(2x2, 3x3) in v6); cudnn.benchmark makes such trades without asking.
 allow_less_accurate = False
 used = None       # set by the benchmark: {profiler tag: {key: description of the choice that ran}}
 
