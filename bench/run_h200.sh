@@ -11,7 +11,8 @@ LOG="$OUT/h200.log"
   python3 -m clnet.cli devices
 } 2>&1 | tee "$LOG"
 if [ "${RUN_TESTS:-1}" = 1 ]; then
-  # PYTEST_K selects tests (e.g. "not pthread": only the NVIDIA-parametrised ones, not PoCL's CPU device as well)
+  # PYTEST_K selects tests by id, e.g. "not 1-cpu": tests run on every device, and the device's index and name are in
+  # the id (the lent machine's PoCL device is "cpu-skylake-...", not "pthread-..." as on the CI machine)
   timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} \
     2>&1 | tail -30 | tee -a "$LOG"
 fi
