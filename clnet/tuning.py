@@ -293,7 +293,8 @@ allow_less_accurate = False
 used = None       # set by the benchmark: {profiler tag: {key: description of the choice that ran}}
 
 
-_checked = {}  # (device, key) -> whether the cached entry passed valid(); cleared when entries change
+_checked = {}  # (device, key, allow_less_accurate) -> whether the cached entry passed valid(); cleared when entries
+# change
 _defaults = {}  # (device, key) -> default(), which depends only on the device and the shape the key names
 
 
@@ -307,9 +308,9 @@ def choose(dev, key, default, candidates=None, run=None, valid=None):
             recorder.add(key, options, run)
     choice = entries(dev).get(key)
     if choice is not None and valid is not None:
-        ok = _checked.get((dev, key))
+        ok = _checked.get((dev, key, allow_less_accurate))
         if ok is None:
-            ok = _checked[(dev, key)] = bool(valid(choice))
+            ok = _checked[(dev, key, allow_less_accurate)] = bool(valid(choice))
             if not ok:
                 warnings.warn(f"clnet: ignoring the tuning cache's entry for '{key}' ({choice}): this version of "
                               "clnet does not offer it here, or it is less accurate than the default; `clnet tune "
