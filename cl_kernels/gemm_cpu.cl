@@ -8,7 +8,10 @@
 //               Where B is k-fast (b_rs == 1: weight gradients, Linear's forward), the copy loads 8 consecutive k of
 //               each of 8 columns as vectors and transposes them in registers, instead of gathering 16 scalars per k
 //               from 16 columns (often a multiple of 4 KiB apart, so their 16 cache lines share one L1 set).
-//               Partial sums wait in private memory between slices and are added in plain k order.
+//               Each slice's sums start from zero in registers and are then added to the totals, which wait in
+//               private memory between slices: a two-level sum, whose float32 error grows with KC + K/KC terms
+//               instead of K (a Linear layer of 36,864 inputs: 2.4e-6 -> 3.0e-7 from float64, NumPy's 3.2e-7;
+//               bench/NOTES_cpu_gemm.md, v4).
 //               KC == 0: each register block reads B in place over the whole k range (no private slivers).
 //               Global: (ceil(N/16), ceil(M/RM), batch * ksplit); work-group (WG, 1, 1), or the driver's if WG 0.
 // Defines (besides gemm_common.h's):
@@ -107,10 +110,10 @@ typedef float8 __attribute__((aligned(4))) float8_unaligned;
     }
 
 // The register block: rows m .. m + MR - 1 (clamped to M - 1: never stored), k in [KFROM, KTO), row k of the 16
-// columns of B given as two float8 expressions of k.
+// columns of B given as two float8 expressions of k; it sums the range from zero and adds that to acc.
 #define ROW_BEGIN(i) \
     __global const float* a##i = Ab + MIN(m + i, M - 1) * a_rs; \
-    float8 lo##i = acc[(s + i) * 2], hi##i = acc[(s + i) * 2 + 1];
+    float8 lo##i = (float8)(0.0f), hi##i = (float8)(0.0f);
 #if KC > 0 && A_SPLIT
 #define A_AT(i, k) a##i[acol[(k) - k0]]
 #else
@@ -121,7 +124,7 @@ typedef float8 __attribute__((aligned(4))) float8_unaligned;
         lo##i += av * bl; \
         hi##i += av * bh; \
     }
-#define ROW_END(i) acc[(s + i) * 2] = lo##i; acc[(s + i) * 2 + 1] = hi##i;
+#define ROW_END(i) acc[(s + i) * 2] += lo##i; acc[(s + i) * 2 + 1] += hi##i;
 #define REGISTER_BLOCK(KFROM, KTO, BL, BH) { \
         FOR_ROWS(ROW_BEGIN) \
         for (int k = KFROM; k < KTO; k++) { \

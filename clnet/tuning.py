@@ -288,7 +288,8 @@ recorder = None   # set by the autotuner while it records
 # pass --less-accurate to `clnet tune` / `clnet bench`). Today that is Winograd F(4x4, 3x3): 4-5x F(2x2, 3x3)'s
 # error per layer (tests/test_winograd.py). On the H200 with it (bench/results/h200-v7), overfeat's iteration ran at
 # 1.11x cuDNN's speed, but its gradients came out 5e-3 from float64 against PyTorch's 1-2e-3 (2.7e-3 with
-# F(2x2, 3x3) in v6); cudnn.benchmark makes such trades without asking.
+# F(2x2, 3x3) in v6): its larger error flipped a ReLU whose input was within rounding of zero (reproduced on PoCL by
+# bench/relu_flips.py). cudnn.benchmark makes such trades without asking.
 allow_less_accurate = False
 used = None       # set by the benchmark: {profiler tag: {key: description of the choice that ran}}
 
