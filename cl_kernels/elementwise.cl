@@ -6,6 +6,9 @@
 //   bias_grad db[c] += sum over n and p of dy[n, c, p] for dy (N, C, P); one work-group of LSIZE per channel.
 //             With PARTIAL, work-group (c, s) sums only the s-th run of `chunk` (n, p) pairs and stores it in
 //             db[s*C + c]: a first pass for large N*P, whose (S, C) result a plain pass then adds up in order.
+//   bias_grad_planes  the same, CPU-shaped: one work-item per channel sums each of its N planes in eight lanes
+//             (a float8, one vector register), then the lanes, then adds the plane sums in order: no division
+//             per element, no local memory or barriers, and no chain of dependent additions P long.
 // Defines: ACT (1 ReLU, 2 Sigmoid, 3 Tanh), LSIZE (work-group size of bias_grad, a power of two), PARTIAL 0/1.
 #include "common.h"
 
@@ -100,4 +103,24 @@ void bias_grad(__global const float* restrict dy, __global float* restrict db, c
 #else
     if (lid == 0) db[c] += part[0];
 #endif
+}
+
+// An unaligned float8 load: p + o is only float-aligned (PoCL does not inline vload8).
+typedef float8 __attribute__((aligned(4))) float8_unaligned;
+
+__kernel void bias_grad_planes(__global const float* restrict dy, __global float* restrict db, const int N,
+                               const int C, const int P) {
+    const int c = get_global_id(0);
+    if (c >= C) return;
+    const int P8 = P & ~7;
+    float total = 0.0f;
+    for (int n = 0; n < N; n++) {
+        __global const float* plane = dy + (n * C + c) * P;
+        float8 lanes = (float8)(0.0f);
+        for (int p = 0; p < P8; p += 8) lanes += *(__global const float8_unaligned*)(plane + p);
+        float s = ((lanes.s0 + lanes.s1) + (lanes.s2 + lanes.s3)) + ((lanes.s4 + lanes.s5) + (lanes.s6 + lanes.s7));
+        for (int p = P8; p < P; p++) s += plane[p];
+        total += s;
+    }
+    db[c] += total;
 }

@@ -3,7 +3,8 @@
 // atomics are needed and results are deterministic.
 //   maxpool2d_fwd  y = max over the window (padding never wins); idx = the argmax's offset y*W + x in its plane, the
 //                  first one on ties (as PyTorch)
-//   maxpool2d_fwd_rows    the same, CPU-shaped: one work-item per output row, no division per element
+//   maxpool2d_fwd_planes  the same, CPU-shaped: one work-item per plane, looping over its rows without a division
+//                  per element, the running maximum kept by selects rather than branches
 //   maxpool2d_bwd  dx = sum of dy over the windows whose argmax is this element
 //   maxpool2d_bwd_planes  the same, CPU-shaped: one work-item per plane zeroes it and adds each window's dy at its
 //                  argmax, in window order (the plane is its own: no atomics, deterministic)
@@ -39,27 +40,35 @@ __kernel void maxpool2d_fwd(__global const float* restrict x, POOL_GEOMETRY, __g
     idx[e] = arg;
 }
 
-__kernel void maxpool2d_fwd_rows(__global const float* restrict x, POOL_GEOMETRY, __global float* restrict y,
-                                 __global int* restrict idx) {
-    const int oy = get_global_id(0), nc = get_global_id(1);
-    if (oy >= OH || nc >= NC) return;
-    const int y0 = oy * SH - PH;
-    const int ky0 = y0 < 0 ? -y0 : 0, ky1 = H - y0 < KH ? H - y0 : KH;
+__kernel void maxpool2d_fwd_planes(__global const float* restrict x, POOL_GEOMETRY, __global float* restrict y,
+                                   __global int* restrict idx) {
+    const int nc = get_global_id(0);
+    if (nc >= NC) return;
     __global const float* plane = x + nc * H * W;
-    __global float* out = y + (nc * OH + oy) * OW;
-    __global int* arg_out = idx + (nc * OH + oy) * OW;
-    for (int ox = 0, x0 = -PW; ox < OW; ox++, x0 += SW) {
-        const int kx0 = x0 < 0 ? -x0 : 0, kx1 = W - x0 < KW ? W - x0 : KW;
-        float best = -INFINITY;
-        int arg = -1;
-        for (int ky = ky0; ky < ky1; ky++)
-            for (int kx = kx0; kx < kx1; kx++) {
-                const int off = (y0 + ky) * W + x0 + kx;
-                const float v = plane[off];
-                if (v > best || arg < 0) { best = v; arg = off; }
+    for (int oy = 0, y0 = -PH; oy < OH; oy++, y0 += SH) {
+        const int ky0 = y0 < 0 ? -y0 : 0, ky1 = H - y0 < KH ? H - y0 : KH;
+        __global float* out = y + (nc * OH + oy) * OW;
+        __global int* arg_out = idx + (nc * OH + oy) * OW;
+        for (int ox = 0, x0 = -PW; ox < OW; ox++, x0 += SW) {
+            const int kx0 = x0 < 0 ? -x0 : 0, kx1 = W - x0 < KW ? W - x0 : KW;
+            if (ky0 >= ky1 || kx0 >= kx1) {  // all padding (MaxPool2d's checks rule it out): as maxpool2d_fwd
+                out[ox] = -INFINITY;
+                arg_out[ox] = -1;
+                continue;
             }
-        out[ox] = best;
-        arg_out[ox] = arg;
+            int arg = (y0 + ky0) * W + x0 + kx0;  // the window's first element (padding never wins)
+            float best = plane[arg];
+            for (int ky = ky0; ky < ky1; ky++)
+                for (int kx = kx0; kx < kx1; kx++) {
+                    const int off = (y0 + ky) * W + x0 + kx;
+                    const float v = plane[off];
+                    const bool better = v > best;  // strictly: the first maximum wins ties, as PyTorch
+                    best = better ? v : best;
+                    arg = better ? off : arg;
+                }
+            out[ox] = best;
+            arg_out[ox] = arg;
+        }
     }
 }
 

@@ -161,8 +161,13 @@ def dropout_forward(x, p, seed):
 
 def bias_grad(dy, db, N, C, P):
     """db += sum of dy (N, C, P) over N and P. Few channels over many pixels (a first layer) would leave most of a GPU
-    idle with a work-group per channel, so there each channel's sum is cut into runs first, then added in order."""
+    idle with a work-group per channel, so there each channel's sum is cut into runs first, then added in order. CPUs
+    take a channel per work-item (bias_grad_planes)."""
     dev = dy.device
+    if tuning.cpu_shaped(dev):
+        k = kernels.kernel(dev, "elementwise.cl", "bias_grad_planes")
+        kernels.launch(dev, k, (C,), None, dy, db, N, C, P, what="bias gradient")
+        return
     lsize = 256 if dev.max_work_group_size >= 256 else 1 << (dev.max_work_group_size.bit_length() - 1)
     runs = tuning.reduction_runs(dev, N * P, C, lsize)
     if runs > 1:
@@ -228,7 +233,7 @@ def maxpool_forward(x, out_hw, k, s, p):
         kernels.launch(x.device, kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd"), (y.size,), None, *args,
                        what="max pooling")
     else:
-        kernels.launch(x.device, kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_rows"), (out_hw[0], N * C), None,
+        kernels.launch(x.device, kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_planes"), (N * C,), None,
                        *args, what="max pooling")
     return y, idx
 

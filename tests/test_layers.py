@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import clnet
-from clnet import nn
+from clnet import nn, ops
 
 import reference as ref
 from conftest import assert_close, needs_torch
@@ -61,6 +61,7 @@ def test_conv2d(dev, rng, case, kernel_shape):
 def test_bias_gradient_in_runs(dev, rng, monkeypatch):
     """The two-pass bias gradient (sums cut into runs, as on GPUs for first layers) against the reference."""
     from clnet import tuning
+    monkeypatch.setattr(tuning, "cpu_shaped", lambda dev: False)  # the runs are the GPU shape's
     monkeypatch.setattr(tuning, "reduction_runs", lambda dev, n, groups, lsize: 3)
     layer = nn.Conv2d(2, 3, 3).to(dev)
     x = rng.standard_normal((5, 2, 11, 13)).astype(np.float32)
@@ -69,6 +70,16 @@ def test_bias_gradient_in_runs(dev, rng, monkeypatch):
     layer.backward(clnet.tensor(dy, dev))
     # tolerance scaled for a sum with heavy cancellation (about 1 seed in 300 failed at 1e-6)
     assert_close(layer.bias.grad.numpy(), dy.astype(np.float64).sum(axis=(0, 2, 3)), "bias gradient", tol=1e-5)
+
+
+@pytest.mark.parametrize("N,C,P", [(1, 1, 1), (3, 7, 33), (2, 5, 577), (64, 3, 8), (5, 500, 1)])
+def test_bias_gradient(dev, rng, kernel_shape, N, C, P):
+    """db += the sum of dy over images and pixels, in both kernel shapes, P not a multiple of any vector width."""
+    dy = rng.standard_normal((N, C, P)).astype(np.float32)
+    db0 = rng.standard_normal(C).astype(np.float32)
+    db = clnet.tensor(db0, dev)
+    ops.bias_grad(clnet.tensor(dy, dev), db, N, C, P)
+    assert_close(db.numpy(), db0 + dy.astype(np.float64).sum(axis=(0, 2)), "bias gradient", tol=1e-5)
 
 
 def test_conv2d_large_batch_is_chunked(dev, rng, monkeypatch):
