@@ -28,7 +28,8 @@ def main():
     ap.add_argument("--conv3", default="winograd", help="algorithm for 3x3 layers: im2col, winograd, winograd4")
     ap.add_argument("--conv5", default="winograd", help="algorithm for 5x5 layers: im2col, winograd")
     args = ap.parse_args()
-    os.environ.setdefault("CLNET_CACHE_DIR", tempfile.mkdtemp(prefix="clnet-flips-"))  # never the user's cache
+    # the forced choices go to a cache of their own, never the user's
+    os.environ["CLNET_CACHE_DIR"] = tempfile.mkdtemp(prefix="clnet-flips-")
     import torch
     import clnet
     from clnet import bench, models, nn, ops, rng, tuning

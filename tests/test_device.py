@@ -10,6 +10,7 @@ from clnet import ops
 from clnet.ops import Mat
 
 from conftest import assert_close
+from test_tune import cache_dir  # noqa: F401 (the fixture: a private tuning cache)
 
 
 def test_devices_listed():
@@ -192,17 +193,22 @@ def test_argument_sets_are_kept_by_their_bits(dev):
         assert np.all(C.numpy() == 3 * alpha)
 
 
-def test_deep_products_stay_accurate(dev, rng):
+def test_deep_products_stay_accurate(dev, rng, cache_dir):
     """A Linear layer with 32,768 inputs after a ReLU (all inputs >= 0): a plain float32 running sum over k drifts
     (2.4e-6 normwise for 36,864 inputs on PoCL, where NumPy's BLAS gives 3.2e-7); the kernels must sum in stages
-    (CPU: per 256-deep slice, then the slices; GPU: split-K), which keeps this at NumPy's level."""
+    (CPU: per 256-deep slice, then the slices; GPU: split-K), which keeps this at NumPy's level. The default and
+    every tuning candidate."""
     from clnet import tuning
     M, N, K = 96, 1024, 32768
     if not dev.is_gpu:
         assert tuning.gemm_default(dev, M, N, K, 1)["ksplit"] == 1  # the one long sum per work-item is what's checked
     A = np.maximum(rng.standard_normal((M, K)), 0).astype(np.float32)
     B = (rng.uniform(-1, 1, (K, N)) / np.sqrt(K)).astype(np.float32)
-    C = clnet.tensor(np.zeros((M, N), np.float32), dev)
-    ops.gemm(M, N, K, clnet.tensor(A, dev), Mat(rs=K, cs=1), clnet.tensor(B, dev), Mat(rs=N, cs=1), C,
-             Mat(rs=N, cs=1))
-    assert_close(C.numpy(), A.astype(np.float64) @ B.astype(np.float64), "C", tol=1e-6)
+    expected = A.astype(np.float64) @ B.astype(np.float64)
+    a, b, c = Mat(rs=K, cs=1), Mat(rs=N, cs=1), Mat(rs=N, cs=1)
+    At, Bt = clnet.tensor(A, dev), clnet.tensor(B, dev)
+    for choice in tuning.gemm_candidates(dev, M, N, K, 1, True, False):
+        tuning.store(dev, {ops.gemm_key(M, N, K, 1, a, b, c): choice})
+        C = clnet.tensor(np.zeros((M, N), np.float32), dev)
+        ops.gemm(M, N, K, At, a, Bt, b, C, c)
+        assert_close(C.numpy(), expected, f"C by {tuning.describe(choice)}", tol=1e-6)

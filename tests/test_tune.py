@@ -66,16 +66,17 @@ def test_budget_leaves_the_rest_at_defaults(dev, cache_dir):
 
 
 @pytest.mark.parametrize("M,N,K", [(20, 25, 9216), (100, 100, 65536), (64, 108, 200704), (512, 512, 300),
-                                   (64, 576, 586)])  # last: slices rounded up to a tile depth
+                                   (64, 576, 586),  # slices rounded up to a tile depth
+                                   (96, 1024, 32768)])  # one slice on a CPU: only staged sums may run it
 def test_no_candidate_sums_longer_runs_than_the_default(dev, M, N, K):
-    """A slice of K is one float32 running sum: no candidate may cut longer slices than the default, whatever its
-    tile shape (smaller tiles fill the device with fewer slices)."""
+    """No candidate may make longer float32 running sums than the default (tuning.run_length: a slice of K, or a
+    stage of gemm_block's two-level sum), whatever its tile shape (smaller tiles fill the device with fewer slices)."""
     default = tuning.gemm_default(dev, M, N, K, 1)
     candidates = tuning.gemm_candidates(dev, M, N, K, 1, True, True)
     assert candidates[0] == default
     for c in candidates:
         # the slices as the launch cuts them (rounded up to whole tile depths)
-        assert tuning.slices(c["cfg"], K, c["ksplit"])[1] <= tuning.slices(default["cfg"], K, default["ksplit"])[1], c
+        assert tuning.run_length(c["cfg"], K, c["ksplit"]) <= tuning.run_length(default["cfg"], K, default["ksplit"]), c
         assert tuning.valid_gemm(dev, c, M, N, K, 1, False)
 
 
@@ -104,8 +105,13 @@ def test_invalid_cached_entries_fall_back_to_the_default_with_a_warning(dev, cac
     a = b = c = Mat(rs=8, cs=1)
     key = ops.gemm_key(M, N, K, 1, a, b, c)
     default = tuning.gemm_default(dev, M, N, K, 1)
+    # a misspelt kernel, a missing split, a split of 0, and a real tile whose running sums are longer than the
+    # default's (GPU: the default tile with fewer slices; CPU: a tile without staged sums)
+    longest = tuning.run_length(default["cfg"], K, default["ksplit"])
+    longer = next(dict(cfg=cfg, ksplit=ks) for cfg in tuning.GEMM_CANDIDATES[tuning.device_class(dev)]
+                  for ks in (1, max(1, default["ksplit"] // 2)) if tuning.run_length(cfg, K, ks) > longest)
     bad = [dict(cfg=dict(kernel="gemm_blocked"), ksplit=1), dict(cfg=default["cfg"]),
-           dict(cfg=default["cfg"], ksplit=max(1, default["ksplit"] // 2) if default["ksplit"] > 1 else 0)]
+           dict(cfg=default["cfg"], ksplit=0), longer]
     for entry in bad:
         tuning.store(dev, {key: entry})
         with pytest.warns(UserWarning, match="ignoring the tuning cache"):
