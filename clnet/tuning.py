@@ -294,12 +294,12 @@ class Recorder:
 recorder = None   # set by the autotuner while it records
 # Tuning changes speed, not accuracy: no candidate sums longer float32 runs than the default (run_length), and
 # algorithms with a larger float32 error than the default's are tried only when this is True (set it before the first
-# run, or pass --less-accurate to `clnet tune` / `clnet bench`). Today that is Winograd F(4x4, 3x3): 4-5x F(2x2,
-# 3x3)'s error per layer (tests/test_winograd.py). On the H200 with it (bench/results/h200-v7), overfeat's iteration
-# ran at 1.11x cuDNN's speed, but its gradients came out 5e-3 from float64 against PyTorch's 1-2e-3 (2.7e-3 with
-# F(2x2, 3x3) in v6): its larger error flipped a ReLU whose input was within rounding of zero (reproduced on PoCL by
-# bench/relu_flips.py). cudnn.benchmark makes such trades without asking. F(2x2, 5x5) errs as much per layer but is
-# not gated: it is clnet's only fast algorithm for 5x5 layers, and the networks using it stayed within the bench's
+# run, or pass --less-accurate to `clnet tune` / `clnet bench`). Today that is Winograd F(4x4,3x3): 4-5x F(2x2,3x3)'s
+# error per layer (tests/test_winograd.py). On the H200 with it (bench/results/h200-v7), overfeat's iteration ran at
+# 1.11x cuDNN's speed, but its gradients came out 5e-3 from float64 against PyTorch's 1-2e-3 (2.7e-3 with F(2x2,3x3)
+# in v6): its larger error flipped a ReLU whose input was within rounding of zero (reproduced on PoCL by
+# bench/relu_flips.py). cudnn.benchmark makes such trades without asking. F(2x2,5x5) errs as much per layer but is not
+# gated: it is clnet's only fast algorithm for 5x5 layers, and the networks using it stayed within the bench's
 # agreement rule (2x cuDNN's error against float64): alexnet 1.8e-3 against 9.5e-4, overfeat 3.3e-3 against 2.0e-3
 # (H200, v8); overfeat at batch 128 on PoCL 2.3e-3 against 1.6e-3. AlexNet's margin is thin.
 allow_less_accurate = False
