@@ -47,6 +47,16 @@ def assert_close(actual, expected, name, tol=2e-5):
         f"{name}: relative error {norm:.2e} (worst element {worst:.2e} of the largest magnitude), tolerance {tol:.0e}"
 
 
+def assert_close_to_terms(actual, expected, terms, name, tol):
+    """Compare each element's error with the size of the terms it sums (|a| |b| summed as the result sums a b): the
+    scale of float32's error bound. For results of a few elements, which can cancel to far below their terms."""
+    actual = np.asarray(actual, dtype=np.float64)
+    assert actual.shape == np.shape(expected), f"{name}: shape {actual.shape}, expected {np.shape(expected)}"
+    assert np.all(np.isfinite(actual)), f"{name}: non-finite values in the result"
+    worst = np.max(np.abs(actual - expected) / np.maximum(terms, 1e-30), initial=0.0)
+    assert worst < tol, f"{name}: error {worst:.2e} of the terms' size, tolerance {tol:.0e}"
+
+
 try:
     import torch  # noqa: F401
     HAVE_TORCH = True

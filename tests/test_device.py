@@ -9,7 +9,7 @@ from clnet import devices as device_mod
 from clnet import ops
 from clnet.ops import Mat
 
-from conftest import assert_close
+from conftest import assert_close, assert_close_to_terms
 from test_tune import cache_dir  # noqa: F401 (the fixture: a private tuning cache)
 
 
@@ -125,7 +125,13 @@ def test_gemm_layouts(dev, rng, gemm_variant, M, N, K, trans_a, trans_b):
     A64 = (A.T if trans_a else A).astype(np.float64)
     B64 = (B.T if trans_b else B).astype(np.float64)
     expected = np.maximum(0.5 * A64 @ B64 + 2.0 * C0 + bias, 0)
-    assert_close(C.numpy(), expected, "C", tol=1e-5)
+    if expected.size >= 16:
+        assert_close(C.numpy(), expected, "C", tol=1e-5)
+    else:
+        # a few outputs can each be a sum whose terms cancel to far below their size (about one full run in five
+        # failed a result-relative check): check each against the size of its terms instead
+        terms = 0.5 * np.abs(A64) @ np.abs(B64) + 2.0 * np.abs(C0) + np.abs(bias)
+        assert_close_to_terms(C.numpy(), expected, terms, "C", tol=1e-6)
 
 
 def test_gemm_batched_with_split_columns(dev, rng, gemm_variant):
