@@ -93,37 +93,22 @@ __constant float AT[WINO_M * WA] = {1, 1, 1, 1, 1, 0,  0, 1, -1, 2, -0.5f, 0,  0
 #error "supported variants: F(2, 3), F(2, 5), F(4, 3)"
 #endif
 
-// out (n x n) = L in L^T, for L (n x k) stored row-major and in (k x k). The sizes are constants at every call, so
-// the loops unroll and the products with L's zeros and ones fold away.
-#define SANDWICH(L, n, k, in, out) do { \
+// out (n x n) = L in L^T, for in (k x k) and L (n x k) whose element (i, l) is L[i * RS + l * CS]: (RS, CS) = (k, 1)
+// for a matrix stored (n x k) row-major, (1, n) for the transpose of one stored (k x n), which gives the adjoint
+// transforms (A dY A^T from A^T, G^T M G from G). The sizes are constants at every call, so the loops unroll and the
+// products with L's zeros and ones fold away.
+#define SANDWICH(L, RS, CS, n, k, in, out) do { \
     float t_[(n) * (k)]; \
     for (int i_ = 0; i_ < (n); i_++) \
         for (int j_ = 0; j_ < (k); j_++) { \
             float s_ = 0.0f; \
-            for (int l_ = 0; l_ < (k); l_++) s_ += (L)[i_ * (k) + l_] * (in)[l_ * (k) + j_]; \
+            for (int l_ = 0; l_ < (k); l_++) s_ += (L)[i_ * (RS) + l_ * (CS)] * (in)[l_ * (k) + j_]; \
             t_[i_ * (k) + j_] = s_; \
         } \
     for (int i_ = 0; i_ < (n); i_++) \
         for (int j_ = 0; j_ < (n); j_++) { \
             float s_ = 0.0f; \
-            for (int l_ = 0; l_ < (k); l_++) s_ += t_[i_ * (k) + l_] * (L)[j_ * (k) + l_]; \
-            (out)[i_ * (n) + j_] = s_; \
-        } \
-} while (0)
-
-// out (n x n) = L^T in L, for L (k x n) stored row-major and in (k x k): the adjoint of SANDWICH.
-#define SANDWICH_T(L, n, k, in, out) do { \
-    float t_[(n) * (k)]; \
-    for (int i_ = 0; i_ < (n); i_++) \
-        for (int j_ = 0; j_ < (k); j_++) { \
-            float s_ = 0.0f; \
-            for (int l_ = 0; l_ < (k); l_++) s_ += (L)[l_ * (n) + i_] * (in)[l_ * (k) + j_]; \
-            t_[i_ * (k) + j_] = s_; \
-        } \
-    for (int i_ = 0; i_ < (n); i_++) \
-        for (int j_ = 0; j_ < (n); j_++) { \
-            float s_ = 0.0f; \
-            for (int l_ = 0; l_ < (k); l_++) s_ += t_[i_ * (k) + l_] * (L)[l_ * (n) + j_]; \
+            for (int l_ = 0; l_ < (k); l_++) s_ += t_[i_ * (k) + l_] * (L)[j_ * (RS) + l_ * (CS)]; \
             (out)[i_ * (n) + j_] = s_; \
         } \
 } while (0)
@@ -136,7 +121,7 @@ __kernel void winograd_weights(__global const float* restrict w, const int O, co
     float g[WINO_R * WINO_R];
     for (int k = 0; k < WINO_R * WINO_R; k++) g[k] = w[e * WINO_R * WINO_R + (FLIP ? WINO_R * WINO_R - 1 - k : k)];
     float u[WAA];
-    SANDWICH(G, WA, WINO_R, g, u);
+    SANDWICH(G, WINO_R, 1, WA, WINO_R, g, u);
     const int oc = O * C;
     const int dst = FLIP ? c * O + o : e;
     for (int xi = 0; xi < WAA; xi++) U[xi * oc + dst] = u[xi];
@@ -162,7 +147,7 @@ __kernel void winograd_input(__global const float* restrict x, const int x_off, 
         }
     }
     float v[WAA];
-    SANDWICH(BT, WA, WA, d, v);
+    SANDWICH(BT, WA, 1, WA, WA, d, v);
     const int cp = C * P;
     const int dst = V_PC ? p * C + c : c * P + p;
     for (int xi = 0; xi < WAA; xi++) V[xi * cp + dst] = v[xi];
@@ -180,7 +165,7 @@ __kernel void winograd_output(__global const float* restrict M, __global const f
     float m[WAA];
     for (int xi = 0; xi < WAA; xi++) m[xi] = M[xi * op + o * P + p];
     float out[WINO_M * WINO_M];
-    SANDWICH(AT, WINO_M, WA, m, out);
+    SANDWICH(AT, WA, 1, WINO_M, WA, m, out);
     const float b = BIAS ? bias[o] : 0.0f;
     __global float* plane = y + y_off + (i * O + o) * OH * OW;
     const int oy = WINO_M * ty, ox = WINO_M * tx;
@@ -210,7 +195,7 @@ __kernel void winograd_grad_output(__global const float* restrict dy, const int 
         for (int l = 0; l < WINO_M; l++)
             d[WINO_M * k + l] = (oy + k < OH && ox + l < OW) ? plane[(oy + k) * OW + ox + l] : 0.0f;
     float z[WAA];
-    SANDWICH_T(AT, WA, WINO_M, d, z);
+    SANDWICH(AT, 1, WA, WA, WINO_M, d, z);  // A = (A^T)^T, A^T stored (m x a)
     const int po = P * O;
     for (int xi = 0; xi < WAA; xi++) Z[xi * po + p * O + o] = z[xi];
 }
@@ -223,6 +208,6 @@ __kernel void winograd_grad_weights(__global const float* restrict Mhat, const i
     float m[WAA];
     for (int xi = 0; xi < WAA; xi++) m[xi] = Mhat[xi * oc + e];
     float g[WINO_R * WINO_R];
-    SANDWICH_T(G, WINO_R, WA, m, g);
+    SANDWICH(G, 1, WINO_R, WINO_R, WA, m, g);  // G^T, G stored (a x r)
     for (int k = 0; k < WINO_R * WINO_R; k++) dw[e * WINO_R * WINO_R + k] += g[k];
 }

@@ -228,13 +228,11 @@ def maxpool_forward(x, out_hw, k, s, p):
     N, C = x.shape[:2]
     y = empty((N, C) + tuple(out_hw), x.device)
     idx = empty(y.shape, x.device, np.int32)
-    args = (x, *_pool_args(x.shape, out_hw, k, s, p), y, idx)
     if not tuning.cpu_shaped(x.device):
-        kernels.launch(x.device, kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd"), (y.size,), None, *args,
-                       what="max pooling")
-    else:
-        kernels.launch(x.device, kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_planes"), (N * C,), None,
-                       *args, what="max pooling")
+        kern, n = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd"), y.size
+    else:  # one work-item per plane
+        kern, n = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_planes"), N * C
+    _flat_launch(x.device, kern, n, x, *_pool_args(x.shape, out_hw, k, s, p), y, idx, what="max pooling")
     return y, idx
 
 

@@ -22,6 +22,9 @@ GEMM_TILED_LARGE = dict(kernel="gemm_tiled", TM=128, TN=128, TK=32, WM=8, WN=8, 
 GEMM_BLOCK = dict(kernel="gemm_block", RM=48, KC=256, WG=1)
 
 # What the autotuner tries per GEMM shape (besides split-K factors and, for deep tiles, transposed operands).
+# 128x256 tiles with 8x16 outputs per work-item were tried on the H200 and dropped: they lost to 128x128x32 at SGEMM
+# 4096, and won only some im2col weight-gradient products, by at most 6% over v6's winners, in networks whose weight
+# gradients run by Winograd (bench/results/h200-v8).
 GEMM_CANDIDATES = dict(
     gpu=[GEMM_TILED_LARGE, GEMM_TILED_SMALL,
          dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=8),
@@ -29,11 +32,7 @@ GEMM_CANDIDATES = dict(
          dict(kernel="gemm_tiled", TM=128, TN=64, TK=16, WM=8, WN=4),
          dict(kernel="gemm_tiled", TM=64, TN=128, TK=16, WM=4, WN=8),
          dict(kernel="gemm_tiled", TM=32, TN=64, TK=16, WM=4, WN=4),
-         dict(GEMM_TILED_SMALL, TK=32),
-         # 8x16 outputs per work-item: 24 local reads per 128 multiply-adds instead of 16 per 64 (a guess at what
-         # limits the 128x128 tiles at 0.68-0.70x cuBLAS; not yet measured)
-         dict(kernel="gemm_tiled", TM=128, TN=256, TK=16, WM=8, WN=16, LBUF=1),
-         dict(kernel="gemm_tiled", TM=128, TN=256, TK=8, WM=8, WN=16)],
+         dict(GEMM_TILED_SMALL, TK=32)],
     cpu=[GEMM_BLOCK, dict(kernel="gemm_block", RM=12), dict(kernel="gemm_block", RM=96, KC=128, WG=1),
          dict(kernel="gemm_block", RM=12, KC=256, WG=1)],
 )
@@ -146,9 +145,8 @@ def gemm_candidates(dev, M, N, K, batch, kfast_a=False, kfast_b=False):
                 ks += 1
             if run_length(cfg, K, ks) > longest:
                 continue
-            # transposing pays where a slice touches many short rows of a k-fast operand: deep or wide tiles
-            wide = cfg["kernel"] == "gemm_tiled" and (cfg["TK"] >= 32 or max(cfg["TM"], cfg["TN"]) >= 256)
-            for t in (transposes if wide else transposes[:1]) if cfg["kernel"] == "gemm_tiled" else [{}]:
+            # transposing pays where a slice touches many short rows of a k-fast operand: deep tiles
+            for t in transposes if cfg.get("TK", 0) >= 32 else transposes[:1]:
                 choice = dict(cfg=cfg, ksplit=ks, **t)
                 if choice not in out:
                     out.append(choice)

@@ -27,6 +27,27 @@ def accuracy_first(monkeypatch):
 
 
 @pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A tuning cache of the test's own, empty at the start."""
+    from clnet import tuning
+    monkeypatch.setenv("CLNET_CACHE_DIR", str(tmp_path))
+    tuning.forget()
+    yield tmp_path
+    tuning.forget()
+
+
+@pytest.fixture(params=["own-shape", "other-shape"])
+def kernel_shape(request, monkeypatch):
+    """Data-movement kernels (lowering, pooling, bias gradient) run with the device's own kernel shape and with the
+    other class's, so the GPU-shaped kernels are checked on a CPU too (CI has only PoCL)."""
+    if request.param == "other-shape":
+        from clnet import tuning
+        default = tuning.cpu_shaped
+        monkeypatch.setattr(tuning, "cpu_shaped", lambda dev: not default(dev))
+    return request.param
+
+
+@pytest.fixture
 def rng():
     """Fresh random data per test (the seed is printed on failure for replay)."""
     seed = np.random.SeedSequence().entropy % 2**32

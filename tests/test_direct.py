@@ -9,7 +9,6 @@ from clnet import direct, nn
 
 import reference as ref
 from conftest import assert_close
-from test_layers import kernel_shape  # noqa: F401 (the fixture: each test also runs with the other class's shape)
 
 CASES = [
     # (N, C, H, W, O, kernel, stride, padding, dilation, groups)

@@ -33,17 +33,6 @@ CONV_CASES = [
 ]
 
 
-
-@pytest.fixture(params=["own-shape", "other-shape"])
-def kernel_shape(request, monkeypatch):
-    """Convolution lowering and pooling run with the device's own kernel shape and with the other class's, so the
-    GPU-shaped kernels are checked on a CPU too (CI has only PoCL)."""
-    if request.param == "other-shape":
-        from clnet import tuning
-        default = tuning.cpu_shaped
-        monkeypatch.setattr(tuning, "cpu_shaped", lambda dev: not default(dev))
-    return request.param
-
 @pytest.mark.parametrize("case", CONV_CASES, ids=[str(i) for i in range(len(CONV_CASES))])
 def test_conv2d(dev, rng, case, kernel_shape):
     N, C, H, W, O, k, s, p, d, g = case

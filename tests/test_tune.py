@@ -14,14 +14,6 @@ import reference as ref
 from conftest import assert_close
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("CLNET_CACHE_DIR", str(tmp_path))
-    tuning.forget()
-    yield tmp_path
-    tuning.forget()
-
-
 def small_model():
     # A 3x3 convolution with enough channels for Winograd (an algorithm choice) and products with split-K choices.
     return nn.Sequential(nn.Conv2d(16, 17, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(17 * 5 * 6, 3))
