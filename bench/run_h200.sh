@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Everything measured on the lent H200 in one call: devices, the test suite on NVIDIA's OpenCL, SGEMM against cuBLAS,
-# the host cost of a lenet step, and every zoo model against PyTorch + cuDNN (each bench
-# autotunes its shapes first). Run through the device tool with .whl carried. At most 8 files come
-# back from $OUT, so text goes to one log and JSON to one file per model plus one for SGEMM.
+# Everything measured on the lent H200 in one call: devices, the test suite on NVIDIA's OpenCL, gemm_tiled variants
+# (VARIANTS=1), SGEMM against cuBLAS, the host cost of a lenet step, and every zoo model against PyTorch + cuDNN (each
+# bench autotunes its shapes first). Run through the device tool with .whl carried. At most 8 files come back from
+# $OUT, so text goes to one log and JSON to one file per model plus one each for SGEMM and its variants.
 set -u
 source bench/h200_env.sh
 LOG="$OUT/h200.log"
@@ -15,6 +15,11 @@ if [ "${RUN_TESTS:-1}" = 1 ]; then
   # the id (the lent machine's PoCL device is "cpu-skylake-...", not "pthread-..." as on the CI machine)
   timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} \
     2>&1 | tail -30 | tee -a "$LOG"
+fi
+if [ "${VARIANTS:-0}" = 1 ]; then
+  # no binary cache: the build logs (registers, spills) come only from builds from source
+  PYOPENCL_NO_CACHE=1 timeout 300 python3 bench/sgemm_variants.py --device gpu --n 4096 \
+    --json "$OUT/sgemm-variants-h200.json" 2>&1 | tee -a "$LOG"
 fi
 timeout 200 python3 bench/sgemm.py --device gpu --sizes ${SGEMM_SIZES:-1024 4096 8192} ${SWEEP:+--sweep} \
   --json "$OUT/sgemm-h200.json" \

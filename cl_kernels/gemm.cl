@@ -15,6 +15,11 @@
 //   B_KFAST   0/1: likewise for B, else along n
 //   LBUF      2: double-buffered local slices (one barrier per slice); 1: one buffer, two barriers per slice,
 //             which leaves room in 48 KiB for deeper slices (128x128x32) whose rows of A span 128 bytes
+//   A_VEC     0/1: A is fetched as float4s along its contiguous axis (k if A_KFAST, else m): 4x fewer load and
+//             address instructions. The host sets it only where every such float4 is 16-byte aligned (the stride
+//             along that axis 1, all other strides and offsets multiples of 4); groups at the matrix's edges fall
+//             back to guarded scalar loads.
+//   B_VEC     0/1: likewise for B
 #include "gemm_common.h"
 
 #ifndef TM
@@ -41,6 +46,12 @@
 #ifndef LBUF
 #define LBUF 2      // local buffers per operand
 #endif
+#ifndef A_VEC
+#define A_VEC 0     // float4 fetches of A
+#endif
+#ifndef B_VEC
+#define B_VEC 0     // float4 fetches of B
+#endif
 #if LBUF != 1 && LBUF != 2
 #error "LBUF must be 1 or 2"
 #endif
@@ -56,6 +67,9 @@
 #endif
 #if (TM * TK) % NT != 0 || (TN * TK) % NT != 0
 #error "each tile slice must split evenly over the work-group"
+#endif
+#if (A_VEC && (TM * TK) % (4 * NT) != 0) || (B_VEC && (TN * TK) % (4 * NT) != 0) || TK % 4 != 0
+#error "float4 fetches need each slice to split into float4s evenly over the work-group"
 #endif
 
 // A k-fast fill writes a column of a local row per work-item; one float4 of padding per row spreads those writes
@@ -73,42 +87,111 @@ void gemm_tiled(GEMM_ARGS) {
 
     __local float4 As[LBUF][TK][TM / 4 + PAD4];
     __local float4 Bs[LBUF][TK][TN / 4 + PAD4];
-    float ra[LA], rb[LB];
+#if A_VEC
+    float4 ra[LA / 4];
+#else
+    float ra[LA];
+#endif
+#if B_VEC
+    float4 rb[LB / 4];
+#else
+    float rb[LB];
+#endif
     float acc[WM][WN];
     for (int i = 0; i < WM; i++)
         for (int j = 0; j < WN; j++) acc[i][j] = 0.0f;
 
-// Element e of a slice: its (row or column, k) within the tile, in the order consecutive work-items load.
+// Where an operand's element (row of A or column of B, k) lies, and the tile position of element e of a slice in the
+// order consecutive work-items load (with float4 fetches, e counts float4s and names the first of its four).
+#define A_AT(gm, gk) ((gm) * a_rs + A_COL(gk))
+#define B_AT(gn, gk) ((gk) * b_rs + B_COL(gn))
+#define A_GROUP (A_VEC ? 4 : 1)
+#define B_GROUP (B_VEC ? 4 : 1)
 #if A_KFAST
-#define A_POS(e, mm, kk) const int kk = (e) % TK, mm = (e) / TK
+#define A_POS(e, mm, kk) const int kk = (e) % (TK / A_GROUP) * A_GROUP, mm = (e) / (TK / A_GROUP)
 #else
-#define A_POS(e, mm, kk) const int mm = (e) % TM, kk = (e) / TM
+#define A_POS(e, mm, kk) const int mm = (e) % (TM / A_GROUP) * A_GROUP, kk = (e) / (TM / A_GROUP)
 #endif
 #if B_KFAST
-#define B_POS(e, nn, kk) const int kk = (e) % TK, nn = (e) / TK
+#define B_POS(e, nn, kk) const int kk = (e) % (TK / B_GROUP) * B_GROUP, nn = (e) / (TK / B_GROUP)
 #else
-#define B_POS(e, nn, kk) const int nn = (e) % TN, kk = (e) / TN
+#define B_POS(e, nn, kk) const int nn = (e) % (TN / B_GROUP) * B_GROUP, kk = (e) / (TN / B_GROUP)
 #endif
-#define FETCH(k0) \
+// One float4 of X at (gx, gk) and the next three along k (ALONG_K) or along x: one aligned load inside the matrix,
+// guarded scalar loads across its edges.
+#define FETCH4(v, Xb, X_AT, gx, gk, LIM, ALONG_K) \
+    if ((ALONG_K) ? (gx) < LIM && (gk) + 3 < kend : (gx) + 3 < LIM && (gk) < kend) { \
+        v = *(__global const float4*)(Xb + X_AT(gx, gk)); \
+    } else { \
+        float e_[4]; \
+        for (int i = 0; i < 4; i++) { \
+            const int ex = (gx) + ((ALONG_K) ? 0 : i), ek = (gk) + ((ALONG_K) ? i : 0); \
+            e_[i] = ex < LIM && ek < kend ? Xb[X_AT(ex, ek)] : 0.0f; \
+        } \
+        v = (float4)(e_[0], e_[1], e_[2], e_[3]); \
+    }
+// Stores a fetched float4 into the slice: one float4 store along x, four scalar stores along k.
+#define STORE4(Xs, v, xx, kk, ALONG_K) \
+    if (ALONG_K) { \
+        ((__local float*)Xs[buf_][(kk)])[xx] = v.x; \
+        ((__local float*)Xs[buf_][(kk) + 1])[xx] = v.y; \
+        ((__local float*)Xs[buf_][(kk) + 2])[xx] = v.z; \
+        ((__local float*)Xs[buf_][(kk) + 3])[xx] = v.w; \
+    } else { \
+        Xs[buf_][kk][(xx) / 4] = v; \
+    }
+#if A_VEC
+#define FETCH_A(k0) \
+    for (int r = 0; r < LA / 4; r++) { \
+        A_POS(tid + r * NT, mm, kk); \
+        FETCH4(ra[r], Ab, A_AT, m0 + mm, (k0) + kk, M, A_KFAST); \
+    }
+#define STORE_A(buf) \
+    for (int r = 0; r < LA / 4; r++) { \
+        A_POS(tid + r * NT, mm, kk); \
+        const int buf_ = (buf); \
+        STORE4(As, ra[r], mm, kk, A_KFAST); \
+    }
+#else
+#define FETCH_A(k0) \
     for (int r = 0; r < LA; r++) { \
         A_POS(tid + r * NT, mm, kk); \
         const int gm = m0 + mm, gk = (k0) + kk; \
-        ra[r] = (gm < M && gk < kend) ? Ab[gm * a_rs + A_COL(gk)] : 0.0f; \
-    } \
-    for (int r = 0; r < LB; r++) { \
-        B_POS(tid + r * NT, nn, kk); \
-        const int gn = n0 + nn, gk = (k0) + kk; \
-        rb[r] = (gn < N && gk < kend) ? Bb[gk * b_rs + B_COL(gn)] : 0.0f; \
+        ra[r] = (gm < M && gk < kend) ? Ab[A_AT(gm, gk)] : 0.0f; \
     }
-#define STORE(buf) \
+#define STORE_A(buf) \
     for (int r = 0; r < LA; r++) { \
         A_POS(tid + r * NT, mm, kk); \
         ((__local float*)As[buf][kk])[mm] = ra[r]; \
-    } \
+    }
+#endif
+#if B_VEC
+#define FETCH_B(k0) \
+    for (int r = 0; r < LB / 4; r++) { \
+        B_POS(tid + r * NT, nn, kk); \
+        FETCH4(rb[r], Bb, B_AT, n0 + nn, (k0) + kk, N, B_KFAST); \
+    }
+#define STORE_B(buf) \
+    for (int r = 0; r < LB / 4; r++) { \
+        B_POS(tid + r * NT, nn, kk); \
+        const int buf_ = (buf); \
+        STORE4(Bs, rb[r], nn, kk, B_KFAST); \
+    }
+#else
+#define FETCH_B(k0) \
+    for (int r = 0; r < LB; r++) { \
+        B_POS(tid + r * NT, nn, kk); \
+        const int gn = n0 + nn, gk = (k0) + kk; \
+        rb[r] = (gn < N && gk < kend) ? Bb[B_AT(gn, gk)] : 0.0f; \
+    }
+#define STORE_B(buf) \
     for (int r = 0; r < LB; r++) { \
         B_POS(tid + r * NT, nn, kk); \
         ((__local float*)Bs[buf][kk])[nn] = rb[r]; \
     }
+#endif
+#define FETCH(k0) FETCH_A(k0) FETCH_B(k0)
+#define STORE(buf) STORE_A(buf) STORE_B(buf)
 
     FETCH(kbeg);
     STORE(0);

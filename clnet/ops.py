@@ -66,6 +66,25 @@ def _kfast_b(b):
     return b.rs == 1 and b.cs != 1
 
 
+def _quads(*values):
+    return all(v % 4 == 0 for v in values)
+
+
+def _vec_a(a):
+    """Whether gemm_tiled may fetch A as aligned float4s along the axis its loads run (k when k-fast, else m): that
+    axis contiguous, every other step a multiple of 4 elements, and with a column split, no float4 crossing one."""
+    if _kfast_a(a):
+        return _quads(a.off, a.bs, a.rs) and (not a.split or _quads(a.cdiv, a.cso))
+    return a.rs == 1 and _quads(a.off, a.bs, a.cs) and (not a.split or _quads(a.cso))
+
+
+def _vec_b(b):
+    """As _vec_a, for B (along k when k-fast, else along n)."""
+    if _kfast_b(b):
+        return _quads(b.off, b.bs, b.cs) and (not b.split or _quads(b.cso))
+    return b.cs == 1 and _quads(b.off, b.bs, b.rs) and (not b.split or _quads(b.cdiv, b.cso))
+
+
 def _transposed(dev, X, x, R, CC, batch):
     """The operand X (laid out as x; R rows, CC columns, batch of them) copied to a dense (CC, R) buffer per batch."""
     tile = 32 if dev.max_work_group_size >= 1024 else 16
@@ -103,7 +122,11 @@ def _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, zsize, bias, bias_bs
     defines = {k: v for k, v in cfg.items() if k != "kernel"}
     defines.update(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split, **epilogue)
     if name == "gemm_tiled":
-        defines.update(A_KFAST=_kfast_a(a), B_KFAST=_kfast_b(b))
+        # float4 fetches where the operand's layout allows and each slice splits into float4s over the work-group
+        quads = 4 * (cfg["TM"] // cfg["WM"]) * (cfg["TN"] // cfg["WN"])
+        defines.update(A_KFAST=_kfast_a(a), B_KFAST=_kfast_b(b),
+                       A_VEC=_vec_a(a) and cfg["TM"] * cfg["TK"] % quads == 0,
+                       B_VEC=_vec_b(b) and cfg["TN"] * cfg["TK"] % quads == 0)
         local = (cfg["TN"] // cfg["WN"], cfg["TM"] // cfg["WM"], 1)
         global_size = (-(-N // cfg["TN"]) * local[0], -(-M // cfg["TM"]) * local[1], zsize)
     else:

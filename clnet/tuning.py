@@ -14,21 +14,22 @@ from . import kernels
 
 # GPU-shaped matrix product: tiles staged in local memory. Large tiles only pay when they fill the device.
 GEMM_TILED_SMALL = dict(kernel="gemm_tiled", TM=64, TN=64, TK=16, WM=4, WN=4)
-# 32-deep slices through one local buffer: as fast as 16-deep double-buffered ones or faster for every operand
-# layout at 4096^3 on the H200 (bench/results/h200-v4c), and rows of a k-fast operand are fetched 128 bytes at a time.
-GEMM_TILED_LARGE = dict(kernel="gemm_tiled", TM=128, TN=128, TK=32, WM=8, WN=8, LBUF=1)
+# 128x128 tiles in 16-deep double-buffered slices: with float4 fetches the fastest of the 128x128 shapes at SGEMM
+# 4096 on the H200 whichever way A's k runs, 42.9 TFLOP/s (bench/results/h200-v9a, sgemm-variants-h200.json).
+GEMM_TILED_LARGE = dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=8)
 # CPU-shaped: register blocks, wide vector loads, no local memory; B copied per 256-deep slice into a private sliver,
 # one work-item per work-group (SGEMM 1024^3 on 2 cores: 0.78-0.79x NumPy, bench/results/pocl-v5 and pocl-v7).
 GEMM_BLOCK = dict(kernel="gemm_block", RM=48, KC=256, WG=1)
 
-# What the autotuner tries per GEMM shape (besides split-K factors and, for deep tiles, transposed operands).
-# 128x256 tiles with 8x16 outputs per work-item were tried on the H200 and dropped: they lost to 128x128x32 at SGEMM
-# 4096, and won only some im2col weight-gradient products, by at most 6% over v6's winners, in networks whose weight
-# gradients run by Winograd (bench/results/h200-v8).
+# What the autotuner tries per GEMM shape (besides split-K factors and, for single-buffered or deep tiles,
+# transposed operands). Single-buffered slices (LBUF=1) hold 32-deep slices in 48 KiB, or a 16-deep one in fewer
+# registers (158 against 175 per work-item: 44.7 TFLOP/s at SGEMM 4096 with A m-fast, h200-v9a). Dropped after
+# measuring on the H200: 128x256 tiles (lost to 128x128 at SGEMM 4096, won some im2col weight-gradient products by
+# at most 6%, h200-v8) and 128x128x8 (never chosen by any network in h200-v9a, 0.74x the 16-deep tile at SGEMM 4096).
 GEMM_CANDIDATES = dict(
     gpu=[GEMM_TILED_LARGE, GEMM_TILED_SMALL,
-         dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=8),
-         dict(kernel="gemm_tiled", TM=128, TN=128, TK=8, WM=8, WN=8),
+         dict(GEMM_TILED_LARGE, LBUF=1),
+         dict(GEMM_TILED_LARGE, TK=32, LBUF=1),
          dict(kernel="gemm_tiled", TM=128, TN=64, TK=16, WM=8, WN=4),
          dict(kernel="gemm_tiled", TM=64, TN=128, TK=16, WM=4, WN=8),
          dict(kernel="gemm_tiled", TM=32, TN=64, TK=16, WM=4, WN=4),
@@ -126,9 +127,11 @@ def gemm_candidates(dev, M, N, K, batch, kfast_a=False, kfast_b=False):
     """(cfg, ksplit, ta, tb) choices for the autotuner, the default first: every candidate tile with its default split,
     and that split doubled. No candidate's running sums are longer than the default's (run_length), so tuning can
     change speed but not make a result less accurate. Where an operand's k runs fastest in memory
-    (kfast_a, kfast_b), GPUs also try transposing it first (ta, tb): tiles then load whole rows of 128 bytes or more
-    instead of a 64-byte piece of each of many rows (SGEMM 4096 on the H200: 28.7 -> 35.4 TFLOP/s, with the copy
-    costing 1-2% there)."""
+    (kfast_a, kfast_b), GPUs also try transposing it first (ta, tb) for tiles where storing a k-fast slice is slow:
+    32-deep ones (a slice touches many short rows) and single-buffered ones (the scattered stores into local memory
+    wait between two barriers). The copy costs 1-2% at SGEMM 4096 on the H200; there A m-fast against k-fast ran
+    41.3 against 39.4 TFLOP/s at 128x128x32 and 44.7 against 42.1 at 128x128x16 single-buffered, and made no
+    difference double-buffered (h200-v9a)."""
     default = gemm_default(dev, M, N, K, batch)
     out = [default]
     longest = run_length(default["cfg"], K, default["ksplit"])  # no candidate sums longer runs than this
@@ -145,8 +148,8 @@ def gemm_candidates(dev, M, N, K, batch, kfast_a=False, kfast_b=False):
                 ks += 1
             if run_length(cfg, K, ks) > longest:
                 continue
-            # transposing pays where a slice touches many short rows of a k-fast operand: deep tiles
-            for t in transposes if cfg.get("TK", 0) >= 32 else transposes[:1]:
+            slow_store = cfg.get("TK", 0) >= 32 or cfg.get("LBUF") == 1
+            for t in transposes if slow_store else transposes[:1]:
                 choice = dict(cfg=cfg, ksplit=ks, **t)
                 if choice not in out:
                     out.append(choice)

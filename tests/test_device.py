@@ -134,6 +134,38 @@ def test_gemm_layouts(dev, rng, gemm_variant, M, N, K, trans_a, trans_b):
         assert_close_to_terms(C.numpy(), expected, terms, "C", tol=1e-6)
 
 
+@pytest.mark.parametrize("M,N,K", [(37, 70, 45), (130, 129, 67), (5, 6, 4099)])  # last: split-K
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
+def test_gemm_float4_fetches(dev, rng, gemm_variant, M, N, K, trans_a, trans_b):
+    """Operands whose rows start 16-byte aligned (leading dimensions padded to a multiple of 4, 4 elements of offset)
+    are fetched as float4s; the odd sizes leave float4s crossing every edge, and NaN padding shows any read past
+    one."""
+    def stored(rows, cols):
+        """A rows x cols matrix inside a NaN-padded buffer: (values, buffer, Mat) with cols contiguous."""
+        ld = -(-cols // 4) * 4 + 4
+        buf = np.full(4 + rows * ld + 4, np.nan, np.float32)
+        x = rng.standard_normal((rows, cols)).astype(np.float32)
+        buf[4:4 + rows * ld].reshape(rows, ld)[:, :cols] = x
+        return x, clnet.tensor(buf, dev), ld
+
+    if trans_a:
+        At, A, lda = stored(K, M)
+        A64, a = At.T.astype(np.float64), Mat(off=4, rs=1, cs=lda)
+    else:
+        A0, A, lda = stored(M, K)
+        A64, a = A0.astype(np.float64), Mat(off=4, rs=lda, cs=1)
+    if trans_b:
+        Bt, B, ldb = stored(N, K)
+        B64, b = Bt.T.astype(np.float64), Mat(off=4, rs=1, cs=ldb)
+    else:
+        B0, B, ldb = stored(K, N)
+        B64, b = B0.astype(np.float64), Mat(off=4, rs=ldb, cs=1)
+    assert ops._vec_a(a) and ops._vec_b(b)
+    C = clnet.tensor(np.full((M, N), np.nan, np.float32), dev)
+    ops.gemm(M, N, K, A, a, B, b, C, Mat(rs=N, cs=1))
+    assert_close(C.numpy(), A64 @ B64, "C", tol=1e-5)
+
+
 def test_gemm_batched_with_split_columns(dev, rng, gemm_variant):
     """C's columns run over (image, pixel) of an NCHW tensor, batched over groups: the convolution layout."""
     G, Mg, K, imgs, P = 2, 3, 5, 3, 7
@@ -163,21 +195,23 @@ def test_library_named_differently_by_an_icd_file_is_not_registered_twice(tmp_pa
     assert device_mod._find_unregistered_libraries() == (str(vendors), [])
 
 
-@pytest.mark.parametrize("ta,tb", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("ksplit", [1, 3])
-def test_gemm_with_transposed_operands(dev, rng, ta, tb, ksplit):
+@pytest.mark.parametrize("P", [11, 12])
+def test_gemm_with_transposed_operands(dev, rng, ta, tb, ksplit, P):
     """The tuner may copy a k-fast operand to a transposed buffer first; with A split over (image, pixel) as dy is in a
-    weight gradient, batched over groups, and B stored (N, K)."""
+    weight gradient, batched over groups, and B stored (N, K). With 12 pixels both are fetched as float4s."""
     from clnet import tuning
-    G, Mg, imgs, P, N = 2, 5, 3, 11, 37
+    G, Mg, imgs, N = 2, 5, 3, 37
     K = imgs * P
     dy = rng.standard_normal((imgs, G * Mg, P)).astype(np.float32)
     Bt = rng.standard_normal((G, N, K)).astype(np.float32)
     C0 = rng.standard_normal((G, Mg, N)).astype(np.float32)
     C = clnet.tensor(C0, dev)
     choice = dict(cfg=dict(tuning.GEMM_TILED_SMALL, TK=32, LBUF=1), ksplit=ksplit, ta=ta, tb=tb)
-    ops._gemm_choice(dev, choice, Mg, N, K, clnet.tensor(dy, dev), Mat(bs=Mg * P, rs=P, cs=1, cdiv=P, cso=G * Mg * P),
-                     clnet.tensor(Bt, dev), Mat(bs=N * K, rs=1, cs=K), C, Mat(bs=Mg * N, rs=N, cs=1), 1.0, 1.0, G,
+    a, b = Mat(bs=Mg * P, rs=P, cs=1, cdiv=P, cso=G * Mg * P), Mat(bs=N * K, rs=1, cs=K)
+    assert ops._vec_a(a) == ops._vec_b(b) == (P % 4 == 0)
+    ops._gemm_choice(dev, choice, Mg, N, K, clnet.tensor(dy, dev), a, clnet.tensor(Bt, dev), b, C, Mat(bs=Mg * N, rs=N, cs=1), 1.0, 1.0, G,
                      None, 0, 0, False, "test")
     A64 = dy.astype(np.float64).reshape(imgs, G, Mg, P).transpose(1, 2, 0, 3).reshape(G, Mg, K)
     expected = np.einsum("gmk,gnk->gmn", A64, Bt.astype(np.float64)) + C0
