@@ -20,6 +20,8 @@
 //             along that axis 1, all other strides and offsets multiples of 4); groups at the matrix's edges fall
 //             back to guarded scalar loads.
 //   B_VEC     0/1: likewise for B
+//   C_VEC     0/1: each work-item's 4 consecutive columns of C are stored as one float4 (C contiguous along n and
+//             aligned, as for A_VEC); groups crossing the last column store element by element
 #include "gemm_common.h"
 
 #ifndef TM
@@ -51,6 +53,9 @@
 #endif
 #ifndef B_VEC
 #define B_VEC 0     // float4 fetches of B
+#endif
+#ifndef C_VEC
+#define C_VEC 0     // float4 stores of C
 #endif
 #if LBUF != 1 && LBUF != 2
 #error "LBUF must be 1 or 2"
@@ -234,11 +239,24 @@ void gemm_tiled(GEMM_ARGS) {
     for (int i = 0; i < WM; i++) {
         const int gm = m0 + (i / 4) * (TY * 4) + ty * 4 + i % 4;
         if (gm >= M) continue;
-        for (int j = 0; j < WN; j++) {
-            const int gn = n0 + (j / 4) * (TX * 4) + tx * 4 + j % 4;
-            if (gn >= N) continue;
-            const int ci = gm * c_rs + C_COL(gn);
-            Cb[ci] = epilogue(acc[i][j], alpha, beta, Cb, ci, biasb, BIAS == 1 ? gm : gn);
+        for (int g = 0; g < WN / 4; g++) {
+            const int gn = n0 + g * (TX * 4) + tx * 4;
+#if C_VEC
+            if (gn + 3 < N) {
+                const int ci = gm * c_rs + C_COL(gn);
+                float4 v;
+                v.x = epilogue(acc[i][4 * g], alpha, beta, Cb, ci, biasb, BIAS == 1 ? gm : gn);
+                v.y = epilogue(acc[i][4 * g + 1], alpha, beta, Cb, ci + 1, biasb, BIAS == 1 ? gm : gn + 1);
+                v.z = epilogue(acc[i][4 * g + 2], alpha, beta, Cb, ci + 2, biasb, BIAS == 1 ? gm : gn + 2);
+                v.w = epilogue(acc[i][4 * g + 3], alpha, beta, Cb, ci + 3, biasb, BIAS == 1 ? gm : gn + 3);
+                *(__global float4*)(Cb + ci) = v;
+                continue;
+            }
+#endif
+            for (int j = 0; j < 4 && gn + j < N; j++) {
+                const int ci = gm * c_rs + C_COL(gn + j);
+                Cb[ci] = epilogue(acc[i][4 * g + j], alpha, beta, Cb, ci, biasb, BIAS == 1 ? gm : gn + j);
+            }
         }
     }
 }

@@ -12,19 +12,24 @@
 //   winograd_input         x (N, C, H, W), images [n0, n0 + nimg) from element x_off on -> V (a*a, C, P),
 //                          P = nimg*TH*TW, column p = (i*TH + ty)*TW + tx: V[xi][c][p] = (B^T d B)[xi], d read as zero
 //                          outside the image. PH, PW may be negative (the backward-data convolution of a layer padded
-//                          by more than r - 1). With V_PC, V is stored (a*a, P, C) instead: V[xi][p][c].
+//                          by more than r - 1).
+//   winograd_input_pc      the same transform stored (a*a, P, C), V[xi][p][c]: the weight gradient's operand.
 //   winograd_output        M (a*a, O, P) -> y (N, O, OH, OW) from element y_off on: the m x m tile A^T M A
 //                          (+ bias[o], then ReLU); rows and columns past OH, OW (clipped tiles) are not written.
 //   winograd_grad_output   dy (N, O, OH, OW), images from element dy_off on -> Z (a*a, P, O): Z[xi][p][o] =
 //                          (A dY A^T)[xi] for the m x m tile dY of dy, read as zero past OH, OW (those outputs were
 //                          never produced, so they carry no gradient).
 //   winograd_grad_weights  Mhat (a*a, O, C) -> dw (O, C, r, r) += G^T Mhat[.][o][c] G (a x a -> r x r).
-// Work-items: one per (p, c) for the input transform ((c, p) with V_PC), per (p, o) for the output transform, per
-// (o, p) for the output-gradient transform, per (o, c) for the weight transforms. The fastest index is the one that
-// puts neighbouring work-items' a*a loads or stores of V, M or Z (the large buffers) at neighbouring addresses; the
-// other side (x, y, dy) is read or written at a stride of m or of a plane. Sizes are arguments.
-// Defines: WINO_M and WINO_R (the variant: F(2, 3), F(2, 5) or F(4, 3)), FLIP (winograd_weights), V_PC
-// (winograd_input), BIAS and RELU (winograd_output).
+// Work-items: one per (p, c) for the input transforms, per (p, o) for the output transform, per (o, p) for the
+// output-gradient transform, per (o, c) for the weight transforms. winograd_input and winograd_output run p fastest:
+// neighbouring work-items read or write neighbouring tiles of one plane of x or y, and neighbouring elements of V or M.
+// winograd_input_pc stores V channel-fastest; read in that order, each work-item's a x a window lies in another plane,
+// which made it 2.7-4.9x slower than winograd_input (bench/results/h200-v9). So it reads p fastest and passes its
+// results through local memory in TPC x TPC blocks, to store them channel-fastest (store_channel_fastest): 0.31-0.70 of
+// the time (h200-v10). winograd_grad_output reads only m x m values per a x a it writes, and the same scheme made it
+// 1.0-1.8x slower there (h200-v10), so it runs channel-fastest. Sizes are arguments.
+// Defines: WINO_M and WINO_R (the variant: F(2, 3), F(2, 5) or F(4, 3)), FLIP (winograd_weights), BIAS and RELU
+// (winograd_output).
 //
 // The matrices are Toom-Cook's for interpolation points f_i and infinity: A^T[j][i] = f_i^j; row i of B^T holds the
 // coefficients (ascending powers) of prod over k != i of (x - f_k), and its last row those of prod over all k; row i
@@ -43,9 +48,6 @@
 #endif
 #ifndef FLIP
 #define FLIP 0  // 1: transform the backward-data weights, rot180 and (O, C) transposed
-#endif
-#ifndef V_PC
-#define V_PC 0  // 1: winograd_input stores V as (a*a, P, C) (the weight gradient's GEMM operand, k = p slowest)
 #endif
 #ifndef BIAS
 #define BIAS 0  // 1: winograd_output adds bias[o]
@@ -127,13 +129,9 @@ __kernel void winograd_weights(__global const float* restrict w, const int O, co
     for (int xi = 0; xi < WAA; xi++) U[xi * oc + dst] = u[xi];
 }
 
-__kernel void winograd_input(__global const float* restrict x, const int x_off, const int C, const int H, const int W,
-                             const int PH, const int PW, const int TH, const int TW, const int nimg,
-                             __global float* restrict V) {
-    const int p = get_global_id(V_PC ? 1 : 0);
-    const int c = get_global_id(V_PC ? 0 : 1);
-    const int P = nimg * TH * TW;
-    if (p >= P || c >= C) return;
+// The a x a transform B^T d B of the input window of tile p of channel c (zero outside the image).
+inline void input_tile(__global const float* restrict x, const int x_off, const int C, const int H, const int W,
+                       const int PH, const int PW, const int TH, const int TW, const int p, const int c, float* v) {
     const int tx = p % TW, ty = (p / TW) % TH, i = p / (TW * TH);
     const int y0 = WINO_M * ty - PH, x0 = WINO_M * tx - PW;
     __global const float* plane = x + x_off + (i * C + c) * H * W;
@@ -146,11 +144,50 @@ __kernel void winograd_input(__global const float* restrict x, const int x_off, 
             d[WA * r + q] = (row_in && xx >= 0 && xx < W) ? plane[yy * W + xx] : 0.0f;
         }
     }
-    float v[WAA];
     SANDWICH(BT, WA, 1, WA, WA, d, v);
+}
+
+#define TPC 16  // tiles and channels per side of a store_channel_fastest block
+
+// Work-item (p0 + lx, ch0 + ly) of a TPC x TPC work-group holds v, its a*a values; stores them all to
+// D[xi][p][ch] (P x CH per xi) with the channel fastest, each work-item storing for (p0 + ly, ch0 + lx), through
+// `t` (a*a x TPC x (TPC + 1) floats of local memory: the odd row length keeps both passes free of bank conflicts).
+inline void store_channel_fastest(__local float* t, const float* v, const int p0, const int ch0, const int P,
+                                  const int CH, __global float* restrict D) {
+    const int lx = get_local_id(0), ly = get_local_id(1);
+    for (int xi = 0; xi < WAA; xi++) t[(xi * TPC + ly) * (TPC + 1) + lx] = v[xi];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int p = p0 + ly, ch = ch0 + lx;
+    if (p >= P || ch >= CH) return;
+    for (int xi = 0; xi < WAA; xi++) D[(size_t)xi * P * CH + p * CH + ch] = t[(xi * TPC + lx) * (TPC + 1) + ly];
+}
+
+__kernel void winograd_input(__global const float* restrict x, const int x_off, const int C, const int H, const int W,
+                             const int PH, const int PW, const int TH, const int TW, const int nimg,
+                             __global float* restrict V) {
+    const int p = get_global_id(0), c = get_global_id(1);
+    const int P = nimg * TH * TW;
+    if (p >= P || c >= C) return;
+    float v[WAA];
+    input_tile(x, x_off, C, H, W, PH, PW, TH, TW, p, c, v);
     const int cp = C * P;
-    const int dst = V_PC ? p * C + c : c * P + p;
-    for (int xi = 0; xi < WAA; xi++) V[xi * cp + dst] = v[xi];
+    for (int xi = 0; xi < WAA; xi++) V[xi * cp + c * P + p] = v[xi];
+}
+
+__kernel __attribute__((reqd_work_group_size(TPC, TPC, 1)))
+void winograd_input_pc(__global const float* restrict x, const int x_off, const int C, const int H, const int W,
+                       const int PH, const int PW, const int TH, const int TW, const int nimg,
+                       __global float* restrict V) {
+    __local float t[WAA * TPC * (TPC + 1)];
+    const int p = get_global_id(0), c = get_global_id(1);
+    const int P = nimg * TH * TW;
+    float v[WAA];
+    if (p < P && c < C) {
+        input_tile(x, x_off, C, H, W, PH, PW, TH, TW, p, c, v);
+    } else {
+        for (int xi = 0; xi < WAA; xi++) v[xi] = 0.0f;  // every work-item reaches the barrier
+    }
+    store_channel_fastest(t, v, get_group_id(0) * TPC, get_group_id(1) * TPC, P, C, V);
 }
 
 __kernel void winograd_output(__global const float* restrict M, __global const float* restrict bias, const int O,

@@ -85,6 +85,11 @@ def _vec_b(b):
     return b.cs == 1 and _quads(b.off, b.bs, b.rs) and (not b.split or _quads(b.cdiv, b.cso))
 
 
+def _vec_c(c):
+    """Whether gemm_tiled may store C as aligned float4s along n."""
+    return c.cs == 1 and _quads(c.off, c.bs, c.rs) and (not c.split or _quads(c.cdiv, c.cso))
+
+
 def _transposed(dev, X, x, R, CC, batch):
     """The operand X (laid out as x; R rows, CC columns, batch of them) copied to a dense (CC, R) buffer per batch."""
     tile = 32 if dev.max_work_group_size >= 1024 else 16
@@ -126,7 +131,7 @@ def _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, zsize, bias, bias_bs
         quads = 4 * (cfg["TM"] // cfg["WM"]) * (cfg["TN"] // cfg["WN"])
         defines.update(A_KFAST=_kfast_a(a), B_KFAST=_kfast_b(b),
                        A_VEC=_vec_a(a) and cfg["TM"] * cfg["TK"] % quads == 0,
-                       B_VEC=_vec_b(b) and cfg["TN"] * cfg["TK"] % quads == 0)
+                       B_VEC=_vec_b(b) and cfg["TN"] * cfg["TK"] % quads == 0, C_VEC=_vec_c(c))
         local = (cfg["TN"] // cfg["WN"], cfg["TM"] // cfg["WM"], 1)
         global_size = (-(-N // cfg["TN"]) * local[0], -(-M // cfg["TM"]) * local[1], zsize)
     else:

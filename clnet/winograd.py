@@ -50,7 +50,7 @@ overhangs the output (the forward never wrote those outputs, so no loss depends 
 gives d loss / d U[o, c] = Mhat[o, c] = sum over p of Z_p[o] .* V[c, p], and the adjoint of g -> G g G^T gives
 dw[o, c] += G^T Mhat[o, c] G. Element xi of the a x a tiles again makes a matrix product per xi:
 
-    V (a*a, P, C)  = B^T x B                     winograd_input, stored p-major (V_PC)
+    V (a*a, P, C)  = B^T x B                     winograd_input_pc, stored p-major
     Z (a*a, P, O)  = A dy A^T                    winograd_grad_output
     Mhat (a*a, O, C) += Z^T @ V                  ops.gemm, batch a*a, K = P; chunks of images accumulate (beta = 1)
     dw (O, C, r, r) += G^T Mhat G                winograd_grad_weights, once after the last chunk
@@ -193,13 +193,14 @@ def conv2d_backward_weights(x, dy, s, dw, what="Conv2d backward (weights)", m=2)
     V = empty((a * a * s.C * P_max,), dev)
     Z = empty((a * a * s.O * P_max,), dev)
     Mhat = empty((a * a, s.O, s.C), dev)
-    k_in = _kernel(dev, "winograd_input", m, r, V_PC=True)
+    k_in = _kernel(dev, "winograd_input_pc", m, r)
     k_z = _kernel(dev, "winograd_grad_output", m, r)
     for n0 in range(0, s.N, n_chunk):
         nimg = min(n_chunk, s.N - n0)
         P = nimg * th * tw
-        kernels.launch(dev, k_in, (s.C, P), None, x, n0 * s.C * s.H * s.W, s.C, s.H, s.W, s.PH, s.PW, th, tw, nimg,
-                       V, what=what + " (Winograd input transform)")
+        # 16 x 16 work-groups: V is stored through local memory (winograd.cl, store_channel_fastest)
+        kernels.launch(dev, k_in, (P, s.C), (16, 16), x, n0 * s.C * s.H * s.W, s.C, s.H, s.W, s.PH, s.PW, th, tw,
+                       nimg, V, what=what + " (Winograd input transform)")
         kernels.launch(dev, k_z, (s.O, P), None, dy, n0 * s.O * s.OH * s.OW, s.O, s.OH, s.OW, th, tw, nimg, Z,
                        what=what + " (Winograd output-gradient transform)")
         # Mhat[xi] (O, C) (+)= Z[xi]^T (O, P) @ V[xi] (P, C); the first chunk overwrites whatever the pool handed out

@@ -134,36 +134,43 @@ def test_gemm_layouts(dev, rng, gemm_variant, M, N, K, trans_a, trans_b):
         assert_close_to_terms(C.numpy(), expected, terms, "C", tol=1e-6)
 
 
-@pytest.mark.parametrize("M,N,K", [(37, 70, 45), (130, 129, 67), (5, 6, 4099)])  # last: split-K
+@pytest.mark.parametrize("M,N,K", [(37, 71, 45), (130, 129, 67), (5, 6, 4099)])  # N % 4 = 3, 1, 2; last: split-K
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
 def test_gemm_float4_fetches(dev, rng, gemm_variant, M, N, K, trans_a, trans_b):
     """Operands whose rows start 16-byte aligned (leading dimensions padded to a multiple of 4, 4 elements of offset)
-    are fetched as float4s; the odd sizes leave float4s crossing every edge, and NaN padding shows any read past
-    one."""
+    are fetched, and C stored, as float4s; the odd sizes leave float4s crossing every edge, and NaN padding shows any
+    read past one (the result turns NaN) or write past one (the padding does not stay NaN)."""
     def stored(rows, cols):
         """A rows x cols matrix inside a NaN-padded buffer: (values, buffer, Mat) with cols contiguous."""
         ld = -(-cols // 4) * 4 + 4
         buf = np.full(4 + rows * ld + 4, np.nan, np.float32)
         x = rng.standard_normal((rows, cols)).astype(np.float32)
         buf[4:4 + rows * ld].reshape(rows, ld)[:, :cols] = x
-        return x, clnet.tensor(buf, dev), ld
+        return x, clnet.tensor(buf, dev), Mat(off=4, rs=ld, cs=1)
+
+    def transposed(mat):
+        return Mat(off=mat.off, rs=mat.cs, cs=mat.rs)
 
     if trans_a:
-        At, A, lda = stored(K, M)
-        A64, a = At.T.astype(np.float64), Mat(off=4, rs=1, cs=lda)
+        At, A, a = stored(K, M)
+        A64, a = At.T.astype(np.float64), transposed(a)
     else:
-        A0, A, lda = stored(M, K)
-        A64, a = A0.astype(np.float64), Mat(off=4, rs=lda, cs=1)
+        A0, A, a = stored(M, K)
+        A64 = A0.astype(np.float64)
     if trans_b:
-        Bt, B, ldb = stored(N, K)
-        B64, b = Bt.T.astype(np.float64), Mat(off=4, rs=1, cs=ldb)
+        Bt, B, b = stored(N, K)
+        B64, b = Bt.T.astype(np.float64), transposed(b)
     else:
-        B0, B, ldb = stored(K, N)
-        B64, b = B0.astype(np.float64), Mat(off=4, rs=ldb, cs=1)
-    assert ops._vec_a(a) and ops._vec_b(b)
-    C = clnet.tensor(np.full((M, N), np.nan, np.float32), dev)
-    ops.gemm(M, N, K, A, a, B, b, C, Mat(rs=N, cs=1))
-    assert_close(C.numpy(), A64 @ B64, "C", tol=1e-5)
+        B0, B, b = stored(K, N)
+        B64 = B0.astype(np.float64)
+    C0, C, c = stored(M, N)
+    bias = rng.standard_normal(N).astype(np.float32)
+    assert ops._vec_a(a) and ops._vec_b(b) and ops._vec_c(c)
+    ops.gemm(M, N, K, A, a, B, b, C, c, alpha=0.5, beta=2.0, bias=clnet.tensor(bias, dev), bias_mode=2, relu=True)
+    expected = np.maximum(0.5 * A64 @ B64 + 2.0 * C0 + bias, 0)
+    out = C.numpy()[4:4 + M * c.rs].reshape(M, c.rs)
+    assert_close(out[:, :N], expected, "C", tol=1e-5)
+    assert np.isnan(out[:, N:]).all() and np.isnan(C.numpy()[:4]).all() and np.isnan(C.numpy()[4 + M * c.rs:]).all()
 
 
 def test_gemm_batched_with_split_columns(dev, rng, gemm_variant):
