@@ -148,7 +148,9 @@ inline void input_tile(__global const float* restrict x, const int x_off, const 
     SANDWICH(BT, WA, 1, WA, WA, d, v);
 }
 
-#define TPC 16  // tiles and channels per side of a store_channel_fastest block
+#ifndef TPC
+#define TPC 16  // tiles and channels per side of a store_channel_fastest block (the host fits it to the device)
+#endif
 
 // Work-item (p0 + lx, ch0 + ly) of a TPC x TPC work-group holds v, its a*a values; stores them all to
 // D[xi][p][ch] (P x CH per xi) with the channel fastest, each work-item storing for (p0 + ly, ch0 + lx), through

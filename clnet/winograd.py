@@ -92,6 +92,15 @@ def _kernel(dev, name, m, r, **defines):
     return kernels.kernel(dev, "winograd.cl", name, dict(WINO_M=m, WINO_R=r, **defines))
 
 
+def store_block(dev, a):
+    """Side of winograd_input_pc's square work-group: 16, or less where the device's work-groups or local memory
+    (a*a x side x (side + 1) floats) are too small for that."""
+    side = 16
+    while side > 1 and (side * side > dev.max_work_group_size or a * a * side * (side + 1) * 4 > dev.local_mem_size):
+        side //= 2
+    return side
+
+
 def transform_weights(w, O, C, m=2, flip=False):
     """U (a*a, O, C) = G w G^T for w (O, C, r, r); with flip the backward-data weights U (a*a, C, O) of rot180(w)."""
     dev, r = w.device, w.shape[-1]
@@ -193,13 +202,14 @@ def conv2d_backward_weights(x, dy, s, dw, what="Conv2d backward (weights)", m=2)
     V = empty((a * a * s.C * P_max,), dev)
     Z = empty((a * a * s.O * P_max,), dev)
     Mhat = empty((a * a, s.O, s.C), dev)
-    k_in = _kernel(dev, "winograd_input_pc", m, r)
+    block = store_block(dev, a)
+    k_in = _kernel(dev, "winograd_input_pc", m, r, TPC=block)
     k_z = _kernel(dev, "winograd_grad_output", m, r)
     for n0 in range(0, s.N, n_chunk):
         nimg = min(n_chunk, s.N - n0)
         P = nimg * th * tw
-        # 16 x 16 work-groups: V is stored through local memory (winograd.cl, store_channel_fastest)
-        kernels.launch(dev, k_in, (P, s.C), (16, 16), x, n0 * s.C * s.H * s.W, s.C, s.H, s.W, s.PH, s.PW, th, tw,
+        # square work-groups: V is stored through local memory (winograd.cl, store_channel_fastest)
+        kernels.launch(dev, k_in, (P, s.C), (block, block), x, n0 * s.C * s.H * s.W, s.C, s.H, s.W, s.PH, s.PW, th, tw,
                        nimg, V, what=what + " (Winograd input transform)")
         kernels.launch(dev, k_z, (s.O, P), None, dy, n0 * s.O * s.OH * s.OW, s.O, s.OH, s.OW, th, tw, nimg, Z,
                        what=what + " (Winograd output-gradient transform)")

@@ -207,6 +207,24 @@ def test_winograd_conv2d_backward_weights(dev, rng, m, r, case):
     check_backward_weights(dev, rng, *case, m=m, r=r)
 
 
+def test_winograd_store_block_fits_the_device():
+    """The input transform's square work-group shrinks to what the device's work-groups and local memory hold."""
+    from types import SimpleNamespace as Device
+    assert winograd.store_block(Device(max_work_group_size=1024, local_mem_size=48 << 10), 6) == 16
+    assert winograd.store_block(Device(max_work_group_size=64, local_mem_size=48 << 10), 4) == 8
+    assert winograd.store_block(Device(max_work_group_size=1024, local_mem_size=32 << 10), 6) == 8
+    assert winograd.store_block(Device(max_work_group_size=1, local_mem_size=1 << 10), 6) == 1
+
+
+@pytest.mark.parametrize("m,r", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("side", [1, 4, 8])
+def test_winograd_backward_weights_with_smaller_blocks(dev, rng, monkeypatch, m, r, side):
+    """The weight gradient with the smaller input-transform blocks of smaller devices (tiles and channels not
+    multiples of them)."""
+    monkeypatch.setattr(winograd, "store_block", lambda dev, a: side)
+    check_backward_weights(dev, rng, 3, 11, 9, 7, 13, 1 if r == 3 else 2, m, r)
+
+
 def test_winograd_backward_weights_accumulates(dev, rng):
     """Two calls add two gradients: dw holds the sum (a layer whose input is used twice)."""
     s, begin, total = conv_shape(2, 5, 6, 7, 4, 1)
