@@ -92,7 +92,7 @@ def _vec_c(c):
 
 def _transposed(dev, X, x, R, CC, batch):
     """The operand X (laid out as x; R rows, CC columns, batch of them) copied to a dense (CC, R) buffer per batch."""
-    tile = 32 if dev.max_work_group_size >= 1024 else 16
+    tile = next(t for t in (32, 16, 8, 4, 2, 1) if t * t <= dev.max_work_group_size)
     T = empty((batch * R * CC,), dev)
     k = kernels.kernel(dev, "transpose.cl", "transpose", dict(TT=tile, SPLIT=x.split))
     kernels.launch(dev, k, (CC, R, batch), (tile, tile, 1), X, *x.args(), R, CC, T, what="operand transpose")

@@ -84,7 +84,8 @@ def gemm_config(dev, M, N, K, batch=1):
     tiles = -(-M // large["TM"]) * -(-N // large["TN"]) * batch
     if tiles >= 2 * dev.compute_units and fits(dev, large):
         return large
-    return GEMM_TILED_SMALL
+    # a GPU whose work-groups cannot hold the small tile's 256 work-items runs the CPU-shaped kernel, which fits any
+    return GEMM_TILED_SMALL if fits(dev, GEMM_TILED_SMALL) else GEMM_BLOCK
 
 
 def k_splits(dev, cfg, M, N, K, batch=1):

@@ -212,3 +212,25 @@ def test_less_accurate_algorithms_need_consent(dev, rng, cache_dir, monkeypatch)
         tuning.used = None
     ran = [v for per_tag in used.values() for k, v in per_tag.items() if k == key]
     assert ran and "winograd4" not in ran
+
+
+@pytest.mark.parametrize("max_items", [1024, 256, 128, 64])
+def test_gpus_with_small_work_groups_get_kernels_that_fit(dev, rng, monkeypatch, max_items):
+    """A GPU whose work-groups hold fewer work-items than a tile needs gets a GEMM default that fits (the CPU-shaped
+    kernel below 256), and transposed copies in blocks that fit; the products stay right (run here on this device
+    with its limit lowered)."""
+    monkeypatch.setattr(dev, "max_work_group_size", min(max_items, dev.max_work_group_size))
+    monkeypatch.setattr(dev, "is_gpu", True)
+    tuning.forget()
+    M, N, K = 70, 37, 45
+    default = tuning.gemm_default(dev, M, N, K, 1)
+    assert tuning.fits(dev, default["cfg"])
+    assert (default["cfg"]["kernel"] == "gemm_block") == (dev.max_work_group_size < 256)
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    B = rng.standard_normal((K, N)).astype(np.float32)
+    C = clnet.tensor(np.zeros((M, N), np.float32), dev)
+    ops.gemm(M, N, K, clnet.tensor(A, dev), Mat(rs=K, cs=1), clnet.tensor(B, dev), Mat(rs=N, cs=1), C, Mat(rs=N, cs=1))
+    assert_close(C.numpy(), A.astype(np.float64) @ B, "C", tol=1e-5)
+    At = ops._transposed(dev, clnet.tensor(A, dev), Mat(rs=K, cs=1), M, K, 1)
+    assert np.array_equal(At.numpy().reshape(K, M), A.T)
+    tuning.forget()
