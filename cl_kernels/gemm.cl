@@ -16,9 +16,10 @@
 //   LBUF      2: double-buffered local slices (one barrier per slice); 1: one buffer, two barriers per slice,
 //             which leaves room in 48 KiB for deeper slices (128x128x32) whose rows of A span 128 bytes
 //   A_VEC     0/1: A is fetched as float4s along its contiguous axis (k if A_KFAST, else m): 4x fewer load and
-//             address instructions. The host sets it only where every such float4 is 16-byte aligned (the stride
-//             along that axis 1, all other strides and offsets multiples of 4); groups at the matrix's edges fall
-//             back to guarded scalar loads.
+//             address instructions. The host sets it only where every such float4 is contiguous and 16-byte aligned
+//             (the stride along that axis 1, all other strides and offsets multiples of 4, a column split's segments
+//             too) and each slice splits into float4s evenly over the work-group; float4s crossing the matrix's
+//             edges fall back to guarded scalar loads.
 //   B_VEC     0/1: likewise for B
 //   C_VEC     0/1: each work-item's 4 consecutive columns of C are stored as one float4 (C contiguous along n and
 //             aligned, as for A_VEC); groups crossing the last column store element by element
@@ -73,8 +74,11 @@
 #if (TM * TK) % NT != 0 || (TN * TK) % NT != 0
 #error "each tile slice must split evenly over the work-group"
 #endif
-#if (A_VEC && (TM * TK) % (4 * NT) != 0) || (B_VEC && (TN * TK) % (4 * NT) != 0) || TK % 4 != 0
+#if (A_VEC && (TM * TK) % (4 * NT) != 0) || (B_VEC && (TN * TK) % (4 * NT) != 0)
 #error "float4 fetches need each slice to split into float4s evenly over the work-group"
+#endif
+#if ((A_VEC && A_KFAST) || (B_VEC && B_KFAST)) && TK % 4 != 0
+#error "float4 fetches along k need a slice depth that is a multiple of 4"
 #endif
 
 // A k-fast fill writes a column of a local row per work-item; one float4 of padding per row spreads those writes

@@ -154,7 +154,8 @@ inline void input_tile(__global const float* restrict x, const int x_off, const 
 
 // Work-item (p0 + lx, ch0 + ly) of a TPC x TPC work-group holds v, its a*a values; stores them all to
 // D[xi][p][ch] (P x CH per xi) with the channel fastest, each work-item storing for (p0 + ly, ch0 + lx), through
-// `t` (a*a x TPC x (TPC + 1) floats of local memory: the odd row length keeps both passes free of bank conflicts).
+// `t` (a*a x TPC x (TPC + 1) floats of local memory: the odd row length leaves at most 2-way bank conflicts in
+// either pass, where a row length of TPC would serialise the transposed pass TPC-fold).
 inline void store_channel_fastest(__local float* t, const float* v, const int p0, const int ch0, const int P,
                                   const int CH, __global float* restrict D) {
     const int lx = get_local_id(0), ly = get_local_id(1);

@@ -70,24 +70,31 @@ def _quads(*values):
     return all(v % 4 == 0 for v in values)
 
 
+def _vec_along_rows(x):
+    """Whether float4s of 4 consecutive columns of x (the layout `x` describes) are each contiguous and 16-byte
+    aligned: columns contiguous, every other step a multiple of 4 elements, and with a column split, no float4
+    crossing a segment."""
+    return x.cs == 1 and _quads(x.off, x.bs, x.rs) and (not x.split or _quads(x.cdiv, x.cso))
+
+
+def _vec_along_columns(x):
+    """The same for float4s of 4 consecutive rows."""
+    return x.rs == 1 and _quads(x.off, x.bs, x.cs) and (not x.split or _quads(x.cso))
+
+
 def _vec_a(a):
-    """Whether gemm_tiled may fetch A as aligned float4s along the axis its loads run (k when k-fast, else m): that
-    axis contiguous, every other step a multiple of 4 elements, and with a column split, no float4 crossing one."""
-    if _kfast_a(a):
-        return _quads(a.off, a.bs, a.rs) and (not a.split or _quads(a.cdiv, a.cso))
-    return a.rs == 1 and _quads(a.off, a.bs, a.cs) and (not a.split or _quads(a.cso))
+    """Whether gemm_tiled may fetch A (m, k) as float4s along the axis its loads run: k when k-fast, else m."""
+    return _vec_along_rows(a) if _kfast_a(a) else _vec_along_columns(a)
 
 
 def _vec_b(b):
-    """As _vec_a, for B (along k when k-fast, else along n)."""
-    if _kfast_b(b):
-        return _quads(b.off, b.bs, b.cs) and (not b.split or _quads(b.cso))
-    return b.cs == 1 and _quads(b.off, b.bs, b.rs) and (not b.split or _quads(b.cdiv, b.cso))
+    """The same for B (k, n): along k when k-fast, else along n."""
+    return _vec_along_columns(b) if _kfast_b(b) else _vec_along_rows(b)
 
 
 def _vec_c(c):
-    """Whether gemm_tiled may store C as aligned float4s along n."""
-    return c.cs == 1 and _quads(c.off, c.bs, c.rs) and (not c.split or _quads(c.cdiv, c.cso))
+    """Whether gemm_tiled may store C (m, n) as float4s along n."""
+    return _vec_along_rows(c)
 
 
 def _transposed(dev, X, x, R, CC, batch):

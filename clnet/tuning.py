@@ -162,11 +162,12 @@ def valid_gemm(dev, choice, M, N, K, batch, b_split):
     file may be old or edited by hand)."""
     try:
         cfg, ks = choice["cfg"], choice["ksplit"]
-        if cfg not in GEMM_CANDIDATES[device_class(dev)] or not fits(dev, cfg) or type(ks) is not int or ks < 1:
+        default = gemm_default(dev, M, N, K, batch)
+        offered = cfg in GEMM_CANDIDATES[device_class(dev)] or cfg == default["cfg"]
+        if not offered or not fits(dev, cfg) or type(ks) is not int or ks < 1:
             return False
         if set(choice) - {"cfg", "ksplit", "ta", "tb"} or (choice.get("tb") and b_split):
             return False
-        default = gemm_default(dev, M, N, K, batch)
         return run_length(cfg, K, ks) <= run_length(default["cfg"], K, default["ksplit"])
     except (KeyError, TypeError):
         return False

@@ -136,10 +136,12 @@ def test_gemm_layouts(dev, rng, gemm_variant, M, N, K, trans_a, trans_b):
 
 @pytest.mark.parametrize("M,N,K", [(37, 71, 45), (130, 129, 67), (5, 6, 4099)])  # N % 4 = 3, 1, 2; last: split-K
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
-def test_gemm_float4_fetches(dev, rng, gemm_variant, M, N, K, trans_a, trans_b):
+@pytest.mark.parametrize("bias_mode", [1, 2])
+def test_gemm_float4_fetches(dev, rng, gemm_variant, M, N, K, trans_a, trans_b, bias_mode):
     """Operands whose rows start 16-byte aligned (leading dimensions padded to a multiple of 4, 4 elements of offset)
-    are fetched, and C stored, as float4s; the odd sizes leave float4s crossing every edge, and NaN padding shows any
-    read past one (the result turns NaN) or write past one (the padding does not stay NaN)."""
+    are fetched, and C stored, as float4s; the odd sizes leave float4s crossing every edge. NaN padding shows a read
+    past K (the result turns NaN) and a write past any edge (the padding does not stay NaN); a read past M or N only
+    feeds outputs that are never stored, and is not seen here."""
     def stored(rows, cols):
         """A rows x cols matrix inside a NaN-padded buffer: (values, buffer, Mat) with cols contiguous."""
         ld = -(-cols // 4) * 4 + 4
@@ -164,13 +166,36 @@ def test_gemm_float4_fetches(dev, rng, gemm_variant, M, N, K, trans_a, trans_b):
         B0, B, b = stored(K, N)
         B64 = B0.astype(np.float64)
     C0, C, c = stored(M, N)
-    bias = rng.standard_normal(N).astype(np.float32)
+    bias = rng.standard_normal(M if bias_mode == 1 else N).astype(np.float32)
     assert ops._vec_a(a) and ops._vec_b(b) and ops._vec_c(c)
-    ops.gemm(M, N, K, A, a, B, b, C, c, alpha=0.5, beta=2.0, bias=clnet.tensor(bias, dev), bias_mode=2, relu=True)
-    expected = np.maximum(0.5 * A64 @ B64 + 2.0 * C0 + bias, 0)
+    ops.gemm(M, N, K, A, a, B, b, C, c, alpha=0.5, beta=2.0, bias=clnet.tensor(bias, dev), bias_mode=bias_mode,
+             relu=True)
+    expected = np.maximum(0.5 * A64 @ B64 + 2.0 * C0 + (bias[:, None] if bias_mode == 1 else bias), 0)
     out = C.numpy()[4:4 + M * c.rs].reshape(M, c.rs)
     assert_close(out[:, :N], expected, "C", tol=1e-5)
     assert np.isnan(out[:, N:]).all() and np.isnan(C.numpy()[:4]).all() and np.isnan(C.numpy()[4 + M * c.rs:]).all()
+
+
+@pytest.mark.parametrize("field,value", [("off", 2), ("bs", 6), ("rs", 6), ("cs", 6), ("cdiv", 6), ("cso", 6)])
+def test_float4_needs_every_step_aligned(field, value):
+    """Each layout that takes float4s stops taking them when any one of its steps is not a multiple of 4 elements
+    (a wrong 'yes' is a misaligned or non-contiguous float4: PoCL crashes on one)."""
+    from dataclasses import replace
+    aligned = {  # (rule, layout): k-fast and m-fast A, k-fast and n-fast B, C; all with a column split
+        "A k-fast": (ops._vec_a, Mat(off=4, bs=64, rs=8, cs=1, cdiv=8, cso=16)),
+        "A m-fast": (ops._vec_a, Mat(off=4, bs=64, rs=1, cs=8, cdiv=3, cso=16)),
+        "B k-fast": (ops._vec_b, Mat(off=4, bs=64, rs=1, cs=8, cdiv=3, cso=16)),
+        "B n-fast": (ops._vec_b, Mat(off=4, bs=64, rs=8, cs=1, cdiv=8, cso=16)),
+        "C": (ops._vec_c, Mat(off=4, bs=64, rs=8, cs=1, cdiv=8, cso=16)),
+    }
+    for name, (rule, mat) in aligned.items():
+        assert rule(mat), name
+        changed = replace(mat, **{field: value})
+        contiguous_step = "cs" if mat.cs == 1 else "rs"
+        # the contiguous axis's step stays 1 (a 6 there makes the layout another class); cdiv only counts along it
+        if field == contiguous_step or (field == "cdiv" and mat.cs != 1):
+            continue
+        assert not rule(changed), (name, field, value)
 
 
 def test_gemm_batched_with_split_columns(dev, rng, gemm_variant):
@@ -207,7 +232,8 @@ def test_library_named_differently_by_an_icd_file_is_not_registered_twice(tmp_pa
 @pytest.mark.parametrize("P", [11, 12])
 def test_gemm_with_transposed_operands(dev, rng, ta, tb, ksplit, P):
     """The tuner may copy a k-fast operand to a transposed buffer first; with A split over (image, pixel) as dy is in a
-    weight gradient, batched over groups, and B stored (N, K). With 12 pixels both are fetched as float4s."""
+    weight gradient, batched over groups, and B stored (N, K). With 12 pixels both are fetched as float4s where they
+    are not transposed (the copies, 5 and 37 wide, are not)."""
     from clnet import tuning
     G, Mg, imgs, N = 2, 5, 3, 37
     K = imgs * P
@@ -218,8 +244,8 @@ def test_gemm_with_transposed_operands(dev, rng, ta, tb, ksplit, P):
     choice = dict(cfg=dict(tuning.GEMM_TILED_SMALL, TK=32, LBUF=1), ksplit=ksplit, ta=ta, tb=tb)
     a, b = Mat(bs=Mg * P, rs=P, cs=1, cdiv=P, cso=G * Mg * P), Mat(bs=N * K, rs=1, cs=K)
     assert ops._vec_a(a) == ops._vec_b(b) == (P % 4 == 0)
-    ops._gemm_choice(dev, choice, Mg, N, K, clnet.tensor(dy, dev), a, clnet.tensor(Bt, dev), b, C, Mat(bs=Mg * N, rs=N, cs=1), 1.0, 1.0, G,
-                     None, 0, 0, False, "test")
+    ops._gemm_choice(dev, choice, Mg, N, K, clnet.tensor(dy, dev), a, clnet.tensor(Bt, dev), b, C,
+                     Mat(bs=Mg * N, rs=N, cs=1), 1.0, 1.0, G, None, 0, 0, False, "test")
     A64 = dy.astype(np.float64).reshape(imgs, G, Mg, P).transpose(1, 2, 0, 3).reshape(G, Mg, K)
     expected = np.einsum("gmk,gnk->gmn", A64, Bt.astype(np.float64)) + C0
     assert_close(C.numpy(), expected, "C", tol=1e-5)
