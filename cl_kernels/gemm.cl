@@ -81,6 +81,30 @@
 #error "float4 fetches along k need a slice depth that is a multiple of 4"
 #endif
 
+// An operand fetched as float4s (X_VEC) moves 4 elements per step: its registers, loads and local stores.
+#if A_VEC
+#define A_GROUP 4
+#define A_REG float4
+#define A_LOAD LOAD4
+#define A_PUT PUT4
+#else
+#define A_GROUP 1
+#define A_REG float
+#define A_LOAD LOAD1
+#define A_PUT PUT1
+#endif
+#if B_VEC
+#define B_GROUP 4
+#define B_REG float4
+#define B_LOAD LOAD4
+#define B_PUT PUT4
+#else
+#define B_GROUP 1
+#define B_REG float
+#define B_LOAD LOAD1
+#define B_PUT PUT1
+#endif
+
 // A k-fast fill writes a column of a local row per work-item; one float4 of padding per row spreads those writes
 // over the banks.
 #define PAD4 1
@@ -96,16 +120,8 @@ void gemm_tiled(GEMM_ARGS) {
 
     __local float4 As[LBUF][TK][TM / 4 + PAD4];
     __local float4 Bs[LBUF][TK][TN / 4 + PAD4];
-#if A_VEC
-    float4 ra[LA / 4];
-#else
-    float ra[LA];
-#endif
-#if B_VEC
-    float4 rb[LB / 4];
-#else
-    float rb[LB];
-#endif
+    A_REG ra[LA / A_GROUP];  // this work-item's share of the next slice, fetched while the current one is used
+    B_REG rb[LB / B_GROUP];
     float acc[WM][WN];
     for (int i = 0; i < WM; i++)
         for (int j = 0; j < WN; j++) acc[i][j] = 0.0f;
@@ -114,8 +130,6 @@ void gemm_tiled(GEMM_ARGS) {
 // order consecutive work-items load (with float4 fetches, e counts float4s and names the first of its four).
 #define A_AT(gm, gk) ((gm) * a_rs + A_COL(gk))
 #define B_AT(gn, gk) ((gk) * b_rs + B_COL(gn))
-#define A_GROUP (A_VEC ? 4 : 1)
-#define B_GROUP (B_VEC ? 4 : 1)
 #if A_KFAST
 #define A_POS(e, mm, kk) const int kk = (e) % (TK / A_GROUP) * A_GROUP, mm = (e) / (TK / A_GROUP)
 #else
@@ -126,9 +140,12 @@ void gemm_tiled(GEMM_ARGS) {
 #else
 #define B_POS(e, nn, kk) const int nn = (e) % (TN / B_GROUP) * B_GROUP, kk = (e) / (TN / B_GROUP)
 #endif
-// One float4 of X at (gx, gk) and the next three along k (ALONG_K) or along x: one aligned load inside the matrix,
-// guarded scalar loads across its edges.
-#define FETCH4(v, Xb, X_AT, gx, gk, LIM, ALONG_K) \
+// One element of X at (gx, gk), zero outside the matrix or past the slice; and its store into slice buffer buf.
+#define LOAD1(v, Xb, X_AT, gx, gk, LIM, ALONG_K) v = (gx) < LIM && (gk) < kend ? Xb[X_AT(gx, gk)] : 0.0f
+#define PUT1(Xs, buf, v, xx, kk, ALONG_K) ((__local float*)Xs[(buf)][kk])[xx] = v
+// The float4 of X at (gx, gk) and the next three along k (ALONG_K) or along x: one aligned load inside the matrix,
+// guarded scalar loads across its edges; stored as one float4 along x, or four scalars along k.
+#define LOAD4(v, Xb, X_AT, gx, gk, LIM, ALONG_K) \
     if ((ALONG_K) ? (gx) < LIM && (gk) + 3 < kend : (gx) + 3 < LIM && (gk) < kend) { \
         v = *(__global const float4*)(Xb + X_AT(gx, gk)); \
     } else { \
@@ -139,68 +156,32 @@ void gemm_tiled(GEMM_ARGS) {
         } \
         v = (float4)(e_[0], e_[1], e_[2], e_[3]); \
     }
-// Stores a fetched float4 into the slice: one float4 store along x, four scalar stores along k.
-#define STORE4(Xs, v, xx, kk, ALONG_K) \
+#define PUT4(Xs, buf, v, xx, kk, ALONG_K) \
     if (ALONG_K) { \
-        ((__local float*)Xs[buf_][(kk)])[xx] = v.x; \
-        ((__local float*)Xs[buf_][(kk) + 1])[xx] = v.y; \
-        ((__local float*)Xs[buf_][(kk) + 2])[xx] = v.z; \
-        ((__local float*)Xs[buf_][(kk) + 3])[xx] = v.w; \
+        ((__local float*)Xs[(buf)][(kk)])[xx] = v.x; \
+        ((__local float*)Xs[(buf)][(kk) + 1])[xx] = v.y; \
+        ((__local float*)Xs[(buf)][(kk) + 2])[xx] = v.z; \
+        ((__local float*)Xs[(buf)][(kk) + 3])[xx] = v.w; \
     } else { \
-        Xs[buf_][kk][(xx) / 4] = v; \
+        Xs[(buf)][kk][(xx) / 4] = v; \
     }
-#if A_VEC
-#define FETCH_A(k0) \
-    for (int r = 0; r < LA / 4; r++) { \
-        A_POS(tid + r * NT, mm, kk); \
-        FETCH4(ra[r], Ab, A_AT, m0 + mm, (k0) + kk, M, A_KFAST); \
+// Each work-item's share of slice k0 of operand X into its registers regs; and from them into slice buffer buf.
+#define FETCH_X(regs, n, POS, Xb, X_AT, x0, LIM, KFAST, LOAD, k0) \
+    for (int r = 0; r < (n); r++) { \
+        POS(tid + r * NT, xx, kk); \
+        LOAD(regs[r], Xb, X_AT, (x0) + xx, (k0) + kk, LIM, KFAST); \
     }
-#define STORE_A(buf) \
-    for (int r = 0; r < LA / 4; r++) { \
-        A_POS(tid + r * NT, mm, kk); \
-        const int buf_ = (buf); \
-        STORE4(As, ra[r], mm, kk, A_KFAST); \
+#define STORE_X(regs, n, POS, Xs, KFAST, PUT, buf) \
+    for (int r = 0; r < (n); r++) { \
+        POS(tid + r * NT, xx, kk); \
+        PUT(Xs, buf, regs[r], xx, kk, KFAST); \
     }
-#else
-#define FETCH_A(k0) \
-    for (int r = 0; r < LA; r++) { \
-        A_POS(tid + r * NT, mm, kk); \
-        const int gm = m0 + mm, gk = (k0) + kk; \
-        ra[r] = (gm < M && gk < kend) ? Ab[A_AT(gm, gk)] : 0.0f; \
-    }
-#define STORE_A(buf) \
-    for (int r = 0; r < LA; r++) { \
-        A_POS(tid + r * NT, mm, kk); \
-        ((__local float*)As[buf][kk])[mm] = ra[r]; \
-    }
-#endif
-#if B_VEC
-#define FETCH_B(k0) \
-    for (int r = 0; r < LB / 4; r++) { \
-        B_POS(tid + r * NT, nn, kk); \
-        FETCH4(rb[r], Bb, B_AT, n0 + nn, (k0) + kk, N, B_KFAST); \
-    }
-#define STORE_B(buf) \
-    for (int r = 0; r < LB / 4; r++) { \
-        B_POS(tid + r * NT, nn, kk); \
-        const int buf_ = (buf); \
-        STORE4(Bs, rb[r], nn, kk, B_KFAST); \
-    }
-#else
-#define FETCH_B(k0) \
-    for (int r = 0; r < LB; r++) { \
-        B_POS(tid + r * NT, nn, kk); \
-        const int gn = n0 + nn, gk = (k0) + kk; \
-        rb[r] = (gn < N && gk < kend) ? Bb[B_AT(gn, gk)] : 0.0f; \
-    }
-#define STORE_B(buf) \
-    for (int r = 0; r < LB; r++) { \
-        B_POS(tid + r * NT, nn, kk); \
-        ((__local float*)Bs[buf][kk])[nn] = rb[r]; \
-    }
-#endif
-#define FETCH(k0) FETCH_A(k0) FETCH_B(k0)
-#define STORE(buf) STORE_A(buf) STORE_B(buf)
+#define FETCH(k0) \
+    FETCH_X(ra, LA / A_GROUP, A_POS, Ab, A_AT, m0, M, A_KFAST, A_LOAD, k0) \
+    FETCH_X(rb, LB / B_GROUP, B_POS, Bb, B_AT, n0, N, B_KFAST, B_LOAD, k0)
+#define STORE(buf) \
+    STORE_X(ra, LA / A_GROUP, A_POS, As, A_KFAST, A_PUT, buf) \
+    STORE_X(rb, LB / B_GROUP, B_POS, Bs, B_KFAST, B_PUT, buf)
 
     FETCH(kbeg);
     STORE(0);

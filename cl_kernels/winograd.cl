@@ -24,9 +24,10 @@
 // output-gradient transform, per (o, c) for the weight transforms. winograd_input and winograd_output run p fastest:
 // neighbouring work-items read or write neighbouring tiles of one plane of x or y, and neighbouring elements of V or M.
 // winograd_input_pc stores V channel-fastest; run in that order, each work-item's a x a window lies in another plane,
-// and it took 1.2-2.9x winograd_input's time on the same input (bench/results/h200-v9). So it reads p fastest and
-// passes its results through local memory in TPC x TPC blocks, to store them channel-fastest (store_channel_fastest):
-// 0.55-0.77 of the time at every layer measured but AlexNet's 5x5 one, where it took 1.17x (h200-v11).
+// and it took 1.2-2.9x winograd_input's time on the same input (h200-v9, where it shared winograd_input's name: its
+// time there is that name's backward total less h200-v11's data-gradient transform). So it reads p fastest and passes
+// its results through local memory in TPC x TPC blocks, to store them channel-fastest (store_channel_fastest):
+// 0.55-0.77 of that time at every layer measured but AlexNet's 5x5 one, where it took 1.17x (h200-v11).
 // winograd_grad_output reads only m x m values per a x a it writes, and the same scheme made it 1.0-1.8x slower
 // (h200-v10), so it runs channel-fastest. Sizes are arguments.
 // Defines: WINO_M and WINO_R (the variant: F(2, 3), F(2, 5) or F(4, 3)), FLIP (winograd_weights), BIAS and RELU

@@ -18,11 +18,11 @@ vector over pixels gathers x at stride 4, so direct should be about even or lose
 
 Measured with a scratch script, not in bench/results (PoCL, 2 cores shared with other jobs; forward with bias and
 ReLU, medians of 5 runs of 15, im2col + GEMM against direct, weight packing included): LeNet conv1 2.55 -> 1.38 ms
-(1.9x), AlexNet conv1 N=8 25.9 -> 9.2 ms (2.9x, 122 GFLOP/s), VGG conv1 N=2 11.8 -> 5.5 ms (2.2x, near the time to write y's 25.7 MB). The AlexNet miss:
-the first version did vectorise over pixels, and there it tied im2col (33-48 ms against 28-45 in the same runs); with
-vectors over output channels and weights packed per tap (below) the stride costs nothing. Direct also won, less,
-beyond first layers: 3->64 5x5 'same' on 32x32, N=32, 7.4 -> 5.2 ms; 16->64 and 64->64 3x3 on 28x28, N=8, 2.6 -> 2.0
-and 7.0 -> 5.1 ms.
+(1.9x), AlexNet conv1 N=8 25.9 -> 9.2 ms (2.9x, 122 GFLOP/s), VGG conv1 N=2 11.8 -> 5.5 ms (2.2x, near the time to
+write y's 25.7 MB). The AlexNet miss: the first version did vectorise over pixels, and there it tied im2col (33-48 ms
+against 28-45 in the same runs); with vectors over output channels and weights packed per tap (below) the stride costs
+nothing. Direct also won, less, beyond first layers: 3->64 5x5 'same' on 32x32, N=32, 7.4 -> 5.2 ms; 16->64 and 64->64
+3x3 on 28x28, N=8, 2.6 -> 2.0 and 7.0 -> 5.1 ms.
 """
 from . import kernels, tuning
 from .tensor import empty

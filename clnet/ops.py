@@ -135,10 +135,10 @@ def _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, zsize, bias, bias_bs
     defines.update(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split, **epilogue)
     if name == "gemm_tiled":
         # float4 fetches where the operand's layout allows and each slice splits into float4s over the work-group
-        quads = 4 * (cfg["TM"] // cfg["WM"]) * (cfg["TN"] // cfg["WN"])
+        float4s_per_round = 4 * (cfg["TM"] // cfg["WM"]) * (cfg["TN"] // cfg["WN"])
         defines.update(A_KFAST=_kfast_a(a), B_KFAST=_kfast_b(b),
-                       A_VEC=_vec_a(a) and cfg["TM"] * cfg["TK"] % quads == 0,
-                       B_VEC=_vec_b(b) and cfg["TN"] * cfg["TK"] % quads == 0, C_VEC=_vec_c(c))
+                       A_VEC=_vec_a(a) and cfg["TM"] * cfg["TK"] % float4s_per_round == 0,
+                       B_VEC=_vec_b(b) and cfg["TN"] * cfg["TK"] % float4s_per_round == 0, C_VEC=_vec_c(c))
         local = (cfg["TN"] // cfg["WN"], cfg["TM"] // cfg["WM"], 1)
         global_size = (-(-N // cfg["TN"]) * local[0], -(-M // cfg["TM"]) * local[1], zsize)
     else:

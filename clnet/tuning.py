@@ -14,8 +14,9 @@ from . import kernels
 
 # GPU-shaped matrix product: tiles staged in local memory. Large tiles only pay when they fill the device.
 GEMM_TILED_SMALL = dict(kernel="gemm_tiled", TM=64, TN=64, TK=16, WM=4, WN=4)
-# 128x128 tiles in 16-deep double-buffered slices: with float4 fetches the fastest of the 128x128 shapes at SGEMM
-# 4096 on the H200 whichever way A's k runs, 42.9 TFLOP/s (bench/results/h200-v9a, sgemm-variants-h200.json).
+# 128x128 tiles in 16-deep double-buffered slices: with float4 fetches 42.9 TFLOP/s at SGEMM 4096 on the H200
+# whichever way A's k runs, the fastest 128x128 shape with A k-fast and within 4% of the fastest with A m-fast
+# (single-buffered, 44.7), with no transposed copy needed (bench/results/h200-v9a, sgemm-variants-h200.json).
 GEMM_TILED_LARGE = dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=8)
 # CPU-shaped: register blocks, wide vector loads, no local memory; B copied per 256-deep slice into a private sliver,
 # one work-item per work-group (SGEMM 1024^3 on 2 cores: 0.78-0.79x NumPy, bench/results/pocl-v5 and pocl-v7).
@@ -25,7 +26,8 @@ GEMM_BLOCK = dict(kernel="gemm_block", RM=48, KC=256, WG=1)
 # transposed operands). Single-buffered slices (LBUF=1) hold 32-deep slices in 48 KiB, or a 16-deep one in fewer
 # registers (158 against 175 per work-item: 44.7 TFLOP/s at SGEMM 4096 with A m-fast, h200-v9a). Dropped after
 # measuring on the H200: 128x256 tiles (lost to 128x128 at SGEMM 4096, won some im2col weight-gradient products by
-# at most 6%, h200-v8) and 128x128x8 (never chosen by any network in h200-v9a, 0.74x the 16-deep tile at SGEMM 4096).
+# at most 6%, h200-v8) and 128x128x8 (never chosen by any network in h200-v9a, 0.82-0.86x the 16-deep tile at SGEMM
+# 4096).
 GEMM_CANDIDATES = dict(
     gpu=[GEMM_TILED_LARGE, GEMM_TILED_SMALL,
          dict(GEMM_TILED_LARGE, LBUF=1),
@@ -309,8 +311,8 @@ allow_less_accurate = False
 used = None       # set by the benchmark: {profiler tag: {key: description of the choice that ran}}
 
 
-_checked = {}  # (device, key, allow_less_accurate) -> whether the cached entry passed valid(); cleared when entries
-# change
+# (device, key, allow_less_accurate) -> whether the cached entry passed valid(); cleared when entries change
+_checked = {}
 _defaults = {}  # (device, key) -> default(), which depends only on the device and the shape the key names
 
 

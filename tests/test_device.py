@@ -142,29 +142,20 @@ def test_gemm_float4_fetches(dev, rng, gemm_variant, M, N, K, trans_a, trans_b, 
     are fetched, and C stored, as float4s; the odd sizes leave float4s crossing every edge. NaN padding shows a read
     past K (the result turns NaN) and a write past any edge (the padding does not stay NaN); a read past M or N only
     feeds outputs that are never stored, and is not seen here."""
-    def stored(rows, cols):
-        """A rows x cols matrix inside a NaN-padded buffer: (values, buffer, Mat) with cols contiguous."""
-        ld = -(-cols // 4) * 4 + 4
-        buf = np.full(4 + rows * ld + 4, np.nan, np.float32)
-        x = rng.standard_normal((rows, cols)).astype(np.float32)
-        buf[4:4 + rows * ld].reshape(rows, ld)[:, :cols] = x
-        return x, clnet.tensor(buf, dev), Mat(off=4, rs=ld, cs=1)
+    def stored(rows, cols, transposed=False):
+        """A rows x cols matrix inside a NaN-padded buffer, stored with its columns contiguous or, transposed, its
+        rows: (values in float64, buffer, Mat)."""
+        r, c = (cols, rows) if transposed else (rows, cols)
+        ld = -(-c // 4) * 4 + 4
+        buf = np.full(4 + r * ld + 4, np.nan, np.float32)
+        x = rng.standard_normal((r, c)).astype(np.float32)
+        buf[4:4 + r * ld].reshape(r, ld)[:, :c] = x
+        x = x.T if transposed else x
+        return x.astype(np.float64), clnet.tensor(buf, dev), Mat(off=4, rs=1, cs=ld) if transposed else \
+            Mat(off=4, rs=ld, cs=1)
 
-    def transposed(mat):
-        return Mat(off=mat.off, rs=mat.cs, cs=mat.rs)
-
-    if trans_a:
-        At, A, a = stored(K, M)
-        A64, a = At.T.astype(np.float64), transposed(a)
-    else:
-        A0, A, a = stored(M, K)
-        A64 = A0.astype(np.float64)
-    if trans_b:
-        Bt, B, b = stored(N, K)
-        B64, b = Bt.T.astype(np.float64), transposed(b)
-    else:
-        B0, B, b = stored(K, N)
-        B64 = B0.astype(np.float64)
+    A64, A, a = stored(M, K, trans_a)
+    B64, B, b = stored(K, N, trans_b)
     C0, C, c = stored(M, N)
     bias = rng.standard_normal(M if bias_mode == 1 else N).astype(np.float32)
     assert ops._vec_a(a) and ops._vec_b(b) and ops._vec_c(c)
