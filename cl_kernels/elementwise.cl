@@ -1,7 +1,16 @@
 // Element-wise ops and small reductions over flat float32 arrays of n elements.
-//   act_fwd   y = f(x) for the activation ACT; act_bwd dx = dy * f'(.) written from the saved output y
+//   act_fwd   y = f(x) for the activation ACT; act_bwd dx = dy * f'(.) written from the saved output y. NaN stays
+//             NaN through ReLU and ReLU6, as in PyTorch (fmax would turn it into 0)
 //   fill      x = value
+//   fill_scaled  x = scale * g[0]: the gradient of a sum (g on the device, so no read-back)
 //   mul       out = a * b
+//   scale_by  out = a * g[0]: a gradient scaled by a one-element upstream gradient on the device
+//   axpby     out = alpha * a + beta * b
+//   affine    out = alpha * a + beta
+//   accumulate  dst += src (a leaf's gradient)
+//   copy2d    dst[dst_off + r*dst_ld + c] = src[src_off + r*src_ld + c] for r < rows, c < cols: the concatenation and
+//             its backward, as one block copy per input (rows: the dimensions before the joined one)
+//   reduce_sum  out[0] = scale * sum of x: one work-group of LSIZE, pairwise tree over per-item partial sums
 //   dropout_fwd  mask = (hash(seed, i) >= p) / (1 - p); y = x * mask
 //   bias_grad db[c] += sum over n and p of dy[n, c, p] for dy (N, C, P); one work-group of LSIZE per channel.
 //             With PARTIAL, work-group (c, s) sums only the s-th run of `chunk` (n, p) pairs and stores it in
@@ -9,14 +18,15 @@
 //   bias_grad_planes  the same, CPU-shaped: one work-item per channel sums each of its N planes in eight lanes
 //             (a float8, one vector register), then the lanes, then adds the plane sums in order: no division
 //             per element, no local memory or barriers, and no chain of dependent additions P long.
-// Defines: ACT (1 ReLU, 2 Sigmoid, 3 Tanh), LSIZE (work-group size of bias_grad, a power of two), PARTIAL 0/1.
+// Defines: ACT (1 ReLU, 2 Sigmoid, 3 Tanh, 4 ReLU6), LSIZE (work-group size of bias_grad and reduce_sum, a
+// power of two), PARTIAL 0/1.
 #include "common.h"
 
 #ifndef ACT
-#define ACT 1       // 1 ReLU, 2 Sigmoid, 3 Tanh
+#define ACT 1       // 1 ReLU, 2 Sigmoid, 3 Tanh, 4 ReLU6
 #endif
 #ifndef LSIZE
-#define LSIZE 256   // bias_grad work-group size
+#define LSIZE 256   // bias_grad and reduce_sum work-group size
 #endif
 #ifndef PARTIAL
 #define PARTIAL 0   // bias_grad: first pass of two
@@ -30,11 +40,13 @@ __kernel void act_fwd(__global const float* restrict x, __global float* restrict
     if (i >= n) return;
     const float v = x[i];
 #if ACT == 1
-    y[i] = fmax(v, 0.0f);
+    y[i] = v < 0.0f ? 0.0f : v;
 #elif ACT == 2
     y[i] = 1.0f / (1.0f + exp(-v));
 #elif ACT == 3
     y[i] = tanh(v);
+#elif ACT == 4
+    y[i] = v < 0.0f ? 0.0f : (v > 6.0f ? 6.0f : v);
 #else
 #error "unknown ACT"
 #endif
@@ -51,12 +63,72 @@ __kernel void act_bwd(__global const float* restrict y, __global const float* re
     dx[i] = dy[i] * v * (1.0f - v);
 #elif ACT == 3
     dx[i] = dy[i] * (1.0f - v * v);
+#elif ACT == 4
+    dx[i] = v > 0.0f && v < 6.0f ? dy[i] : 0.0f;
 #endif
 }
 
 __kernel void fill(__global float* x, const float value, const int n) {
     const int i = get_global_id(0);
     if (i < n) x[i] = value;
+}
+
+__kernel void fill_scaled(__global float* restrict x, __global const float* restrict g, const float scale,
+                          const int n) {
+    const int i = get_global_id(0);
+    if (i < n) x[i] = scale * g[0];
+}
+
+__kernel void scale_by(__global const float* restrict a, __global const float* restrict g,
+                       __global float* restrict out, const int n) {
+    const int i = get_global_id(0);
+    if (i < n) out[i] = a[i] * g[0];
+}
+
+__kernel void axpby(__global const float* restrict a, __global const float* restrict b, __global float* restrict out,
+                    const float alpha, const float beta, const int n) {
+    const int i = get_global_id(0);
+    if (i < n) out[i] = alpha * a[i] + beta * b[i];
+}
+
+__kernel void affine(__global const float* restrict a, __global float* restrict out, const float alpha,
+                     const float beta, const int n) {
+    const int i = get_global_id(0);
+    if (i < n) out[i] = alpha * a[i] + beta;
+}
+
+__kernel void accumulate(__global float* restrict dst, __global const float* restrict src, const int n) {
+    const int i = get_global_id(0);
+    if (i < n) dst[i] += src[i];
+}
+
+__kernel void copy2d(__global const float* restrict src, const int src_off, const int src_ld,
+                     __global float* restrict dst, const int dst_off, const int dst_ld, const int rows,
+                     const int cols) {
+    const int c = get_global_id(0), r = get_global_id(1);
+    if (c < cols && r < rows) dst[dst_off + r * dst_ld + c] = src[src_off + r * src_ld + c];
+}
+
+__kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
+void reduce_sum(__global const float* restrict x, __global float* restrict out, const float scale, const int n) {
+    const int lid = get_local_id(0);
+    __local float part[LSIZE];
+    // Each work-item sums a contiguous run in blocks of 64 (short float32 chains), then the tree adds the runs.
+    const int run = CEIL_DIV(n, LSIZE);
+    const int e0 = lid * run, e1 = min(n, e0 + run);
+    float s = 0.0f;
+    for (int b = e0; b < e1; b += 64) {
+        float t = 0.0f;
+        for (int e = b; e < min(e1, b + 64); e++) t += x[e];
+        s += t;
+    }
+    part[lid] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = LSIZE / 2; w > 0; w >>= 1) {
+        if (lid < w) part[lid] += part[lid + w];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) out[0] = scale * part[0];
 }
 
 __kernel void mul(__global const float* restrict a, __global const float* restrict b, __global float* restrict out,

@@ -1,12 +1,16 @@
 """clnet: a portable neural-network engine whose kernels are OpenCL C; every buffer stays on the device."""
 from .devices import Device, DeviceNotFound, device, list_devices  # first: registers vendor OpenCL libraries
 from .rng import manual_seed
-from .tensor import Tensor, reset_transfer_stats, tensor, transfer_stats
+from .tensor import Parameter, Tensor, reset_transfer_stats, tensor, transfer_stats
+from .autograd import is_grad_enabled, no_grad
+from . import ops  # noqa: E402  (installs Tensor's operators)
+from .ops import cat  # noqa: E402
 from . import data, nn, optim  # noqa: E402
 from .train import evaluate, fit  # noqa: E402
 from .tune import autotune  # noqa: E402
 
 from .version import __version__
 
-__all__ = ["Device", "DeviceNotFound", "Tensor", "autotune", "data", "device", "evaluate", "fit", "list_devices",
-           "manual_seed", "nn", "optim", "reset_transfer_stats", "tensor", "transfer_stats", "__version__"]
+__all__ = ["Device", "DeviceNotFound", "Parameter", "Tensor", "autotune", "cat", "data", "device", "evaluate", "fit",
+           "is_grad_enabled", "list_devices", "manual_seed", "nn", "no_grad", "optim", "reset_transfer_stats",
+           "tensor", "transfer_stats", "__version__"]

@@ -27,35 +27,12 @@ nothing. Direct also won, less, beyond first layers: 3->64 5x5 'same' on 32x32, 
 from . import kernels, tuning
 from .tensor import empty
 
-# One entry per device class: the kernel's defines and its launch geometry. OB output channels per work-item (a
-# vector width: 2, 4, 8 or 16). CPU shape: PX pixels per run (PX accumulator vectors), ROWS output rows per work-group
-# (None: the driver's choice). GPU shape: LS pixels per work-group, at most WLOCAL_MAX floats of weights staged in
-# local memory (else they are read from global memory).
-DIRECT_CPU = dict(kernel="conv2d_fwd_direct_rows", OB=8, PX=8, ROWS=4)
-DIRECT_GPU = dict(kernel="conv2d_fwd_direct", OB=4, LS=128, WLOCAL_MAX=4096)
-# CPU shape: 16 channels per work-item when the window is deep (compute-bound: half the loads of x per multiply-add;
-# AlexNet conv1 7 ms against 9.7 with 8) and the group has channels enough to fill the blocks; else 8 (VGG conv1 took
-# twice as long with 16, perhaps because its 16 output planes, written together, lie a multiple of 4 KiB apart), and
-# narrower blocks for groups of fewer than 8 channels.
-DEEP_WINDOW = 64
-
-
 def supported(s):
-    """Whether a layer of shape s (an ops.ConvShape) can run here: every kernel size, stride, padding, dilation and
+    """Whether a layer of shape s (an shapes.ConvShape) can run here: every kernel size, stride, padding, dilation and
     group count (depthwise included). It is meant for few input channels per group, where im2col's buffer is largest
     against the GEMM's work; on PoCL it still beat im2col at 64->64 3x3 on 28x28 (module docstring); on GPUs it is
     not measured yet."""
     return s.G >= 1 and s.C % s.G == 0 and s.O % s.G == 0 and min(s.N, s.C, s.O, s.OH, s.OW) >= 1
-
-
-def config(dev, s):
-    """The default entry for shape s on dev."""
-    if not tuning.cpu_shaped(dev):
-        return DIRECT_GPU
-    og = s.O // s.G
-    if og >= 32 and (s.C // s.G) * s.KH * s.KW >= DEEP_WINDOW:
-        return dict(DIRECT_CPU, OB=16, PX=4, ROWS=1)
-    return dict(DIRECT_CPU, OB=min(8, max(2, 1 << (og - 1).bit_length())))
 
 
 def _blocks(s, ob):
@@ -64,14 +41,14 @@ def _blocks(s, ob):
 
 
 def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d", cfg=None):
-    """y = conv(x, w) + bias, then ReLU if relu: the contract of ops.conv2d_forward, computed directly.
+    """y = conv(x, w) + bias, then ReLU if relu: the contract of conv.conv2d_forward, computed directly.
 
     Parameters
     ----------
     x : Tensor (N, C, H, W)
     w : Tensor (O, C/G, KH, KW)
     bias : Tensor (O,) or None
-    s : ops.ConvShape; s.PH, s.PW are the top and left paddings, s.OH, s.OW the output size (which implies the
+    s : shapes.ConvShape; s.PH, s.PW are the top and left paddings, s.OH, s.OW the output size (which implies the
         bottom and right paddings)
     relu : apply max(0, .) after the bias
     what : the name error messages give the operation
@@ -88,7 +65,7 @@ def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d", cfg=None):
         if tuple(t.shape) != shape:
             raise ValueError(f"{what}: expected {name} of shape {shape}, got {tuple(t.shape)}")
     dev = x.device
-    cfg = cfg or config(dev, s)
+    cfg = cfg or tuning.direct_config(dev, s)
     y = empty((s.N, s.O, s.OH, s.OW), dev)
     ob = cfg["OB"]
     defines = dict(OB=ob, BIAS=bias is not None, RELU=relu)

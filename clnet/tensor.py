@@ -100,16 +100,26 @@ class _Region:
 
 
 DTYPES = {np.dtype(np.float32), np.dtype(np.int32)}
+ops = None  # clnet.ops, set when it is imported (it builds on this module)
+
+
+def _shape_arg(shape):
+    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
 
 
 class Tensor:
-    """A float32 or int32 array in device memory.
+    """A float32 or int32 array in device memory, with PyTorch's autograd attributes.
 
-    Attributes: ``shape``, ``dtype``, ``device``; ``numpy()`` is the way back to the host.  Integer tensors made from
-    host data remember their value range, so a loss can check labels without reading them back.
+    Attributes: ``shape``, ``dtype``, ``device``; ``requires_grad``, ``grad`` (a device tensor after backward, for
+    leaves), ``grad_fn`` (the op that computed it, while its graph is recorded). ``numpy()`` is the way back to the
+    host. Integer tensors made from host data remember their value range, so a loss can check labels without reading
+    them back. A tensor made from host data before any device is chosen (a parameter of a new module) keeps it on the
+    host until it is placed (``Module.to``).
     """
 
-    def __init__(self, shape, dtype=np.float32, device=None, _storage=None):
+    __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's operators
+
+    def __init__(self, shape, dtype=np.float32, device=None, _storage=None, _host=None):
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         if self.dtype not in DTYPES:
@@ -117,17 +127,28 @@ class Tensor:
         if math.prod(self.shape) >= 2**31:
             raise ValueError(f"clnet tensors hold fewer than 2**31 elements (kernels index with 32-bit integers); "
                              f"shape {self.shape} has {math.prod(self.shape)}: use a smaller batch")
+        self.requires_grad, self.grad, self.grad_fn = False, None, None
+        self.value_range = None
+        self._host = _host
+        if _host is not None:
+            self.device, self.storage = None, None
+            return
         self.device = _device(device if device is not None else "auto")
         self.storage = _storage if _storage is not None else _Storage(self.device, self.nbytes)
-        self.value_range = None
 
     @property
     def buffer(self):
+        if self.storage is None:
+            raise RuntimeError(f"clnet: a tensor of shape {self.shape} is not on a device yet: move its module with "
+                               ".to(device) (or call it once on an input, which moves it)")
         return self.storage.buffer
 
     @property
     def size(self):
         return math.prod(self.shape)
+
+    def numel(self):
+        return self.size
 
     @property
     def nbytes(self):
@@ -137,27 +158,128 @@ class Tensor:
     def ndim(self):
         return len(self.shape)
 
-    def reshape(self, *shape):
-        """A view with another shape over the same device memory."""
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        shape = list(shape)
-        if shape.count(-1) == 1:
-            known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
-            shape[shape.index(-1)] = self.size // max(known, 1)
-        if int(np.prod(shape, dtype=np.int64)) != self.size:
-            raise ValueError(f"cannot reshape a tensor of shape {self.shape} to {tuple(shape)}")
+    def dim(self):
+        return len(self.shape)
+
+    @property
+    def is_leaf(self):
+        return self.grad_fn is None
+
+    # -- placement -----------------------------------------------------------------------------------------------
+    def _place(self, dev):
+        """Moves this tensor to dev in place (its identity kept: modules hold their parameters by reference)."""
+        if self.device is dev:
+            return self
+        host = self._host if self.storage is None else self.numpy()
+        self.device, self.storage, self._host = dev, _Storage(dev, self.nbytes), None
+        self.write(host)
+        if self.grad is not None:
+            self.grad._place(dev)
+        return self
+
+    def to(self, dev):
+        """This tensor on dev: itself when it is there, else a copy (through the host)."""
+        dev = _device(dev)
+        if self.device is dev:
+            return self
+        out = Tensor(self.shape, self.dtype, dev)
+        out.write(self._host if self.storage is None else self.numpy())
+        return out
+
+    # -- views and autograd --------------------------------------------------------------------------------------
+    def _alias(self, shape):
         view = Tensor(shape, self.dtype, self.device, _storage=self.storage)
         view.value_range = self.value_range
         return view
 
-    def region(self, offset, shape):
-        """A tensor of `shape` over elements [offset, offset + size) of this one's memory, as an OpenCL sub-buffer:
-        kernels see an ordinary buffer. offset * itemsize must be a multiple of `region_alignment(device)`."""
-        view = Tensor(shape, self.dtype, self.device, _storage=_Region(self.storage, offset * self.dtype.itemsize,
-                                                                      max(math.prod(shape), 1) * self.dtype.itemsize))
-        return view
+    def _resolve_shape(self, shape):
+        shape = list(_shape_arg(shape))
+        if shape.count(-1) > 1:
+            raise ValueError(f"cannot reshape a tensor of shape {self.shape} to {tuple(shape)}: at most one -1")
+        if shape.count(-1) == 1:
+            known = math.prod(s for s in shape if s != -1)
+            if known == 0 or self.size % known:
+                raise ValueError(f"cannot reshape a tensor of shape {self.shape} to {tuple(shape)}")
+            shape[shape.index(-1)] = self.size // known
+        if math.prod(shape) != self.size or min(shape, default=0) < 0:
+            raise ValueError(f"cannot reshape a tensor of shape {self.shape} ({self.size} elements) to "
+                             f"{tuple(shape)}")
+        return tuple(shape)
 
+    def reshape(self, *shape):
+        """A tensor of another shape over the same device memory (differentiable)."""
+        shape = self._resolve_shape(shape)
+        if shape == self.shape:
+            return self
+        if self.requires_grad and ops.grad_recorded():
+            return ops.Reshape.apply(self, shape=shape)
+        return self._alias(shape)
+
+    view = reshape
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        n = max(self.ndim, 1)
+        s, e = start_dim % n, end_dim % n
+        if s > e:
+            raise ValueError(f"flatten: start_dim {start_dim} is after end_dim {end_dim} for shape {self.shape}")
+        if not self.shape:
+            return self.reshape(1)
+        return self.reshape(self.shape[:s] + (math.prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
+
+    def detach(self):
+        """The same memory, cut from the graph: no grad_fn, requires_grad False."""
+        return self._alias(self.shape)
+
+    @property
+    def data(self):
+        return self.detach()
+
+    def requires_grad_(self, flag=True):
+        if self.grad_fn is not None and not flag:
+            raise RuntimeError("requires_grad_(False) is only for leaves; use detach() on a computed tensor")
+        if flag and self.dtype != np.float32:
+            raise TypeError(f"only float32 tensors can require gradients, not {self.dtype}")
+        self.requires_grad = bool(flag)
+        return self
+
+    def backward(self, grad=None, retain_graph=False):
+        """Accumulates d self / d leaf into each leaf's .grad; grad is d loss / d self (None for a one-element
+        tensor: ones)."""
+        from . import autograd
+        autograd.backward(self, grad, retain_graph)
+
+    def sum(self):
+        return ops.Sum.apply(self, scale=1.0)
+
+    def mean(self):
+        return ops.Sum.apply(self, scale=1.0 / max(self.size, 1))
+
+    def __add__(self, other):
+        return ops.binary(self, other, 1.0, 1.0, "+")
+
+    def __radd__(self, other):
+        return ops.binary(self, other, 1.0, 1.0, "+")
+
+    def __sub__(self, other):
+        return ops.binary(self, other, 1.0, -1.0, "-")
+
+    def __rsub__(self, other):
+        return ops.binary(self, other, -1.0, 1.0, "-")
+
+    def __mul__(self, other):
+        return ops.product(self, other)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        if not isinstance(other, (int, float, np.number)):
+            raise TypeError(f"clnet tensors divide by a Python number, not {type(other).__name__}")
+        return ops.product(self, 1.0 / float(other))
+
+    def __neg__(self):
+        return ops.product(self, -1.0)
+
+    # -- host copies (counted) -----------------------------------------------------------------------------------
     def copy_from(self, other):
         """Device-to-device copy of a tensor of the same size (queued; no host memory involved)."""
         if other.size != self.size or other.dtype != self.dtype:
@@ -167,6 +289,8 @@ class Tensor:
         return self
 
     def numpy(self):
+        if self.storage is None:
+            return self._host.copy()
         out = np.empty(self.shape, self.dtype)
         if out.size:
             cl.enqueue_copy(self.device.queue, out, self.buffer, is_blocking=True)
@@ -183,13 +307,21 @@ class Tensor:
         array = np.ascontiguousarray(array, dtype=self.dtype)
         if array.size != self.size:
             raise ValueError(f"cannot write an array of shape {array.shape} into a tensor of shape {self.shape}")
-        if array.size:
+        if self.storage is None:
+            self._host = array.reshape(self.shape).copy()
+        elif array.size:
             cl.enqueue_copy(self.device.queue, self.buffer, array, is_blocking=blocking)
             _stats["host_to_device_bytes"] += array.nbytes
             _stats["host_to_device_count"] += 1
         if self.dtype == np.int32 and array.size:
             self.value_range = (int(array.min()), int(array.max()))
         return self
+
+    def region(self, offset, shape):
+        """A tensor of `shape` over elements [offset, offset + size) of this one's memory, as an OpenCL sub-buffer:
+        kernels see an ordinary buffer. offset * itemsize must be a multiple of `region_alignment(device)`."""
+        return Tensor(shape, self.dtype, self.device, _storage=_Region(self.storage, offset * self.dtype.itemsize,
+                                                                      max(math.prod(shape), 1) * self.dtype.itemsize))
 
     def item(self):
         if self.size != 1:
@@ -199,24 +331,59 @@ class Tensor:
     def __float__(self):
         return float(self.item())
 
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
     def __repr__(self):
-        return f"Tensor(shape={self.shape}, dtype={self.dtype.name}, device={self.device.name!r})"
+        where = self.device.name if self.device is not None else "host, not yet placed"
+        grad = f", grad_fn={self.grad_fn!r}" if self.grad_fn is not None else \
+            (", requires_grad=True" if self.requires_grad else "")
+        return f"Tensor(shape={self.shape}, dtype={self.dtype.name}, device={where!r}{grad})"
 
 
-def tensor(data, device=None):
-    """Copy host data to the device: floats become float32, integers int32."""
-    if isinstance(data, Tensor):
-        return data
+def _host_array(data):
     array = np.asarray(data)
     if array.dtype.kind in "iub":
         if array.size and (array.min() < -2**31 or array.max() >= 2**31):
             raise ValueError("integer data does not fit in int32")
-        dtype = np.int32
-    elif array.dtype.kind == "f":
-        dtype = np.float32
+        return array.astype(np.int32)
+    if array.dtype.kind == "f":
+        return array.astype(np.float32)
+    raise TypeError(f"clnet.tensor takes numeric data, not {array.dtype}")
+
+
+def tensor(data, device=None, requires_grad=False):
+    """Copy host data to the device: floats become float32, integers int32. A clnet tensor comes back as it is
+    (moved to `device` when another is named)."""
+    if isinstance(data, Tensor):
+        out = data if device is None else data.to(device)
     else:
-        raise TypeError(f"clnet.tensor takes numeric data, not {array.dtype}")
-    return Tensor(array.shape, dtype, device).write(array)
+        array = _host_array(data)
+        out = Tensor(array.shape, array.dtype, device).write(array)
+    if requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
+class Parameter(Tensor):
+    """A trainable tensor (requires_grad True), as torch.nn.Parameter. Made from host data it stays on the host until
+    its module is moved to a device."""
+
+    def __init__(self, data, requires_grad=True):
+        if isinstance(data, Tensor):
+            if data.storage is None:
+                super().__init__(data.shape, data.dtype, _host=data._host)
+            else:
+                super().__init__(data.shape, data.dtype, data.device, _storage=data.storage)
+        else:
+            array = _host_array(data)
+            super().__init__(array.shape, array.dtype, _host=array.copy())
+        self.requires_grad = bool(requires_grad)
+
+    def __repr__(self):
+        return "Parameter containing:\n" + super().__repr__()
 
 
 def region_alignment(dev):

@@ -40,6 +40,26 @@ GEMM_CANDIDATES = dict(
          dict(kernel="gemm_block", RM=12, KC=256, WG=1)],
 )
 
+# One entry per device class: the kernel's defines and its launch geometry. OB output channels per work-item (a
+# vector width: 2, 4, 8 or 16). CPU shape: PX pixels per run (PX accumulator vectors), ROWS output rows per work-group
+# (None: the driver's choice). GPU shape: LS pixels per work-group, at most WLOCAL_MAX floats of weights staged in
+# local memory (else they are read from global memory).
+DIRECT_CPU = dict(kernel="conv2d_fwd_direct_rows", OB=8, PX=8, ROWS=4)
+DIRECT_GPU = dict(kernel="conv2d_fwd_direct", OB=4, LS=128, WLOCAL_MAX=4096)
+# CPU shape: 16 channels per work-item when the window is deep (compute-bound: half the loads of x per multiply-add;
+# AlexNet conv1 7 ms against 9.7 with 8) and the group has channels enough to fill the blocks; else 8 (VGG conv1 took
+# twice as long with 16, perhaps because its 16 output planes, written together, lie a multiple of 4 KiB apart), and
+# narrower blocks for groups of fewer than 8 channels.
+DEEP_WINDOW = 64
+
+# Convolution algorithm defaults. H200: the tuner picked F(2x2, 3x3)'s forward and data gradient for every VGG 3x3
+# layer. PoCL: direct beat im2col's forward 1.3-2.9x for 1 to 64 input channels per group (first layers, LeNet, 3x3
+# 64->64), and im2col's row-per-work-item lowering beats Winograd's transforms. Winograd's weight gradient is slower
+# on PoCL; on the H200 it took 0.36-0.45 of im2col's time at every VGG, AlexNet and OverFeat 3x3 layer
+# (bench/results/h200-v6). Direct on GPUs, and F(4x4, 3x3) where allowed: only the tuner picks them.
+WINOGRAD_MIN_CHANNELS = 16
+DIRECT_MAX_CHANNELS_CPU = 64  # input channels per group up to which direct is PoCL's default forward
+
 # Largest im2col buffer per convolution chunk; the batch is split into chunks that fit.
 COL_BYTES = dict(gpu=512 << 20, cpu=64 << 20)
 
@@ -76,6 +96,25 @@ def reduction_runs(dev, n, groups, lsize):
     if cpu_shaped(dev):
         return 1
     return max(1, min(-(-n // (64 * lsize)), -(-4 * dev.compute_units // groups)))
+
+
+def direct_config(dev, s):
+    """The default direct-convolution entry for shape s on dev."""
+    if not cpu_shaped(dev):
+        return DIRECT_GPU
+    og = s.O // s.G
+    if og >= 32 and (s.C // s.G) * s.KH * s.KW >= DEEP_WINDOW:
+        return dict(DIRECT_CPU, OB=16, PX=4, ROWS=1)
+    return dict(DIRECT_CPU, OB=min(8, max(2, 1 << (og - 1).bit_length())))
+
+
+def conv_default(dev, s, options):
+    """The default algorithm, among `options` (those that can run it), for a convolution pass of shape s."""
+    if not dev.is_gpu and "direct" in options and s.C // s.G <= DIRECT_MAX_CHANNELS_CPU:
+        return "direct"
+    if dev.is_gpu and "winograd" in options and min(s.C, s.O) >= WINOGRAD_MIN_CHANNELS:
+        return "winograd"
+    return "im2col"
 
 
 def gemm_config(dev, M, N, K, batch=1):

@@ -9,7 +9,7 @@ batched GEMM:
 
     U (a*a, O, C)  = G w G^T                     winograd_weights, every call (weights change every step)
     V (a*a, C, P)  = B^T x B, P = N * tiles      winograd_input
-    M (a*a, O, P)  = U @ V                       ops.gemm, batch a*a
+    M (a*a, O, P)  = U @ V                       gemm.gemm, batch a*a
     y (N, O, OH, OW) = A^T M A + bias (ReLU)     winograd_output
 
 What it saves and what it costs, against im2col + GEMM (O x N*OH*OW x r*r*C):
@@ -31,7 +31,7 @@ networks: the saving is on O*C work, the extra traffic only on (O + C) * pixels.
 all a first layer with C = 3 (the GEMM's depth is 3, the transforms and M traffic dominate), and tiny spatial sizes
 (clipped tiles). On PoCL, with its tile-per-work-item transforms, F(2, 3) lost to the row-per-work-item im2col at the
 shapes measured (N=8, C=O=64, 28x28: 7 against 4 ms forward; scratch measurements), so Winograd is the default on
-GPUs only (ops._conv_algorithm); on the H200 the tuner picked F(2, 3) for every VGG 3x3 layer but the first
+GPUs only (conv._conv_algorithm); on the H200 the tuner picked F(2, 3) for every VGG 3x3 layer but the first
 (bench/results/h200-v5).
 
 The backward-data pass is itself a Winograd convolution. From y[oy] = sum_ky w[ky] x[oy + ky - PH] (one axis shown;
@@ -52,7 +52,7 @@ dw[o, c] += G^T Mhat[o, c] G. Element xi of the a x a tiles again makes a matrix
 
     V (a*a, P, C)  = B^T x B                     winograd_input_pc, stored p-major
     Z (a*a, P, O)  = A dy A^T                    winograd_grad_output
-    Mhat (a*a, O, C) += Z^T @ V                  ops.gemm, batch a*a, K = P; chunks of images accumulate (beta = 1)
+    Mhat (a*a, O, C) += Z^T @ V                  gemm.gemm, batch a*a, K = P; chunks of images accumulate (beta = 1)
     dw (O, C, r, r) += G^T Mhat G                winograd_grad_weights, once after the last chunk
 
 Both GEMM operands are stored with k (the tile index p) slowest, as the GEMM kernels load fastest. The GEMM saves what
@@ -63,14 +63,15 @@ and output-gradient transforms take about 3.4 and 3.0 ms, where im2col's whole l
 one-tile-per-work-item transforms decide, as they do in the forward.
 """
 from . import kernels, tuning
-from .ops import ConvShape, Mat, gemm
+from .gemm import Mat, gemm
+from .shapes import ConvShape
 from .tensor import empty
 
 VARIANTS = ((2, 3), (4, 3), (2, 5))  # (m, r) of F(m x m, r x r), as cl_kernels/winograd.cl defines them
 
 
 def supported(s, m=2):
-    """Whether a layer of shape s (an ops.ConvShape) can run as F(m x m, r x r): a square r x r kernel with (m, r) in
+    """Whether a layer of shape s (an shapes.ConvShape) can run as F(m x m, r x r): a square r x r kernel with (m, r) in
     VARIANTS, stride 1, dilation 1, one group."""
     return s.KH == s.KW and (m, s.KH) in VARIANTS and (s.SH, s.SW, s.DH, s.DW, s.G) == (1, 1, 1, 1, 1)
 
@@ -143,14 +144,14 @@ def _check(s, m, what):
 
 
 def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d", m=2):
-    """The same contract as ops.conv2d_forward, for shapes where supported(s, m) holds.
+    """The same contract as conv.conv2d_forward, for shapes where supported(s, m) holds.
 
     Parameters
     ----------
     x : Tensor (N, C, H, W)
     w : Tensor (O, C, r, r)
     bias : Tensor (O,) or None
-    s : ops.ConvShape; s.PH, s.PW are the top and left paddings, s.OH, s.OW the output size (which implies the
+    s : shapes.ConvShape; s.PH, s.PW are the top and left paddings, s.OH, s.OW the output size (which implies the
         bottom and right paddings)
     relu : apply max(0, .) after the bias
     m : the output tile side: F(m x m, r x r)
@@ -183,7 +184,7 @@ def conv2d_backward_weights(x, dy, s, dw, what="Conv2d backward (weights)", m=2)
     ----------
     x : Tensor (N, C, H, W), the forward's input
     dy : Tensor (N, O, OH, OW), d loss / d y
-    s : ops.ConvShape of the forward (s.PH, s.PW the top and left paddings; s.OH, s.OW imply the others)
+    s : shapes.ConvShape of the forward (s.PH, s.PW the top and left paddings; s.OH, s.OW imply the others)
     dw : Tensor (O, C, r, r); the gradient is added to what it holds (+= semantics, deterministic: no atomics)
     what : the name error messages give the operation
     m : the output tile side

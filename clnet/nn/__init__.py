@@ -1,8 +1,11 @@
-"""Layers and losses with PyTorch's names and semantics."""
-from .layers import (AvgPool2d, Conv2d, Dropout, Flatten, Linear, LogSoftmax, MaxPool2d, ReLU, Sigmoid, Softmax,
-                     Tanh)
+"""Layers and losses with PyTorch's names and semantics; `clnet.nn.functional` holds the same ops as functions."""
+from . import functional
+from .layers import (AdaptiveAvgPool2d, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten, Identity, Linear,
+                     LocalResponseNorm, LogSoftmax, MaxPool2d, ReLU, ReLU6, Sigmoid, Softmax, Tanh)
 from .loss import CrossEntropyLoss
-from .module import Module, Parameter, Sequential
+from .module import Module, ModuleList, Sequential
+from ..tensor import Parameter
 
-__all__ = ["AvgPool2d", "Conv2d", "CrossEntropyLoss", "Dropout", "Flatten", "Linear", "LogSoftmax", "MaxPool2d",
-           "Module", "Parameter", "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh"]
+__all__ = ["AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm2d", "Conv2d", "CrossEntropyLoss", "Dropout", "Flatten",
+           "Identity", "Linear", "LocalResponseNorm", "LogSoftmax", "MaxPool2d", "Module", "ModuleList", "Parameter",
+           "ReLU", "ReLU6", "Sequential", "Sigmoid", "Softmax", "Tanh", "functional"]

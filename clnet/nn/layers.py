@@ -1,80 +1,40 @@
-"""Layers with the semantics, argument names, defaults and state_dict layouts of their PyTorch namesakes."""
+"""Layers with the semantics, argument names, defaults and state_dict layouts of their PyTorch namesakes. Each stores
+its configuration and parameters; its forward calls the op table (clnet/ops.py) through the checked geometry."""
 import math
 
 import numpy as np
 
 from .. import ops, rng
-from ..ops import ConvShape
-from .module import Module, Parameter
-
-
-def _pair(v, name, layer):
-    if isinstance(v, (tuple, list)):
-        if len(v) != 2 or not all(isinstance(i, (int, np.integer)) for i in v):
-            raise ValueError(f"{layer}: {name} must be an int or a pair of ints, got {v!r}")
-        return int(v[0]), int(v[1])
-    if not isinstance(v, (int, np.integer)):
-        raise ValueError(f"{layer}: {name} must be an int or a pair of ints, got {v!r}")
-    return int(v), int(v)
+from ..shapes import check_image, conv_padding, conv_shape, pair, pool_geometry, pool_output
+from ..tensor import Parameter, Tensor
+from . import functional as F
+from .module import Module
 
 
 def _uniform(shape, bound):
     return rng.generator().uniform(-bound, bound, size=shape).astype(np.float32)
 
 
-def _check_image(layer, shape, channels=None):
-    if len(shape) != 4:
-        raise ValueError(f"{layer!r}: expected input of shape (N, C, H, W), got shape {tuple(shape)}")
-    if channels is not None and shape[1] != channels:
-        raise ValueError(f"{layer!r}: expected input with {channels} channels, got shape {tuple(shape)}")
-
-
 class Conv2d(Module):
-    takes_relu = True  # forward(x, relu=True) applies a following ReLU in the matrix product's epilogue
-
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True):
         super().__init__()
         name = f"Conv2d({in_channels}, {out_channels}, {kernel_size})"
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.kernel_size = _pair(kernel_size, "kernel_size", name)
-        self.stride = _pair(stride, "stride", name)
-        self.dilation = _pair(dilation, "dilation", name)
+        self.kernel_size = pair(kernel_size, "kernel_size", name)
+        self.stride = pair(stride, "stride", name)
+        self.dilation = pair(dilation, "dilation", name)
         self.groups = int(groups)
         if min(self.kernel_size + self.stride + self.dilation) < 1 or self.in_channels < 1 or self.out_channels < 1:
             raise ValueError(f"{name}: sizes, stride and dilation must be positive")
         if self.groups < 1 or self.in_channels % self.groups or self.out_channels % self.groups:
             raise ValueError(f"{name}: in_channels and out_channels must both be divisible by groups={groups}")
-        if isinstance(padding, str):
-            if padding not in ("same", "valid"):
-                raise ValueError(f"{name}: padding must be 'same', 'valid', an int or a pair, got {padding!r}")
-            if padding == "same" and self.stride != (1, 1):
-                raise ValueError(f"{name}: padding='same' needs stride 1 (as in PyTorch); give explicit padding")
-            self.padding = padding
-            total = [d * (k - 1) if padding == "same" else 0 for d, k in zip(self.dilation, self.kernel_size)]
-            # PyTorch puts the odd pixel of 'same' padding at the bottom/right.
-            self._pad_begin = (total[0] // 2, total[1] // 2)
-            self._pad_total = tuple(total)
-        else:
-            self.padding = _pair(padding, "padding", name)
-            if min(self.padding) < 0:
-                raise ValueError(f"{name}: padding must be non-negative")
-            self._pad_begin = self.padding
-            self._pad_total = (2 * self.padding[0], 2 * self.padding[1])
+        self._pad_begin, self._pad_total = conv_padding(padding, self.kernel_size, self.stride, self.dilation, name)
+        self.padding = padding if isinstance(padding, str) else pair(padding, "padding", name)
         kh, kw = self.kernel_size
         fan_in = self.in_channels // self.groups * kh * kw
         bound = 1.0 / math.sqrt(fan_in)  # PyTorch: kaiming_uniform(a=sqrt(5)) and its bias rule
-        self._parameters["weight"] = Parameter(_uniform((self.out_channels, fan_in // (kh * kw), kh, kw), bound))
-        if bias:
-            self._parameters["bias"] = Parameter(_uniform((self.out_channels,), bound))
-        self._saved = None
-
-    @property
-    def weight(self):
-        return self._parameters["weight"]
-
-    @property
-    def bias(self):
-        return self._parameters.get("bias")
+        self.weight = Parameter(_uniform((self.out_channels, fan_in // (kh * kw), kh, kw), bound))
+        self.bias = Parameter(_uniform((self.out_channels,), bound)) if bias else None
 
     def extra_repr(self):
         s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
@@ -84,67 +44,35 @@ class Conv2d(Module):
             s += f", dilation={self.dilation}"
         if self.groups != 1:
             s += f", groups={self.groups}"
+        if self.bias is None:
+            s += ", bias=False"
         return s
 
     def conv_shape(self, input_shape):
-        _check_image(self, input_shape, self.in_channels)
-        N, C, H, W = input_shape
-        (kh, kw), (sh, sw), (dh, dw) = self.kernel_size, self.stride, self.dilation
-        span_h, span_w = dh * (kh - 1) + 1, dw * (kw - 1) + 1
-        if span_h > H + self._pad_total[0] or span_w > W + self._pad_total[1]:
-            raise ValueError(f"{self!r}: the kernel ({span_h}x{span_w} with dilation) is larger than the padded input "
-                             f"({H + self._pad_total[0]}x{W + self._pad_total[1]}) for input shape "
-                             f"{tuple(input_shape)}; use a larger input, more padding or a smaller kernel")
-        oh = (H + self._pad_total[0] - span_h) // sh + 1
-        ow = (W + self._pad_total[1] - span_w) // sw + 1
-        return ConvShape(N, C, H, W, self.out_channels, kh, kw, sh, sw, self._pad_begin[0], self._pad_begin[1],
-                         dh, dw, self.groups, oh, ow)
+        return conv_shape(repr(self), input_shape, self.weight.shape, self.stride, self._pad_begin, self._pad_total,
+                          self.dilation, self.groups)
 
     def output_shape(self, input_shape):
         s = self.conv_shape(input_shape)
         return (s.N, s.O, s.OH, s.OW)
 
-    def forward(self, x, relu=False):
-        s = self.conv_shape(x.shape)
-        bias = self.bias.data if self.bias is not None else None
-        y = ops.conv2d_forward(x, self.weight.data, bias, s, relu=relu, what=repr(self))
-        self._saved = (x, y if relu else None, s)
-        return y
-
-    def backward(self, grad_output, input_grad=True):
-        x, relu_y, s = self._saved if self._saved else (None, None, None)
-        self._check_grad(grad_output, None if s is None else (s.N, s.O, s.OH, s.OW))
-        if relu_y is not None:
-            grad_output = ops.activation_backward("relu", relu_y, grad_output)
-        db = self.bias.grad if self.bias is not None else None
-        return ops.conv2d_backward(x, self.weight.data, grad_output, s, self.weight.grad, db, need_dx=input_grad,
-                                   what=repr(self) + " backward")
+    def forward(self, x):
+        return ops.Conv2d.apply(x, self.weight, self.bias, s=self.conv_shape(x.shape), what=repr(self))
 
 
 class Linear(Module):
-    takes_relu = True
-
     def __init__(self, in_features, out_features, bias=True):
         super().__init__()
         self.in_features, self.out_features = int(in_features), int(out_features)
         if self.in_features < 1 or self.out_features < 1:
             raise ValueError(f"Linear({in_features}, {out_features}): sizes must be positive")
         bound = 1.0 / math.sqrt(self.in_features)
-        self._parameters["weight"] = Parameter(_uniform((self.out_features, self.in_features), bound))
-        if bias:
-            self._parameters["bias"] = Parameter(_uniform((self.out_features,), bound))
-        self._saved = None
-
-    @property
-    def weight(self):
-        return self._parameters["weight"]
-
-    @property
-    def bias(self):
-        return self._parameters.get("bias")
+        self.weight = Parameter(_uniform((self.out_features, self.in_features), bound))
+        self.bias = Parameter(_uniform((self.out_features,), bound)) if bias else None
 
     def extra_repr(self):
-        return f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"in_features={self.in_features}, out_features={self.out_features}" + \
+            (", bias=False" if self.bias is None else "")
 
     def output_shape(self, input_shape):
         if len(input_shape) != 2 or input_shape[1] != self.in_features:
@@ -153,69 +81,30 @@ class Linear(Module):
                              f"{tuple(input_shape)}{hint}")
         return (input_shape[0], self.out_features)
 
-    def forward(self, x, relu=False):
-        bias = self.bias.data if self.bias is not None else None
-        y = ops.linear_forward(x, self.weight.data, bias, relu=relu, what=repr(self))
-        self._saved = (x, y if relu else None)
-        return y
-
-    def backward(self, grad_output, input_grad=True):
-        x, relu_y = self._saved if self._saved else (None, None)
-        self._check_grad(grad_output, None if x is None else (x.shape[0], self.out_features))
-        if relu_y is not None:
-            grad_output = ops.activation_backward("relu", relu_y, grad_output)
-        db = self.bias.grad if self.bias is not None else None
-        return ops.linear_backward(x, self.weight.data, grad_output, self.weight.grad, db, need_dx=input_grad,
-                                   what=repr(self) + " backward")
+    def forward(self, x):
+        self.output_shape(x.shape)
+        return ops.Linear.apply(x, self.weight, self.bias, what=repr(self))
 
 
 class _Pool2d(Module):
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False):
         super().__init__()
         name = f"{type(self).__name__}({kernel_size})"
-        self.kernel_size = _pair(kernel_size, "kernel_size", name)
-        self.stride = _pair(stride if stride is not None else kernel_size, "stride", name)
-        self.padding = _pair(padding, "padding", name)
+        self.kernel_size, self.stride, self.padding = pool_geometry(kernel_size, stride, padding, name)
         self.ceil_mode = bool(ceil_mode)
-        if min(self.kernel_size + self.stride) < 1 or min(self.padding) < 0:
-            raise ValueError(f"{name}: kernel_size and stride must be positive, padding non-negative")
-        if any(2 * p > k for p, k in zip(self.padding, self.kernel_size)):
-            raise ValueError(f"{name}: padding {self.padding} must be at most half the kernel size (as in PyTorch)")
-        self._saved = None
 
     def extra_repr(self):
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
                 f"ceil_mode={self.ceil_mode}")
 
     def output_shape(self, input_shape):
-        _check_image(self, input_shape)
-        N, C, H, W = input_shape
-        out = []
-        for size, k, s, p in zip((H, W), self.kernel_size, self.stride, self.padding):
-            if size + 2 * p < k:
-                raise ValueError(f"{self!r}: the window ({k}) is larger than the padded input ({size + 2 * p}) for "
-                                 f"input shape {tuple(input_shape)}; use a smaller window or more padding")
-            span = size + 2 * p - k
-            o = (-(-span // s) if self.ceil_mode else span // s) + 1
-            if self.ceil_mode and (o - 1) * s >= size + p:  # the last window must start inside the input
-                o -= 1
-            out.append(o)
-        return (N, C, out[0], out[1])
+        return pool_output(repr(self), input_shape, self.kernel_size, self.stride, self.padding, self.ceil_mode)
 
 
 class MaxPool2d(_Pool2d):
     def forward(self, x):
-        out = self.output_shape(x.shape)
-        y, idx = ops.maxpool_forward(x, out[2:], self.kernel_size, self.stride, self.padding)
-        self._saved = (x.shape, idx)
-        return y
-
-    def backward(self, grad_output, input_grad=True):
-        x_shape, idx = self._saved if self._saved else (None, None)
-        self._check_grad(grad_output, None if idx is None else idx.shape)
-        if not input_grad:
-            return None  # the input gradient is all this layer computes
-        return ops.maxpool_backward(grad_output, idx, x_shape, self.kernel_size, self.stride, self.padding)
+        return ops.MaxPool2d.apply(x, out_shape=self.output_shape(x.shape), k=self.kernel_size, s=self.stride,
+                                   p=self.padding)
 
 
 class AvgPool2d(_Pool2d):
@@ -224,17 +113,24 @@ class AvgPool2d(_Pool2d):
         self.count_include_pad = bool(count_include_pad)
 
     def forward(self, x):
-        out = self.output_shape(x.shape)
-        self._saved = (x.shape, out)
-        return ops.avgpool_forward(x, out[2:], self.kernel_size, self.stride, self.padding, self.count_include_pad)
+        return ops.AvgPool2d.apply(x, out_shape=self.output_shape(x.shape), k=self.kernel_size, s=self.stride,
+                                   p=self.padding, count_include_pad=self.count_include_pad)
 
-    def backward(self, grad_output, input_grad=True):
-        x_shape, out = self._saved if self._saved else (None, None)
-        self._check_grad(grad_output, out)
-        if not input_grad:
-            return None  # the input gradient is all this layer computes
-        return ops.avgpool_backward(grad_output, x_shape, self.kernel_size, self.stride, self.padding,
-                                    self.count_include_pad)
+
+class AdaptiveAvgPool2d(Module):
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = output_size
+
+    def extra_repr(self):
+        return f"output_size={self.output_size}"
+
+    def output_shape(self, input_shape):
+        return tuple(input_shape[:2]) + F.adaptive_output_size(repr(self), input_shape, self.output_size)
+
+    def forward(self, x):
+        self.output_shape(x.shape)
+        return F.adaptive_avg_pool2d(x, self.output_size)
 
 
 class _Activation(Module):
@@ -242,21 +138,17 @@ class _Activation(Module):
 
     def __init__(self, inplace=False):
         super().__init__()
-        self._y = None
 
     def forward(self, x):
-        self._y = ops.activation_forward(self.kind, x)
-        return self._y
-
-    def backward(self, grad_output, input_grad=True):
-        self._check_grad(grad_output, None if self._y is None else self._y.shape)
-        if not input_grad:
-            return None  # the input gradient is all this layer computes
-        return ops.activation_backward(self.kind, self._y, grad_output)
+        return ops.Activation.apply(ops._float(repr(self), x), kind=self.kind)
 
 
 class ReLU(_Activation):
     kind = "relu"
+
+
+class ReLU6(_Activation):
+    kind = "relu6"
 
 
 class Sigmoid(_Activation):
@@ -273,11 +165,18 @@ class Tanh(_Activation):
         super().__init__()
 
 
+class Identity(Module):
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+
+    def forward(self, x):
+        return x
+
+
 class Flatten(Module):
     def __init__(self, start_dim=1, end_dim=-1):
         super().__init__()
         self.start_dim, self.end_dim = start_dim, end_dim
-        self._in_shape = None
 
     def output_shape(self, input_shape):
         n = len(input_shape)
@@ -288,14 +187,7 @@ class Flatten(Module):
         return tuple(input_shape[:s]) + (int(np.prod(input_shape[s:e + 1])),) + tuple(input_shape[e + 1:])
 
     def forward(self, x):
-        self._in_shape = x.shape
         return x.reshape(self.output_shape(x.shape))
-
-    def backward(self, grad_output, input_grad=True):
-        self._check_grad(grad_output, None if self._in_shape is None else self.output_shape(self._in_shape))
-        if not input_grad:
-            return None  # the input gradient is all this layer computes
-        return grad_output.reshape(self._in_shape)
 
 
 class Dropout(Module):
@@ -304,26 +196,12 @@ class Dropout(Module):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"Dropout: p must be in [0, 1), got {p}")
         self.p = float(p)
-        self._mask = None
-        self._shape = None
 
     def extra_repr(self):
         return f"p={self.p}"
 
     def forward(self, x):
-        self._shape = x.shape
-        if not self.training or self.p == 0.0:
-            self._mask = None
-            return x
-        seed = int(rng.generator().integers(0, 2**32))
-        y, self._mask = ops.dropout_forward(x, self.p, seed)
-        return y
-
-    def backward(self, grad_output, input_grad=True):
-        self._check_grad(grad_output, self._shape)
-        if not input_grad:
-            return None  # the input gradient is all this layer computes
-        return grad_output if self._mask is None else ops.mul(grad_output, self._mask)
+        return F.dropout(x, self.p, self.training)
 
 
 class _SoftmaxBase(Module):
@@ -332,7 +210,6 @@ class _SoftmaxBase(Module):
     def __init__(self, dim=1):
         super().__init__()
         self.dim = dim
-        self._y = None
 
     def extra_repr(self):
         return f"dim={self.dim}"
@@ -343,14 +220,8 @@ class _SoftmaxBase(Module):
         return tuple(input_shape)
 
     def forward(self, x):
-        self._y = ops.softmax_forward(x, self.dim % x.ndim, self.log)
-        return self._y
-
-    def backward(self, grad_output, input_grad=True):
-        self._check_grad(grad_output, None if self._y is None else self._y.shape)
-        if not input_grad:
-            return None  # the input gradient is all this layer computes
-        return ops.softmax_backward(self._y, grad_output, self.dim % self._y.ndim, self.log)
+        self.output_shape(x.shape)
+        return ops.Softmax.apply(x, dim=self.dim % x.ndim, log=self.log)
 
 
 class Softmax(_SoftmaxBase):
@@ -359,3 +230,64 @@ class Softmax(_SoftmaxBase):
 
 class LogSoftmax(_SoftmaxBase):
     log = True
+
+
+class BatchNorm2d(Module):
+    """Batch normalisation over (N, H, W) per channel: batch statistics in training (running statistics updated
+    with `momentum`, or as a cumulative average when it is None), the running ones in eval."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True):
+        super().__init__()
+        self.num_features, self.eps, self.momentum = int(num_features), float(eps), momentum
+        self.affine, self.track_running_stats = bool(affine), bool(track_running_stats)
+        if self.num_features < 1:
+            raise ValueError(f"BatchNorm2d({num_features}): num_features must be positive")
+        C = self.num_features
+        self.weight = Parameter(np.ones(C, np.float32)) if affine else None
+        self.bias = Parameter(np.zeros(C, np.float32)) if affine else None
+        if self.track_running_stats:
+            self.register_buffer("running_mean", Tensor((C,), _host=np.zeros(C, np.float32)))
+            self.register_buffer("running_var", Tensor((C,), _host=np.ones(C, np.float32)))
+            # A count the host keeps (no launch per step to increment it); state_dict reads it like any buffer.
+            count = Tensor((), np.int32, _host=np.zeros((), np.int32))
+            count.stays_on_host = True
+            self.register_buffer("num_batches_tracked", count)
+        else:
+            self.running_mean = self.running_var = self.num_batches_tracked = None
+
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"track_running_stats={self.track_running_stats}")
+
+    def output_shape(self, input_shape):
+        check_image(repr(self), input_shape, self.num_features)
+        return tuple(input_shape)
+
+    def forward(self, x):
+        self.output_shape(x.shape)
+        momentum = 0.0 if self.momentum is None else self.momentum
+        counting = self.training and self.track_running_stats
+        if counting:
+            count = self.num_batches_tracked._host + 1
+            if self.momentum is None:
+                momentum = 1.0 / float(count)
+        try:
+            y = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                             self.training or self.running_mean is None, momentum, self.eps)
+        except ValueError as e:
+            raise ValueError(str(e).replace("batch_norm", repr(self), 1)) from None
+        if counting:
+            self.num_batches_tracked._host = count
+        return y
+
+
+class LocalResponseNorm(Module):
+    def __init__(self, size, alpha=1e-4, beta=0.75, k=1.0):
+        super().__init__()
+        self.size, self.alpha, self.beta, self.k = int(size), float(alpha), float(beta), float(k)
+
+    def extra_repr(self):
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+
+    def forward(self, x):
+        return F.local_response_norm(x, self.size, self.alpha, self.beta, self.k)

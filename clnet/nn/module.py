@@ -1,164 +1,286 @@
-"""Module, Parameter and Sequential: the PyTorch-shaped frame that every layer fills in."""
+"""Module, Sequential and ModuleList: the PyTorch-shaped frame that every layer and user network fills in.
+
+Assigning a Parameter, a Module or None to an attribute registers it, as in PyTorch; `register_buffer` adds state
+that is saved but not trained (batch norm's running statistics). `forward` is plain code over tensors: autograd
+records what it does, and `loss.backward()` differentiates it.
+"""
+from collections import OrderedDict
+
 import numpy as np
 
-from .. import kernels, ops
 from ..devices import device as _device
-from ..tensor import Tensor, tensor
+from ..tensor import Parameter, Tensor
 
 
-class Parameter:
-    """A trainable array: ``data`` and ``grad`` are device tensors once the owning module is moved to a device."""
+class _Handle:
+    def __init__(self, hooks, key):
+        self.hooks, self.key = hooks, key
 
-    def __init__(self, array):
-        self._host = np.ascontiguousarray(array, dtype=np.float32)
-        self.shape = self._host.shape
-        self.data = None
-        self.grad = None
-
-    def to(self, dev):
-        if self.data is not None and self.data.device is dev:
-            return
-        host = self._host if self.data is None else self.data.numpy()
-        self.data = tensor(host, dev)
-        self.grad = ops.zeros(self.shape, dev)
-        self._host = None
-
-    def numpy(self):
-        return self._host.copy() if self.data is None else self.data.numpy()
-
-    def load(self, array):
-        if self.data is None:
-            self._host = np.array(array, dtype=np.float32)
-        else:
-            self.data.write(array)
-
-    def __repr__(self):
-        return f"Parameter(shape={self.shape})"
+    def remove(self):
+        self.hooks.pop(self.key, None)
 
 
 class Module:
-    """Base of every layer: configuration in __init__, parameters in ``_parameters``, children in ``_modules``."""
-
-    takes_relu = False  # whether forward(x, relu=True) can absorb a ReLU that follows this layer
+    """Base of every layer and network: configuration and parameters in __init__, computation in forward."""
 
     def __init__(self):
-        self._parameters = {}
-        self._modules = {}
-        self.training = True
-        self.device = None
+        d = self.__dict__
+        d["_parameters"], d["_buffers"], d["_modules"] = OrderedDict(), OrderedDict(), OrderedDict()
+        d["_forward_pre_hooks"], d["_forward_hooks"] = OrderedDict(), OrderedDict()
+        d["training"], d["device"] = True, None
+
+    # -- registration --------------------------------------------------------------------------------------------
+    def __setattr__(self, name, value):
+        d = self.__dict__
+        if "_parameters" not in d:
+            raise AttributeError(f"{type(self).__name__}: call super().__init__() before assigning attributes")
+        params, buffers, modules = d["_parameters"], d["_buffers"], d["_modules"]
+        if isinstance(value, (Parameter, Module)):
+            for table in (d, params, buffers, modules):
+                table.pop(name, None)
+            (params if isinstance(value, Parameter) else modules)[name] = value
+        elif name in params or name in modules:
+            if value is not None:
+                kind = "parameter" if name in params else "submodule"
+                raise TypeError(f"{type(self).__name__}.{name} is a {kind}: assign a "
+                                f"{'Parameter' if kind == 'parameter' else 'Module'} or None, not "
+                                f"{type(value).__name__}")
+            (params if name in params else modules)[name] = None
+        elif name in buffers:
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"{type(self).__name__}.{name} is a buffer: assign a clnet tensor or None")
+            buffers[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name):
+        d = self.__dict__
+        for table in ("_parameters", "_buffers", "_modules"):
+            if table in d and name in d[table]:
+                return d[table][name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __delattr__(self, name):
+        for table in ("_parameters", "_buffers", "_modules"):
+            if name in self.__dict__[table]:
+                del self.__dict__[table][name]
+                return
+        object.__delattr__(self, name)
+
+    def register_buffer(self, name, tensor, persistent=True):
+        """Adds state that state_dict saves (when persistent) and .to(device) moves, but no optimizer trains."""
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(f"{type(self).__name__}.register_buffer({name!r}): expected a clnet tensor or None, got "
+                            f"{type(tensor).__name__}")
+        self.__dict__.pop(name, None)
+        self._buffers[name] = tensor
+        if not persistent:
+            self.__dict__.setdefault("_non_persistent", set()).add(name)
+
+    def register_parameter(self, name, param):
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"{type(self).__name__}.register_parameter({name!r}): expected a Parameter or None")
+        self._parameters[name] = param
+
+    def add_module(self, name, module):
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"{type(self).__name__}.add_module({name!r}): {type(module).__name__} is not a Module")
+        self._modules[name] = module
 
     # -- structure -----------------------------------------------------------------------------------------------
-    def named_parameters(self, prefix=""):
-        for name, p in self._parameters.items():
-            yield prefix + name, p
+    def named_modules(self, prefix=""):
+        seen = set()
+        stack = [(prefix, self)]
+        while stack:
+            name, m = stack.pop()
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            yield name, m
+            children = [(name + ("." if name else "") + k, c) for k, c in m._modules.items() if c is not None]
+            stack.extend(reversed(children))
+
+    def modules(self):
+        for _, m in self.named_modules():
+            yield m
+
+    def named_children(self):
         for name, m in self._modules.items():
-            yield from m.named_parameters(prefix + name + ".")
+            if m is not None:
+                yield name, m
+
+    def children(self):
+        for _, m in self.named_children():
+            yield m
+
+    def _named(self, table, prefix):
+        seen = set()
+        for path, m in self.named_modules(prefix):
+            for name, t in m.__dict__[table].items():
+                if t is not None and id(t) not in seen:
+                    seen.add(id(t))
+                    yield (path + "." if path else "") + name, t
+
+    def named_parameters(self, prefix=""):
+        yield from self._named("_parameters", prefix)
 
     def parameters(self):
         return [p for _, p in self.named_parameters()]
 
-    def modules(self):
-        yield self
-        for m in self._modules.values():
-            yield from m.modules()
+    def named_buffers(self, prefix=""):
+        yield from self._named("_buffers", prefix)
+
+    def buffers(self):
+        return [b for _, b in self.named_buffers()]
 
     def to(self, dev):
+        """Moves every parameter and buffer to dev in place (their identities are kept) and returns self."""
         dev = _device(dev)
         for m in self.modules():
-            m.device = dev
-            for p in m._parameters.values():
-                p.to(dev)
+            m.__dict__["device"] = dev
+            for t in list(m._parameters.values()) + list(m._buffers.values()):
+                if t is not None and not getattr(t, "stays_on_host", False):
+                    t._place(dev)
         return self
 
     def train(self, mode=True):
         for m in self.modules():
-            m.training = mode
+            m.__dict__["training"] = bool(mode)
         return self
 
     def eval(self):
         return self.train(False)
 
+    def requires_grad_(self, flag=True):
+        for p in self.parameters():
+            p.requires_grad_(flag)
+        return self
+
     def zero_grad(self):
+        """Sets every parameter's gradient to zero (kept allocated: an optimizer's flat buffers stay in place)."""
+        from ..ops import fill
         for p in self.parameters():
             if p.grad is not None:
-                ops.fill(p.grad, 0.0)
+                fill(p.grad, 0.0)
 
     # -- weights -------------------------------------------------------------------------------------------------
-    def state_dict(self):
-        return {name: p.numpy() for name, p in self.named_parameters()}
+    def _state_items(self):
+        """(key, tensor) of parameters and persistent buffers, module by module as PyTorch orders its state_dict."""
+        seen = set()
+        for path, m in self.named_modules():
+            skip = m.__dict__.get("_non_persistent", ())
+            items = list(m._parameters.items()) + [(k, b) for k, b in m._buffers.items() if k not in skip]
+            for name, t in items:
+                if t is not None and id(t) not in seen:
+                    seen.add(id(t))
+                    yield (path + "." if path else "") + name, t
 
-    def load_state_dict(self, state_dict):
-        """Load weights by PyTorch's key names and layouts; every key and shape is checked before anything changes."""
-        own = dict(self.named_parameters())
+    def state_dict(self):
+        """Parameters and persistent buffers by PyTorch's key names, as NumPy arrays (integer buffers as int64)."""
+        out = OrderedDict()
+        for k, t in self._state_items():
+            a = t.numpy()
+            out[k] = a.astype(np.int64) if a.dtype.kind == "i" else a
+        return out
+
+    def load_state_dict(self, state_dict, strict=True):
+        """Loads weights and buffers by PyTorch's key names and layouts, from NumPy arrays or torch tensors; every key,
+        shape and value is checked before anything changes."""
+        own = dict(self._state_items())
         missing = [k for k in own if k not in state_dict]
         extra = [k for k in state_dict if k not in own]
-        if missing or extra:
+        if strict and (missing or extra):
             raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}, unexpected keys {extra}")
         arrays = {}
-        for k, p in own.items():
-            a = np.asarray(state_dict[k].detach().cpu().numpy() if hasattr(state_dict[k], "detach") else state_dict[k])
-            if a.shape != p.shape:
-                raise ValueError(f"{type(self).__name__}.load_state_dict: {k!r} has shape {a.shape}, "
-                                 f"the model expects {p.shape}")
-            if not np.all(np.isfinite(a)):
+        for k, t in own.items():
+            if k not in state_dict:
+                continue
+            v = state_dict[k]
+            a = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
+            if a.shape != t.shape:
+                raise ValueError(f"{type(self).__name__}.load_state_dict: {k!r} has shape {a.shape}, the model "
+                                 f"expects {t.shape}")
+            if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
                 raise ValueError(f"{type(self).__name__}.load_state_dict: {k!r} holds NaN or infinite values")
+            if t.dtype.kind == "i" and a.dtype.kind not in "iub":
+                raise TypeError(f"{type(self).__name__}.load_state_dict: {k!r} is an integer buffer, got {a.dtype}")
             arrays[k] = a
         for k, a in arrays.items():
-            own[k].load(a)
+            own[k].write(a)
 
     # -- computation ---------------------------------------------------------------------------------------------
     def output_shape(self, input_shape):
-        """The output shape for an input shape, or a ValueError naming the layer and the fix. Pure Python."""
+        """The output shape for an input shape, or a ValueError naming the layer and the fix. Pure Python; layers
+        that know their geometry override it."""
         return tuple(input_shape)
 
-    def __call__(self, x):
-        if not isinstance(x, Tensor):
-            raise TypeError(f"{self!r}: expected a clnet tensor, got {type(x).__name__}; "
-                            "wrap host data with clnet.tensor(array, device=...)")
-        if self.device is None:
-            self.to(x.device)
-        elif self.device is not x.device:
-            raise ValueError(f"{self!r}: the input is on {x.device.name} but the layer is on {self.device.name}; "
-                             "move one of them with .to(device)")
-        self.output_shape(x.shape)
-        return self.forward(x)
+    def register_forward_pre_hook(self, hook):
+        """hook(module, args) runs before forward."""
+        key = object()
+        self._forward_pre_hooks[key] = hook
+        return _Handle(self._forward_pre_hooks, key)
 
-    def forward(self, x):
-        raise NotImplementedError
+    def register_forward_hook(self, hook):
+        """hook(module, args, output) runs after forward."""
+        key = object()
+        self._forward_hooks[key] = hook
+        return _Handle(self._forward_hooks, key)
 
-    def backward(self, grad_output, input_grad=True):
-        """Adds d loss / d parameter into each parameter's grad and returns d loss / d input, or None when
-        input_grad is False (the first layer of a training step: nobody uses its input gradient)."""
-        raise NotImplementedError
+    def __call__(self, *args, **kwargs):
+        x = args[0] if args else None
+        if isinstance(x, Tensor):
+            if x.device is None:
+                raise ValueError(f"{self._name()}: the input is not on a device; make it with clnet.tensor(array, "
+                                 "device=...)")
+            if self.device is None:
+                self.to(x.device)
+            elif self.device is not x.device:
+                raise ValueError(f"{self._name()}: the input is on {x.device.name} but the module is on "
+                                 f"{self.device.name}; move one of them with .to(device)")
+        elif args and not isinstance(x, (list, tuple, dict)):
+            raise TypeError(f"{self._name()}: expected a clnet tensor, got {type(x).__name__}; wrap host data with "
+                            "clnet.tensor(array, device=...)")
+        for hook in list(self._forward_pre_hooks.values()):
+            hook(self, args)
+        out = self.forward(*args, **kwargs)
+        for hook in list(self._forward_hooks.values()):
+            hook(self, args, out)
+        return out
 
-    def _check_grad(self, grad_output, expected_shape):
-        if not isinstance(grad_output, Tensor):
-            raise TypeError(f"{self!r}.backward: expected a clnet tensor, got {type(grad_output).__name__}")
-        if expected_shape is None:
-            raise RuntimeError(f"{self!r}.backward called before forward")
-        if tuple(grad_output.shape) != tuple(expected_shape):
-            raise ValueError(f"{self!r}.backward: gradient has shape {grad_output.shape}, the forward output had "
-                             f"{tuple(expected_shape)}")
+    def _name(self):
+        return repr(self).split("\n")[0] + (")" if self._modules else "")
+
+    def forward(self, *args):
+        raise NotImplementedError(f"{type(self).__name__} defines no forward()")
 
     def extra_repr(self):
         return ""
 
     def __repr__(self):
-        return f"{type(self).__name__}({self.extra_repr()})"
+        children = [f"  ({name}): " + repr(m).replace("\n", "\n  ") for name, m in self._modules.items()]
+        if not children:
+            return f"{type(self).__name__}({self.extra_repr()})"
+        head = f"{type(self).__name__}({self.extra_repr()}"
+        return head + "\n" + "\n".join(children) + "\n)"
 
 
 class Sequential(Module):
-    """Layers applied in order; backward runs them in reverse."""
+    """Modules applied in order."""
 
     def __init__(self, *layers):
         super().__init__()
-        for i, layer in enumerate(layers):
+        if len(layers) == 1 and isinstance(layers[0], (dict, OrderedDict)):
+            layers = list(layers[0].items())
+        else:
+            layers = [(str(i), m) for i, m in enumerate(layers)]
+        for i, (name, layer) in enumerate(layers):
             if not isinstance(layer, Module):
-                raise TypeError(f"Sequential: item {i} is a {type(layer).__name__}, not a clnet layer")
-            self._modules[str(i)] = layer
-        self._folded = set()  # indices of ReLUs folded into the layer before them in the last forward
+                raise TypeError(f"Sequential: item {i} is a {type(layer).__name__}, not a clnet module")
+            self._modules[name] = layer
 
     def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Sequential(*list(self._modules.values())[i])
         return list(self._modules.values())[i]
 
     def __len__(self):
@@ -166,6 +288,10 @@ class Sequential(Module):
 
     def __iter__(self):
         return iter(self._modules.values())
+
+    def append(self, module):
+        self.add_module(str(len(self)), module)
+        return self
 
     def output_shape(self, input_shape):
         shape = tuple(input_shape)
@@ -177,33 +303,35 @@ class Sequential(Module):
         return shape
 
     def forward(self, x):
-        """Runs the layers in order; a ReLU right after a layer that takes it is folded into that layer's matrix
-        product epilogue: one launch and one pass over the activations fewer. Backward still applies the mask."""
-        layers = list(self)
-        self._folded = set()
-        for i, layer in enumerate(layers):
-            if i in self._folded:
-                continue
-            if kernels.profiler is not None:
-                kernels.profiler.tag = (i, "forward")
-            nxt = layers[i + 1] if i + 1 < len(layers) else None
-            if layer.takes_relu and getattr(nxt, "kind", None) == "relu":
-                x = layer.forward(x, relu=True)
-                self._folded.add(i + 1)
-            else:
-                x = layer.forward(x)
+        for layer in self._modules.values():
+            x = layer(x)
         return x
 
-    def backward(self, grad_output, input_grad=True):
-        g = grad_output
-        for i, layer in reversed(list(enumerate(self))):
-            if i in self._folded:
-                continue  # its layer's backward applies the ReLU mask
-            if kernels.profiler is not None:
-                kernels.profiler.tag = (i, "backward")
-            g = layer.backward(g, input_grad or i > 0)
-        return g
 
-    def __repr__(self):
-        inner = "\n".join(f"  ({i}): {layer!r}" for i, layer in enumerate(self))
-        return f"Sequential(\n{inner}\n)"
+class ModuleList(Module):
+    """A list of modules, registered (so their parameters are found), with no forward of its own."""
+
+    def __init__(self, modules=()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, module):
+        self.add_module(str(len(self._modules)), module)
+        return self
+
+    def extend(self, modules):
+        for m in modules:
+            self.append(m)
+        return self
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return ModuleList(list(self._modules.values())[i])
+        return list(self._modules.values())[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())

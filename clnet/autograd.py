@@ -1,0 +1,165 @@
+"""Reverse-mode automatic differentiation over device tensors.
+
+An op is a `Function` subclass with `forward` and `backward` side by side (clnet/ops.py holds the table). While any
+tensor input of an op requires a gradient and gradients are enabled, `Function.apply` records the op on its output
+(`out.grad_fn`), with its inputs and whatever `forward` saved. `backward(root)` walks the recorded ops from the root
+in reverse topological order, hands each its output's gradient (summed over every use of that output) and
+accumulates (+=) what reaches a leaf into the leaf's `.grad`. Every op's inputs and saved tensors are released as
+soon as its backward has run, so the graph holds device memory for one step only.
+
+A backward that produces a leaf's gradient by a matrix product can write straight into the leaf's `.grad` with
+`beta = 1` (`Function.grad_sink`): a parameter's weight gradient costs no extra pass to accumulate.
+"""
+from . import kernels
+
+_enabled = True
+
+
+def is_grad_enabled():
+    return _enabled
+
+
+class no_grad:
+    """Context manager (and decorator) under which ops record nothing and keep no saved tensors."""
+
+    def __enter__(self):
+        global _enabled
+        self._previous, _enabled = _enabled, False
+
+    def __exit__(self, *exc):
+        global _enabled
+        _enabled = self._previous
+
+    def __call__(self, fn):
+        def wrapped(*args, **kwargs):
+            with no_grad():
+                return fn(*args, **kwargs)
+        wrapped.__name__, wrapped.__doc__ = fn.__name__, fn.__doc__
+        return wrapped
+
+
+class Function:
+    """One differentiable op. Subclasses define ``forward(self, *inputs, **options)``, returning a tensor (or a tuple
+    whose first element is the differentiable output), and ``backward(self, grad_output)``, returning one gradient
+    (or None) per positional input. ``self.needs[i]`` says whether input i wants a gradient; ``self.save(...)``
+    keeps tensors for backward only when the op is recorded."""
+
+    unit_grad = False  # backward accepts grad_output None, meaning ones (the implicit gradient of a scalar loss)
+
+    __slots__ = ("needs", "inputs", "saved", "tag", "out_shape", "out_device")
+
+    @classmethod
+    def apply(cls, *inputs, **options):
+        fn = cls()
+        needs = None
+        if _enabled:
+            needs = tuple(getattr(t, "requires_grad", False) for t in inputs)
+            if not any(needs):
+                needs = None
+        fn.needs, fn.saved = needs, None
+        out = fn.forward(*inputs, **options)
+        if needs is not None:
+            result = out[0] if type(out) is tuple else out
+            fn.inputs = inputs
+            fn.out_shape, fn.out_device = result.shape, result.device
+            fn.tag = kernels.profiler.tag[0] if kernels.profiler is not None and kernels.profiler.tag else None
+            result.requires_grad, result.grad_fn = True, fn
+        return out
+
+    @property
+    def recording(self):
+        return self.needs is not None
+
+    def save(self, *tensors):
+        if self.needs is not None:
+            self.saved = tensors
+
+    def grad_sink(self, i):
+        """The `.grad` of input i when it is a leaf that wants a gradient (allocated as zeros on first use), so that
+        backward can accumulate into it directly and return None for it; else None (backward returns a new tensor)."""
+        t = self.inputs[i]
+        if not self.needs[i] or t.grad_fn is not None:
+            return None
+        if t.grad is None:
+            from .ops import zeros
+            t.grad = zeros(t.shape, t.device)
+        return t.grad
+
+    def forward(self, *inputs, **options):
+        raise NotImplementedError
+
+    def backward(self, grad_output):
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"<{type(self).__name__} backward>"
+
+
+def _topological(root_fn):
+    """Recorded ops reachable from root_fn, every op before the ops that produced its inputs."""
+    order, seen, stack = [], {id(root_fn)}, [(root_fn, False)]
+    while stack:
+        fn, expanded = stack.pop()
+        if expanded:
+            order.append(fn)
+            continue
+        stack.append((fn, True))
+        for t in fn.inputs or ():
+            child = getattr(t, "grad_fn", None)
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                stack.append((child, False))
+    order.reverse()
+    return order
+
+
+_FREED = ("clnet: backward through a graph whose saved tensors were already released: each forward's graph serves "
+          "one backward; run the forward again (or pass retain_graph=True to the first backward)")
+
+
+def backward(root, grad=None, retain_graph=False):
+    """d root / d leaves, accumulated into each leaf's .grad; `grad` is d loss / d root (None: ones, for a scalar)."""
+    from .ops import accumulate, add, check_gradient
+    if grad is None and root.size != 1:
+        raise RuntimeError(f"clnet: backward() of a tensor of shape {root.shape} needs its gradient: call "
+                           "y.backward(grad) with a tensor of that shape, or reduce y to one element first (y.sum())")
+    if grad is not None:
+        check_gradient(root, grad)
+    if root.grad_fn is None:
+        if not root.requires_grad:
+            raise RuntimeError("clnet: backward() of a tensor that does not require a gradient and was not computed "
+                               "from one that does (make the leaf with requires_grad=True)")
+        from .ops import full_like
+        accumulate(root, grad if grad is not None else full_like(root, 1.0))
+        return
+    if root.grad_fn.inputs is None:
+        raise RuntimeError(_FREED)
+    pending = {id(root.grad_fn): grad}
+    profiling = kernels.profiler is not None
+    for fn in _topological(root.grad_fn):
+        if id(fn) not in pending:  # no gradient reached it (an input's backward returned None)
+            if not retain_graph:
+                fn.inputs = fn.saved = None
+            continue
+        g = pending.pop(id(fn))
+        if fn.inputs is None:
+            raise RuntimeError(_FREED)
+        if g is None and not fn.unit_grad:
+            from .ops import full
+            g = full(fn.out_shape, fn.out_device, 1.0)
+        if profiling:
+            kernels.profiler.tag = (fn.tag, "backward")
+        grads = fn.backward(g)
+        if type(grads) is not tuple:
+            grads = (grads,)
+        for t, need, gi in zip(fn.inputs, fn.needs, grads):
+            if not need or gi is None:
+                continue
+            child = t.grad_fn
+            if child is None:
+                accumulate(t, gi)
+            else:
+                previous = pending.get(id(child))
+                pending[id(child)] = gi if previous is None else add(previous, gi)
+        if not retain_graph:
+            fn.inputs = fn.saved = None

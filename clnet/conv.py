@@ -1,0 +1,191 @@
+"""Convolution and dense layers on the device: per pass (forward, data gradient, weight gradient) the algorithm
+tuned or defaulted for the shape (im2col + GEMM, Winograd, direct), and the bias gradient they share."""
+from . import direct, kernels, tuning, winograd
+from .gemm import NO_SPLIT, Mat, gemm
+from .tensor import empty
+
+
+def _im2col(x, s, n0, nimg, col):
+    rows = s.C * s.KH * s.KW
+    if not tuning.cpu_shaped(x.device):
+        k, size = kernels.kernel(x.device, "im2col.cl", "im2col"), (nimg * s.OH * s.OW, s.C)
+    else:
+        k, size = kernels.kernel(x.device, "im2col.cl", "im2col_rows"), (rows, nimg)
+    kernels.launch(x.device, k, size, None, x, n0 * s.C * s.H * s.W, *s.geometry(nimg), col, what="im2col")
+
+
+def _col2im(col, s, n0, nimg, dx):
+    if not tuning.cpu_shaped(dx.device):
+        k, size = kernels.kernel(dx.device, "im2col.cl", "col2im"), (nimg * s.C * s.H * s.W,)
+    else:
+        k, size = kernels.kernel(dx.device, "im2col.cl", "col2im_planes"), (s.C, nimg)
+    kernels.launch(dx.device, k, size, None, col, *s.geometry(nimg), dx, n0 * s.C * s.H * s.W, what="col2im")
+
+
+# Convolution algorithms. im2col + GEMM runs every shape; Winograd (winograd.py) runs 3x3 and 5x5 stride-1 layers
+# with 2.25-4x fewer multiply-adds, and wins where channels are many (its transforms cost traffic per pixel); direct
+# (direct.py, forward only) reads x and w in place, for few input channels. Forward, data gradient and weight
+# gradient are three separate choices; the defaults per device class are tuning.conv_default's.
+WINOGRAD_TILE = {"winograd": 2, "winograd4": 4}  # algorithm name -> output tile side m of F(m x m, r x r)
+LESS_ACCURATE = {"winograd4"}  # offered only with tuning.allow_less_accurate
+
+
+def _conv_key(kind, s):
+    return (f"{kind} {s.N}x{s.C}x{s.H}x{s.W} o{s.O} k{s.KH}x{s.KW} s{s.SH}x{s.SW} p{s.PH}x{s.PW} d{s.DH}x{s.DW} "
+            f"g{s.G} out{s.OH}x{s.OW}")
+
+
+def _conv_algorithm(dev, kind, s, run):
+    """The algorithm for one pass (kind: conv2d_fwd, conv2d_bwd_data, conv2d_bwd_weights) of a layer of shape s:
+    tuned, else the default, from those that can run it."""
+    options = ["im2col"] + [a for a, m in WINOGRAD_TILE.items() if winograd.supported(s, m)
+                            and (a not in LESS_ACCURATE or tuning.allow_less_accurate)]
+    if kind == "conv2d_fwd" and direct.supported(s):
+        options.append("direct")
+    default = tuning.conv_default(dev, s, options)
+    return tuning.choose(dev, _conv_key(kind, s), lambda: default,
+                         lambda: [default] + [a for a in options if a != default], run,
+                         lambda cached: cached in options)
+
+
+def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):
+    """y = conv(x, w) + bias (ReLU), by the algorithm tuned (or defaulted) for this shape."""
+
+    def run(algorithm):
+        if algorithm in WINOGRAD_TILE:
+            return winograd.conv2d_forward(x, w, bias, s, relu, what=what, m=WINOGRAD_TILE[algorithm])
+        if algorithm == "direct":
+            return direct.conv2d_forward(x, w, bias, s, relu, what=what)
+        return _conv2d_forward_im2col(x, w, bias, s, relu, what)
+
+    return run(_conv_algorithm(x.device, "conv2d_fwd", s, run))
+
+
+def _conv2d_forward_im2col(x, w, bias, s, relu, what):
+    dev = x.device
+    y = empty((s.N, s.O, s.OH, s.OW), dev)
+    Og, Cg, KK, OHW = s.O // s.G, s.C // s.G, s.KH * s.KW, s.OH * s.OW
+    chunk = s.chunk(dev)
+    col = None if s.pointwise else empty((s.C * KK * chunk * OHW,), dev)
+    for n0 in range(0, s.N, chunk):
+        nimg = min(chunk, s.N - n0)
+        NP = nimg * OHW
+        if s.pointwise:
+            B, b = x, Mat(off=n0 * s.C * OHW, bs=Cg * OHW, rs=OHW, cs=1, cdiv=OHW if nimg > 1 else NO_SPLIT,
+                          cso=s.C * OHW if nimg > 1 else 0)
+        else:
+            _im2col(x, s, n0, nimg, col)
+            B, b = col, Mat(bs=Cg * KK * NP, rs=NP, cs=1)
+        c = Mat(off=n0 * s.O * OHW, bs=Og * OHW, rs=OHW, cs=1, cdiv=OHW if nimg > 1 else NO_SPLIT,
+                cso=s.O * OHW if nimg > 1 else 0)
+        gemm(Og, NP, Cg * KK, w, Mat(bs=Og * Cg * KK, rs=Cg * KK, cs=1), B, b, y, c, batch=s.G,
+             bias=bias, bias_mode=1, bias_bs=Og, relu=relu, what=what)
+    return y
+
+
+def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward"):
+    """Adds d loss / d w into dw (and d loss / d bias into db), each unless None; returns d loss / d x (or None).
+    Each gradient uses the algorithm tuned (or defaulted) for this shape; when both use im2col they share one lowering
+    of x."""
+    dev = x.device
+
+    def weights(algorithm):
+        if algorithm in WINOGRAD_TILE:
+            winograd.conv2d_backward_weights(x, dy, s, dw, what=what + " (weights)", m=WINOGRAD_TILE[algorithm])
+        else:
+            _conv2d_backward_im2col(x, w, dy, s, dw, False, what)
+
+    def data(algorithm):
+        if algorithm in WINOGRAD_TILE:
+            return winograd.conv2d_backward_data(w, dy, s, what=what + " (data)", m=WINOGRAD_TILE[algorithm])
+        return _conv2d_backward_im2col(x, w, dy, s, None, True, what)
+
+    w_alg = _conv_algorithm(dev, "conv2d_bwd_weights", s, weights) if dw is not None else None
+    x_alg = _conv_algorithm(dev, "conv2d_bwd_data", s, data) if need_dx else None
+    if db is not None:
+        bias_grad(dy, db, s.N, s.O, s.OH * s.OW)
+    if w_alg in ("im2col", None) and x_alg in ("im2col", None):
+        return _conv2d_backward_im2col(x, w, dy, s, dw, need_dx, what) if w_alg or x_alg else None
+    if w_alg is not None:
+        weights(w_alg)
+    return data(x_alg) if need_dx else None
+
+
+def _conv2d_backward_im2col(x, w, dy, s, dw, need_dx, what):
+    """dw += the weight gradient (unless dw is None); returns dx (if need_dx): im2col + GEMM, one lowering of x per
+    chunk of images serving both."""
+    dev = x.device
+    Og, Cg, KK, OHW = s.O // s.G, s.C // s.G, s.KH * s.KW, s.OH * s.OW
+    chunk = s.chunk(dev)
+    col = empty((s.C * KK * chunk * OHW,), dev)
+    dx = empty(x.shape, dev) if need_dx else None
+    for n0 in range(0, s.N, chunk):
+        nimg = min(chunk, s.N - n0)
+        NP = nimg * OHW
+        dy_cols = Mat(off=n0 * s.O * OHW, bs=Og * OHW, rs=OHW, cs=1, cdiv=OHW if nimg > 1 else NO_SPLIT,
+                      cso=s.O * OHW if nimg > 1 else 0)
+        if dw is not None:
+            _im2col(x, s, n0, nimg, col)
+            # dw_g (Og, Cg*KK) += dy_g (Og, NP) @ col_g^T (NP, Cg*KK)
+            gemm(Og, Cg * KK, NP, dy, dy_cols, col, Mat(bs=Cg * KK * NP, rs=1, cs=NP), dw,
+                 Mat(bs=Og * Cg * KK, rs=Cg * KK, cs=1), beta=1.0, batch=s.G, what=what + " (weights)")
+        if not need_dx:
+            continue
+        w_t = Mat(bs=Og * Cg * KK, rs=1, cs=Cg * KK)  # w_g^T: (Cg*KK, Og)
+        if s.pointwise:
+            # dx_g (Cg, NP) = w_g^T @ dy_g, written straight into NCHW
+            c = Mat(off=n0 * s.C * OHW, bs=Cg * OHW, rs=OHW, cs=1, cdiv=OHW if nimg > 1 else NO_SPLIT,
+                    cso=s.C * OHW if nimg > 1 else 0)
+            gemm(Cg, NP, Og, w, w_t, dy, dy_cols, dx, c, batch=s.G, what=what + " (data)")
+        else:
+            gemm(Cg * KK, NP, Og, w, w_t, dy, dy_cols, col, Mat(bs=Cg * KK * NP, rs=NP, cs=1), batch=s.G,
+                 what=what + " (data)")
+            _col2im(col, s, n0, nimg, dx)
+    return dx
+
+
+def bias_grad(dy, db, N, C, P):
+    """db += sum of dy (N, C, P) over N and P. Few channels over many pixels (a first layer) would leave most of a GPU
+    idle with a work-group per channel, so there each channel's sum is cut into runs first, then added in order. CPUs
+    take a channel per work-item (bias_grad_planes)."""
+    dev = dy.device
+    if tuning.cpu_shaped(dev):
+        k = kernels.kernel(dev, "elementwise.cl", "bias_grad_planes")
+        kernels.launch(dev, k, (C,), None, dy, db, N, C, P, what="bias gradient")
+        return
+    lsize = 256 if dev.max_work_group_size >= 256 else 1 << (dev.max_work_group_size.bit_length() - 1)
+    runs = tuning.reduction_runs(dev, N * P, C, lsize)
+    if runs > 1:
+        chunk = -(-N * P // runs)
+        part = empty((runs, C), dev)
+        k = kernels.kernel(dev, "elementwise.cl", "bias_grad", dict(LSIZE=lsize, PARTIAL=1))
+        kernels.launch(dev, k, (C * lsize, runs), (lsize, 1), dy, part, N, C, P, chunk, what="bias gradient (runs)")
+        dy, N, P = part, runs, 1
+    k = kernels.kernel(dev, "elementwise.cl", "bias_grad", dict(LSIZE=lsize))
+    kernels.launch(dev, k, (C * lsize,), (lsize,), dy, db, N, C, P, 0, what="bias gradient")
+
+
+# ---- dense ---------------------------------------------------------------------------------------------------------
+
+def linear_forward(x, w, bias, relu=False, what="Linear"):
+    N, I = x.shape
+    O = w.shape[0]
+    y = empty((N, O), x.device)
+    gemm(N, O, I, x, Mat(rs=I, cs=1), w, Mat(rs=1, cs=I), y, Mat(rs=O, cs=1), bias=bias, bias_mode=2, relu=relu,
+         what=what)
+    return y
+
+
+def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward"):
+    N, I = x.shape
+    O = w.shape[0]
+    if dw is not None:
+        gemm(O, I, N, dy, Mat(rs=1, cs=O), x, Mat(rs=I, cs=1), dw, Mat(rs=I, cs=1), beta=1.0,
+             what=what + " (weights)")
+    if db is not None:
+        bias_grad(dy, db, N, O, 1)
+    if not need_dx:
+        return None
+    dx = empty((N, I), x.device)
+    gemm(N, I, O, dy, Mat(rs=O, cs=1), w, Mat(rs=I, cs=1), dx, Mat(rs=I, cs=1), what=what + " (data)")
+    return dx

@@ -1,0 +1,146 @@
+"""The matrix product every heavy op lowers to: operand layouts (Mat), the tuned choice of kernel and tile, and the
+launch (cl_kernels/gemm.cl for GPUs, gemm_cpu.cl for CPUs)."""
+from dataclasses import dataclass
+
+from . import kernels, tuning
+from .tensor import empty
+
+NO_SPLIT = 1 << 30  # a column divisor no index reaches
+
+
+@dataclass(frozen=True)
+class Mat:
+    """How a matrix operand sits in its buffer: element (r, c) of batch b is at
+    off + b*bs + r*rs + (c % cdiv)*cs + (c // cdiv)*cso."""
+    off: int = 0
+    bs: int = 0
+    rs: int = 1
+    cs: int = 1
+    cdiv: int = NO_SPLIT
+    cso: int = 0
+
+    @property
+    def split(self):
+        return self.cdiv != NO_SPLIT
+
+    def args(self):
+        return (self.off, self.bs, self.rs, self.cs, self.cdiv, self.cso)
+
+
+def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bias_mode=0, bias_bs=0, relu=False,
+         what="matrix product"):
+    """C = act(alpha * A @ B + beta * C + bias) for `batch` products laid out as the Mats a, b, c describe.
+
+    The kernel, tile shape and split-K factor come from tuning.choose, keyed by the sizes and the operands' layouts."""
+    dev = C.device
+    alpha, beta = float(alpha), float(beta)  # float parameters: an int would be set as int32 bits
+    key = gemm_key(M, N, K, batch, a, b, c)
+
+    def run(choice):
+        _gemm_choice(dev, choice, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bias, bias_mode, bias_bs, relu,
+                     what)
+
+    choice = tuning.choose(dev, key, lambda: tuning.gemm_default(dev, M, N, K, batch),
+                           lambda: tuning.gemm_candidates(dev, M, N, K, batch, _kfast_a(a),
+                                                          _kfast_b(b) and not b.split), run,
+                           lambda cached: tuning.valid_gemm(dev, cached, M, N, K, batch, b.split))
+    run(choice)
+
+
+def gemm_key(M, N, K, batch, a, b, c):
+    """The tuning key of a product: its sizes and the operands' layout classes (which way k runs, splits)."""
+    return (f"gemm {M}x{N}x{K}x{batch} A{'k' if _kfast_a(a) else 'm'}{'s' if a.split else ''} "
+            f"B{'k' if _kfast_b(b) else 'n'}{'s' if b.split else ''} C{'s' if c.split else ''}")
+
+
+def _kfast_a(a):
+    # k contiguous (within each image's segment when split, as dy in a weight gradient): load along k to coalesce
+    return a.cs == 1 and a.rs != 1
+
+
+def _kfast_b(b):
+    return b.rs == 1 and b.cs != 1
+
+
+def _quads(*values):
+    return all(v % 4 == 0 for v in values)
+
+
+def _vec_along_rows(x):
+    """Whether float4s of 4 consecutive columns of x (the layout `x` describes) are each contiguous and 16-byte
+    aligned: columns contiguous, every other step a multiple of 4 elements, and with a column split, no float4
+    crossing a segment."""
+    return x.cs == 1 and _quads(x.off, x.bs, x.rs) and (not x.split or _quads(x.cdiv, x.cso))
+
+
+def _vec_along_columns(x):
+    """The same for float4s of 4 consecutive rows."""
+    return x.rs == 1 and _quads(x.off, x.bs, x.cs) and (not x.split or _quads(x.cso))
+
+
+def _vec_a(a):
+    """Whether gemm_tiled may fetch A (m, k) as float4s along the axis its loads run: k when k-fast, else m."""
+    return _vec_along_rows(a) if _kfast_a(a) else _vec_along_columns(a)
+
+
+def _vec_b(b):
+    """The same for B (k, n): along k when k-fast, else along n."""
+    return _vec_along_columns(b) if _kfast_b(b) else _vec_along_rows(b)
+
+
+def _vec_c(c):
+    """Whether gemm_tiled may store C (m, n) as float4s along n."""
+    return _vec_along_rows(c)
+
+
+def _transposed(dev, X, x, R, CC, batch):
+    """The operand X (laid out as x; R rows, CC columns, batch of them) copied to a dense (CC, R) buffer per batch."""
+    tile = next(t for t in (32, 16, 8, 4, 2, 1) if t * t <= dev.max_work_group_size)
+    T = empty((batch * R * CC,), dev)
+    k = kernels.kernel(dev, "transpose.cl", "transpose", dict(TT=tile, SPLIT=x.split))
+    kernels.launch(dev, k, (CC, R, batch), (tile, tile, 1), X, *x.args(), R, CC, T, what="operand transpose")
+    return T
+
+
+def _gemm_choice(dev, choice, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bias, bias_mode, bias_bs, relu, what):
+    cfg, ksplit = choice["cfg"], choice["ksplit"]
+    if choice.get("ta"):  # A(m, k) -> A^T stored (K, M): loads along m
+        A, a = _transposed(dev, A, a, M, K, batch), Mat(bs=K * M, rs=1, cs=M)
+    if choice.get("tb"):  # B(k, n), k fastest, seen as (N, K) -> stored (K, N): loads along n
+        assert not b.split, "a transposed B copy needs an unsplit B (gemm_candidates never offers it otherwise)"
+        B, b = _transposed(dev, B, Mat(off=b.off, bs=b.bs, rs=b.cs, cs=b.rs), N, K, batch), Mat(bs=K * N, rs=N, cs=1)
+    epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
+    ksplit, kc = tuning.slices(cfg, K, ksplit)
+    if ksplit > 1:
+        partial = empty((batch * ksplit * M * N,), dev)
+        _gemm(dev, cfg, M, N, K, A, a, B, b, partial, Mat(bs=M * N, rs=N, cs=1), 1.0, 0.0, batch * ksplit,
+              None, 0, {}, ksplit, kc, what)
+        k = kernels.kernel(dev, "gemm.cl", "gemm_reduce", dict(C_SPLIT=c.split, **epilogue))
+        kernels.launch(dev, k, (N, M, batch), None, M, N, ksplit, alpha, beta, partial, C, *c.args(), bias, bias_bs,
+                       what=what + " (split-K sum)")
+        return
+    _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bias, bias_bs, epilogue, 1, K, what)
+
+
+GEMM_FILES = dict(gemm_tiled="gemm.cl", gemm_block="gemm_cpu.cl")
+
+
+def _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, zsize, bias, bias_bs, epilogue, ksplit, kc, what):
+    name = cfg["kernel"]
+    defines = {k: v for k, v in cfg.items() if k != "kernel"}
+    defines.update(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split, **epilogue)
+    if name == "gemm_tiled":
+        # float4 fetches where the operand's layout allows and each slice splits into float4s over the work-group
+        float4s_per_round = 4 * (cfg["TM"] // cfg["WM"]) * (cfg["TN"] // cfg["WN"])
+        defines.update(A_KFAST=_kfast_a(a), B_KFAST=_kfast_b(b),
+                       A_VEC=_vec_a(a) and cfg["TM"] * cfg["TK"] % float4s_per_round == 0,
+                       B_VEC=_vec_b(b) and cfg["TN"] * cfg["TK"] % float4s_per_round == 0, C_VEC=_vec_c(c))
+        local = (cfg["TN"] // cfg["WN"], cfg["TM"] // cfg["WM"], 1)
+        global_size = (-(-N // cfg["TN"]) * local[0], -(-M // cfg["TM"]) * local[1], zsize)
+    else:
+        defines.update(B_CONTIG=(b.cs == 1 and not b.split))
+        local = (cfg["WG"], 1, 1) if cfg.get("WG") else None
+        global_size = (-(-N // 16), -(-M // cfg["RM"]), zsize)
+    k = kernels.kernel(dev, GEMM_FILES[name], name, defines)
+    kernels.launch(dev, k, global_size, local, M, N, K, alpha, beta, A, *a.args(), B, *b.args(), C, *c.args(),
+                   bias, bias_bs, ksplit, kc, what=what)
