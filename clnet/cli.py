@@ -1,11 +1,19 @@
-"""The `clnet` command: devices, bench, train, eval."""
+"""The `clnet` command: devices, bench, tune, train, eval. Commands check what the user typed, call the Python API
+and print; they build no kernels themselves."""
 import sys
 
 import click
 
+from . import data as data_mod
 from . import devices as device_mod
+from . import models, optim, rng
 from .bench import bench
-from .train import eval_command, train_command
+from .checkpoint import CheckpointError, check_checkpoint_fits, load_checkpoint
+from .devices import DeviceNotFound
+from .devices import device as _device
+from .files import write_atomically
+from .train import evaluate, fit
+from .tune import tune_first
 
 
 @click.group()
@@ -59,6 +67,210 @@ def tune(model, device_spec, batch, budget, retune, less_accurate):
     click.echo(f"{len(report['tuned'])} shapes tuned, {report['cached']} already cached, {len(report['left'])} left "
                f"at their defaults (budget), in {report['seconds']:.1f} s"
                + (f"; median speed-up over the defaults {sorted(gain)[len(gain) // 2]:.2f}x" if gain else ""))
+
+
+# -- plotting --------------------------------------------------------------------------------------------------------
+def _pyplot():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise click.ClickException("--plot needs matplotlib, which is not installed: pip install 'clnet[plot]' "
+                                   "(or pip install matplotlib)") from e
+    return plt
+
+
+def plot_history(path, history, title=""):
+    """Write a PNG of the loss and accuracy curves per epoch (train, and test where measured)."""
+    plt = _pyplot()
+    ep = [r["epoch"] for r in history]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((a, "loss", "loss"), (b, "accuracy", "accuracy")):
+        ax.plot(ep, [r["train_" + key] for r in history], "o-", label="train")
+        if all("test_" + key in r for r in history):
+            ax.plot(ep, [r["test_" + key] for r in history], "s-", label="test")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    plt.close(fig)
+
+
+# -- commands --------------------------------------------------------------------------------------------------------
+def _load_data(dataset, data_dir, split, subset=None):
+    try:
+        return data_mod.load(dataset, split, data_dir).subset(subset)
+    except (data_mod.DataNotFound, data_mod.IDXError) as e:
+        raise click.ClickException(str(e)) from e
+
+
+def _device_or_fail(spec):
+    try:
+        return _device(spec)
+    except DeviceNotFound as e:
+        raise click.ClickException(str(e)) from e
+
+
+def _check_model(name):
+    if name not in models.MODELS:
+        raise click.BadParameter(f"unknown model {name!r}; known models: {', '.join(models.MODELS)}",
+                                 param_hint="MODEL")
+    shape = models.MODELS[name]["input_shape"]
+    if shape != (1, 28, 28):
+        fits = [m for m, e in models.MODELS.items() if e["input_shape"] == (1, 28, 28)]
+        raise click.BadParameter(f"{name} expects input {shape}; mnist and fashion-mnist are (1, 28, 28) images; "
+                                 f"use {', '.join(fits)}", param_hint="MODEL")
+
+
+OPTIMIZERS = dict(sgd=optim.SGD, adam=optim.Adam, adamw=optim.AdamW)
+
+
+def _optimizer(name, params, cfg):
+    if name == "sgd":
+        return optim.SGD(params, lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"])
+    return OPTIMIZERS[name](params, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+
+
+TUNE_BUDGET_S = 60.0  # first-run tuning before training; `clnet tune` has its own budget
+DEFAULTS = dict(epochs=10, batch=64, lr=0.01, momentum=0.9, weight_decay=0.0, seed=0, subset=None, optimizer="sgd")
+
+
+@click.command("train")
+@click.argument("model")
+@click.option("--dataset", type=click.Choice(data_mod.DATASETS), default=None,
+              help="Data set (default fashion-mnist, or the resumed checkpoint's).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Directory of the IDX files (default $CLNET_DATA, else /usr/share/datasets/fashion-mnist).")
+@click.option("--epochs", type=click.IntRange(min=1), default=None, help="Epochs in all (default 10).")
+@click.option("--batch", type=click.IntRange(min=1), default=None, help="Batch size (default 64).")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None, help="Learning rate (default 0.01).")
+@click.option("--momentum", type=click.FloatRange(min=0), default=None, help="SGD momentum (default 0.9).")
+@click.option("--optimizer", "optimizer_name", type=click.Choice(sorted(OPTIMIZERS)), default=None,
+              help="sgd (default), adam or adamw (these take --lr and --weight-decay; try --lr 0.001).")
+@click.option("--weight-decay", type=click.FloatRange(min=0), default=None, help="L2 weight decay (default 0).")
+@click.option("--device", "device_spec", default="auto", show_default=True,
+              help="auto, gpu, cpu, an index from `clnet devices`, or a name substring.")
+@click.option("--seed", type=int, default=None, help="Seed of initialisation and shuffling (default 0).")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
+              help="Checkpoint written after each epoch, on Ctrl-C and at the end (default: the --resume file).")
+@click.option("--resume", type=click.Path(dir_okay=False), default=None, help="Continue the run of this checkpoint.")
+@click.option("--subset", type=click.IntRange(min=1), default=None, help="Train on the first N training images.")
+@click.option("--test-subset", type=click.IntRange(min=1), default=None, help="Test on the first N test images.")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False), default=None, help="JSON log of per-epoch figures.")
+@click.option("--tune/--no-tune", default=None,
+              help="autotune the model's shapes missing from the cache first [default: on GPUs]")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="PNG of the loss and accuracy curves (needs matplotlib: pip install 'clnet[plot]').")
+def train_command(model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name, weight_decay, device_spec,
+                  seed, checkpoint, resume, subset, test_subset, log_path, tune, plot_path):
+    """Train MODEL (lenet, lenet-wide, resnet8) on MNIST or Fashion-MNIST, reporting test accuracy after each epoch.
+
+    Ctrl-C finishes the current step, writes a checkpoint and exits; --resume continues it exactly.
+    """
+    _check_model(model)
+    if plot_path:
+        _pyplot()
+    given = dict(epochs=epochs, batch=batch, lr=lr, momentum=momentum, weight_decay=weight_decay, seed=seed,
+                 subset=subset, optimizer=optimizer_name)
+    ckpt = None
+    if resume:
+        try:
+            ckpt = load_checkpoint(resume)
+        except CheckpointError as e:
+            raise click.ClickException(str(e)) from e
+        if ckpt["model"] != model:
+            raise click.ClickException(f"checkpoint {resume} holds a {ckpt['model']!r} model, not {model!r}")
+        stored = ckpt["config"]
+        conflicts = [f"--{k.replace('_', '-')} {given[k]} (checkpoint: {stored.get(k)})" for k in
+                     ("batch", "lr", "momentum", "weight_decay", "seed", "subset", "optimizer")
+                     if given[k] is not None and given[k] != stored.get(k)]
+        if dataset is not None and dataset != stored.get("dataset"):
+            conflicts.append(f"--dataset {dataset} (checkpoint: {stored.get('dataset')})")
+        if conflicts:
+            raise click.ClickException(f"--resume continues the run of {resume} unchanged; these options differ "
+                                       f"from it: {', '.join(conflicts)}. Leave them out.")
+        dataset = stored.get("dataset")
+        given = {k: stored.get(k, DEFAULTS[k]) if k != "epochs" else v for k, v in given.items()}
+        checkpoint = checkpoint or resume
+    dataset = dataset or "fashion-mnist"
+    cfg = {k: (DEFAULTS[k] if v is None and k != "subset" else v) for k, v in given.items()}
+    train_data = _load_data(dataset, data_dir, "train", cfg["subset"])
+    test_data = _load_data(dataset, data_dir, "test", test_subset)
+    dev = _device_or_fail(device_spec)
+    rng.manual_seed(cfg["seed"])
+    net = models.build(model).to(dev)
+    opt = _optimizer(cfg["optimizer"], net.parameters(), cfg)
+    tune_first(net, (cfg["batch"],) + tuple(models.MODELS[model]["input_shape"]), dev, tune, TUNE_BUDGET_S,
+               click.echo)
+    click.echo(f"training {model} on {dataset} ({len(train_data)} training, {len(test_data)} test images) on "
+               f"{dev.name} ({dev.platform_name}): batch {cfg['batch']}, {cfg['optimizer']} lr {cfg['lr']}, "
+               + (f"momentum {cfg['momentum']}, " if cfg["optimizer"] == "sgd" else "")
+               + f"weight decay {cfg['weight_decay']}, seed {cfg['seed']}")
+    try:
+        result = fit(net, train_data, test_data, epochs=cfg["epochs"], batch=cfg["batch"], optimizer=opt,
+                     device=dev, seed=cfg["seed"], checkpoint=checkpoint, resume=ckpt, log=log_path,
+                     progress=True, model_name=model, interrupt_checkpoint=f"{model}-{dataset}-interrupted.ckpt",
+                     config=dict(dataset=dataset, lr=cfg["lr"], momentum=cfg["momentum"],
+                                 weight_decay=cfg["weight_decay"], subset=cfg["subset"], optimizer=cfg["optimizer"]))
+    except CheckpointError as e:
+        raise click.ClickException(str(e)) from e
+    if result["interrupted"]:
+        click.echo(f"stopped at epoch {result['epoch'] + 1}, step {result['step']}; checkpoint written to "
+                   f"{result['checkpoint']}. Continue with: clnet train {model} --resume {result['checkpoint']}")
+        return
+    hist = result["epochs"]
+    if plot_path and hist:
+        plot_history(plot_path, hist, f"{model} on {dataset}")
+    if hist:
+        last = hist[-1]
+        best = max(hist, key=lambda r: r.get("test_accuracy", 0.0))
+        total = sum(r["seconds"] + r.get("eval_seconds", 0.0) for r in hist)
+        click.echo(f"done: {model} on {dataset}, {len(hist)} epochs, test accuracy {last.get('test_accuracy', 0):.4f} "
+                   f"(best {best.get('test_accuracy', 0):.4f} at epoch {best['epoch']}), test loss "
+                   f"{last.get('test_loss', float('nan')):.4f}, {total:.1f} s of training and testing"
+                   + (f"; checkpoint {result['checkpoint']}" if result["checkpoint"] else "")
+                   + (f"; log {log_path}" if log_path else "") + (f"; plot {plot_path}" if plot_path else ""))
+
+
+@click.command("eval")
+@click.argument("model")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), required=True, help="Checkpoint to evaluate.")
+@click.option("--dataset", type=click.Choice(data_mod.DATASETS), default=None,
+              help="Data set (default: the checkpoint's).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Directory of the IDX files (default $CLNET_DATA, else /usr/share/datasets/fashion-mnist).")
+@click.option("--batch", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--device", "device_spec", default="auto", show_default=True)
+@click.option("--test-subset", type=click.IntRange(min=1), default=None, help="Test on the first N test images.")
+def eval_command(model, checkpoint, dataset, data_dir, batch, device_spec, test_subset):
+    """Test-set loss, accuracy and confusion counts per class of MODEL with the weights of a checkpoint."""
+    _check_model(model)
+    try:
+        ckpt = load_checkpoint(checkpoint)
+        net = models.build(model)
+        check_checkpoint_fits(ckpt, net, model)
+        net.load_state_dict(ckpt["state_dict"])
+    except (CheckpointError, KeyError, ValueError) as e:
+        raise click.ClickException(str(e)) from e
+    dataset = dataset or ckpt["config"].get("dataset") or "fashion-mnist"
+    test_data = _load_data(dataset, data_dir, "test", test_subset)
+    dev = _device_or_fail(device_spec)
+    ev = evaluate(net.to(dev), test_data, batch=batch, device=dev)
+    click.echo(f"{model} ({checkpoint}, epoch {ckpt['epoch']}) on the {dataset} test set, {ev['images']} images, "
+               f"{dev.name}: accuracy {ev['accuracy']:.4f}, loss {ev['loss']:.4f}")
+    conf = ev["confusion"]
+    names = list(test_data.classes) + [str(i) for i in range(len(test_data.classes), len(conf))]
+    width = max(6, max(len(str(v)) for v in conf.flat) + 1)
+    click.echo("confusion counts (rows: true class, columns: predicted class)")
+    click.echo(f"{'':>14}" + "".join(f"{i:>{width}}" for i in range(len(conf))) + "  accuracy")
+    for i, row in enumerate(conf):
+        total = row.sum()
+        acc = f"{row[i] / total:.3f}" if total else "-"
+        click.echo(f"{i:>2} {names[i][:11]:<11}" + "".join(f"{v:>{width}}" for v in row) + f"  {acc:>8}")
 
 
 main.add_command(bench)

@@ -10,6 +10,8 @@ import os
 import subprocess
 import tempfile
 
+from .files import write_atomically
+
 SYSTEM_VENDOR_DIR = "/etc/OpenCL/vendors"
 # Vendor libraries that implement the ICD interface, by the file names their drivers install.
 VENDOR_LIBRARIES = ("libnvidia-opencl.so.1", "libamdocl64.so", "libamdocl-orca64.so", "libigdrcl.so",
@@ -99,11 +101,8 @@ def register_vendor_libraries():
                     continue
         except OSError:
             pass
-        # written aside and renamed: a process reading the directory meanwhile never sees half a file
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        # a process reading the directory meanwhile never sees half a file
+        write_atomically(path, lambda f, text=text: f.write(text), text=True)
     os.environ["OCL_ICD_VENDORS"] = new_dir
     registered_libraries.extend(found)
 

@@ -7,10 +7,10 @@ entry drives both a kernel's defines and its launch geometry, so the two cannot 
 """
 import json
 import os
-import tempfile
 import warnings
 
 from . import kernels
+from .files import write_atomically
 
 # GPU-shaped matrix product: tiles staged in local memory. Large tiles only pay when they fill the device.
 GEMM_TILED_SMALL = dict(kernel="gemm_tiled", TM=64, TN=64, TK=16, WM=4, WN=4)
@@ -297,17 +297,9 @@ def store(dev, new_entries):
     except (OSError, ValueError):
         on_disk = {}
     on_disk.setdefault(device_key(dev), {}).update(new_entries)
-    tmp = None
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(on_disk, f, indent=1, sort_keys=True)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        write_atomically(path, lambda f: json.dump(on_disk, f, indent=1, sort_keys=True), text=True)
     except OSError as e:
-        if tmp and os.path.exists(tmp):
-            os.unlink(tmp)
         warnings.warn(f"clnet: cannot write the tuning cache {path} ({e.strerror}); the tuned choices last for this "
                       "process only (set CLNET_CACHE_DIR to a writable folder)")
 

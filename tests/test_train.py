@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import clnet
-from clnet import data, models, nn, train
+from clnet import checkpoint, cli, data, models, nn, optim, train
 
 
 def fashion_available():
@@ -158,7 +158,7 @@ def test_lenet_learns_fashion_mnist_subset(dev):
     train_data = data.load("fashion-mnist", "train").subset(6400)
     test_data = data.load("fashion-mnist", "test").subset(1000)
     clnet.manual_seed(0)
-    model = models.lenet().to(dev)
+    model = models.build("lenet").to(dev)
     clnet.reset_transfer_stats()
     result = train.fit(model, train_data, test_data, epochs=1, batch=32, lr=0.01, momentum=0.9, device=dev,
                        model_name="lenet")
@@ -176,13 +176,15 @@ def test_lenet_learns_fashion_mnist_subset(dev):
 
 
 # -- checkpoints ------------------------------------------------------------------------------------------------------
-def run_tiny(dev, path=None, resume=None, max_steps=None, data_set=None, epochs=2):
+def run_tiny(dev, path=None, resume=None, max_steps=None, data_set=None, epochs=2, model_fn=tiny_model,
+             optimizer=None):
     if resume is None:
         clnet.manual_seed(7)
-    model = tiny_model()
+    model = model_fn()
+    opt = None if optimizer is None else optimizer(model.to(dev).parameters())
     result = train.fit(model, data_set or synthetic(), epochs=epochs, batch=16, lr=0.05, momentum=0.9,
                        weight_decay=1e-4, device=dev, seed=5, checkpoint=path, resume=resume, max_steps=max_steps,
-                       model_name="tiny")
+                       model_name="tiny", optimizer=opt)
     return model, result
 
 
@@ -204,8 +206,33 @@ def test_resume_gives_the_uninterrupted_result(dev, tmp_path):
     for (k, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
         np.testing.assert_array_equal(a, b, err_msg=k)
     assert strip_times(full_result["epochs"]) == strip_times(rest["epochs"])
-    done = train.load_checkpoint(ckpt)
+    done = checkpoint.load_checkpoint(ckpt)
     assert done["epoch"] == 2 and done["step"] == 0 and done["global_step"] == 20
+
+
+def small_residual():
+    """Batch norm (running statistics: buffers in the checkpoint) and a residual add."""
+    return models.blocks(clnet)["ResNet"](models.blocks(clnet)["BasicBlock"], (1,), widths=(4,), classes=10,
+                                          in_channels=1, small=True)
+
+
+@pytest.mark.parametrize("kind", ["adamw-mlp", "sgd-resnet"])
+def test_resume_keeps_optimizer_state_and_buffers(dev, tmp_path, kind):
+    """Resuming restores Adam's moments and step count, and batch norm's running statistics and count, so the
+    resumed run ends bit for bit where the uninterrupted one does."""
+    model_fn, opt = ((tiny_model, lambda p: optim.AdamW(p, lr=0.01, weight_decay=0.05)) if kind == "adamw-mlp"
+                     else (small_residual, None))
+    data_set = synthetic(64)
+    full, full_result = run_tiny(dev, model_fn=model_fn, optimizer=opt, data_set=data_set)
+    ckpt = tmp_path / "run.ckpt"
+    run_tiny(dev, ckpt, max_steps=5, model_fn=model_fn, optimizer=opt, data_set=data_set)
+    clnet.manual_seed(99)
+    resumed, rest = run_tiny(dev, ckpt, resume=ckpt, model_fn=model_fn, optimizer=opt, data_set=data_set)
+    assert rest["global_step"] == full_result["global_step"] == 8
+    for (k, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
+        np.testing.assert_array_equal(a, b, err_msg=k)
+    if kind == "sgd-resnet":
+        assert full.state_dict()["bn1.num_batches_tracked"] == 8
 
 
 def test_ctrl_c_finishes_the_step_and_writes_a_checkpoint(dev, tmp_path):
@@ -239,12 +266,12 @@ def test_crash_mid_write_leaves_the_old_checkpoint(dev, tmp_path, monkeypatch):
         f.write(b"PK\x03\x04 half a checkpoint")
         raise OSError("disk full (simulated)")
 
-    monkeypatch.setattr(train.np, "savez", crash)
+    monkeypatch.setattr(checkpoint.np, "savez", crash)
     with pytest.raises(OSError, match="simulated"):
         run_tiny(dev, ckpt, max_steps=6)
     monkeypatch.undo()
-    assert sha(ckpt) == before and not os.path.exists(str(ckpt) + ".tmp")
-    loaded = train.load_checkpoint(ckpt)
+    assert sha(ckpt) == before and sorted(os.listdir(tmp_path)) == ["tiny.ckpt"]  # no temporary file left
+    loaded = checkpoint.load_checkpoint(ckpt)
     assert loaded["global_step"] == 3
     for k, a in weights.items():
         np.testing.assert_array_equal(loaded["state_dict"][k], a)
@@ -255,28 +282,28 @@ def test_damaged_and_wrong_model_checkpoints_fail_cleanly(dev, tmp_path):
     run_tiny(dev, ckpt, max_steps=2)
     good = ckpt.read_bytes()
     digest = sha(ckpt)
-    lenet = models.lenet().to(dev)
+    lenet = models.build("lenet").to(dev)
     lenet_weights = lenet.state_dict()
-    with pytest.raises(train.CheckpointError, match="holds a 'tiny' model, not 'lenet'"):
-        train.load_into(train.load_checkpoint(ckpt), lenet, None, "lenet")
-    with pytest.raises(train.CheckpointError, match="another architecture"):
-        train.load_into(train.load_checkpoint(ckpt), lenet, None)
+    with pytest.raises(checkpoint.CheckpointError, match="holds a 'tiny' model, not 'lenet'"):
+        checkpoint.load_into(checkpoint.load_checkpoint(ckpt), lenet, None, "lenet")
+    with pytest.raises(checkpoint.CheckpointError, match="another architecture"):
+        checkpoint.load_into(checkpoint.load_checkpoint(ckpt), lenet, None)
     for k, a in lenet.state_dict().items():
         np.testing.assert_array_equal(a, lenet_weights[k])
     assert sha(ckpt) == digest
     damaged = tmp_path / "damaged.ckpt"
     for content in (good[:len(good) // 2], good[:200] + bytes(len(good) - 200), b"not a checkpoint"):
         damaged.write_bytes(content)
-        with pytest.raises(train.CheckpointError, match="damaged.ckpt"):
-            train.load_checkpoint(damaged)
+        with pytest.raises(checkpoint.CheckpointError, match="damaged.ckpt"):
+            checkpoint.load_checkpoint(damaged)
     # a flipped byte inside the weights fails the archive's checksum
     flipped = bytearray(good)
     flipped[len(good) // 2] ^= 0xFF
     damaged.write_bytes(bytes(flipped))
-    with pytest.raises(train.CheckpointError, match="damaged.ckpt"):
-        train.load_checkpoint(damaged)
-    with pytest.raises(train.CheckpointError, match="no such file"):
-        train.load_checkpoint(tmp_path / "absent.ckpt")
+    with pytest.raises(checkpoint.CheckpointError, match="damaged.ckpt"):
+        checkpoint.load_checkpoint(damaged)
+    with pytest.raises(checkpoint.CheckpointError, match="no such file"):
+        checkpoint.load_checkpoint(tmp_path / "absent.ckpt")
 
 
 # -- commands ---------------------------------------------------------------------------------------------------------
@@ -285,26 +312,26 @@ def test_train_and_eval_commands(dev, tmp_path):
     ckpt, log = tmp_path / "lenet.ckpt", tmp_path / "log.json"
     args = ["lenet", "--dataset", "fashion-mnist", "--subset", "320", "--test-subset", "200", "--epochs", "1",
             "--batch", "32", "--device", str(dev.index), "--checkpoint", str(ckpt), "--log", str(log)]
-    r = CliRunner().invoke(train.train_command, args)
+    r = CliRunner().invoke(cli.train_command, args)
     assert r.exit_code == 0, r.output
     assert "epoch 1/1: train loss" in r.output and "done: lenet on fashion-mnist, 1 epochs" in r.output
     (record,) = json.loads(log.read_text())["epochs"]
     assert record["steps"] == 10 and "test_accuracy" in record and "data_wait_s" in record
-    r = CliRunner().invoke(train.eval_command, ["lenet", "--checkpoint", str(ckpt), "--test-subset", "200",
+    r = CliRunner().invoke(cli.eval_command, ["lenet", "--checkpoint", str(ckpt), "--test-subset", "200",
                                                 "--device", str(dev.index)])
     assert r.exit_code == 0, r.output
     assert "accuracy" in r.output and "Ankle boot" in r.output and "confusion counts" in r.output
     digest = sha(ckpt)
-    r = CliRunner().invoke(train.eval_command, ["lenet-wide", "--checkpoint", str(ckpt)])
+    r = CliRunner().invoke(cli.eval_command, ["lenet-wide", "--checkpoint", str(ckpt)])
     assert r.exit_code == 1 and "holds a 'lenet' model, not 'lenet-wide'" in r.output
-    r = CliRunner().invoke(train.train_command, ["lenet-wide", "--resume", str(ckpt)])
+    r = CliRunner().invoke(cli.train_command, ["lenet-wide", "--resume", str(ckpt)])
     assert r.exit_code == 1 and "not 'lenet-wide'" in r.output
-    r = CliRunner().invoke(train.train_command, ["lenet", "--resume", str(ckpt), "--batch", "64"])
+    r = CliRunner().invoke(cli.train_command, ["lenet", "--resume", str(ckpt), "--batch", "64"])
     assert r.exit_code == 1 and "--batch 64 (checkpoint: 32)" in r.output
     assert sha(ckpt) == digest
 
 
 def test_train_command_without_data_says_how_to_get_it(tmp_path):
-    r = CliRunner().invoke(train.train_command, ["lenet", "--dataset", "mnist", "--data-dir", str(tmp_path)])
+    r = CliRunner().invoke(cli.train_command, ["lenet", "--dataset", "mnist", "--data-dir", str(tmp_path)])
     assert r.exit_code == 1
     assert "train-images-idx3-ubyte" in r.output and "--data-dir" in r.output and "Traceback" not in r.output

@@ -303,8 +303,11 @@ class Sequential(Module):
         return shape
 
     def forward(self, x):
-        for layer in self._modules.values():
-            x = layer(x)
+        for name, layer in self._modules.items():
+            try:
+                x = layer(x)
+            except ValueError as e:  # say where in the chain the shapes stopped fitting
+                raise ValueError(f"layer {name}: {e}") from None
         return x
 
 

@@ -1,0 +1,138 @@
+"""Autograd's own semantics, against float64 NumPy: accumulation over several uses, diamonds, leaves' .grad, no_grad,
+detach, released graphs, non-scalar roots; and the clear errors for misuse."""
+import numpy as np
+import pytest
+
+import clnet
+from clnet import autograd, nn
+import clnet.nn.functional as F
+
+from conftest import assert_close
+
+
+def leaf(rng, dev, *shape):
+    a = rng.standard_normal(shape).astype(np.float32)
+    return a, clnet.tensor(a, device=dev, requires_grad=True)
+
+
+def test_leaf_flags(dev, rng):
+    a = rng.standard_normal((3, 2))
+    x = clnet.tensor(a, device=dev)
+    w = clnet.tensor(a, device=dev, requires_grad=True)
+    assert not x.requires_grad and x.grad is None and x.is_leaf
+    assert w.requires_grad and w.grad is None and w.is_leaf
+    y = w * 2.0
+    assert y.requires_grad and not y.is_leaf and (x * 2.0).grad_fn is None
+
+
+def test_tensor_used_twice_sums_its_gradients(dev, rng):
+    a, x = leaf(rng, dev, 5, 7)
+    b, w = leaf(rng, dev, 5, 7)
+    # y = sum(x * w + x * 3 - w): dy/dx = w + 3, dy/dw = x - 1
+    y = (x * w + x * 3.0 - w).sum()
+    y.backward()
+    assert_close(x.grad.numpy(), b.astype(np.float64) + 3, "dx")
+    assert_close(w.grad.numpy(), a.astype(np.float64) - 1, "dw")
+    assert_close(y.item(), (a.astype(np.float64) * b + 3 * a - b).sum(), "y", tol=1e-5)
+
+
+def test_diamond_and_accumulation_across_backwards(dev, rng):
+    """x feeds two branches that meet again; a second forward and backward adds (+=) to .grad."""
+    a, x = leaf(rng, dev, 4, 6)
+    g = rng.standard_normal((4, 6)).astype(np.float32)
+    for _ in range(2):
+        h = x * 2.0
+        top, bottom = F.relu(h), F.sigmoid(h)
+        (top * bottom).backward(clnet.tensor(g, dev))
+    h = 2 * a.astype(np.float64)
+    s = 1 / (1 + np.exp(-h))
+    d = g * (np.where(h > 0, s, 0) + np.maximum(h, 0) * s * (1 - s)) * 2
+    assert_close(x.grad.numpy(), 2 * d, "dx after two backwards", tol=1e-5)
+
+
+def test_no_grad_records_nothing(dev, rng):
+    _, w = leaf(rng, dev, 3, 3)
+    with clnet.no_grad():
+        y = w * 2.0 + 1.0
+        assert not clnet.is_grad_enabled()
+    assert clnet.is_grad_enabled()
+    assert y.grad_fn is None and not y.requires_grad
+    with pytest.raises(RuntimeError, match="does not require a gradient"):
+        y.sum().backward()
+
+    @clnet.no_grad()
+    def f(t):
+        return t * 3.0
+    assert f(w).grad_fn is None
+
+
+def test_detach_cuts_the_graph(dev, rng):
+    a, x = leaf(rng, dev, 2, 5)
+    y = x * 3.0
+    z = (y.detach() * x).sum()  # d/dx = y (the detached factor is a constant)
+    z.backward()
+    assert_close(x.grad.numpy(), 3 * a.astype(np.float64), "dx")
+    assert y.detach().grad_fn is None
+
+
+def test_freed_graph_and_missing_gradient_are_clear_errors(dev, rng):
+    _, x = leaf(rng, dev, 3, 4)
+    y = (x * x).sum()
+    y.backward()
+    with pytest.raises(RuntimeError, match="already released"):
+        y.backward()
+    z = x * 2.0
+    with pytest.raises(RuntimeError, match=r"shape \(3, 4\) needs its gradient"):
+        z.backward()
+    with pytest.raises(ValueError, match="gradient has shape"):
+        z.backward(clnet.tensor(np.ones((4, 3), np.float32), dev))
+
+
+def test_retain_graph_allows_a_second_backward(dev, rng):
+    a, x = leaf(rng, dev, 6)
+    y = (x * x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    assert_close(x.grad.numpy(), 4 * a.astype(np.float64), "dx after two backwards")
+
+
+def test_graph_is_released_after_backward(dev, rng):
+    """Saved tensors go as soon as backward has run: the recorded op keeps no inputs."""
+    layer = nn.Linear(5, 3).to(dev)
+    x = clnet.tensor(rng.standard_normal((2, 5)), dev)
+    y = layer(x)
+    fn = y.grad_fn
+    assert fn.saved is not None and fn.inputs is not None
+    y.sum().backward()
+    assert fn.saved is None and fn.inputs is None
+
+
+def test_first_layer_skips_its_input_gradient(dev, rng):
+    """x does not require grad: no data-gradient product runs for the layer it feeds (a training step's first
+    layer), while x made with requires_grad gets one."""
+    from clnet import kernels
+    layer = nn.Linear(6, 4).to(dev)
+    a = rng.standard_normal((3, 6))
+
+    def launches(x):
+        y = layer(x)
+        before = kernels.launch_count
+        y.sum().backward()
+        return kernels.launch_count - before
+
+    launches(clnet.tensor(a, dev))  # the first backward also allocates (fills) the parameters' .grad
+    plain = launches(clnet.tensor(a, dev))
+    layer.zero_grad()
+    x = clnet.tensor(a, dev, requires_grad=True)
+    assert launches(x) == plain + 1
+    w = layer.weight.numpy().astype(np.float64)
+    assert_close(x.grad.numpy(), np.ones((3, 4)) @ w, "dx")
+
+
+def test_frozen_parameters_get_no_gradient(dev, rng):
+    layer = nn.Linear(4, 2).to(dev)
+    layer.weight.requires_grad_(False)
+    x = clnet.tensor(rng.standard_normal((3, 4)), dev, requires_grad=True)
+    layer(x).sum().backward()
+    assert layer.weight.grad is None and layer.bias.grad is not None and x.grad is not None
+    assert_close(layer.bias.grad.numpy(), np.full(2, 3.0), "db")

@@ -1,0 +1,139 @@
+"""Networks that are not chains: Inception and residual blocks against PyTorch in float64 (forward, every gradient,
+batch norm's running statistics), the zoo's structure against its PyTorch twin, and what a branched training step
+costs: exactly the batch and labels up and the loss down, and no memory growth over 50 steps."""
+import numpy as np
+import pytest
+
+import clnet
+from clnet import models, nn, optim
+from clnet.tensor import pool
+
+from conftest import assert_close, needs_torch
+
+
+def torch_twin(model, build):
+    """build(torch) with the clnet model's state loaded, in float64."""
+    import torch
+    twin = build(torch)
+    twin.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in model.state_dict().items()})
+    return twin.double()
+
+
+def compare_with_torch(model, twin, x, labels, tol=1e-5, input_grad=True):
+    import torch
+    xt = clnet.tensor(x, model.device, requires_grad=input_grad)
+    loss = nn.CrossEntropyLoss()(model(xt), labels)
+    loss.backward()
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=input_grad)
+    tloss = torch.nn.functional.cross_entropy(twin(tx), torch.from_numpy(labels.astype(np.int64)))
+    tloss.backward()
+    assert_close(loss.item(), tloss.item(), "loss", tol=tol)
+    if input_grad:
+        assert_close(xt.grad.numpy(), tx.grad.numpy(), "grad input", tol=tol)
+    theirs = dict(twin.named_parameters())
+    for k, p in model.named_parameters():
+        assert_close(p.grad.numpy(), theirs[k].grad.numpy(), "grad " + k, tol=tol)
+    for k, v in twin.state_dict().items():  # running statistics and counts after one training step
+        if "running" in k or "num_batches" in k:
+            assert_close(model.state_dict()[k], v.numpy(), k, tol=tol)
+
+
+def small_inception_net(lib):
+    b = models.blocks(lib)
+    nn_ = lib.nn
+    return nn_.Sequential(nn_.Conv2d(3, 8, 3, padding=1), nn_.ReLU(), b["Inception"](8, 3, 4, 5, 2, 3, 3),
+                          nn_.MaxPool2d(3, 2, 1), b["Inception"](14, 5, 3, 7, 3, 2, 1), nn_.AdaptiveAvgPool2d(1),
+                          nn_.Flatten(), nn_.Linear(15, 7))
+
+
+def small_residual_net(lib):
+    b = models.blocks(lib)
+    return b["ResNet"](b["Bottleneck"], (1, 2), widths=(4, 6), classes=5, in_channels=3, small=True)
+
+
+@needs_torch
+@pytest.mark.parametrize("build,shape,classes", [(small_inception_net, (3, 3, 11, 9), 7),
+                                                 (small_residual_net, (2, 3, 9, 7), 5)],
+                         ids=["inception", "residual"])
+def test_branched_blocks_match_torch(dev, rng, build, shape, classes):
+    clnet.manual_seed(int(rng.integers(1 << 30)))
+    model = build(clnet).to(dev)
+    for m in model.modules():  # non-trivial batch-norm affine parameters
+        if isinstance(m, nn.BatchNorm2d):
+            m.load_state_dict(dict(weight=rng.uniform(0.5, 1.5, m.num_features),
+                                   bias=rng.standard_normal(m.num_features), running_mean=np.zeros(m.num_features),
+                                   running_var=np.ones(m.num_features), num_batches_tracked=np.array(0)))
+    twin = torch_twin(model, build)
+    x = rng.standard_normal(shape).astype(np.float32)
+    labels = rng.integers(0, classes, shape[0])
+    compare_with_torch(model, twin, x, labels)
+
+
+@needs_torch
+def test_resnet_in_eval_uses_running_statistics(dev, rng):
+    model = small_residual_net(clnet).to(dev)
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    for _ in range(2):  # move the running statistics away from their start
+        model(clnet.tensor(rng.standard_normal((4, 3, 8, 8)), dev))
+    twin = torch_twin(model, small_residual_net)
+    model.eval()
+    twin.eval()
+    compare_with_torch(model, twin, x, rng.integers(0, 5, 2))
+
+
+def test_zoo_state_dicts_are_torchvision_shaped():
+    """Keys and shapes of every zoo model equal its PyTorch twin's (built from the same definition), and ResNet's
+    keys are torchvision's."""
+    torch = pytest.importorskip("torch")
+    for name in models.MODELS:
+        ours = {k: tuple(v.shape) for k, v in models.build(name).state_dict().items()}
+        theirs = {k: tuple(v.shape) for k, v in models.build(name, lib=torch).state_dict().items()}
+        assert list(ours) == list(theirs) and ours == theirs, name
+    keys = set(models.build("resnet18").state_dict())
+    for k in ("conv1.weight", "bn1.running_var", "layer1.0.conv1.weight", "layer2.0.downsample.0.weight",
+              "layer2.0.downsample.1.num_batches_tracked", "layer4.1.bn2.bias", "fc.weight"):
+        assert k in keys
+    assert len(models.build("resnet50").state_dict()) == 320  # as torchvision's resnet50
+    assert sum(int(np.prod(p.shape)) for p in models.build("googlenet").parameters()) == 6998552
+
+
+def googlenet_like():
+    b = models.blocks(clnet)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
+                         b["Inception"](8, 4, 4, 6, 2, 3, 3), b["Inception"](16, 4, 4, 4, 2, 2, 2), nn.AvgPool2d(4),
+                         nn.Flatten(), nn.Linear(12, 10))
+
+
+@pytest.mark.parametrize("build,shape", [(googlenet_like, (2, 3, 16, 16)), (lambda: models.build("resnet8"), (2, 1, 28, 28))],
+                         ids=["googlenet-like", "resnet8"])
+def test_branched_step_transfers_and_memory(dev, rng, build, shape):
+    """A training step copies the batch and labels up and the loss down, nothing else; over 50 steps the device
+    memory stays flat (each step's graph and saved tensors are released)."""
+    model = build().to(dev)
+    opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    x_host = rng.standard_normal(shape).astype(np.float32)
+    y_host = rng.integers(0, 10, 2)
+
+    def step():
+        x, y = clnet.tensor(x_host, dev), clnet.tensor(y_host, dev)
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return float(loss)
+
+    for _ in range(2):
+        step()
+    dev.synchronize()
+    clnet.reset_transfer_stats()
+    first = step()
+    stats = clnet.transfer_stats()
+    assert stats == dict(host_to_device_bytes=x_host.nbytes + 2 * 4, host_to_device_count=2, device_to_host_bytes=4,
+                         device_to_host_count=1)
+    allocated = pool(dev).allocated_bytes
+    for _ in range(50):
+        last = step()
+    dev.synchronize()
+    assert pool(dev).allocated_bytes == allocated
+    assert np.isfinite(last) and last < first
