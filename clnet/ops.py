@@ -443,6 +443,19 @@ class AvgPool2d(Function):
 
 # ---- convolution and dense -----------------------------------------------------------------------------------------
 
+def _param_grads(fn, *shapes):
+    """Where backward adds the gradients of inputs 1, 2, ... (weights, bias; `shapes` theirs): straight into a leaf's
+    .grad (kernels accumulate with +=), or into a new zero tensor that backward returns; None where none is wanted.
+    Returns (targets, returned) with returned aligned to those inputs."""
+    targets, returned = [], []
+    for i, shape in enumerate(shapes, 1):
+        sink = fn.grad_sink(i) if fn.needs[i] else None
+        own = zeros(shape, fn.out_device) if fn.needs[i] and sink is None else None
+        targets.append(sink if sink is not None else own)
+        returned.append(own)
+    return targets, tuple(returned)
+
+
 class Conv2d(Function):
     """y = conv(x, w) + b for a shapes.ConvShape s; each pass by its tuned (or default) algorithm (conv.py)."""
     __slots__ = ("shape", "what")
@@ -454,16 +467,10 @@ class Conv2d(Function):
 
     def backward(self, dy):
         x, w = self.saved
-        dw, db = self.grad_sink(1), self.grad_sink(2)
-        fresh_w = self.needs[1] and dw is None
-        fresh_b = self.needs[2] and db is None
-        if fresh_w:
-            dw = zeros(w.shape, w.device)
-        if fresh_b:
-            db = zeros((self.shape.O,), w.device)
+        (dw, db), fresh = _param_grads(self, w.shape, (w.shape[0],))
         dx = conv.conv2d_backward(x, w, dy, self.shape, dw, db, need_dx=self.needs[0],
                                   what=self.what + " backward")
-        return dx, (dw if fresh_w else None), (db if fresh_b else None)
+        return (dx,) + fresh
 
 
 class Linear(Function):
@@ -477,15 +484,9 @@ class Linear(Function):
 
     def backward(self, dy):
         x, w = self.saved
-        dw, db = self.grad_sink(1), self.grad_sink(2)
-        fresh_w = self.needs[1] and dw is None
-        fresh_b = self.needs[2] and db is None
-        if fresh_w:
-            dw = zeros(w.shape, w.device)
-        if fresh_b:
-            db = zeros((w.shape[0],), w.device)
+        (dw, db), fresh = _param_grads(self, w.shape, (w.shape[0],))
         dx = conv.linear_backward(x, w, dy, dw, db, need_dx=self.needs[0], what=self.what + " backward")
-        return dx, (dw if fresh_w else None), (db if fresh_b else None)
+        return (dx,) + fresh
 
 
 # ---- normalisation -------------------------------------------------------------------------------------------------
@@ -501,18 +502,10 @@ class BatchNormTrain(Function):
 
     def backward(self, dy):
         x, weight, mean, invstd = self.saved
-        dw, db, fresh = self._sinks(x.shape[1], dy.device)
+        C = x.shape[1]
+        (dw, db), fresh = _param_grads(self, (C,), (C,))
         dx = norm.batch_norm_backward(dy, x, weight, mean, invstd, self.needs[0], dw, db)
         return (dx,) + fresh
-
-    def _sinks(self, C, dev):
-        sinks, fresh = [], []
-        for i in (1, 2):
-            sink = self.grad_sink(i) if self.needs[i] else None
-            own = zeros((C,), dev) if self.needs[i] and sink is None else None
-            sinks.append(sink if sink is not None else own)
-            fresh.append(own)
-        return sinks[0], sinks[1], tuple(fresh)
 
 
 class BatchNormEval(BatchNormTrain):
@@ -524,7 +517,8 @@ class BatchNormEval(BatchNormTrain):
 
     def backward(self, dy):
         x, weight, running_mean, running_var, eps = self.saved
-        dw, db, fresh = self._sinks(x.shape[1], dy.device)
+        C = x.shape[1]
+        (dw, db), fresh = _param_grads(self, (C,), (C,))
         dx = norm.batch_norm_eval_backward(dy, x, weight, running_mean, running_var, eps, self.needs[0], dw, db)
         return (dx,) + fresh
 

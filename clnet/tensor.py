@@ -5,6 +5,7 @@ import numpy as np
 import pyopencl as cl
 
 from . import kernels
+from .devices import Device
 from .devices import device as _device
 
 _stats = dict(host_to_device_bytes=0, host_to_device_count=0, device_to_host_bytes=0, device_to_host_count=0)
@@ -133,7 +134,7 @@ class Tensor:
         if _host is not None:
             self.device, self.storage = None, None
             return
-        self.device = _device(device if device is not None else "auto")
+        self.device = device if type(device) is Device else _device(device if device is not None else "auto")
         self.storage = _storage if _storage is not None else _Storage(self.device, self.nbytes)
 
     @property
