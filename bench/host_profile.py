@@ -27,13 +27,14 @@ def main():
     shape = (args.batch,) + tuple(models.MODELS[args.model]["input_shape"])
     gen = np.random.default_rng(0)
     x = clnet.tensor(gen.standard_normal(shape).astype(np.float32), dev)
-    labels = clnet.tensor(gen.integers(0, 10, args.batch).astype(np.int32), dev)
+    classes = models.MODELS[args.model]["classes"]
+    labels = clnet.tensor(gen.integers(0, classes, args.batch).astype(np.int32), dev)
     loss_fn, opt = nn.CrossEntropyLoss(), optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    def step():
-        loss_fn(model(x), labels)
+    def step():  # as `clnet bench` times it: x wants no gradient, so none is computed for it
+        loss = loss_fn(model(x), labels)
         opt.zero_grad()
-        model.backward(loss_fn.backward(), input_grad=False)
+        loss.backward()
         opt.step()
 
     for _ in range(5):

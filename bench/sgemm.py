@@ -12,8 +12,8 @@ import time
 import numpy as np
 
 import clnet
-from clnet import kernels, ops, tuning
-from clnet.ops import Mat
+from clnet import kernels, tuning
+from clnet.gemm import Mat, _gemm_choice, gemm
 
 
 class Product:
@@ -31,10 +31,10 @@ class Product:
     def run(self, choice=None):
         n, m = self.n, self.mat
         if choice is None:
-            ops.gemm(n, n, n, self.A, m, self.B, m, self.C, m)
+            gemm(n, n, n, self.A, m, self.B, m, self.C, m)
         else:
-            ops._gemm_choice(self.dev, choice, n, n, n, self.A, m, self.B, m, self.C, m, 1.0, 0.0, 1, None, 0, 0,
-                             False, "sgemm")
+            _gemm_choice(self.dev, choice, n, n, n, self.A, m, self.B, m, self.C, m, 1.0, 0.0, 1, None, 0, 0, False,
+                         "sgemm")
 
     def time(self, repeat, choice=None):
         """Median device time (ms) of the choice's kernels, after one untimed run that builds them."""

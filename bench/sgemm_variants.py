@@ -13,8 +13,8 @@ import numpy as np
 import pyopencl as cl
 
 import clnet
-from clnet import kernels, ops, tuning
-from clnet.ops import Mat
+from clnet import gemm, kernels, tuning
+from clnet.gemm import Mat
 
 TILES = [dict(kernel="gemm_tiled", TM=128, TN=128, TK=32, WM=8, WN=8, LBUF=1),
          dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=8),
@@ -88,7 +88,7 @@ def main():
     if cublas:
         print(f"cuBLAS {cublas:.3f} ms {2 * n ** 3 / cublas / 1e9:.2f} TFLOP/s", flush=True)
     rows = []
-    vec_a, vec_b = ops._vec_a, ops._vec_b
+    vec_a, vec_b = gemm._vec_a, gemm._vec_b  # switched off below to time scalar fetches
     for cfg in TILES:
         if not tuning.fits(dev, cfg):
             continue
@@ -98,11 +98,11 @@ def main():
             extra_options[:] = ["-cl-nv-verbose"] + ([f"-cl-nv-maxrregcount={cap}"] if cap else []) \
                 if dev.is_gpu else []
             for vec in (False, True):
-                ops._vec_a = vec_a if vec else (lambda m: False)
-                ops._vec_b = vec_b if vec else (lambda m: False)
+                gemm._vec_a = vec_a if vec else (lambda m: False)
+                gemm._vec_b = vec_b if vec else (lambda m: False)
                 for lname, (X, x) in layouts.items():
                     def run():
-                        ops._gemm(dev, cfg, n, n, n, X, x, B, Mat(rs=n, cs=1), C, Mat(rs=n, cs=1), 1.0, 0.0, 1,
+                        gemm._gemm(dev, cfg, n, n, n, X, x, B, Mat(rs=n, cs=1), C, Mat(rs=n, cs=1), 1.0, 0.0, 1,
                                   None, 0, {}, 1, n, "sgemm")
                     try:
                         run()
@@ -119,7 +119,7 @@ def main():
                     print(f"{row['config']:26s} cap={str(cap):4s} vec={vec!s:5s} {lname:14s} {ms:7.3f} ms "
                           f"{row['tflops']:6.2f} TFLOP/s x{row['vs_cublas'] or 0:.2f} err {err:.1e} {report}",
                           flush=True)
-    ops._vec_a, ops._vec_b = vec_a, vec_b
+    gemm._vec_a, gemm._vec_b = vec_a, vec_b
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=dev.name, driver=dev.driver_version, n=n, cublas_ms=cublas, rows=rows), f,

@@ -1,11 +1,18 @@
 """`clnet bench`: time training iterations of a zoo model the way convnet-benchmarks did, optionally beside PyTorch.
 
 Protocol: warm-up iterations first (kernel builds never counted), then N timed iterations. Each phase (forward,
-backward, update) is timed by wall clock with the queue finished, and reported as the median. Per-layer times come
-from OpenCL profiling events of extra profiled iterations. FLOPs are counted from the shapes.
+backward, update) is timed by wall clock with the queue finished, and reported as the median. Per-module times come
+from OpenCL profiling events of extra profiled iterations, the only ones with module hooks installed: forward hooks
+on every module (containers too) tag each launch with the path of the innermost module running (its name in
+`named_modules()`: `layer3.0.conv2`, `inception4a.b2.1`, `0` in a Sequential), and autograd tags each op's backward
+with the path its forward ran under. So a container's own ops (an Inception module's concatenation, a residual
+block's add) land in the container's row. FLOPs are counted from the shapes the hooks saw.
 """
+import copy
 import datetime
+import functools
 import json
+import math
 import platform
 import statistics
 import sys
@@ -15,36 +22,104 @@ import warnings
 import click
 import numpy as np
 
-from . import kernels, models, nn, optim, rng, tuning
+from . import autograd, kernels, models, nn, optim, rng, tuning
 from .devices import DeviceNotFound, device as get_device
-from .tensor import reset_transfer_stats, tensor, transfer_stats
-from .tune import tune_first
+from .ops import zeros
+from .tensor import Tensor, reset_transfer_stats, tensor, transfer_stats
+from .tune import buffers_kept, tune_first
 from .version import __version__
 
+LOSS, UPDATE, OTHER = "(loss)", "(update)", "(other)"  # tags of launches outside the model (no path has parentheses)
 
-def layer_flops(layer, in_shape):
-    """Forward multiply-adds x 2 for conv and dense layers; backward is twice that (data and weights)."""
-    if isinstance(layer, nn.Conv2d):
-        s = layer.conv_shape(in_shape)
+
+def module_flops(module, in_shape):
+    """Forward multiply-adds x 2 of one call of a convolution or dense layer on an input of in_shape; 0 otherwise."""
+    if isinstance(module, nn.Conv2d):
+        s = module.conv_shape(in_shape)
         return 2 * s.N * s.O * s.OH * s.OW * (s.C // s.G) * s.KH * s.KW
-    if isinstance(layer, nn.Linear):
-        return 2 * in_shape[0] * layer.in_features * layer.out_features
+    if isinstance(module, nn.Linear):
+        return 2 * math.prod(in_shape[:-1]) * module.in_features * module.out_features
     return 0
 
 
-def describe(model, in_shape):
-    """(name, input shape, output shape, forward FLOPs) per layer."""
-    rows, shape = [], tuple(in_shape)
-    for i, layer in enumerate(model):
-        out = layer.output_shape(shape)
-        rows.append(dict(index=i, layer=repr(layer), input=list(shape), output=list(out),
-                         forward_flop=layer_flops(layer, shape), backward_flop=2 * layer_flops(layer, shape)))
-        shape = out
-    return rows
+def _first_tensor(value):
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        return next((t for t in map(_first_tensor, value) if t is not None), None)
+    return None
+
+
+class ModuleHooks:
+    """Forward pre- and post-hooks on every module of a model (containers too), for the duration of a `with`.
+
+    While a profiler is attached, each module's launches are tagged (its path, "forward"), and the caller's tag comes
+    back when it returns. With `record`, each module's first call (in execution order) is kept with its input and
+    output shapes and its FLOPs summed over its calls (`modules`: path -> dict); `batch` is the model's input, whose
+    gradient training never computes (a layer that takes it does only the weight half of its backward)."""
+
+    def __init__(self, model, record=False, batch=None):
+        self.model, self.record, self.batch = model, record, batch
+        self.modules = {}
+        self._restore, self._handles = [], []
+
+    def __enter__(self):
+        for path, m in self.model.named_modules():
+            self._handles.append(m.register_forward_pre_hook(functools.partial(self._enter, path)))
+            self._handles.append(m.register_forward_hook(functools.partial(self._leave, path)))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._restore.clear()
+
+    def _enter(self, path, module, args):
+        prof = kernels.profiler
+        self._restore.append(prof.tag if prof is not None else None)
+        if prof is not None:
+            prof.tag = (path, "forward")
+        if not self.record:
+            return
+        x = _first_tensor(args)
+        shape = x.shape if x is not None else None
+        row = self.modules.get(path)
+        if row is None:
+            leaf = next(module.children(), None) is None
+            row = self.modules[path] = dict(path=path, module=type(module).__name__, leaf=leaf,
+                                            repr=repr(module) if leaf else f"{type(module).__name__}(...)",
+                                            input=list(shape) if shape is not None else None, output=None, calls=0,
+                                            forward_flop=0, backward_flop=0)
+        row["calls"] += 1
+        flop = module_flops(module, shape) if shape is not None else 0
+        row["forward_flop"] += flop
+        row["backward_flop"] += flop if x is self.batch else 2 * flop  # data and weight gradients
+
+    def _leave(self, path, module, args, out):
+        previous = self._restore.pop()
+        if kernels.profiler is not None:
+            kernels.profiler.tag = previous
+        if self.record and self.modules[path]["output"] is None:
+            y = _first_tensor(out)
+            self.modules[path]["output"] = list(y.shape) if y is not None else None
+
+
+def describe(model, in_shape, dev):
+    """Every module that one forward of `model` on a batch of in_shape calls, in the order of first call: path,
+    module type and repr, whether it is a leaf, input and output shapes of its first call, calls, and forward and
+    backward FLOPs summed over its calls (backward: twice the forward, data and weight gradients; once for a layer
+    fed the batch itself, whose gradient no training step computes). Runs that forward on the device, under no_grad,
+    in the model's own mode (a network may call some modules only in training), its buffers put back afterwards."""
+    model.to(dev)
+    x = zeros(tuple(in_shape), dev)
+    with ModuleHooks(model, record=True, batch=x) as hooks, autograd.no_grad(), buffers_kept(model):
+        model(x)
+    return list(hooks.modules.values())
 
 
 def _tag(where, phase):
-    """Attribute the following launches to `where` in the per-layer profile (the model tags its own layers)."""
+    """Attribute the following launches to `where` in the per-module profile."""
     if kernels.profiler is not None:
         kernels.profiler.tag = (where, phase)
 
@@ -58,22 +133,23 @@ class ClnetRunner:
         self.opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def iteration(self, forward_only=False):
-        """One training iteration; returns per-phase wall ms with the queue finished after each phase."""
+        """One training iteration; returns per-phase wall ms with the queue finished after each phase. The batch does
+        not require a gradient, so no d loss / d input is computed (as in PyTorch's timed iterations)."""
         q, t = self.dev.queue, {}
         t0 = time.perf_counter()
         out = self.model(self.x)
-        _tag("loss", "forward")
+        _tag(LOSS, "forward")
         loss = self.loss_fn(out, self.labels)
         q.finish()
         t1 = time.perf_counter()
         t["forward"] = (t1 - t0) * 1e3
         if not forward_only:
-            _tag("update", "zero_grad")
+            _tag(UPDATE, "zero_grad")
             self.opt.zero_grad()
-            self.model.backward(self.loss_fn.backward(), input_grad=False)
+            loss.backward()  # each op's backward launches are tagged with its module's path
             q.finish()
             t2 = time.perf_counter()
-            _tag("update", "update")
+            _tag(UPDATE, "update")
             self.opt.step()
             q.finish()
             t3 = time.perf_counter()
@@ -104,24 +180,24 @@ def run_clnet(model, dev, x, labels, iterations, warmup, forward_only, progress=
             samples.append(runner.iteration(forward_only))
     launches = (kernels.launch_count - launches) / iterations
     transfers = {k: v / iterations for k, v in transfer_stats().items()}
-    # Per-layer kernel times from profiling events, over a few extra iterations.
+    # Per-module kernel times from profiling events, over a few extra iterations with the module hooks on.
     prof = kernels.Profiler()
-    kernels.profiler = prof
     tuning.used = choices = {}
     profiled = min(iterations, 5)
-    try:
-        for _ in range(profiled):
-            runner.iteration(forward_only)
-    finally:
-        kernels.profiler = None
-        tuning.used = None
-    per_layer, per_kernel = {}, {}
+    with ModuleHooks(runner.model):
+        kernels.profiler = prof
+        try:
+            for _ in range(profiled):
+                runner.iteration(forward_only)
+        finally:
+            kernels.profiler = None
+            tuning.used = None
+    per_kernel = {}  # (path, phase) -> kernel name -> ms per iteration
     for tag, name, ms in prof.times_ms():
-        key = (tag[0], tag[1]) if tag else ("other", "other")
-        per_layer.setdefault(key, []).append(ms)
+        key = tag if tag else (OTHER, "other")
         per_kernel.setdefault(key, {}).setdefault(name, 0.0)
         per_kernel[key][name] += ms / profiled
-    layer_ms = {k: sum(v) / profiled for k, v in per_layer.items()}
+    layer_ms = {k: sum(v.values()) for k, v in per_kernel.items()}
     return dict(phases=_median_phases(samples, phases), layer_ms=layer_ms, launches_per_iteration=launches,
                 transfers_per_iteration=transfers, warmup_s=warmup_s,
                 choices={tag: sorted(set(c.values())) for tag, c in choices.items() if tag}, kernel_ms=per_kernel)
@@ -129,34 +205,12 @@ def run_clnet(model, dev, x, labels, iterations, warmup, forward_only, progress=
 
 # ---- PyTorch side -------------------------------------------------------------------------------------------------
 
-def to_torch(model):
-    """The same network as torch.nn.Sequential, built from clnet's own definition, with identical weights."""
+def torch_twin(name, model):
+    """The PyTorch build of zoo model `name` (the same definition, so the same structure and state_dict keys) holding
+    `model`'s parameters and buffers (integer buffers as int64, as PyTorch keeps them)."""
     import torch
-    tnn = torch.nn
-    layers = []
-    for layer in model:
-        if isinstance(layer, nn.Conv2d):
-            layers.append(tnn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride,
-                                     layer.padding, layer.dilation, layer.groups, layer.bias is not None))
-        elif isinstance(layer, nn.Linear):
-            layers.append(tnn.Linear(layer.in_features, layer.out_features, layer.bias is not None))
-        elif isinstance(layer, nn.MaxPool2d):
-            layers.append(tnn.MaxPool2d(layer.kernel_size, layer.stride, layer.padding, ceil_mode=layer.ceil_mode))
-        elif isinstance(layer, nn.AvgPool2d):
-            layers.append(tnn.AvgPool2d(layer.kernel_size, layer.stride, layer.padding, layer.ceil_mode,
-                                        layer.count_include_pad))
-        elif isinstance(layer, nn.Flatten):
-            layers.append(tnn.Flatten(layer.start_dim, layer.end_dim))
-        elif isinstance(layer, nn.Dropout):
-            layers.append(tnn.Dropout(layer.p))
-        elif isinstance(layer, (nn.ReLU, nn.Sigmoid, nn.Tanh)):
-            layers.append({"relu": tnn.ReLU, "sigmoid": tnn.Sigmoid, "tanh": tnn.Tanh}[layer.kind]())
-        elif isinstance(layer, (nn.Softmax, nn.LogSoftmax)):
-            layers.append((tnn.LogSoftmax if layer.log else tnn.Softmax)(layer.dim))
-        else:
-            raise TypeError(f"no PyTorch equivalent for {layer!r}")
-    tm = tnn.Sequential(*layers)
-    tm.load_state_dict({k: torch.from_numpy(v) for k, v in model.state_dict().items()})
+    tm = models.build(name, lib=torch)
+    tm.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in model.state_dict().items()})
     return tm
 
 
@@ -177,24 +231,26 @@ def _torch_grads(tm, tdev, x, labels, dtype):
 
 
 def check_agreement(model, dev, tm, tdev, x, labels):
-    """One forward and backward from the same weights and batch in clnet, in PyTorch float32, and in PyTorch float64.
+    """One forward and backward from the same weights and batch in clnet, in PyTorch float32, and in PyTorch float64,
+    every model in the mode it is in (training: batch norm normalises by the batch's statistics in all three).
 
-    Returns, per quantity, the relative error of clnet against PyTorch float32 ('vs_torch'), and of each float32 engine
-    against float64 ('clnet_vs_fp64', 'torch_vs_fp64'): a long reduction (the first layer's weight gradient sums
-    N*OH*OW terms) legitimately differs between two float32 engines, and float64 says which is closer.
+    Returns, per quantity (the output and every parameter's gradient; buffers are state, not gradients), the relative
+    error of clnet against PyTorch float32 ('vs_torch'), and of each float32 engine against float64 ('clnet_vs_fp64',
+    'torch_vs_fp64'): a long reduction (the first layer's weight gradient sums N*OH*OW terms) legitimately differs
+    between two float32 engines, and float64 says which is closer.
     """
-    import copy
-
     import torch
-    loss_fn = nn.CrossEntropyLoss()
+    t64_model = copy.deepcopy(tm).double()  # before tm's step moves its running statistics
     model.zero_grad()
     out = model(tensor(x, dev))
-    loss_fn(out, labels)
-    model.backward(loss_fn.backward())
+    nn.CrossEntropyLoss()(out, labels).backward()
     ours = {"output": out.numpy()}
     ours.update({"grad " + k: p.grad.numpy() for k, p in model.named_parameters()})
     t32 = _torch_grads(tm, tdev, x, labels, torch.float32)
-    t64 = _torch_grads(copy.deepcopy(tm).double(), tdev, x, labels, torch.float64)
+    t64 = _torch_grads(t64_model, tdev, x, labels, torch.float64)
+    missing = set(ours) ^ set(t32)
+    if missing:
+        raise RuntimeError(f"check_agreement: clnet and PyTorch name different quantities: {sorted(missing)}")
     return {k: dict(vs_torch=_rel_err(ours[k], t32[k]), clnet_vs_fp64=_rel_err(ours[k], t64[k]),
                     torch_vs_fp64=_rel_err(t32[k], t64[k])) for k in ours}
 
@@ -207,14 +263,17 @@ def disagreements(agreement, tolerance):
 
 
 def run_torch(tm, tdev, x, labels, iterations, warmup, forward_only, progress=True):
-    """Same protocol in PyTorch: CUDA events on a GPU, wall clock with synchronisation on the CPU."""
+    """Same protocol in PyTorch: CUDA events on a GPU, wall clock with synchronisation on the CPU. Per-module times
+    come from forward and full backward hooks on the leaf modules (keyed by the paths clnet's rows use, summed over
+    the calls of a module in one iteration), installed only for the extra per-module iterations. Containers get no
+    time: their own ops (an add, a concatenation) run outside any PyTorch module."""
     import torch
     cuda = tdev.type == "cuda"
     xt = torch.from_numpy(x).to(tdev)
     yt = torch.from_numpy(labels.astype(np.int64)).to(tdev)
     opt = torch.optim.SGD(tm.parameters(), lr=0.01, momentum=0.9)
-    layers = list(tm)
-    marks = {}
+    leaves = [(path, m) for path, m in tm.named_modules() if next(m.children(), None) is None]
+    started, spans = {}, []  # (path, phase) -> open marks; (path, phase, start, end)
 
     def clock():
         if cuda:
@@ -230,66 +289,69 @@ def run_torch(tm, tdev, x, labels, iterations, warmup, forward_only, progress=Tr
         if cuda:
             torch.cuda.synchronize()
 
-    hooks = []
-    for i, m in enumerate(layers):
-        hooks.append(m.register_forward_pre_hook(lambda mod, inp, i=i: marks.__setitem__((i, "f0"), clock())))
-        hooks.append(m.register_forward_hook(lambda mod, inp, out, i=i: marks.__setitem__((i, "f1"), clock())))
-        if not forward_only:
-            hooks.append(m.register_full_backward_pre_hook(
-                lambda mod, g, i=i: marks.__setitem__((i, "b0"), clock())))
-            hooks.append(m.register_full_backward_hook(
-                lambda mod, gi, go, i=i: marks.__setitem__((i, "b1"), clock())))
+    def start(key, *_):
+        started.setdefault(key, []).append(clock())
 
-    def iteration(record_layers):
-        marks.clear()
+    def stop(key, *_):
+        if started.get(key):
+            spans.append((key, started[key].pop(), clock()))
+
+    def install():
+        hooks = []
+        for path, m in leaves:
+            hooks.append(m.register_forward_pre_hook(functools.partial(start, (path, "forward"))))
+            hooks.append(m.register_forward_hook(functools.partial(stop, (path, "forward"))))
+            if not forward_only:
+                hooks.append(m.register_full_backward_pre_hook(functools.partial(start, (path, "backward"))))
+                hooks.append(m.register_full_backward_hook(functools.partial(stop, (path, "backward"))))
+        return hooks
+
+    def iteration(per_module):
+        started.clear()
+        spans.clear()
         t0 = clock()
-        # Neither engine computes d loss / d input in the timed iterations (clnet: input_grad=False). PyTorch's
-        # per-layer hooks only fire around the first layer's backward when its input wants a gradient, so the
-        # per-layer iterations ask for it: PyTorch's layer-0 backward time in the table includes it, its totals not.
-        out = tm(xt.detach().requires_grad_(True) if record_layers else xt)
+        # Neither engine computes d loss / d input in the timed iterations. PyTorch's full backward hooks only time
+        # a module's backward when its input wants a gradient, so the per-module iterations ask for it: PyTorch's
+        # first layer's backward time in the table includes it, its totals do not.
+        out = tm(xt.detach().requires_grad_(True) if per_module else xt)
         loss = torch.nn.functional.cross_entropy(out, yt)
         t1 = clock()
         if forward_only:
             sync()
-            return {"forward": elapsed(t0, t1)}, None
-        opt.zero_grad()
-        with warnings.catch_warnings():  # unrecorded iterations: the hooks' marks are not read, let them misfire
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            loss.backward()
-        t2 = clock()
-        opt.step()
-        t3 = clock()
-        sync()
-        res = {"forward": elapsed(t0, t1), "backward": elapsed(t1, t2), "update": elapsed(t2, t3)}
-        lay = None
-        if record_layers:
-            lay = {}
-            for i in range(len(layers)):
-                if (i, "f0") in marks and (i, "f1") in marks:
-                    lay[(i, "forward")] = elapsed(marks[(i, "f0")], marks[(i, "f1")])
-                if (i, "b0") in marks and (i, "b1") in marks:
-                    lay[(i, "backward")] = elapsed(marks[(i, "b0")], marks[(i, "b1")])
-        return res, lay
+            res = {"forward": elapsed(t0, t1)}
+        else:
+            opt.zero_grad()
+            with warnings.catch_warnings():  # a leaf fed no tensor that wants a gradient: its backward is not timed
+                warnings.filterwarnings("ignore", message="Full backward hook is firing")
+                loss.backward()
+            t2 = clock()
+            opt.step()
+            t3 = clock()
+            sync()
+            res = {"forward": elapsed(t0, t1), "backward": elapsed(t1, t2), "update": elapsed(t2, t3)}
+        per = {}
+        for key, a, b in spans:
+            per[key] = per.get(key, 0.0) + elapsed(a, b)
+        return res, per
 
     phases = ["forward"] if forward_only else ["forward", "backward", "update"]
+    with click.progressbar(range(warmup), label=f"PyTorch warm-up ({tdev})", file=sys.stderr,
+                           hidden=not progress) as bar:
+        for _ in bar:
+            iteration(False)
+    samples, per_module = [], []
+    with click.progressbar(range(iterations), label="PyTorch timed", file=sys.stderr, hidden=not progress) as bar:
+        for _ in bar:
+            samples.append(iteration(False)[0])
+    hooks = install()
     try:
-        with click.progressbar(range(warmup), label=f"PyTorch warm-up ({tdev})", file=sys.stderr,
-                               hidden=not progress) as bar:
-            for _ in bar:
-                iteration(False)
-        samples, layer_samples = [], []
-        with click.progressbar(range(iterations), label="PyTorch timed", file=sys.stderr, hidden=not progress) as bar:
-            for _ in bar:
-                s, _ = iteration(False)
-                samples.append(s)
         for _ in range(min(iterations, 5)):
-            layer_samples.append(iteration(True)[1] or {})
+            per_module.append(iteration(True)[1])
     finally:
         for h in hooks:
             h.remove()
-    layer_ms = {}
-    for k in (layer_samples[0] if layer_samples else {}):
-        layer_ms[k] = statistics.median(ls[k] for ls in layer_samples if k in ls)
+    keys = {k for p in per_module for k in p}
+    layer_ms = {k: statistics.median(p[k] for p in per_module if k in p) for k in keys}
     return dict(phases=_median_phases(samples, phases), layer_ms=layer_ms)
 
 
@@ -299,19 +361,25 @@ def _fmt(v, digits=3):
     return "-" if v is None else f"{v:.{digits}f}"
 
 
+def _row_name(path):
+    return path if path else "(model)"  # the root's own ops (a network's forward calling ops directly)
+
+
 def render_table(result, markdown=False):
-    rows = []
     cmp = result.get("compare")
-    head = ["#", "layer", "output", "fwd ms", "bwd ms", "fwd GFLOP/s", "bwd GFLOP/s", "kernels fwd | bwd"]
+    head = ["#", "module", "type", "output", "fwd ms", "bwd ms", "fwd GFLOP/s", "bwd GFLOP/s", "kernels fwd",
+            "kernels bwd"]
     if cmp:
         head += [f"{cmp['engine']} fwd ms", f"{cmp['engine']} bwd ms"]
+    rows = []
     for L in result["layers"]:
         f, b = L["clnet_forward_ms"], L["clnet_backward_ms"]
         gf = L["forward_flop"] / (f * 1e6) if f and L["forward_flop"] else None
         gb = L["backward_flop"] / (b * 1e6) if b and L["backward_flop"] else None
-        kinds = " | ".join(", ".join(L.get("clnet_choices", {}).get(p, [])) or "-" for p in ("forward", "backward"))
-        row = [str(L["index"]), L["layer"][:48], "x".join(map(str, L["output"][1:])), _fmt(f), _fmt(b),
-               _fmt(gf, 0), _fmt(gb, 0), kinds if kinds != "- | -" else "-"]
+        kinds = [", ".join(L["clnet_choices"].get(p, [])) or "-" for p in ("forward", "backward")]
+        kind = L["module"] + (f" x{L['calls']}" if L["calls"] > 1 else "")
+        out = "x".join(map(str, L["output"][1:])) if L["output"] else "-"
+        row = [str(L["index"]), _row_name(L["path"]), kind, out, _fmt(f), _fmt(b), _fmt(gf, 0), _fmt(gb, 0)] + kinds
         if cmp:
             row += [_fmt(L.get("torch_forward_ms")), _fmt(L.get("torch_backward_ms"))]
         rows.append(row)
@@ -319,19 +387,24 @@ def render_table(result, markdown=False):
     total = sum(c.values())
     lines = []
     if markdown:
-        lines.append("| " + " | ".join(head) + " |")
+        def cells(values):
+            return "| " + " | ".join(v.replace("|", "\\|") for v in values) + " |"
+        lines.append(cells(head))
         lines.append("|" + "---|" * len(head))
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        lines += [cells(r) for r in rows]
     else:
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-        lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
-        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+        widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(head)]
+        lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
+        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     lines.append("")
     n = result["batch"]
     summary = [f"{result['model']} batch {n}, clnet on {result['env']['device']}: "
                + ", ".join(f"{k} {v:.3f} ms" for k, v in c.items())
                + f"; total {total:.3f} ms; {n / total * 1e3:.0f} images/s; "
                f"{result['clnet']['launches_per_iteration']:.0f} kernel launches per iteration"]
+    lu = result["clnet"]["loss_and_update_ms"]
+    summary.append("outside the modules (kernel ms): " + ", ".join(f"{k.replace('_', ' ')} {_fmt(v)}"
+                                                                   for k, v in lu.items()))
     t = result["clnet"]["transfers_per_iteration"]
     summary.append(f"host<->device per iteration: {t['host_to_device_bytes']:.0f} B up in "
                    f"{t['host_to_device_count']:.0f} copies (the batch stays on the device, as PyTorch's), "
@@ -343,6 +416,9 @@ def render_table(result, markdown=False):
                        + f"; total {ttotal:.3f} ms; {n / ttotal * 1e3:.0f} images/s")
         summary.append(f"clnet / {cmp['engine']} time ratio: {total / ttotal:.2f} "
                        f"(clnet speed is {ttotal / total:.2f}x {cmp['engine']}'s)")
+        if any(not L["leaf"] for L in result["layers"]):
+            summary.append(f"{cmp['engine']} times only leaf modules: a container's row ('-') holds clnet's time "
+                           "for its own ops (a residual add, a concatenation), which PyTorch runs outside any module")
         ag = cmp["agreement"]
         worst = max(ag, key=lambda k: ag[k]["clnet_vs_fp64"])
         summary.append(f"agreement: largest relative error against float64 {ag[worst]['clnet_vs_fp64']:.2e} for clnet, "
@@ -350,6 +426,23 @@ def render_table(result, markdown=False):
                        f"at most {max(v['vs_torch'] for v in ag.values()):.2e}; tolerance {cmp['tolerance']:.0e}")
     lines += [("- " if markdown else "") + s for s in summary]
     return "\n".join(lines)
+
+
+def profile_rows(modules, cl_res):
+    """The table's rows: every module that launched kernels, in first-call order, with its profile and choices."""
+    rows = []
+    for m in modules:
+        p = m["path"]
+        ms = {ph: cl_res["layer_ms"].get((p, ph)) for ph in ("forward", "backward")}
+        if ms["forward"] is None and ms["backward"] is None:
+            continue
+        row = dict(m, index=len(rows), clnet_forward_ms=ms["forward"], clnet_backward_ms=ms["backward"],
+                   clnet_choices={ph: cl_res["choices"][(p, ph)] for ph in ("forward", "backward")
+                                  if (p, ph) in cl_res["choices"]},
+                   clnet_kernel_ms={ph: cl_res["kernel_ms"][(p, ph)] for ph in ("forward", "backward")
+                                    if (p, ph) in cl_res["kernel_ms"]})
+        rows.append(row)
+    return rows
 
 
 AGREEMENT_TOLERANCE = 1e-3
@@ -361,8 +454,9 @@ TUNE_BUDGET_S = 120.0  # first-run tuning inside `clnet bench`; `clnet tune` has
 @click.option("--device", "device_spec", default="auto", show_default=True, help="auto, gpu, cpu, an index or a name")
 @click.option("--batch", type=int, default=None, help="batch size [default: the model's, as convnet-benchmarks]")
 @click.option("--iterations", type=int, default=10, show_default=True)
-@click.option("--warmup", type=int, default=3, show_default=True)
-@click.option("--forward-only", is_flag=True, help="time inference only")
+@click.option("--warmup", type=int, default=5, show_default=True,
+              help="untimed iterations first (kernel builds; the buffer pool settles in 3-5)")
+@click.option("--forward-only", is_flag=True, help="time the forward pass (and the loss) only")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write every figure to this file")
 @click.option("--markdown", is_flag=True, help="print the table as Markdown")
 @click.option("--compare", type=click.Choice(["cuda", "torch-cpu"]), help="run PyTorch beside clnet")
@@ -376,18 +470,18 @@ TUNE_BUDGET_S = 120.0  # first-run tuning inside `clnet bench`; `clnet tune` has
                    "F(4x4,3x3): 4-5x per layer), as cudnn.benchmark does")
 def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path, markdown, compare, tf32,
           list_models, seed, tune, less_accurate):
-    """Time training iterations of MODEL (forward, backward, update), layer by layer."""
+    """Time training iterations of MODEL (forward, backward, update), module by module."""
     if list_models or model is None:
         for name, entry in models.MODELS.items():
-            click.echo(f"{name:12s} batch {entry['batch']:4d}  input {'x'.join(map(str, entry['input_shape']))}  "
-                       f"{entry['doc']}")
+            shape, doc = "x".join(map(str, entry["input_shape"])), " ".join((entry["doc"] or "").split())
+            click.echo(f"{name:12s} batch {entry['batch']:4d}  input {shape:9s}  {doc}")
         if model is None and not list_models:
             raise click.UsageError("name a MODEL (see --list)")
         return
     if model not in models.MODELS:
         raise click.BadParameter(f"unknown model {model!r}; known: {', '.join(models.MODELS)}", param_hint="MODEL")
-    if iterations < 1 or warmup < 0:
-        raise click.BadParameter("--iterations must be at least 1 and --warmup non-negative")
+    if iterations < 1 or warmup < 0 or (batch is not None and batch < 1):
+        raise click.BadParameter("--iterations and --batch must be at least 1, --warmup non-negative")
     tdev = None
     if compare:
         try:
@@ -414,11 +508,11 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
     batch = batch or entry["batch"]
     rng.manual_seed(seed)
     net = models.build(model)
-    in_shape = (batch,) + entry["input_shape"]
-    layers = describe(net, in_shape)
+    in_shape = (batch,) + tuple(entry["input_shape"])
+    modules = describe(net, in_shape, dev)
     data_rng = np.random.default_rng(seed)
     x = data_rng.standard_normal(in_shape).astype(np.float32)
-    classes = layers[-1]["output"][1]
+    classes = modules[0]["output"][1]  # the model's own output (the root is called first)
     labels = data_rng.integers(0, classes, batch).astype(np.int32)
     click.echo(f"clnet bench {model}: batch {batch}, {iterations} iterations after {warmup} warm-up, on "
                f"{dev.name} ({dev.platform_name}, driver {dev.driver_version})", err=True)
@@ -427,6 +521,7 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
                              progress=lambda line: click.echo("tune " + line, err=True))
     builds = kernels.build_count
     cl_res = run_clnet(net, dev, x, labels, iterations, warmup, forward_only, progress=True)
+    layers = profile_rows(modules, cl_res)
     result = dict(
         model=model, batch=batch, iterations=iterations, warmup=warmup, forward_only=forward_only,
         less_accurate=less_accurate,
@@ -442,24 +537,22 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
                                                cached=tune_report["cached"], left=tune_report["left"])),
         expected_transfer_bytes=dict(input=0, labels=0, loss=4),
         layers=layers)
-    for L in layers:
-        L["clnet_choices"] = {p: cl_res["choices"][(L["index"], p)] for p in ("forward", "backward")
-                              if (L["index"], p) in cl_res["choices"]}
-        L["clnet_kernel_ms"] = {p: cl_res["kernel_ms"][(L["index"], p)] for p in ("forward", "backward")
-                                if (L["index"], p) in cl_res["kernel_ms"]}
-        L["clnet_forward_ms"] = cl_res["layer_ms"].get((L["index"], "forward"))
-        L["clnet_backward_ms"] = cl_res["layer_ms"].get((L["index"], "backward"))
+    described = {m["path"] for m in modules}
     result["clnet"]["loss_and_update_ms"] = {
-        "loss_forward": cl_res["layer_ms"].get(("loss", "forward")),
-        "zero_grad": cl_res["layer_ms"].get(("update", "zero_grad")),
-        "update": cl_res["layer_ms"].get(("update", "update"))}
+        "loss_forward": cl_res["layer_ms"].get((LOSS, "forward")),
+        "loss_backward": cl_res["layer_ms"].get((LOSS, "backward")),
+        "zero_grad": cl_res["layer_ms"].get((UPDATE, "zero_grad")),
+        "update": cl_res["layer_ms"].get((UPDATE, "update")),
+        # launches under no module's tag, or under a module the describing forward did not call (should be none)
+        "unattributed": sum(v for (where, _), v in cl_res["layer_ms"].items()
+                            if where not in described and where not in (LOSS, UPDATE)) or None}
     status = 0
     if compare:
         import torch
         # Agreement on fresh weights: both engines start from one new state, untouched by the timed steps above.
         rng.manual_seed(seed + 1)
         fresh = models.build(model).to(dev)
-        tm = to_torch(fresh).to(tdev)
+        tm = torch_twin(model, fresh).to(tdev)
         agreement = check_agreement(fresh, dev, tm, tdev, x, labels)
         t_res = run_torch(tm, tdev, x, labels, iterations, warmup, forward_only)
         result["compare"] = dict(engine="cuDNN" if compare == "cuda" else "torch-cpu", torch=torch.__version__,
@@ -470,9 +563,9 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
                                  ratio_time=result["clnet"]["total_ms"] / sum(t_res["phases"].values()))
         if compare == "torch-cpu":
             result["compare"]["threads"] = torch.get_num_threads()
-        for L in layers:
-            L["torch_forward_ms"] = t_res["layer_ms"].get((L["index"], "forward"))
-            L["torch_backward_ms"] = t_res["layer_ms"].get((L["index"], "backward"))
+        for L in layers:  # containers: None (PyTorch times leaves only)
+            L["torch_forward_ms"] = t_res["layer_ms"].get((L["path"], "forward")) if L["leaf"] else None
+            L["torch_backward_ms"] = t_res["layer_ms"].get((L["path"], "backward")) if L["leaf"] else None
         if tf32 and compare == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True

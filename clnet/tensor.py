@@ -1,4 +1,5 @@
 """The one class that owns device memory, its buffer pool, and every host<->device copy (counted)."""
+import heapq
 import math
 
 import numpy as np
@@ -22,12 +23,19 @@ def reset_transfer_stats():
 
 
 class BufferPool:
-    """Device buffers kept for reuse, keyed by rounded size, so a training loop allocates only in its first step."""
+    """Device buffers kept for reuse, keyed by rounded size, so a training loop allocates only in its first step.
+
+    Each size's free buffers are handed out lowest creation number first. A training step then gets the same buffer
+    for the same tensor every step (its allocations and releases repeat in the same order, from the same free set),
+    so every launch finds its kernel with those arguments already set (kernels.py). A last-in-first-out list would
+    permute the buffers from step to step instead, and a branched network's launches would miss for dozens of
+    steps."""
 
     def __init__(self, dev):
         self.device = dev
-        self.free = {}
+        self.free = {}  # rounded size -> heap of (creation number, buffer)
         self.allocated_bytes = 0
+        self.created = 0
 
     @staticmethod
     def rounded(nbytes):
@@ -37,10 +45,12 @@ class BufferPool:
         return -(-nbytes // step) * step
 
     def take(self, nbytes):
+        """(buffer, its creation number, rounded size)."""
         size = self.rounded(nbytes)
         bucket = self.free.get(size)
         if bucket:
-            return bucket.pop(), size
+            number, buf = heapq.heappop(bucket)
+            return buf, number, size
         try:
             buf = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size)
         except cl.Error:
@@ -52,15 +62,16 @@ class BufferPool:
                     f"clnet: cannot allocate {size / 2**20:.1f} MiB on {self.device.name} "
                     f"({self.allocated_bytes / 2**20:.1f} MiB already in use): use a smaller batch") from e
         self.allocated_bytes += size
-        return buf, size
+        self.created += 1
+        return buf, self.created, size
 
-    def give(self, buf, size):
-        self.free.setdefault(size, []).append(buf)
+    def give(self, buf, number, size):
+        heapq.heappush(self.free.setdefault(size, []), (number, buf))
 
     def release_cached(self):
         kernels.forget_arguments()  # kept argument sets may name these buffers
         for bucket in self.free.values():
-            for buf in bucket:
+            for _, buf in bucket:
                 self.allocated_bytes -= buf.size
                 buf.release()
         self.free.clear()
@@ -77,15 +88,15 @@ def pool(dev):
 
 class _Storage:
     """A pooled buffer shared by a tensor and its reshaped views; back to the pool when the last one goes."""
-    __slots__ = ("buffer", "size", "pool")
+    __slots__ = ("buffer", "number", "size", "pool")
 
     def __init__(self, dev, nbytes):
         self.pool = pool(dev)
-        self.buffer, self.size = self.pool.take(nbytes)
+        self.buffer, self.number, self.size = self.pool.take(nbytes)
 
     def __del__(self):
         try:
-            self.pool.give(self.buffer, self.size)
+            self.pool.give(self.buffer, self.number, self.size)
         except Exception:  # interpreter shutdown: the context goes anyway
             pass
 

@@ -5,9 +5,11 @@ The first candidate of every site is the device class's default. A choice is tim
 (device time, summed over the launches it makes), as the median of a few runs after one untimed run that builds the
 kernels; a candidate that cannot run on this device (a build failure, too many registers) is dropped. Buffers are the
 ones the recorded iteration used, so the timing sees real layouts and real sizes. The recorded sites keep those
-buffers alive until tuning ends: tuning needs more device memory than a training step. The model's gradients and
-saved activations are left undefined (call zero_grad before training, as every step does).
+buffers alive until tuning ends: tuning needs more device memory than a training step. The model's weights and
+buffers are left as they were; its gradients are left undefined (call zero_grad before training, as every step
+does).
 """
+import contextlib
 import time
 
 import numpy as np
@@ -16,15 +18,27 @@ from . import kernels, models, rng, tuning
 from .tensor import tensor
 
 
+@contextlib.contextmanager
+def buffers_kept(model):
+    """Runs the body, then puts every buffer of the model (batch norm's running statistics and counter) back as it
+    was: a training-mode forward that only measures (tuning, the benchmark's shape pass) leaves no trace."""
+    saved = [(b, b.numpy()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        for b, host in saved:
+            b.write(host)
+
+
 def _record(model, dev, x_host, retune):
     """Runs one iteration (forward, then backward from a random output gradient) with the recorder on: every op's
-    key, candidates and runner."""
+    key, candidates and runner. The model's buffers are put back afterwards."""
     known = tuning.entries(dev)
 
     def iteration():
-        out = model(tensor(x_host, dev))
+        out = model(tensor(x_host, dev))  # the input wants no gradient, as in a training step
         dy = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
-        model.backward(tensor(dy, dev), input_grad=False)  # as a training step does
+        out.backward(tensor(dy, dev))
         # Algorithms with products inside (Winograd's batched GEMM): run each candidate once while recording, so
         # that their products are tuned as well (not for algorithms already tuned).
         for key, (candidates, run) in list(tuning.recorder.sites.items()):
@@ -33,7 +47,8 @@ def _record(model, dev, x_host, retune):
                     run(choice)
         dev.synchronize()
 
-    return record(iteration)
+    with buffers_kept(model):
+        return record(iteration)
 
 
 def tune_module(model, input_shape, dev, budget_s=300.0, repeats=3, retune=False, progress=None):

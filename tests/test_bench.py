@@ -1,17 +1,26 @@
-"""`clnet bench`: runs, reports every field, counts exactly the expected transfers, and compares with PyTorch."""
+"""`clnet bench`: runs, reports every field, counts exactly the expected transfers, names its rows by module path, and
+compares with PyTorch."""
 import json
+import re
 
 import numpy as np
 from click.testing import CliRunner
 
+import clnet
+from clnet import bench, kernels, models, nn
 from clnet.cli import main
 
 from conftest import HAVE_TORCH, needs_torch
 
 
 def run(args):
-    result = CliRunner().invoke(main, args, catch_exceptions=False)
-    return result
+    return CliRunner().invoke(main, args, catch_exceptions=False)
+
+
+def markdown_table(output):
+    """The Markdown table's lines, each split into its cells (an escaped \\| is inside a cell)."""
+    lines = [line for line in output.splitlines() if line.startswith("|")]
+    return [re.split(r"(?<!\\)\|", line.strip())[1:-1] for line in lines]
 
 
 def test_bench_lenet_json(tmp_path, dev):
@@ -27,8 +36,15 @@ def test_bench_lenet_json(tmp_path, dev):
         assert d["env"][key]
     assert set(d["clnet"]["phases"]) == {"forward", "backward", "update"}
     assert all(v > 0 for v in d["clnet"]["phases"].values())
-    assert len(d["layers"]) == 8 and d["layers"][0]["forward_flop"] == 2 * 8 * 20 * 24 * 24 * 25
-    assert d["layers"][0]["clnet_forward_ms"] > 0 and d["layers"][0]["clnet_backward_ms"] > 0
+    # one row per module that launched kernels, named by its path in the Sequential (Flatten launches nothing)
+    assert [L["path"] for L in d["layers"]] == ["0", "1", "2", "3", "5", "6", "7"]
+    first = d["layers"][0]
+    assert first["module"] == "Conv2d" and first["input"] == [8, 1, 28, 28] and first["output"] == [8, 20, 24, 24]
+    assert first["forward_flop"] == 2 * 8 * 20 * 24 * 24 * 25
+    assert first["backward_flop"] == first["forward_flop"]  # fed the batch: the weight gradient only
+    assert d["layers"][2]["backward_flop"] == 2 * d["layers"][2]["forward_flop"]
+    assert first["clnet_forward_ms"] > 0 and first["clnet_backward_ms"] > 0 and first["clnet_choices"]["forward"]
+    assert d["clnet"]["loss_and_update_ms"]["update"] > 0 and d["clnet"]["loss_and_update_ms"]["unattributed"] is None
     t = d["clnet"]["transfers_per_iteration"]
     # The batch is uploaded once, as PyTorch's is: an iteration copies only the 4-byte loss back.
     assert t == dict(host_to_device_bytes=0, host_to_device_count=0, device_to_host_bytes=4, device_to_host_count=1)
@@ -37,8 +53,10 @@ def test_bench_lenet_json(tmp_path, dev):
 def test_bench_list():
     r = run(["bench", "--list"])
     assert r.exit_code == 0
-    for name, batch in (("lenet", 64), ("alexnet", 128), ("overfeat", 128), ("vgg-a", 64)):
-        assert any(line.startswith(name) and f"batch {batch:4d}" in line for line in r.output.splitlines())
+    lines = r.output.splitlines()
+    assert len(lines) == len(models.MODELS)  # one line each, however long the model's docstring
+    for name, entry in models.MODELS.items():
+        assert any(line.startswith(name + " ") and f"batch {entry['batch']:4d}" in line for line in lines), name
 
 
 def test_bench_unknown_model():
@@ -58,6 +76,38 @@ def test_compare_cuda_without_cuda_exits_2():
     assert "Traceback" not in r.output
 
 
+class Twice(nn.Module):
+    """A container with an op of its own (the add) around a layer it calls twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.head = nn.Sequential(nn.ReLU(), nn.Linear(4, 3))
+
+    def forward(self, x):
+        h = self.fc(self.fc(x))
+        return self.head(h + x)
+
+
+def test_module_rows_follow_paths_and_hooks_go_away(dev):
+    clnet.manual_seed(0)
+    model = Twice()
+    described = bench.describe(model, (5, 4), dev)
+    assert [m["path"] for m in described] == ["", "fc", "head", "head.0", "head.1"]  # first-call order
+    fc = described[1]
+    assert fc["calls"] == 2 and fc["forward_flop"] == 2 * (2 * 5 * 4 * 4)
+    assert fc["backward_flop"] == 2 * 5 * 4 * 4 + 2 * (2 * 5 * 4 * 4)  # the first call is fed the batch
+    assert described[0]["output"] == [5, 3] and not described[0]["leaf"] and described[1]["leaf"]
+    x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+    res = bench.run_clnet(model, dev, x, np.array([0, 1, 2, 0, 1], np.int32), 1, 0, False, progress=False)
+    rows = {r["path"]: r for r in bench.profile_rows(described, res)}
+    assert set(rows) == {"", "fc", "head.0", "head.1"}  # head (a Sequential) launches nothing of its own
+    assert "axpby" in rows[""]["clnet_kernel_ms"]["forward"]  # the container's add is in the container's row
+    assert rows["fc"]["clnet_forward_ms"] > 0 and rows["fc"]["clnet_backward_ms"] > 0
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+    assert kernels.profiler is None
+
+
 @needs_torch
 def test_compare_torch_cpu_agrees(tmp_path, dev):
     path = tmp_path / "cmp.json"
@@ -71,4 +121,31 @@ def test_compare_torch_cpu_agrees(tmp_path, dev):
     assert max(v["clnet_vs_fp64"] for v in agreement.values()) < 1e-4
     assert max(v["vs_torch"] for v in agreement.values()) < 1e-4
     assert d["compare"]["total_ms"] > 0 and np.isfinite(d["compare"]["ratio_time"])
-    assert "| # | layer |" in r.output
+    assert all(L["torch_forward_ms"] is not None for L in d["layers"])  # every row is a leaf
+    table = markdown_table(r.output)
+    assert table[0][:3] == [" # ", " module ", " type "] and all(len(row) == len(table[0]) for row in table)
+
+
+@needs_torch
+def test_branched_model_rows_and_agreement(tmp_path, dev):
+    """ResNet-8 (batch norm, residual adds, a module called twice per block): rows by path, the add in the block's
+    row, a Markdown table whose rows all have the header's cells, and clnet within float32's error of PyTorch."""
+    path = tmp_path / "resnet8.json"
+    r = run(["bench", "resnet8", "--device", str(dev.index), "--batch", "2", "--iterations", "1", "--warmup", "0",
+             "--compare", "torch-cpu", "--json", str(path), "--markdown"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(path.read_text())
+    rows = {L["path"]: L for L in d["layers"]}
+    assert {"conv1", "layer1.0.conv1", "layer1.0.bn1", "layer2.0.downsample.0", "fc"} <= set(rows)
+    block = rows["layer1.0"]
+    assert block["module"] == "BasicBlock" and not block["leaf"] and "axpby" in block["clnet_kernel_ms"]["forward"]
+    assert block["torch_forward_ms"] is None and rows["layer1.0.conv1"]["torch_forward_ms"] is not None
+    assert rows["layer1.0.relu"]["calls"] == 2
+    assert rows["layer1.0.conv1"]["forward_flop"] == 2 * 2 * 16 * 28 * 28 * 16 * 9
+    table = markdown_table(r.output)
+    assert len(table) == len(d["layers"]) + 2 and all(len(row) == len(table[0]) for row in table)
+    assert any(row[1].strip() == "layer1.0.conv1" for row in table)
+    agreement = d["compare"]["agreement"]
+    assert "grad layer1.0.bn1.weight" in agreement and not any("running" in k for k in agreement)
+    assert max(v["clnet_vs_fp64"] for v in agreement.values()) < 1e-4
+    assert not bench.disagreements(agreement, bench.AGREEMENT_TOLERANCE)

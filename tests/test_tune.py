@@ -6,9 +6,9 @@ import pytest
 from click.testing import CliRunner
 
 import clnet
-from clnet import nn, ops, tune, tuning
+from clnet import conv, nn, tune, tuning
 from clnet.cli import main
-from clnet.ops import Mat
+from clnet.gemm import Mat, _transposed, gemm, gemm_key
 
 import reference as ref
 from conftest import assert_close
@@ -76,7 +76,7 @@ def test_a_cached_choice_is_what_runs(dev, rng, cache_dir):
     """An entry written for a product is the one the product uses (and it computes the right thing)."""
     M, N, K = 33, 65, 17
     a, b, c = Mat(rs=K, cs=1), Mat(rs=N, cs=1), Mat(rs=N, cs=1)
-    key = ops.gemm_key(M, N, K, 1, a, b, c)
+    key = gemm_key(M, N, K, 1, a, b, c)
     default = tuning.gemm_default(dev, M, N, K, 1)
     other = next(x for x in tuning.gemm_candidates(dev, M, N, K, 1) if x["cfg"] != default["cfg"])
     tuning.store(dev, {key: other})
@@ -85,7 +85,7 @@ def test_a_cached_choice_is_what_runs(dev, rng, cache_dir):
     C = clnet.tensor(np.zeros((M, N), np.float32), dev)
     tuning.used = used = {}
     try:
-        ops.gemm(M, N, K, clnet.tensor(A, dev), a, clnet.tensor(B, dev), b, C, c)
+        gemm(M, N, K, clnet.tensor(A, dev), a, clnet.tensor(B, dev), b, C, c)
     finally:
         tuning.used = None
     assert used[None][key] == tuning.describe(other) != tuning.describe(default)
@@ -95,7 +95,7 @@ def test_a_cached_choice_is_what_runs(dev, rng, cache_dir):
 def test_invalid_cached_entries_fall_back_to_the_default_with_a_warning(dev, cache_dir):
     M, N, K = 8, 8, 4096
     a = b = c = Mat(rs=8, cs=1)
-    key = ops.gemm_key(M, N, K, 1, a, b, c)
+    key = gemm_key(M, N, K, 1, a, b, c)
     default = tuning.gemm_default(dev, M, N, K, 1)
     # a misspelt kernel, a missing split, a split of 0, and a real tile whose running sums are longer than the
     # default's (GPU: the default tile with fewer slices; CPU: a tile without staged sums)
@@ -148,6 +148,18 @@ def test_public_autotune_uses_the_models_device(dev, cache_dir):
     np.testing.assert_array_equal(model[0].weight.numpy(), before)  # weights untouched
 
 
+def test_tuning_leaves_the_models_state_as_it_found_it(dev, cache_dir):
+    """The recorded training iteration moves batch norm's running statistics; tuning puts every buffer back."""
+    clnet.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).to(dev)
+    before = model.state_dict()
+    clnet.autotune(model, (2, 3, 6, 6))
+    after = model.state_dict()
+    assert list(after) == list(before)
+    for k in before:
+        np.testing.assert_array_equal(after[k], before[k], err_msg=k)
+
+
 def test_autotune_accepts_any_output_and_refuses_another_device(dev, cache_dir):
     """No loss is involved: a feature extractor (4-D output) tunes too; a model elsewhere is not moved."""
     features = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).to(dev)
@@ -169,13 +181,15 @@ def test_every_mix_of_convolution_algorithms_is_right(dev, rng, cache_dir, monke
     layer = nn.Conv2d(16, 17, k, padding=(k // 2, k // 2 + 1)).to(dev)
     x = rng.standard_normal((2, 16, 7, 6)).astype(np.float32)
     s = layer.conv_shape(x.shape)
-    tuning.store(dev, {ops._conv_key("conv2d_fwd", s): fwd, ops._conv_key("conv2d_bwd_weights", s): wgt,
-                       ops._conv_key("conv2d_bwd_data", s): data})
+    tuning.store(dev, {conv._conv_key("conv2d_fwd", s): fwd, conv._conv_key("conv2d_bwd_weights", s): wgt,
+                       conv._conv_key("conv2d_bwd_data", s): data})
     tuning.used = used = {}
     try:
-        y = layer(clnet.tensor(x, dev))
+        xt = clnet.tensor(x, dev, requires_grad=True)
+        y = layer(xt)
         dy = rng.standard_normal(y.shape).astype(np.float32)
-        dx = layer.backward(clnet.tensor(dy, dev))
+        y.backward(clnet.tensor(dy, dev))
+        dx = xt.grad
     finally:
         tuning.used = None
     ran = {k.split()[0]: v for per_tag in used.values() for k, v in per_tag.items() if not k.startswith("gemm")}
@@ -193,7 +207,7 @@ def test_less_accurate_algorithms_need_consent(dev, rng, cache_dir, monkeypatch)
     tuning.allow_less_accurate is set (`--less-accurate`)."""
     layer = nn.Conv2d(16, 17, 3, padding=1).to(dev)
     x = clnet.tensor(rng.standard_normal((2, 16, 8, 8)).astype(np.float32), dev)
-    key = ops._conv_key("conv2d_fwd", layer.conv_shape(x.shape))
+    key = conv._conv_key("conv2d_fwd", layer.conv_shape(x.shape))
 
     def offered():  # the forward's candidates, as the tuner records them
         sites = tune.record(lambda: layer(x))
@@ -230,8 +244,8 @@ def test_gpus_with_small_work_groups_get_kernels_that_fit(dev, rng, monkeypatch,
     A = rng.standard_normal((M, K)).astype(np.float32)
     B = rng.standard_normal((K, N)).astype(np.float32)
     C = clnet.tensor(np.zeros((M, N), np.float32), dev)
-    ops.gemm(M, N, K, clnet.tensor(A, dev), Mat(rs=K, cs=1), clnet.tensor(B, dev), Mat(rs=N, cs=1), C, Mat(rs=N, cs=1))
+    gemm(M, N, K, clnet.tensor(A, dev), Mat(rs=K, cs=1), clnet.tensor(B, dev), Mat(rs=N, cs=1), C, Mat(rs=N, cs=1))
     assert_close(C.numpy(), A.astype(np.float64) @ B, "C", tol=1e-5)
-    At = ops._transposed(dev, clnet.tensor(A, dev), Mat(rs=K, cs=1), M, K, 1)
+    At = _transposed(dev, clnet.tensor(A, dev), Mat(rs=K, cs=1), M, K, 1)
     assert np.array_equal(At.numpy().reshape(K, M), A.T)
     tuning.forget()
