@@ -1,6 +1,7 @@
 // Element-wise ops and small reductions over flat float32 arrays of n elements.
 //   act_fwd   y = f(x) for the activation ACT; act_bwd dx = dy * f'(.) written from the saved output y. NaN stays
-//             NaN through ReLU and ReLU6, as in PyTorch (fmax would turn it into 0)
+//             NaN through ReLU and ReLU6, as in PyTorch (fmax would turn it into 0), and its gradient passes, as
+//             PyTorch's does (it zeroes only where y <= 0, or y >= 6 for ReLU6)
 //   fill      x = value
 //   fill_scaled  x = scale * g[0]: the gradient of a sum (g on the device, so no read-back)
 //   mul       out = a * b
@@ -58,13 +59,13 @@ __kernel void act_bwd(__global const float* restrict y, __global const float* re
     if (i >= n) return;
     const float v = y[i];
 #if ACT == 1
-    dx[i] = v > 0.0f ? dy[i] : 0.0f;
+    dx[i] = v <= 0.0f ? 0.0f : dy[i];
 #elif ACT == 2
     dx[i] = dy[i] * v * (1.0f - v);
 #elif ACT == 3
     dx[i] = dy[i] * (1.0f - v * v);
 #elif ACT == 4
-    dx[i] = v > 0.0f && v < 6.0f ? dy[i] : 0.0f;
+    dx[i] = v <= 0.0f || v >= 6.0f ? 0.0f : dy[i];
 #endif
 }
 

@@ -1,3 +1,4 @@
+import contextlib
 import os
 import tempfile
 
@@ -85,3 +86,35 @@ except ImportError:
     HAVE_TORCH = False
 
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed; the NumPy reference still runs")
+
+
+@contextlib.contextmanager
+def no_launch():
+    """Fails the test if any kernel is launched inside the block (bad input must be refused before device work)."""
+    from clnet import kernels
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError(f"a kernel was launched for bad input: {kwargs.get('what') or args[1].name}")
+    saved = kernels.launch
+    kernels.launch = forbidden
+    try:
+        yield
+    finally:
+        kernels.launch = saved
+
+
+@contextlib.contextmanager
+def recorded_launches():
+    """Yields a list that receives the `what` (else the kernel name) of every launch inside the block; the kernels
+    still run."""
+    from clnet import kernels
+    names, saved = [], kernels.launch
+
+    def record(dev, k, *args, what=""):
+        names.append(what or k.name)
+        return saved(dev, k, *args, what=what)
+    kernels.launch = record
+    try:
+        yield names
+    finally:
+        kernels.launch = saved

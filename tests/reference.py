@@ -119,6 +119,9 @@ def activation(kind, x, dy=None):
     if kind == "relu":
         y = np.maximum(x, 0)
         d = (x > 0).astype(np.float64)
+    elif kind == "relu6":
+        y = np.clip(x, 0, 6)
+        d = ((x > 0) & (x < 6)).astype(np.float64)
     elif kind == "sigmoid":
         y = 1 / (1 + np.exp(-x))
         d = y * (1 - y)
@@ -161,3 +164,110 @@ def sgd(p, g, buf, lr, momentum, weight_decay, nesterov):
         buf = d.copy() if buf is None else momentum * buf + d
         d = d + momentum * buf if nesterov else buf
     return p - lr * d, buf
+
+
+def binary(op, a, b, dy=None):
+    """a + b, a - b or a * b of two arrays of one shape; with dy also (da, db)."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    y = {"+": a + b, "-": a - b, "*": a * b}[op]
+    if dy is None:
+        return y
+    dy = dy.astype(np.float64)
+    grads = {"+": (dy, dy), "-": (dy, -dy), "*": (dy * b, dy * a)}[op]
+    return (y,) + grads
+
+
+def cat(xs, dim, dy=None):
+    """np.concatenate along dim; with dy also the slice of dy that belongs to each input."""
+    y = np.concatenate([x.astype(np.float64) for x in xs], axis=dim)
+    if dy is None:
+        return y
+    bounds = np.cumsum([x.shape[dim] for x in xs])[:-1]
+    return (y,) + tuple(np.split(dy.astype(np.float64), bounds, axis=dim))
+
+
+def adaptive_avg_pool2d(x, out, dy=None):
+    """Average pooling to out = (OH, OW) where each divides the input's size: the mean of each block."""
+    x = x.astype(np.float64)
+    N, C, H, W = x.shape
+    oh, ow = out
+    kh, kw = H // oh, W // ow
+    y = x.reshape(N, C, oh, kh, ow, kw).mean(axis=(3, 5))
+    if dy is None:
+        return y
+    dx = np.repeat(np.repeat(dy.astype(np.float64), kh, axis=2), kw, axis=3) / (kh * kw)
+    return y, dx
+
+
+def _per_channel(v, ndim):
+    """A (C,) vector shaped to broadcast over (N, C, ...)."""
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def batch_norm_train(x, weight, bias, eps, dy=None):
+    """Batch normalisation with the batch's statistics over every axis but the channel (1); weight, bias None mean
+    1 and 0. Returns (y, batch mean, unbiased batch variance) and, with dy, also (dx, dweight, dbias), dweight and
+    dbias None where weight and bias are. The running statistics follow from the mean and unbiased variance
+    (running_update)."""
+    x = x.astype(np.float64)
+    axes = (0,) + tuple(range(2, x.ndim))
+    n = x.size // x.shape[1]
+    mean, var = x.mean(axis=axes), x.var(axis=axes)
+    invstd = 1.0 / np.sqrt(var + eps)
+    xhat = (x - _per_channel(mean, x.ndim)) * _per_channel(invstd, x.ndim)
+    w = np.ones(x.shape[1]) if weight is None else weight.astype(np.float64)
+    y = xhat * _per_channel(w, x.ndim)
+    if bias is not None:
+        y = y + _per_channel(bias.astype(np.float64), x.ndim)
+    out = (y, mean, var * n / (n - 1))
+    if dy is None:
+        return out
+    dy = dy.astype(np.float64)
+    sum_dy, sum_dy_xhat = dy.sum(axis=axes), (dy * xhat).sum(axis=axes)
+    # d/dx of w * (x - mean) * invstd, with mean and invstd functions of the whole batch
+    dx = _per_channel(w * invstd / n, x.ndim) * (n * dy - _per_channel(sum_dy, x.ndim)
+                                                 - xhat * _per_channel(sum_dy_xhat, x.ndim))
+    return out + (dx, None if weight is None else sum_dy_xhat, None if bias is None else sum_dy)
+
+
+def batch_norm_eval(x, running_mean, running_var, weight, bias, eps, dy=None):
+    """Batch normalisation with fixed statistics; with dy also (dx, dweight, dbias) as batch_norm_train's."""
+    x = x.astype(np.float64)
+    axes = (0,) + tuple(range(2, x.ndim))
+    invstd = 1.0 / np.sqrt(running_var.astype(np.float64) + eps)
+    xhat = (x - _per_channel(running_mean.astype(np.float64), x.ndim)) * _per_channel(invstd, x.ndim)
+    w = np.ones(x.shape[1]) if weight is None else weight.astype(np.float64)
+    y = xhat * _per_channel(w, x.ndim)
+    if bias is not None:
+        y = y + _per_channel(bias.astype(np.float64), x.ndim)
+    if dy is None:
+        return y
+    dy = dy.astype(np.float64)
+    dx = dy * _per_channel(w * invstd, x.ndim)
+    return (y, dx, None if weight is None else (dy * xhat).sum(axis=axes),
+            None if bias is None else dy.sum(axis=axes))
+
+
+def running_update(running, batch_value, momentum):
+    """PyTorch's running statistic after one training batch: (1 - momentum) * running + momentum * batch value."""
+    return (1.0 - momentum) * running + momentum * batch_value
+
+
+def local_response_norm(x, size, alpha, beta, k, dy=None):
+    """y[c] = x[c] / (k + alpha / size * sum of x[j]^2 over j in [c - size//2, c + (size-1)//2]) ** beta, across the
+    channel axis (1), zero outside the channels; with dy also dx."""
+    x = x.astype(np.float64)
+    C = x.shape[1]
+    window = [range(max(0, c - size // 2), min(C, c + (size - 1) // 2 + 1)) for c in range(C)]
+    s = np.stack([k + alpha / size * (x[:, list(w)] ** 2).sum(axis=1) for w in window], axis=1)
+    y = x * s ** -beta
+    if dy is None:
+        return y
+    dy = dy.astype(np.float64)
+    # y[c] depends on x[i] through its own x (c == i) and through s[c] for every window c that holds i
+    t = dy * x * s ** (-beta - 1)
+    dx = dy * s ** -beta
+    for i in range(C):
+        holders = [c for c in range(C) if i in window[c]]
+        dx[:, i] -= 2 * alpha * beta / size * x[:, i] * t[:, holders].sum(axis=1)
+    return y, dx

@@ -6,8 +6,8 @@ import pytest
 
 import clnet
 from clnet import devices as device_mod
-from clnet import ops
-from clnet.ops import Mat
+from clnet import gemm, ops
+from clnet.gemm import Mat
 
 from conftest import assert_close, assert_close_to_terms
 
@@ -120,8 +120,8 @@ def test_gemm_layouts(dev, rng, gemm_variant, M, N, K, trans_a, trans_b):
     a = Mat(rs=1, cs=M) if trans_a else Mat(rs=K, cs=1)
     b = Mat(rs=1, cs=K) if trans_b else Mat(rs=N, cs=1)
     C = clnet.tensor(C0, dev)
-    ops.gemm(M, N, K, clnet.tensor(A, dev), a, clnet.tensor(B, dev), b, C, Mat(rs=N, cs=1), alpha=0.5, beta=2.0,
-             bias=clnet.tensor(bias, dev), bias_mode=2, relu=True)
+    gemm.gemm(M, N, K, clnet.tensor(A, dev), a, clnet.tensor(B, dev), b, C, Mat(rs=N, cs=1), alpha=0.5, beta=2.0,
+              bias=clnet.tensor(bias, dev), bias_mode=2, relu=True)
     A64 = (A.T if trans_a else A).astype(np.float64)
     B64 = (B.T if trans_b else B).astype(np.float64)
     expected = np.maximum(0.5 * A64 @ B64 + 2.0 * C0 + bias, 0)
@@ -158,9 +158,9 @@ def test_gemm_float4_fetches(dev, rng, gemm_variant, M, N, K, trans_a, trans_b, 
     B64, B, b = stored(K, N, trans_b)
     C0, C, c = stored(M, N)
     bias = rng.standard_normal(M if bias_mode == 1 else N).astype(np.float32)
-    assert ops._vec_a(a) and ops._vec_b(b) and ops._vec_c(c)
-    ops.gemm(M, N, K, A, a, B, b, C, c, alpha=0.5, beta=2.0, bias=clnet.tensor(bias, dev), bias_mode=bias_mode,
-             relu=True)
+    assert gemm._vec_a(a) and gemm._vec_b(b) and gemm._vec_c(c)
+    gemm.gemm(M, N, K, A, a, B, b, C, c, alpha=0.5, beta=2.0, bias=clnet.tensor(bias, dev), bias_mode=bias_mode,
+              relu=True)
     expected = np.maximum(0.5 * A64 @ B64 + 2.0 * C0 + (bias[:, None] if bias_mode == 1 else bias), 0)
     out = C.numpy()[4:4 + M * c.rs].reshape(M, c.rs)
     assert_close(out[:, :N], expected, "C", tol=1e-5)
@@ -173,11 +173,11 @@ def test_float4_needs_every_step_aligned(field, value):
     (a wrong 'yes' is a misaligned or non-contiguous float4: PoCL crashes on one)."""
     from dataclasses import replace
     aligned = {  # (rule, layout): k-fast and m-fast A, k-fast and n-fast B, C; all with a column split
-        "A k-fast": (ops._vec_a, Mat(off=4, bs=64, rs=8, cs=1, cdiv=8, cso=16)),
-        "A m-fast": (ops._vec_a, Mat(off=4, bs=64, rs=1, cs=8, cdiv=3, cso=16)),
-        "B k-fast": (ops._vec_b, Mat(off=4, bs=64, rs=1, cs=8, cdiv=3, cso=16)),
-        "B n-fast": (ops._vec_b, Mat(off=4, bs=64, rs=8, cs=1, cdiv=8, cso=16)),
-        "C": (ops._vec_c, Mat(off=4, bs=64, rs=8, cs=1, cdiv=8, cso=16)),
+        "A k-fast": (gemm._vec_a, Mat(off=4, bs=64, rs=8, cs=1, cdiv=8, cso=16)),
+        "A m-fast": (gemm._vec_a, Mat(off=4, bs=64, rs=1, cs=8, cdiv=3, cso=16)),
+        "B k-fast": (gemm._vec_b, Mat(off=4, bs=64, rs=1, cs=8, cdiv=3, cso=16)),
+        "B n-fast": (gemm._vec_b, Mat(off=4, bs=64, rs=8, cs=1, cdiv=8, cso=16)),
+        "C": (gemm._vec_c, Mat(off=4, bs=64, rs=8, cs=1, cdiv=8, cso=16)),
     }
     for name, (rule, mat) in aligned.items():
         assert rule(mat), name
@@ -195,9 +195,9 @@ def test_gemm_batched_with_split_columns(dev, rng, gemm_variant):
     A = rng.standard_normal((G, Mg, K)).astype(np.float32)
     B = rng.standard_normal((G, K, imgs * P)).astype(np.float32)
     C = clnet.tensor(np.full((imgs, G * Mg, P), np.nan, np.float32), dev)
-    ops.gemm(Mg, imgs * P, K, clnet.tensor(A, dev), Mat(bs=Mg * K, rs=K, cs=1), clnet.tensor(B, dev),
-             Mat(bs=K * imgs * P, rs=imgs * P, cs=1), C, Mat(bs=Mg * P, rs=P, cs=1, cdiv=P, cso=G * Mg * P),
-             batch=G)
+    gemm.gemm(Mg, imgs * P, K, clnet.tensor(A, dev), Mat(bs=Mg * K, rs=K, cs=1), clnet.tensor(B, dev),
+              Mat(bs=K * imgs * P, rs=imgs * P, cs=1), C, Mat(bs=Mg * P, rs=P, cs=1, cdiv=P, cso=G * Mg * P),
+              batch=G)
     prod = np.einsum("gmk,gkn->gmn", A.astype(np.float64), B.astype(np.float64)).reshape(G, Mg, imgs, P)
     expected = prod.transpose(2, 0, 1, 3).reshape(imgs, G * Mg, P)
     assert_close(C.numpy(), expected, "C", tol=1e-5)
@@ -234,9 +234,9 @@ def test_gemm_with_transposed_operands(dev, rng, ta, tb, ksplit, P):
     C = clnet.tensor(C0, dev)
     choice = dict(cfg=dict(tuning.GEMM_TILED_SMALL, TK=32, LBUF=1), ksplit=ksplit, ta=ta, tb=tb)
     a, b = Mat(bs=Mg * P, rs=P, cs=1, cdiv=P, cso=G * Mg * P), Mat(bs=N * K, rs=1, cs=K)
-    assert ops._vec_a(a) == ops._vec_b(b) == (P % 4 == 0)
-    ops._gemm_choice(dev, choice, Mg, N, K, clnet.tensor(dy, dev), a, clnet.tensor(Bt, dev), b, C,
-                     Mat(bs=Mg * N, rs=N, cs=1), 1.0, 1.0, G, None, 0, 0, False, "test")
+    assert gemm._vec_a(a) == gemm._vec_b(b) == (P % 4 == 0)
+    gemm._gemm_choice(dev, choice, Mg, N, K, clnet.tensor(dy, dev), a, clnet.tensor(Bt, dev), b, C,
+                      Mat(bs=Mg * N, rs=N, cs=1), 1.0, 1.0, G, None, 0, 0, False, "test")
     A64 = dy.astype(np.float64).reshape(imgs, G, Mg, P).transpose(1, 2, 0, 3).reshape(G, Mg, K)
     expected = np.einsum("gmk,gnk->gmn", A64, Bt.astype(np.float64)) + C0
     assert_close(C.numpy(), expected, "C", tol=1e-5)
@@ -253,7 +253,7 @@ def test_argument_sets_are_kept_by_their_bits(dev):
     A = clnet.tensor(np.ones((3, 3), np.float32), dev)
     C = clnet.tensor(np.zeros((3, 3), np.float32), dev)
     for alpha in (2, 2.0, 3.0):  # an integer alpha is a float to the kernel too
-        ops.gemm(3, 3, 3, A, Mat(rs=3, cs=1), A, Mat(rs=3, cs=1), C, Mat(rs=3, cs=1), alpha=alpha)
+        gemm.gemm(3, 3, 3, A, Mat(rs=3, cs=1), A, Mat(rs=3, cs=1), C, Mat(rs=3, cs=1), alpha=alpha)
         assert np.all(C.numpy() == 3 * alpha)
 
 
@@ -272,7 +272,7 @@ def test_deep_products_stay_accurate(dev, rng, cache_dir):
     a, b, c = Mat(rs=K, cs=1), Mat(rs=N, cs=1), Mat(rs=N, cs=1)
     At, Bt = clnet.tensor(A, dev), clnet.tensor(B, dev)
     for choice in tuning.gemm_candidates(dev, M, N, K, 1, True, False):
-        tuning.store(dev, {ops.gemm_key(M, N, K, 1, a, b, c): choice})
+        tuning.store(dev, {gemm.gemm_key(M, N, K, 1, a, b, c): choice})
         C = clnet.tensor(np.zeros((M, N), np.float32), dev)
-        ops.gemm(M, N, K, At, a, Bt, b, C, c)
+        gemm.gemm(M, N, K, At, a, Bt, b, C, c)
         assert_close(C.numpy(), expected, f"C by {tuning.describe(choice)}", tol=1e-6)

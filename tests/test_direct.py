@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import clnet
-from clnet import direct, nn
+from clnet import direct, nn, tuning
 
 import reference as ref
 from conftest import assert_close
@@ -69,8 +69,8 @@ def test_direct_asymmetric_padding(dev, rng, asym, kernel_shape):
 
 
 @pytest.mark.parametrize("cfg", [
-    dict(direct.DIRECT_CPU, OB=2, PX=1), dict(direct.DIRECT_CPU, OB=16, PX=16), dict(direct.DIRECT_CPU, ROWS=1),
-    dict(direct.DIRECT_GPU, OB=2, LS=32), dict(direct.DIRECT_GPU, OB=16, WLOCAL_MAX=0),  # weights read from global
+    dict(tuning.DIRECT_CPU, OB=2, PX=1), dict(tuning.DIRECT_CPU, OB=16, PX=16), dict(tuning.DIRECT_CPU, ROWS=1),
+    dict(tuning.DIRECT_GPU, OB=2, LS=32), dict(tuning.DIRECT_GPU, OB=16, WLOCAL_MAX=0),  # weights read from global
 ], ids=["rows-ob2-px1", "rows-ob16-px16", "rows-1-per-group", "pixels-ob2", "pixels-global-weights"])
 def test_direct_other_blocks(dev, rng, cfg):
     """Register blocks and work-group shapes other than the defaults (partial blocks, global weights)."""

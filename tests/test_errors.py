@@ -1,24 +1,11 @@
 """Bad input gets a clear Python exception before any kernel runs."""
-import contextlib
-
 import numpy as np
 import pytest
 
 import clnet
-from clnet import kernels, models, nn
+from clnet import models, nn
 
-
-@contextlib.contextmanager
-def no_launch():
-    """Fails the test if any kernel is launched inside the block."""
-    def forbidden(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-    saved = kernels.launch
-    kernels.launch = forbidden
-    try:
-        yield
-    finally:
-        kernels.launch = saved
+from conftest import no_launch
 
 
 def test_wrong_channels(dev):
@@ -46,7 +33,7 @@ def test_kernel_larger_than_padded_input(dev):
 
 def test_model_error_names_the_layer(dev):
     x = clnet.tensor(np.zeros((2, 1, 32, 32), np.float32), dev)
-    model = models.lenet().to(dev)
+    model = models.build("lenet").to(dev)
     with no_launch(), pytest.raises(ValueError, match=r"layer 5: Linear\(in_features=800.*got shape \(2, 1250\)"):
         model(x)
 
@@ -71,7 +58,7 @@ def test_labels_shape(dev):
 
 
 def test_state_dict_errors(dev):
-    model = models.lenet()
+    model = models.build("lenet")
     sd = model.state_dict()
     bad = dict(sd)
     del bad["2.bias"]
@@ -96,16 +83,34 @@ def test_bad_configuration():
         nn.MaxPool2d(2, padding=2)
 
 
-def test_backward_before_forward(dev):
-    with pytest.raises(RuntimeError, match="before forward"):
-        nn.ReLU().to(dev).backward(clnet.tensor(np.zeros(3, np.float32), dev))
+def test_backward_through_a_released_graph(dev):
+    """Each forward's graph serves one backward (its saved tensors are released after it): a second backward is
+    refused, before any kernel runs, with what to do; retain_graph=True keeps it for one more."""
+    layer = nn.Linear(4, 2).to(dev)
+    x = clnet.tensor(np.ones((3, 4), np.float32), dev)
+    y = layer(x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    with no_launch(), pytest.raises(RuntimeError, match="already released.*run the forward again"):
+        y.backward()
+
+
+def test_backward_of_a_tensor_that_needs_no_gradient(dev):
+    y = (clnet.tensor(np.ones(3, np.float32), dev) * 2.0).sum()
+    with no_launch(), pytest.raises(RuntimeError, match="does not require a gradient.*requires_grad=True"):
+        y.backward()
+    y = nn.ReLU()(clnet.tensor(np.ones(3, np.float32), dev, requires_grad=True))
+    with no_launch(), pytest.raises(RuntimeError, match=r"shape \(3,\) needs its gradient.*y.sum\(\)"):
+        y.backward()
 
 
 def test_gradient_shape_checked(dev):
     layer = nn.Linear(4, 2).to(dev)
-    layer(clnet.tensor(np.zeros((3, 4), np.float32), dev))
-    with pytest.raises(ValueError, match=r"gradient has shape \(3, 3\).*\(3, 2\)"):
-        layer.backward(clnet.tensor(np.zeros((3, 3), np.float32), dev))
+    y = layer(clnet.tensor(np.zeros((3, 4), np.float32), dev))
+    with no_launch(), pytest.raises(ValueError, match=r"gradient has shape \(3, 3\).*\(3, 2\)"):
+        y.backward(clnet.tensor(np.zeros((3, 3), np.float32), dev))
+    with no_launch(), pytest.raises(TypeError, match="must be a clnet tensor"):
+        y.backward(np.zeros((3, 2), np.float32))
 
 
 def test_numpy_input_is_refused_with_a_hint(dev):

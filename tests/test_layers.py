@@ -3,19 +3,21 @@ import numpy as np
 import pytest
 
 import clnet
-from clnet import nn, ops
+from clnet import conv, nn
 
 import reference as ref
 from conftest import assert_close, needs_torch
 
 
 def run_layer(layer, dev, x, dy_fn=None, rng=None):
-    """Forward and backward through a clnet layer with a random upstream gradient; returns (y, dy, dx)."""
+    """Forward and backward through a clnet layer with a random upstream gradient; returns (y, dy, dx). The input
+    requires a gradient, so autograd computes d loss / d input into its .grad (and the parameters' into theirs)."""
     layer.to(dev)
-    y = layer(clnet.tensor(x, dev))
+    xt = clnet.tensor(x, dev, requires_grad=True)
+    y = layer(xt)
     dy = rng.standard_normal(y.shape).astype(np.float32)
-    dx = layer.backward(clnet.tensor(dy, dev))
-    return y.numpy(), dy, dx.numpy()
+    y.backward(clnet.tensor(dy, dev))
+    return y.numpy(), dy, xt.grad.numpy()
 
 
 CONV_CASES = [
@@ -56,7 +58,7 @@ def test_bias_gradient_in_runs(dev, rng, monkeypatch):
     x = rng.standard_normal((5, 2, 11, 13)).astype(np.float32)
     y = layer(clnet.tensor(x, dev))
     dy = rng.standard_normal(y.shape).astype(np.float32)
-    layer.backward(clnet.tensor(dy, dev))
+    y.backward(clnet.tensor(dy, dev))
     # tolerance scaled for a sum with heavy cancellation (about 1 seed in 300 failed at 1e-6)
     assert_close(layer.bias.grad.numpy(), dy.astype(np.float64).sum(axis=(0, 2, 3)), "bias gradient", tol=1e-5)
 
@@ -67,7 +69,7 @@ def test_bias_gradient(dev, rng, kernel_shape, N, C, P):
     dy = rng.standard_normal((N, C, P)).astype(np.float32)
     db0 = rng.standard_normal(C).astype(np.float32)
     db = clnet.tensor(db0, dev)
-    ops.bias_grad(clnet.tensor(dy, dev), db, N, C, P)
+    conv.bias_grad(clnet.tensor(dy, dev), db, N, C, P)
     assert_close(db.numpy(), db0 + dy.astype(np.float64).sum(axis=(0, 2)), "bias gradient", tol=1e-5)
 
 
@@ -86,16 +88,15 @@ def test_conv2d_large_batch_is_chunked(dev, rng, monkeypatch):
 
 
 def test_gradients_accumulate(dev, rng):
-    """backward adds into .grad, so two passes give twice the gradient."""
+    """backward adds into .grad, so two passes give twice the gradient (the parameters' and the input's)."""
     layer = nn.Linear(7, 3).to(dev)
-    x = clnet.tensor(rng.standard_normal((4, 7)), dev)
+    x = clnet.tensor(rng.standard_normal((4, 7)), dev, requires_grad=True)
     dy = clnet.tensor(rng.standard_normal((4, 3)), dev)
-    layer(x)
-    layer.backward(dy)
-    once = layer.weight.grad.numpy()
-    layer(x)
-    layer.backward(dy)
+    layer(x).backward(dy)
+    once, once_x = layer.weight.grad.numpy(), x.grad.numpy()
+    layer(x).backward(dy)
     assert_close(layer.weight.grad.numpy(), 2 * once.astype(np.float64), "accumulated grad")
+    assert_close(x.grad.numpy(), 2 * once_x.astype(np.float64), "accumulated input grad")
 
 
 @pytest.mark.parametrize("N,I,O", [(1, 1, 1), (3, 31, 33), (65, 17, 5), (8, 800, 500)])
@@ -183,8 +184,9 @@ def test_dropout(dev, rng):
     np.testing.assert_allclose(y[kept], x[kept] / 0.7, rtol=1e-6)
     np.testing.assert_allclose(dx, np.where(kept, dy / 0.7, 0), rtol=1e-6)
     layer.eval()
-    y_eval, _, dx_eval = run_layer(layer, dev, x, rng=rng)
+    y_eval, dy_eval, dx_eval = run_layer(layer, dev, x, rng=rng)
     np.testing.assert_array_equal(y_eval, x)
+    np.testing.assert_array_equal(dx_eval, dy_eval)
 
 
 @pytest.mark.parametrize("N,C", [(1, 2), (7, 10), (300, 33)])
@@ -192,10 +194,12 @@ def test_cross_entropy(dev, rng, N, C):
     logits = (2 * rng.standard_normal((N, C))).astype(np.float32)
     labels = rng.integers(0, C, N)
     loss_fn = nn.CrossEntropyLoss()
-    loss = loss_fn(clnet.tensor(logits, dev), labels)
+    z = clnet.tensor(logits, dev, requires_grad=True)
+    loss = loss_fn(z, labels)
+    loss.backward()
     rl, rg = ref.cross_entropy(logits, labels)
-    assert abs(float(loss) - rl) < 1e-5 * max(1, abs(rl))
-    assert_close(loss_fn.backward().numpy(), rg, "grad logits", tol=1e-5)
+    assert loss.shape == () and abs(float(loss) - rl) < 1e-5 * max(1, abs(rl))
+    assert_close(z.grad.numpy(), rg, "grad logits", tol=1e-5)
 
 
 def test_reference_conv_matches_finite_differences(rng):

@@ -7,11 +7,11 @@ from clnet import models, nn, optim
 from clnet.tensor import pool
 
 import reference as ref
-from conftest import assert_close, needs_torch
+from conftest import assert_close, needs_torch, recorded_launches
 
 
 def lenet_reference(params, x, labels):
-    """Float64 forward and backward of models.lenet() from the reference ops: (loss, logits, grads by key)."""
+    """Float64 forward and backward of models.build("lenet") from the reference ops: (loss, logits, grads by key)."""
     p = {k: v.astype(np.float64) for k, v in params.items()}
     one, zero = (1, 1), (0, 0)
     c1 = ref.conv2d(x, p["0.weight"], p["0.bias"], one, zero, zero, one, 1)
@@ -38,7 +38,7 @@ def training_step(model, loss_fn, opt, x, labels):
     opt.zero_grad()
     out = model(x)
     loss = loss_fn(out, labels)
-    model.backward(loss_fn.backward())
+    loss.backward()
     opt.step()
     return out, loss
 
@@ -46,7 +46,7 @@ def training_step(model, loss_fn, opt, x, labels):
 @pytest.mark.parametrize("batch", [1, 5])
 def test_lenet_training_step_matches_reference(dev, rng, batch):
     clnet.manual_seed(int(rng.integers(1 << 30)))
-    model = models.lenet().to(dev)
+    model = models.build("lenet").to(dev)
     before = model.state_dict()
     x = rng.standard_normal((batch, 1, 28, 28)).astype(np.float32)
     labels = rng.integers(0, 10, batch)
@@ -63,7 +63,7 @@ def test_lenet_training_step_matches_reference(dev, rng, batch):
 
 
 def test_training_step_transfers_exactly_input_labels_and_loss(dev, rng):
-    model = models.lenet().to(dev)
+    model = models.build("lenet").to(dev)
     loss_fn, opt = nn.CrossEntropyLoss(), optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = rng.standard_normal((8, 1, 28, 28)).astype(np.float32)
     labels = rng.integers(0, 10, 8)
@@ -76,7 +76,7 @@ def test_training_step_transfers_exactly_input_labels_and_loss(dev, rng):
 
 
 def test_memory_stays_flat_over_50_steps(dev, rng):
-    model = models.lenet().to(dev)
+    model = models.build("lenet").to(dev)
     loss_fn, opt = nn.CrossEntropyLoss(), optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = clnet.tensor(rng.standard_normal((4, 1, 28, 28)), dev)
     labels = clnet.tensor(rng.integers(0, 10, 4), dev)
@@ -94,7 +94,7 @@ def test_memory_stays_flat_over_50_steps(dev, rng):
 def test_training_reduces_loss(dev, rng):
     """A few steps on a fixed batch drive the loss down: the pieces work together."""
     clnet.manual_seed(1)
-    model = models.lenet().to(dev)
+    model = models.build("lenet").to(dev)
     # lr 0.05 diverged on 3 of 200 random batches; at 0.02 over 25 steps the worst of 200 ended at 0.15 of the start
     loss_fn, opt = nn.CrossEntropyLoss(), optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     x = clnet.tensor(rng.standard_normal((16, 1, 28, 28)), dev)
@@ -111,6 +111,7 @@ def test_sgd_matches_reference(dev, rng, momentum, weight_decay, nesterov):
     opt = optim.SGD(layer.parameters(), lr=0.1, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
     p = layer.weight.numpy().astype(np.float64)
     buf = None
+    opt.zero_grad()  # the gradients exist from the optimizer's first use (or a backward)
     for _ in range(3):
         g = rng.standard_normal(p.shape)
         layer.weight.grad.write(g)
@@ -167,10 +168,15 @@ def test_sgd_state_survives_loading_before_the_first_step(dev, rng):
     state = opt.state_dict()
     resumed = make()
     resumed.load_state_dict(model.state_dict())
-    opt2 = optim.SGD(resumed.parameters(), lr=0.5, momentum=0.0)
-    opt2.load_state_dict(state)
-    for a, b in zip(opt2.state_dict()["buffers"], state["buffers"]):
-        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="saved with momentum 0.9, this optimizer has 0.0"):
+        optim.SGD(resumed.parameters(), lr=0.5, momentum=0.0).load_state_dict(state)  # no buffer to load into
+    opt2 = optim.SGD(resumed.parameters(), lr=0.5, momentum=0.5)
+    opt2.load_state_dict(state)  # the saved hyperparameters replace the ones it was made with, as in PyTorch
+    assert (opt2.lr, opt2.momentum) == (0.1, 0.9)
+    handed_back = opt2.state_dict()["state"]
+    assert sorted(handed_back) == sorted(state["state"]) == list(range(len(model.parameters())))
+    for i, entry in state["state"].items():
+        np.testing.assert_array_equal(handed_back[i]["momentum_buffer"], entry["momentum_buffer"])
     for g in grads[1:]:
         step(model, opt, g)
         step(resumed, opt2, g)
@@ -179,7 +185,7 @@ def test_sgd_state_survives_loading_before_the_first_step(dev, rng):
 
 
 def test_state_dict_round_trip_and_keys(dev, rng):
-    model = models.lenet().to(dev)
+    model = models.build("lenet").to(dev)
     sd = model.state_dict()
     assert list(sd) == ["0.weight", "0.bias", "2.weight", "2.bias", "5.weight", "5.bias", "7.weight", "7.bias"]
     assert sd["0.weight"].shape == (20, 1, 5, 5) and sd["5.weight"].shape == (500, 800)
@@ -192,7 +198,7 @@ def test_state_dict_round_trip_and_keys(dev, rng):
 @needs_torch
 def test_lenet_matches_torch(dev, rng):
     import torch
-    model = models.lenet().to(dev)
+    model = models.build("lenet").to(dev)
     tm = torch.nn.Sequential(torch.nn.Conv2d(1, 20, 5), torch.nn.MaxPool2d(2), torch.nn.Conv2d(20, 50, 5),
                              torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(800, 500), torch.nn.ReLU(),
                              torch.nn.Linear(500, 10)).double()
@@ -217,7 +223,7 @@ def test_lenet_matches_torch(dev, rng):
     labels = rng.integers(0, 10, 3)
     loss_fn = nn.CrossEntropyLoss()
     loss = loss_fn(model(clnet.tensor(x, dev)), labels)
-    model.backward(loss_fn.backward())
+    loss.backward()
     tl = torch.nn.functional.cross_entropy(tm(torch.tensor(x, dtype=torch.float64)), torch.tensor(labels))
     tl.backward()
     assert abs(float(loss) - tl.item()) < 1e-4
@@ -234,18 +240,21 @@ def test_zoo_shapes(name):
     assert out == (2, 10 if name.startswith("lenet") else 1000)
 
 
-def test_relu_folded_into_conv_and_linear_matches_reference(dev, rng):
-    """Sequential folds a ReLU into the layer before it: same forward and gradients, one launch fewer per ReLU."""
-    from clnet import kernels
+def test_relu_as_its_own_op_matches_reference(dev, rng):
+    """Each ReLU is an op of its own (no layer folds it into the GEMM before it): the forward and every gradient, the
+    input's included, follow the reference, and each ReLU costs one launch forward and one backward, so the same
+    layers without their ReLUs launch exactly 4 fewer kernels."""
     model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 5 * 4, 7),
                           nn.ReLU(), nn.Linear(7, 4)).to(dev)
     p = {k: v.astype(np.float64) for k, v in model.state_dict().items()}
     x = rng.standard_normal((3, 2, 5, 4)).astype(np.float32)
     dy = rng.standard_normal((3, 4)).astype(np.float32)
-    launches = kernels.launch_count
-    out = model(clnet.tensor(x, dev))
-    dx = model.backward(clnet.tensor(dy, dev))
-    launches = kernels.launch_count - launches
+    model(clnet.tensor(x, dev)).backward(clnet.tensor(dy, dev))  # allocates the .grads, so both counts below
+    model.zero_grad()                                            # see only the forward and backward launches
+    with recorded_launches() as launches:
+        xt = clnet.tensor(x, dev, requires_grad=True)
+        out = model(xt)
+        out.backward(clnet.tensor(dy, dev))
 
     c = ref.conv2d(x, p["0.weight"], p["0.bias"], (1, 1), (1, 1), (2, 2), (1, 1), 1)
     r1 = ref.activation("relu", c)
@@ -257,42 +266,102 @@ def test_relu_folded_into_conv_and_linear_matches_reference(dev, rng):
     _, dc = ref.activation("relu", c, dr1.reshape(c.shape))
     _, rdx, g0w, g0b = ref.conv2d(x, p["0.weight"], p["0.bias"], (1, 1), (1, 1), (2, 2), (1, 1), 1, dc)
     assert_close(out.numpy(), z, "output")
-    assert_close(dx.numpy(), rdx, "grad input")
+    assert_close(xt.grad.numpy(), rdx, "grad input")
     for name, expected in (("0.weight", g0w), ("0.bias", g0b), ("3.weight", g3w), ("3.bias", g3b),
                            ("5.weight", g5w), ("5.bias", g5b)):
         assert_close(dict(model.named_parameters())[name].grad.numpy(), expected, f"grad {name}")
-    assert model._folded == {1, 4}
+    assert launches.count("relu") == 2 and launches.count("relu backward") == 2, launches
 
-    # The same layers one by one, without folding, launch one more forward kernel per ReLU (the backward mask
-    # runs either way).
-    unfolded = kernels.launch_count
-    y = clnet.tensor(x, dev)
-    for layer in model:
-        y = layer(y)
-    g = clnet.tensor(dy, dev)
-    for layer in reversed(list(model)):
-        g = layer.backward(g)
-    assert kernels.launch_count - unfolded == launches + 2
-    assert_close(y.numpy(), z, "unfolded output")
+    plain = nn.Sequential(*[m for m in model if not isinstance(m, nn.ReLU)])  # the same layers and parameters
+    with recorded_launches() as plain_launches:
+        plain(clnet.tensor(x, dev, requires_grad=True)).backward(clnet.tensor(dy, dev))
+    assert len(launches) - len(plain_launches) == 4, (launches, plain_launches)
 
 
-def test_training_backward_skips_the_input_gradient(dev, rng):
-    """backward(input_grad=False) leaves out the first layer's input gradient, which a training step never uses:
-    fewer launches, the same parameter gradients, and None instead of d loss / d input."""
-    from clnet import kernels
+def test_first_layer_computes_no_input_gradient_unless_asked(dev, rng):
+    """A training step's input does not require a gradient, so the first layer's data gradient, which nothing uses,
+    is never computed: none of its data-gradient kernels runs, fewer kernels run in all, x.grad stays None, and the
+    parameter gradients are the same as those of a run whose input does require a gradient."""
     clnet.manual_seed(2)
-    model = models.lenet().to(dev)
-    x = clnet.tensor(rng.standard_normal((3, 1, 28, 28)), dev)
+    model = models.build("lenet").to(dev)
+    first = repr(model[0])
+    x = rng.standard_normal((3, 1, 28, 28)).astype(np.float32)
     labels = rng.integers(0, 10, 3)
+    nn.CrossEntropyLoss()(model(clnet.tensor(x, dev)), labels).backward()  # allocates the .grads
     results = {}
     for input_grad in (True, False):
-        loss_fn = nn.CrossEntropyLoss()
         model.zero_grad()
-        loss_fn(model(x), labels)
-        before = kernels.launch_count
-        dx = model.backward(loss_fn.backward(), input_grad=input_grad)
-        results[input_grad] = (kernels.launch_count - before, dx, [p.grad.numpy() for p in model.parameters()])
-    assert results[True][1] is not None and results[False][1] is None
+        xt = clnet.tensor(x, dev, requires_grad=input_grad)
+        loss = nn.CrossEntropyLoss()(model(xt), labels)
+        with recorded_launches() as launches:
+            loss.backward()
+        data = [w for w in launches if w.startswith(first) and "(data)" in w]
+        results[input_grad] = (len(launches), data, xt.grad, [p.grad.numpy() for p in model.parameters()])
+    assert results[True][1] and not results[False][1], (results[True][1], results[False][1])
+    assert results[True][2] is not None and results[False][2] is None
+    assert results[True][2].shape == x.shape
     assert results[False][0] < results[True][0]
-    for a, b in zip(results[True][2], results[False][2]):
+    for a, b in zip(results[True][3], results[False][3]):
         np.testing.assert_array_equal(a, b)
+
+
+def randomised_state(model, rng):
+    """model's state_dict with every batch norm's weight, bias and running statistics drawn at random (the defaults,
+    ones and zeros, would hide a weight or mean that is ignored), the other entries as they are."""
+    state = model.state_dict()
+    for key, value in state.items():
+        if value.ndim != 1 or key.endswith("fc.bias"):
+            continue
+        if key.endswith("weight") or key.endswith("running_var"):
+            state[key] = rng.uniform(0.5, 1.5, value.shape).astype(np.float32)
+        elif key.endswith("bias") or key.endswith("running_mean"):
+            state[key] = (0.1 * rng.standard_normal(value.shape)).astype(np.float32)
+    return state
+
+
+@needs_torch
+def test_resnet8_matches_its_torch_twin(dev, rng):
+    """The zoo's resnet8 (basic blocks; test_zoo.py checks bottleneck blocks) beside models.build("resnet8",
+    lib=torch) with the same weights and random batch-norm state, in float64: logits, loss, every parameter's
+    gradient, the input's gradient and the running statistics after a training step; then, in eval, the logits from
+    those statistics."""
+    import torch
+    clnet.manual_seed(int(rng.integers(1 << 30)))
+    model = models.build("resnet8").to(dev)
+    twin = models.build("resnet8", lib=torch).double()
+    state = randomised_state(model, rng)
+    model.load_state_dict(state)
+    twin.load_state_dict({k: torch.tensor(v) if v.dtype.kind == "i" else torch.tensor(v, dtype=torch.float64)
+                          for k, v in state.items()})
+    assert list(model.state_dict()) == list(twin.state_dict())
+    x = rng.standard_normal((2, 1, 28, 28)).astype(np.float32)
+    labels = rng.integers(0, 10, 2)
+
+    xt = clnet.tensor(x, dev, requires_grad=True)
+    logits = model(xt)
+    loss = nn.CrossEntropyLoss()(logits, labels)
+    loss.backward()
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    tlogits = twin(tx)
+    tloss = torch.nn.functional.cross_entropy(tlogits, torch.tensor(labels))
+    tloss.backward()
+    assert_close(logits.numpy(), tlogits.detach().numpy(), "logits", tol=1e-4)
+    assert abs(float(loss) - tloss.item()) < 1e-4 * max(1.0, tloss.item())
+    assert_close(xt.grad.numpy(), tx.grad.numpy(), "grad input", tol=1e-4)
+    tparams = dict(twin.named_parameters())
+    for name, p in model.named_parameters():
+        assert_close(p.grad.numpy(), tparams[name].grad.numpy(), f"grad {name}", tol=1e-4)
+    tstate = twin.state_dict()
+    for name, value in model.state_dict().items():
+        if "running" in name:
+            assert_close(value, tstate[name].numpy(), name, tol=1e-5)
+        elif name.endswith("num_batches_tracked"):
+            assert value == tstate[name].item() == 1, name
+
+    model.eval()
+    twin.eval()
+    with clnet.no_grad():
+        eval_logits = model(clnet.tensor(x, dev))
+    with torch.no_grad():
+        teval = twin(torch.tensor(x, dtype=torch.float64))
+    assert_close(eval_logits.numpy(), teval.numpy(), "logits in eval", tol=1e-4)

@@ -31,7 +31,7 @@ import pytest
 
 import clnet
 from clnet import nn, tuning, winograd
-from clnet.ops import ConvShape
+from clnet.shapes import ConvShape
 
 import reference as ref
 from conftest import assert_close, assert_close_to_terms, needs_torch

@@ -134,6 +134,7 @@ class AdaptiveAvgPool2d(Module):
 
 
 class _Activation(Module):
+    keeps_shape = True
     kind = None
 
     def __init__(self, inplace=False):
@@ -166,6 +167,8 @@ class Tanh(_Activation):
 
 
 class Identity(Module):
+    keeps_shape = True
+
     def __init__(self, *args, **kwargs):
         super().__init__()
 
@@ -191,6 +194,8 @@ class Flatten(Module):
 
 
 class Dropout(Module):
+    keeps_shape = True
+
     def __init__(self, p=0.5, inplace=False):
         super().__init__()
         if not 0.0 <= p < 1.0:
@@ -282,6 +287,8 @@ class BatchNorm2d(Module):
 
 
 class LocalResponseNorm(Module):
+    keeps_shape = True
+
     def __init__(self, size, alpha=1e-4, beta=0.75, k=1.0):
         super().__init__()
         self.size, self.alpha, self.beta, self.k = int(size), float(alpha), float(beta), float(k)

@@ -23,6 +23,11 @@ class _Handle:
 class Module:
     """Base of every layer and network: configuration and parameters in __init__, computation in forward."""
 
+    # True where the output always has the input's shape (activations, dropout): then the default output_shape is
+    # this layer's geometry, and a Sequential of such layers and of layers with their own output_shape can check the
+    # whole chain before running it.
+    keeps_shape = False
+
     def __init__(self):
         d = self.__dict__
         d["_parameters"], d["_buffers"], d["_modules"] = OrderedDict(), OrderedDict(), OrderedDict()
@@ -303,6 +308,9 @@ class Sequential(Module):
         return shape
 
     def forward(self, x):
+        if isinstance(x, Tensor) and all(m.keeps_shape or type(m).output_shape is not Module.output_shape
+                                         for m in self.modules()):
+            self.output_shape(x.shape)  # a misfit anywhere in the chain is named before any kernel runs
         for name, layer in self._modules.items():
             try:
                 x = layer(x)

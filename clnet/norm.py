@@ -1,0 +1,338 @@
+"""Batch normalisation and local response normalisation: plain launches of cl_kernels/batchnorm.cl and lrn.cl.
+
+No autograd here: the op table calls these, saves what they return, and calls the backward functions. Every tensor
+is float32 and contiguous; x is (N, C, H, W), (N, C, L) or (N, C), viewed as (N, C, P) with P the product of the
+trailing sizes (1 for (N, C)). Per-channel tensors are (C,).
+
+Memory traffic per element of x (4 bytes each; per-channel records and partial sums are extra but tiny):
+
+- batch_norm_train_forward: the statistics pass reads x (4 B), the normalising pass reads x and writes y (8 B):
+  12 B, x read twice and y written once.
+- batch_norm_eval_forward: reads x, writes y: 8 B.
+- batch_norm_backward: the sums pass reads dy and x (8 B), the dx pass reads dy and x and writes dx (12 B): 20 B.
+  Without need_dx only the sums pass runs (8 B); without dweight, dbias and need_dx nothing runs.
+- batch_norm_eval_backward: the sums pass (only for dweight or dbias) reads dy and x (8 B); dx = dy * weight * invstd
+  reads dy and writes dx (8 B).
+- lrn_forward: reads x, writes y and scale: 12 B (each value is read `size` times, all but the first from cache).
+- lrn_backward: reads x, y, scale and dy, writes dx: 20 B (the window's values again from cache).
+
+Each op has two kernel shapes, chosen by tuning.cpu_shaped. GPU-shaped batch norm: the reductions run a work-group
+of LSIZE per (channel, run), every channel's N*P values cut into tuning.reduction_runs runs so that a few channels
+over many pixels still fill the device (64 channels of 401,408 values: 9 runs, 576 work-groups on the H200), then a
+second small pass merges each channel's runs in order; planes under SMALL_PLANE values are reduced plane-shaped
+instead (below), in runs of whole images. Element-wise passes take UNROLL elements per work-item. CPU-shaped: a
+reduction's work-item takes whole planes of one channel (nb images), an element-wise pass's whole planes of one
+image (cb channels), at least SPAN values either way, eight lanes at a time, without local memory or barriers. LRN: an element per work-item on GPUs, whole planes of one image (at least SPAN values) per work-item on
+CPUs; each window is summed down its few channels, P apart, so there is no long reduction to cut.
+"""
+import math
+
+from . import kernels, tuning
+from .tensor import empty
+
+# The longest float32 running sum the batch-norm kernels make (their BLOCK); the CPU-shaped kernels give each
+# work-item planes of at least SPAN values (a few whole planes when they are small), so that a plane of a few pixels
+# (7x7, or 1 for (N, C) inputs) is not a work-item and a partial record of its own.
+BLOCK = 64
+SPAN = 8 * BLOCK
+# Values a GPU-shaped batch-norm work-item loads together. On the H200 at (128, 64, 56, 56), 4 took the statistics
+# pass from 78 to 40 us (1.3 to 2.6 TB/s), the gradient sums from 91 to 57 us and the normalising pass from 109 to
+# 71 us: one load in flight per work-item left the memory system idle.
+UNROLL = 4
+# Planes smaller than this take the plane-shaped reductions on GPUs too: with a work-group per channel, a warp would
+# read P-value fragments of 32 images (a word each for (N, C) inputs); plane-shaped, it reads 32 channels side by
+# side. H200, (1024, 4096): statistics 21 us against 38, gradient sums 22 against 67.
+SMALL_PLANE = 8
+
+__all__ = ["batch_norm_stats", "batch_norm_train_forward", "batch_norm_eval_forward", "batch_norm_backward",
+           "batch_norm_eval_backward", "lrn_forward", "lrn_backward"]
+
+
+def _geometry(x, what):
+    """(N, C, P) of x, checked."""
+    if len(x.shape) < 2:
+        raise ValueError(f"{what}: expected input of shape (N, C, H, W) or (N, C), got shape {tuple(x.shape)}")
+    N, C = x.shape[0], x.shape[1]
+    return N, C, math.prod(x.shape[2:])
+
+
+def _check_channel(t, C, name, what):
+    if t is not None and tuple(t.shape) != (C,):
+        raise ValueError(f"{what}: expected {name} of shape ({C},), got shape {tuple(t.shape)}")
+
+
+def _check_same(t, x, name, what):
+    if tuple(t.shape) != tuple(x.shape):
+        raise ValueError(f"{what}: expected {name} of shape {tuple(x.shape)} (the input's), got {tuple(t.shape)}")
+
+
+def _lsize(dev):
+    """Work-group size of the GPU-shaped reductions (a power of two, 1 on the CPU-shaped path)."""
+    if tuning.cpu_shaped(dev):
+        return 1
+    return 256 if dev.max_work_group_size >= 256 else 1 << (dev.max_work_group_size.bit_length() - 1)
+
+
+def _bn_kernel(dev, name, lsize):
+    """A batchnorm.cl kernel built with the path's defines (a kernel that reads only some of them still shares the
+    build of the file with its path's others)."""
+    return kernels.kernel(dev, "batchnorm.cl", name, dict(LSIZE=lsize, BLOCK=BLOCK, UNROLL=UNROLL))
+
+
+def _planes_per_item(P, limit):
+    """Planes of P values a CPU-shaped work-item takes: enough for SPAN values, at most `limit`."""
+    return max(1, min(limit, -(-SPAN // P)))
+
+
+def _runs(dev, N, C, P, lsize):
+    """(runs, chunk): each channel's N*P (n, p) pairs cut into runs of chunk consecutive pairs, none empty."""
+    runs = max(1, int(tuning.reduction_runs(dev, N * P, C, lsize)))
+    chunk = -(-N * P // runs)
+    return -(-N * P // chunk), chunk
+
+
+def _reduce(dev, gpu_kernel, planes_kernel, width, N, C, P, inputs, what):
+    """Runs a first reduction pass over (N, C, P) inputs and returns (partial records of `width` floats, runs,
+    lsize): one record per (run, channel). A GPU-shaped run is `chunk` consecutive (n, p) pairs; a plane-shaped one
+    is nb consecutive images: about SPAN values on CPUs, and on GPUs (planes under SMALL_PLANE values) enough runs
+    for 4 waves of LSIZE work-items per compute unit."""
+    lsize = _lsize(dev)
+    if lsize == 1 or P < SMALL_PLANE:
+        if lsize == 1:
+            nb = _planes_per_item(P, N)
+        else:
+            nb = max(1, min(N, N * C // (4 * dev.compute_units * lsize)))
+        runs = -(-N // nb)
+        part = empty((runs, C, width), dev)
+        kernels.launch(dev, _bn_kernel(dev, planes_kernel, lsize), (runs * C,), None, *inputs, part, N, C, P, nb,
+                       what=what)
+        return part, runs, lsize
+    runs, chunk = _runs(dev, N, C, P, lsize)
+    part = empty((runs, C, width), dev)
+    kernels.launch(dev, _bn_kernel(dev, gpu_kernel, lsize), (C * lsize, runs), (lsize, 1), *inputs, part, N, C, P,
+                   chunk, what=what)
+    return part, runs, lsize
+
+
+def _elementwise(dev, name, N, C, P, *args, what):
+    """An element-wise pass: UNROLL elements per work-item, or, CPU-shaped, cb channels' planes of one image per
+    work-item."""
+    lsize = _lsize(dev)
+    if lsize == 1:
+        cb = _planes_per_item(P, C)
+        kernels.launch(dev, _bn_kernel(dev, name + "_planes", 1), (N * -(-C // cb),), None, *args, C, P, N, cb,
+                       what=what)
+    else:
+        total = N * C * P
+        kernels.launch(dev, _bn_kernel(dev, name, lsize), (-(-total // UNROLL),), (lsize,), *args, C, P, total,
+                       what=what)
+
+
+def batch_norm_stats(x, eps=1e-5, running_mean=None, running_var=None, momentum=0.1):
+    """Per-channel batch statistics of x over N and the pixels.
+
+    Parameters
+    ----------
+    x : Tensor (N, C, ...)
+    eps : float
+        Added to the (biased) variance before the inverse square root.
+    running_mean, running_var : Tensor (C,) or None
+        Updated in place when given: ``r = (1 - momentum) * r + momentum * batch value``, with the unbiased variance
+        (times n / (n - 1)) for running_var, as PyTorch's BatchNorm in training.
+    momentum : float
+
+    Returns
+    -------
+    mean, invstd : Tensor (C,)
+        The batch mean and 1 / sqrt(biased variance + eps).
+    """
+    what = "batch norm statistics"
+    dev = x.device
+    N, C, P = _geometry(x, what)
+    _check_channel(running_mean, C, "running_mean", what)
+    _check_channel(running_var, C, "running_var", what)
+    count = N * P
+    if count <= 1:
+        raise ValueError(f"{what}: expected more than 1 value per channel when training, got input of shape "
+                         f"{tuple(x.shape)}")
+    part, runs, lsize = _reduce(dev, "batchnorm_stats", "batchnorm_stats_planes", 3, N, C, P, (x,),
+                                what=f"{what} {tuple(x.shape)}")
+    mean, invstd = empty((C,), dev), empty((C,), dev)
+    kernels.launch(dev, _bn_kernel(dev, "batchnorm_stats_finish", lsize), (C * lsize,), (lsize,), part, runs, C,
+                   float(count), float(eps), float(momentum), mean, invstd, running_mean, running_var,
+                   what=f"{what} (merging {runs} runs)")
+    return mean, invstd
+
+
+def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentum, eps):
+    """Batch normalisation in training: y = (x - mean) * invstd * weight + bias with the batch's statistics.
+
+    Parameters
+    ----------
+    x : Tensor (N, C, ...)
+    weight, bias : Tensor (C,) or None
+        None means 1 and 0.
+    running_mean, running_var : Tensor (C,) or None
+        Updated in place as batch_norm_stats says (PyTorch's BatchNorm2d semantics).
+    momentum, eps : float
+
+    Returns
+    -------
+    y : Tensor, x's shape
+    mean, invstd : Tensor (C,)
+        Saved for batch_norm_backward.
+    """
+    N, C, P = _geometry(x, "batch norm")
+    _check_channel(weight, C, "weight", "batch norm")
+    _check_channel(bias, C, "bias", "batch norm")
+    mean, invstd = batch_norm_stats(x, eps, running_mean, running_var, momentum)
+    y = empty(x.shape, x.device)
+    _elementwise(x.device, "batchnorm_apply", N, C, P, x, mean, invstd, weight, bias, y,
+                 what=f"batch norm {tuple(x.shape)}")
+    return y, mean, invstd
+
+
+def _eval_invstd(running_var, eps, C):
+    invstd = empty((C,), running_var.device)
+    dev = running_var.device
+    kernels.launch(dev, _bn_kernel(dev, "batchnorm_invstd", _lsize(dev)), (C,), None, running_var, float(eps), invstd,
+                   C, what="batch norm invstd")
+    return invstd
+
+
+def batch_norm_eval_forward(x, weight, bias, running_mean, running_var, eps):
+    """Batch normalisation in evaluation: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias."""
+    N, C, P = _geometry(x, "batch norm")
+    for t, name in ((weight, "weight"), (bias, "bias"), (running_mean, "running_mean"), (running_var, "running_var")):
+        _check_channel(t, C, name, "batch norm")
+    invstd = _eval_invstd(running_var, eps, C)
+    y = empty(x.shape, x.device)
+    _elementwise(x.device, "batchnorm_apply", N, C, P, x, running_mean, invstd, weight, bias, y,
+                 what=f"batch norm (evaluation) {tuple(x.shape)}")
+    return y
+
+
+def _grad_sums(dy, x, mean, invstd, dweight, dbias, gmean, what):
+    """dbias += sum dy, dweight += sum dy * xhat (each when not None); gmean (2, C), when not None, gets their means."""
+    dev = x.device
+    N, C, P = _geometry(x, what)
+    part, runs, lsize = _reduce(dev, "batchnorm_grad_sums", "batchnorm_grad_sums_planes", 2, N, C, P, (dy, x, mean),
+                                what=f"{what} sums {tuple(x.shape)}")
+    kernels.launch(dev, _bn_kernel(dev, "batchnorm_grad_finish", lsize), (C * lsize,), (lsize,), part, runs, C,
+                   float(N * P), invstd, dweight, dbias, gmean, what=f"{what} sums (merging {runs} runs)")
+
+
+def batch_norm_backward(dy, x, weight, mean, invstd, need_dx, dweight, dbias):
+    """Backward of batch_norm_train_forward (statistics of the batch, so they depend on x).
+
+    Parameters
+    ----------
+    dy, x : Tensor, x's shape
+    weight : Tensor (C,) or None
+    mean, invstd : Tensor (C,)
+        As batch_norm_train_forward returned them.
+    need_dx : bool
+    dweight, dbias : Tensor (C,) or None
+        Parameter gradients, accumulated into: ``dbias += sum dy``, ``dweight += sum dy * xhat``.
+
+    Returns
+    -------
+    dx : Tensor or None
+        ``weight * invstd / n * (n * dy - sum dy - xhat * sum dy * xhat)``, n = N * P, when need_dx.
+    """
+    what = "batch norm backward"
+    N, C, P = _geometry(x, what)
+    _check_same(dy, x, "dy", what)
+    for t, name in ((weight, "weight"), (mean, "mean"), (invstd, "invstd"), (dweight, "dweight"), (dbias, "dbias")):
+        _check_channel(t, C, name, what)
+    if not need_dx and dweight is None and dbias is None:
+        return None
+    gmean = empty((2, C), x.device) if need_dx else None
+    _grad_sums(dy, x, mean, invstd, dweight, dbias, gmean, what)
+    if not need_dx:
+        return None
+    dx = empty(x.shape, x.device)
+    _elementwise(x.device, "batchnorm_dx", N, C, P, dy, x, mean, invstd, weight, gmean, dx,
+                 what=f"{what} {tuple(x.shape)}")
+    return dx
+
+
+def batch_norm_eval_backward(dy, x, weight, running_mean, running_var, eps, need_dx, dweight, dbias):
+    """Backward of batch_norm_eval_forward: the statistics are constants, so dx = dy * weight * invstd, and
+    ``dbias += sum dy``, ``dweight += sum dy * xhat`` with xhat from the running statistics (each when not None).
+    Returns dx, or None unless need_dx."""
+    what = "batch norm (evaluation) backward"
+    N, C, P = _geometry(x, what)
+    _check_same(dy, x, "dy", what)
+    for t, name in ((weight, "weight"), (running_mean, "running_mean"), (running_var, "running_var"),
+                    (dweight, "dweight"), (dbias, "dbias")):
+        _check_channel(t, C, name, what)
+    if not need_dx and dweight is None and dbias is None:
+        return None
+    invstd = _eval_invstd(running_var, eps, C)
+    if dweight is not None or dbias is not None:
+        _grad_sums(dy, x, running_mean, invstd, dweight, dbias, None, what)
+    if not need_dx:
+        return None
+    dx = empty(x.shape, x.device)
+    _elementwise(x.device, "batchnorm_apply", N, C, P, dy, None, invstd, weight, None, dx,
+                 what=f"{what} {tuple(x.shape)}")
+    return dx
+
+
+def _lrn_launch(name, x, N, C, P, tensors, scalars, what):
+    """An element per work-item, or, CPU-shaped, cb channels' planes of one image per work-item."""
+    dev = x.device
+    if tuning.cpu_shaped(dev):
+        cb = _planes_per_item(P, C)
+        k = kernels.kernel(dev, "lrn.cl", name + "_planes")
+        kernels.launch(dev, k, (N * -(-C // cb),), None, *tensors, C, P, N, cb, *scalars, what=what)
+    else:
+        k = kernels.kernel(dev, "lrn.cl", name)
+        kernels.launch(dev, k, (N * C * P,), (256,) if dev.max_work_group_size >= 256 else None, *tensors, C, P,
+                       N * C * P, *scalars, what=what)
+
+
+def _lrn_check(x, size, what):
+    N, C, P = _geometry(x, what)
+    if int(size) != size or size < 1:
+        raise ValueError(f"{what}: expected a window size of at least 1 channel, got {size}")
+    return N, C, P
+
+
+def lrn_forward(x, size, alpha=1e-4, beta=0.75, k=1.0):
+    """Local response normalisation across channels, as torch.nn.functional.local_response_norm.
+
+    Parameters
+    ----------
+    x : Tensor (N, C, ...)
+    size : int
+        Channels in the window: c - size // 2 .. c + (size - 1) // 2, zero padded.
+    alpha, beta, k : float
+
+    Returns
+    -------
+    y : Tensor, x's shape
+        ``x * scale ** -beta``
+    scale : Tensor, x's shape
+        ``k + alpha / size * sum of x**2 over the window``, saved for lrn_backward.
+    """
+    what = f"local response norm {tuple(x.shape)}"
+    N, C, P = _lrn_check(x, size, what)
+    y, scale = empty(x.shape, x.device), empty(x.shape, x.device)
+    _lrn_launch("lrn_fwd", x, N, C, P, (x, y, scale), (int(size), float(alpha) / size, float(beta), float(k)),
+                what=what)
+    return y, scale
+
+
+def lrn_backward(x, y, scale, dy, size, alpha=1e-4, beta=0.75, k=1.0):
+    """Backward of lrn_forward: ``dx = dy * scale**-beta - 2 * alpha * beta / size * x * sum over the windows that
+    hold c of dy * y / scale``. k enters only through scale. Returns dx, x's shape."""
+    what = f"local response norm backward {tuple(x.shape)}"
+    N, C, P = _lrn_check(x, size, what)
+    for t, name in ((y, "y"), (scale, "scale"), (dy, "dy")):
+        _check_same(t, x, name, what)
+    dx = empty(x.shape, x.device)
+    _lrn_launch("lrn_bwd", x, N, C, P, (x, y, scale, dy, dx), (int(size), float(beta), 2.0 * alpha * beta / size),
+                what=what)
+    return dx
