@@ -245,11 +245,14 @@ class Module:
         elif args and not isinstance(x, (list, tuple, dict)):
             raise TypeError(f"{self._name()}: expected a clnet tensor, got {type(x).__name__}; wrap host data with "
                             "clnet.tensor(array, device=...)")
-        for hook in list(self._forward_pre_hooks.values()):
-            hook(self, args)
+        d = self.__dict__
+        if d["_forward_pre_hooks"]:  # most calls have none: no list is made for them (this runs per layer per step)
+            for hook in list(d["_forward_pre_hooks"].values()):
+                hook(self, args)
         out = self.forward(*args, **kwargs)
-        for hook in list(self._forward_hooks.values()):
-            hook(self, args, out)
+        if d["_forward_hooks"]:
+            for hook in list(d["_forward_hooks"].values()):
+                hook(self, args, out)
         return out
 
     def _name(self):
@@ -307,10 +310,17 @@ class Sequential(Module):
                 raise ValueError(f"layer {i}: {e}") from None
         return shape
 
+    def add_module(self, name, module):
+        self.__dict__.pop("_checked_input", None)
+        super().add_module(name, module)
+
     def forward(self, x):
-        if isinstance(x, Tensor) and all(m.keeps_shape or type(m).output_shape is not Module.output_shape
-                                         for m in self.modules()):
-            self.output_shape(x.shape)  # a misfit anywhere in the chain is named before any kernel runs
+        d = self.__dict__
+        shape = getattr(x, "shape", None)
+        if shape is not None and d.get("_checked_input") != shape:  # once per input shape, not per step
+            if all(m.keeps_shape or type(m).output_shape is not Module.output_shape for m in self.modules()):
+                self.output_shape(shape)  # a misfit anywhere in the chain is named before any kernel runs
+            d["_checked_input"] = shape
         for name, layer in self._modules.items():
             try:
                 x = layer(x)
