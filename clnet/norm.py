@@ -35,9 +35,9 @@ from .tensor import empty
 # (7x7, or 1 for (N, C) inputs) is not a work-item and a partial record of its own.
 BLOCK = 64
 SPAN = 8 * BLOCK
-# Values a GPU-shaped batch-norm work-item loads together. On the H200 at (128, 64, 56, 56), 4 took the statistics
-# pass from 78 to 40 us (1.3 to 2.6 TB/s), the gradient sums from 91 to 57 us and the normalising pass from 109 to
-# 71 us: one load in flight per work-item left the memory system idle.
+# Values a GPU-shaped batch-norm work-item loads together: with one load in flight per work-item the memory system
+# idled. On the H200 at (128, 64, 56, 56), 4 took the statistics pass from 84 to 45 us (1.2 to 2.3 TB/s), the
+# gradient sums from 97 to 61 us, and the normalising and dx passes from 103 and 110 to 93 and 99 us.
 UNROLL = 4
 # Planes smaller than this take the plane-shaped reductions on GPUs too: with a work-group per channel, a warp would
 # read P-value fragments of 32 images (a word each for (N, C) inputs); plane-shaped, it reads 32 channels side by
