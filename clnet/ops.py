@@ -19,6 +19,9 @@ def grad_recorded():
     return autograd._enabled
 
 
+VW = 4  # elements per work-item of act_fwd, act_bwd and axpby (cl_kernels/elementwise.cl)
+
+
 def _flat_launch(dev, k, n, *args, what=""):
     kernels.launch(dev, k, (n,), None, *args, what=what)
 
@@ -49,7 +52,8 @@ def full_like(t, value):
 def add(a, b):
     """a + b of two tensors of one shape, outside the graph (gradients summed over an op's uses)."""
     out = empty(a.shape, a.device)
-    _flat_launch(a.device, _elementwise(a.device, "axpby"), a.size, a, b, out, 1.0, 1.0, a.size, what="add")
+    _flat_launch(a.device, _elementwise(a.device, "axpby"), -(-a.size // VW), a, b, out, 1.0, 1.0, a.size,
+                 what="add")
     return out
 
 
@@ -141,7 +145,8 @@ class Axpby(Function):
     def forward(self, a, b, alpha, beta):
         self.alpha, self.beta = alpha, beta
         out = empty(a.shape, a.device)
-        _flat_launch(a.device, _elementwise(a.device, "axpby"), a.size, a, b, out, alpha, beta, a.size, what="add")
+        _flat_launch(a.device, _elementwise(a.device, "axpby"), -(-a.size // VW), a, b, out, alpha, beta, a.size,
+                     what="add")
         return out
 
     def backward(self, dy):
@@ -279,7 +284,7 @@ class Activation(Function):
         self.kind = kind
         y = empty(x.shape, x.device)
         k = _elementwise(x.device, "act_fwd", dict(ACT=ACTIVATIONS[kind]))
-        _flat_launch(x.device, k, x.size, x, y, x.size, what=kind)
+        _flat_launch(x.device, k, -(-x.size // VW), x, y, x.size, what=kind)
         self.save(y)
         return y
 
@@ -287,7 +292,7 @@ class Activation(Function):
         y, = self.saved
         dx = empty(y.shape, y.device)
         k = _elementwise(y.device, "act_bwd", dict(ACT=ACTIVATIONS[self.kind]))
-        _flat_launch(y.device, k, y.size, y, dy, dx, y.size, what=self.kind + " backward")
+        _flat_launch(y.device, k, -(-y.size // VW), y, dy, dx, y.size, what=self.kind + " backward")
         return dx
 
 
