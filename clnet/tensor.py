@@ -111,7 +111,8 @@ class _Region:
         self.size = nbytes
 
 
-DTYPES = {np.dtype(np.float32), np.dtype(np.int32)}
+_FLOAT32, _INT32 = np.dtype(np.float32), np.dtype(np.int32)
+DTYPES = {_FLOAT32, _INT32}
 ops = None  # clnet.ops, set when it is imported (it builds on this module)
 
 
@@ -132,11 +133,12 @@ class Tensor:
     __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's operators
 
     def __init__(self, shape, dtype=np.float32, device=None, _storage=None, _host=None):
-        self.shape = tuple(int(s) for s in shape)
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in DTYPES:
+        self.shape = shape = tuple(int(s) for s in shape)
+        # every op makes tensors: the common dtypes skip np.dtype()'s parsing
+        self.dtype = dtype = _FLOAT32 if dtype is np.float32 else (_INT32 if dtype is np.int32 else np.dtype(dtype))
+        if dtype not in DTYPES:
             raise TypeError(f"clnet tensors hold float32 or int32, not {self.dtype}")
-        if math.prod(self.shape) >= 2**31:
+        if math.prod(shape) >= 2**31:
             raise ValueError(f"clnet tensors hold fewer than 2**31 elements (kernels index with 32-bit integers); "
                              f"shape {self.shape} has {math.prod(self.shape)}: use a smaller batch")
         self.requires_grad, self.grad, self.grad_fn = False, None, None
