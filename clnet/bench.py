@@ -452,9 +452,10 @@ TUNE_BUDGET_S = 120.0  # first-run tuning inside `clnet bench`; `clnet tune` has
 @click.command()
 @click.argument("model", required=False)
 @click.option("--device", "device_spec", default="auto", show_default=True, help="auto, gpu, cpu, an index or a name")
-@click.option("--batch", type=int, default=None, help="batch size [default: the model's, as convnet-benchmarks]")
-@click.option("--iterations", type=int, default=10, show_default=True)
-@click.option("--warmup", type=int, default=5, show_default=True,
+@click.option("--batch", type=click.IntRange(min=1), default=None,
+              help="batch size [default: the model's, as convnet-benchmarks]")
+@click.option("--iterations", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True,
               help="untimed iterations first (kernel builds; the buffer pool settles in 3-5)")
 @click.option("--forward-only", is_flag=True, help="time the forward pass (and the loss) only")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write every figure to this file")
@@ -480,8 +481,6 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
         return
     if model not in models.MODELS:
         raise click.BadParameter(f"unknown model {model!r}; known: {', '.join(models.MODELS)}", param_hint="MODEL")
-    if iterations < 1 or warmup < 0 or (batch is not None and batch < 1):
-        raise click.BadParameter("--iterations and --batch must be at least 1, --warmup non-negative")
     tdev = None
     if compare:
         try:
@@ -509,7 +508,10 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
     rng.manual_seed(seed)
     net = models.build(model)
     in_shape = (batch,) + tuple(entry["input_shape"])
-    modules = describe(net, in_shape, dev)
+    try:
+        modules = describe(net, in_shape, dev)
+    except (ValueError, MemoryError) as e:  # a batch too large for the device or for 32-bit indexing
+        raise click.ClickException(f"{model} at batch {batch}: {e}") from None
     data_rng = np.random.default_rng(seed)
     x = data_rng.standard_normal(in_shape).astype(np.float32)
     classes = modules[0]["output"][1]  # the model's own output (the root is called first)

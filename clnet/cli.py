@@ -1,5 +1,6 @@
 """The `clnet` command: devices, bench, tune, train, eval. Commands check what the user typed, call the Python API
 and print; they build no kernels themselves."""
+import shlex
 import sys
 
 import click
@@ -12,7 +13,7 @@ from .checkpoint import CheckpointError, check_checkpoint_fits, load_checkpoint
 from .devices import DeviceNotFound
 from .devices import device as _device
 from .files import write_atomically
-from .train import evaluate, fit
+from .train import Diverged, evaluate, fit
 from .tune import tune_first
 
 
@@ -216,11 +217,18 @@ def train_command(model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
                      progress=True, model_name=model, interrupt_checkpoint=f"{model}-{dataset}-interrupted.ckpt",
                      config=dict(dataset=dataset, lr=cfg["lr"], momentum=cfg["momentum"],
                                  weight_decay=cfg["weight_decay"], subset=cfg["subset"], optimizer=cfg["optimizer"]))
-    except CheckpointError as e:
+    except (CheckpointError, Diverged) as e:
         raise click.ClickException(str(e)) from e
     if result["interrupted"]:
+        # what the checkpoint does not hold travels on the command line, so the command continues this very run
+        again = [("--epochs", cfg["epochs"]), ("--test-subset", test_subset), ("--data-dir", data_dir),
+                 ("--device", device_spec if device_spec != "auto" else None), ("--log", log_path),
+                 ("--plot", plot_path), ("--tune" if tune else "--no-tune", "") if tune is not None else (None, None)]
+        extra = "".join(f" {flag}" + (f" {shlex.quote(str(v))}" if v != "" else "") for flag, v in again
+                        if flag is not None and v is not None)
         click.echo(f"stopped at epoch {result['epoch'] + 1}, step {result['step']}; checkpoint written to "
-                   f"{result['checkpoint']}. Continue with: clnet train {model} --resume {result['checkpoint']}")
+                   f"{result['checkpoint']}. Continue with: clnet train {model} --resume "
+                   f"{shlex.quote(result['checkpoint'])}{extra}")
         return
     hist = result["epochs"]
     if plot_path and hist:

@@ -20,6 +20,10 @@ from .devices import device as _device
 from .files import write_atomically
 
 
+class Diverged(ArithmeticError):
+    """Training produced a loss that is not finite; nothing was saved from that step on."""
+
+
 # -- evaluation ------------------------------------------------------------------------------------------------------
 def _step_results(loss_fn, n):
     """(summed loss, correct count) of a finished training step of n examples: its one read-back, 8 bytes."""
@@ -189,6 +193,13 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
                     # The next batch's upload is queued behind this step before its results are read.
                     item = None if last else next(it, None)
                     s_loss, s_correct = _step_results(loss_fn, len(y_host))
+                    if not np.isfinite(s_loss):  # stop before any checkpoint holds the non-finite weights
+                        lr = getattr(optimizer, "lr", None)
+                        raise Diverged(f"training diverged: the loss of step {global_step + 1} (epoch {epoch + 1}) is "
+                                       f"{s_loss / len(y_host)}; lower the learning rate"
+                                       + (f" (it is {lr})" if lr is not None else "")
+                                       + (f"; the last checkpoint, {result['checkpoint']}, is from before"
+                                          if result["checkpoint"] else ""))
                     step, global_step = step + 1, global_step + 1
                     sums["loss"] += s_loss
                     sums["correct"] += s_correct

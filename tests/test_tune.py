@@ -126,10 +126,29 @@ def test_an_unwritable_cache_warns_and_keeps_the_choices_in_memory(dev, tmp_path
 
 
 @pytest.mark.parametrize("text", ["{not json", "[]", '{"a device": []}'])
-def test_unreadable_cache_names_the_file_and_the_fix(dev, cache_dir, text):
-    (cache_dir / f"tuning-v{tuning.CACHE_VERSION}.json").write_text(text)
-    with pytest.raises(RuntimeError, match="delete it"):
-        tuning.entries(dev)
+def test_damaged_cache_is_set_aside_with_a_warning(dev, cache_dir, text):
+    path = cache_dir / f"tuning-v{tuning.CACHE_VERSION}.json"
+    path.write_text(text)
+    with pytest.warns(UserWarning, match="moved to .*damaged"):
+        assert tuning.entries(dev) == {}
+    aside, = cache_dir.glob("*.damaged-*")
+    assert aside.read_text() == text and not path.exists()
+    tuning.store(dev, {"k": "im2col"})  # and tuning carries on with a fresh file
+    tuning.forget()
+    assert tuning.entries(dev) == {"k": "im2col"}
+
+
+def test_processes_tuning_at_once_keep_every_entry(dev, cache_dir):
+    """Two processes storing 300 keys each, one at a time, into one cache: all 600 are in the file afterwards."""
+    import subprocess
+    import sys
+    script = ("import sys, clnet; from clnet import tuning; dev = clnet.device(int(sys.argv[1]))\n"
+              "for i in range(300): tuning.store(dev, {f'{sys.argv[2]} {i}': 'im2col'})")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(dev.index), name]) for name in ("a", "b")]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    tuning.forget()
+    keys = set(tuning.entries(dev))
+    assert {f"{n} {i}" for n in "ab" for i in range(300)} <= keys
 
 
 def test_cli_tune_reports_and_rejects_unknown_models(cache_dir):
