@@ -60,7 +60,11 @@ class Function:
         out = fn.forward(*inputs, **options)
         if needs is not None:
             result = out[0] if type(out) is tuple else out
-            fn.inputs = inputs
+            # Edges, not tensors: a leaf that wants a gradient (its .grad is where backward adds), the op that made
+            # a computed input, None for the rest. Holding the computed inputs themselves would keep every
+            # activation alive until backward, where only what forward saved is needed.
+            fn.inputs = tuple(None if not need else (t if t.grad_fn is None else t.grad_fn)
+                              for t, need in zip(inputs, needs))
             fn.out_shape, fn.out_device = result.shape, result.device
             fn.tag = kernels.profiler.tag[0] if kernels.profiler is not None and kernels.profiler.tag else None
             result.requires_grad, result.grad_fn = True, fn
@@ -78,7 +82,7 @@ class Function:
         """The `.grad` of input i when it is a leaf that wants a gradient (allocated as zeros on first use), so that
         backward can accumulate into it directly and return None for it; else None (backward returns a new tensor)."""
         t = self.inputs[i]
-        if not self.needs[i] or t.grad_fn is not None:
+        if t is None or isinstance(t, Function):
             return None
         if t.grad is None:
             from .ops import zeros
@@ -104,9 +108,8 @@ def _topological(root_fn):
             order.append(fn)
             continue
         stack.append((fn, True))
-        for t in fn.inputs or ():
-            child = getattr(t, "grad_fn", None)
-            if child is not None and id(child) not in seen:
+        for child in fn.inputs or ():
+            if isinstance(child, Function) and id(child) not in seen:
                 seen.add(id(child))
                 stack.append((child, False))
     order.reverse()
@@ -152,14 +155,13 @@ def backward(root, grad=None, retain_graph=False):
         grads = fn.backward(g)
         if type(grads) is not tuple:
             grads = (grads,)
-        for t, need, gi in zip(fn.inputs, fn.needs, grads):
-            if not need or gi is None:
+        for edge, gi in zip(fn.inputs, grads):
+            if edge is None or gi is None:
                 continue
-            child = t.grad_fn
-            if child is None:
-                accumulate(t, gi)
+            if isinstance(edge, Function):
+                previous = pending.get(id(edge))
+                pending[id(edge)] = gi if previous is None else add(previous, gi)
             else:
-                previous = pending.get(id(child))
-                pending[id(child)] = gi if previous is None else add(previous, gi)
+                accumulate(edge, gi)
         if not retain_graph:
             fn.inputs = fn.saved = None

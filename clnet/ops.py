@@ -101,21 +101,24 @@ def _float(what, t):
 # ---- shape and arithmetic ------------------------------------------------------------------------------------------
 
 class Reshape(Function):
+    __slots__ = ("in_shape",)
+
     def forward(self, x, shape):
+        self.in_shape = x.shape
         return x._alias(shape)
 
     def backward(self, dy):
-        return dy._alias(self.inputs[0].shape)
+        return dy._alias(self.in_shape)
 
 
 class Sum(Function):
     """scale * the sum of every element, as a one-element tensor (mean: scale 1/n)."""
     unit_grad = True
-    __slots__ = ("scale",)
+    __slots__ = ("scale", "in_shape")
 
     def forward(self, x, scale):
         _float("sum", x)
-        self.scale = scale
+        self.scale, self.in_shape = scale, x.shape
         out = empty((), x.device)
         lsize = _pow2_group(x.device)
         k = _elementwise(x.device, "reduce_sum", dict(LSIZE=lsize))
@@ -123,14 +126,12 @@ class Sum(Function):
         return out
 
     def backward(self, dy):
-        x = self.inputs[0]
         if dy is None:
-            return full(x.shape, x.device, self.scale)
-        dx = empty(x.shape, x.device)
-        _flat_launch(x.device, _elementwise(x.device, "fill_scaled"), dx.size, dx, dy, float(self.scale), dx.size,
+            return full(self.in_shape, self.out_device, self.scale)
+        dx = empty(self.in_shape, self.out_device)
+        _flat_launch(dx.device, _elementwise(dx.device, "fill_scaled"), dx.size, dx, dy, float(self.scale), dx.size,
                      what="sum backward")
         return dx
-
 
 
 def _pow2_group(dev, limit=256):
@@ -399,10 +400,10 @@ def _pool_args(x_shape, out_hw, k, s, p):
 
 
 class MaxPool2d(Function):
-    __slots__ = ("geometry",)
+    __slots__ = ("geometry", "in_shape")
 
     def forward(self, x, out_shape, k, s, p):
-        self.geometry = (k, s, p)
+        self.geometry, self.in_shape = (k, s, p), x.shape
         y = empty(out_shape, x.device)
         idx = empty(out_shape, x.device, np.int32)
         if not tuning.cpu_shaped(x.device):
@@ -415,7 +416,7 @@ class MaxPool2d(Function):
 
     def backward(self, dy):
         idx, = self.saved
-        x_shape = self.inputs[0].shape
+        x_shape = self.in_shape
         dx = empty(x_shape, dy.device)
         if not tuning.cpu_shaped(dy.device):
             kern, n = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd"), dx.size
@@ -427,10 +428,10 @@ class MaxPool2d(Function):
 
 
 class AvgPool2d(Function):
-    __slots__ = ("geometry", "count_pad")
+    __slots__ = ("geometry", "count_pad", "in_shape")
 
     def forward(self, x, out_shape, k, s, p, count_include_pad):
-        self.geometry, self.count_pad = (k, s, p), count_include_pad
+        self.geometry, self.count_pad, self.in_shape = (k, s, p), count_include_pad, x.shape
         y = empty(out_shape, x.device)
         kern = kernels.kernel(x.device, "pool.cl", "avgpool2d_fwd", dict(COUNT_PAD=count_include_pad))
         _flat_launch(x.device, kern, y.size, x, *_pool_args(x.shape, out_shape[2:], k, s, p), y,
@@ -438,7 +439,7 @@ class AvgPool2d(Function):
         return y
 
     def backward(self, dy):
-        x_shape = self.inputs[0].shape
+        x_shape = self.in_shape
         dx = empty(x_shape, dy.device)
         kern = kernels.kernel(dy.device, "pool.cl", "avgpool2d_bwd", dict(COUNT_PAD=self.count_pad))
         _flat_launch(dy.device, kern, dx.size, dy, *_pool_args(x_shape, dy.shape[2:], *self.geometry), dx,

@@ -139,3 +139,17 @@ def test_frozen_parameters_get_no_gradient(dev, rng):
     layer(x).sum().backward()
     assert layer.weight.grad is None and layer.bias.grad is not None and x.grad is not None
     assert_close(layer.bias.grad.numpy(), np.full(2, 3.0), "db")
+
+
+def test_graph_keeps_only_what_backward_needs(dev, rng):
+    """A recorded op holds what its forward saved, not its inputs: an intermediate that no backward reads (the input
+    of a ReLU, which saves its output) is freed as soon as the user drops it, before backward."""
+    import weakref
+    a, x = leaf(rng, dev, 4, 5)
+    h = x * 2.0
+    y = F.relu(h)
+    gone = weakref.ref(h)
+    del h
+    assert gone() is None
+    y.sum().backward()
+    assert_close(x.grad.numpy(), np.where(a > 0, 2.0, 0.0), "dx")
