@@ -28,7 +28,7 @@ def devices():
     """List every OpenCL platform and device."""
     rows = device_mod.list_devices()
     for path in device_mod.registered_libraries:
-        click.echo(f"note: registered {path}, which is installed without an ICD file")
+        click.echo(f"note: registered {path}: {device_mod.how_found.get(path, 'installed without an ICD file')}")
     if not rows:
         raise click.ClickException(device_mod.NO_PLATFORM_HELP)
     for r in rows:

@@ -8,6 +8,7 @@ import glob
 import hashlib
 import os
 import subprocess
+import sys
 import tempfile
 
 from .files import write_atomically
@@ -15,28 +16,50 @@ from .files import write_atomically
 SYSTEM_VENDOR_DIR = "/etc/OpenCL/vendors"
 # Vendor libraries that implement the ICD interface, by the file names their drivers install.
 VENDOR_LIBRARIES = ("libnvidia-opencl.so.1", "libamdocl64.so", "libamdocl-orca64.so", "libigdrcl.so",
-                    "libintelocl.so", "libmali.so", "libpocl.so.2")
-LIBRARY_DIRS = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64",
-                "/usr/lib", "/usr/local/lib", "/usr/lib/wsl/lib", "/opt/rocm/lib", "/opt/rocm/opencl/lib",
-                "/usr/lib/x86_64-linux-gnu/intel-opencl", "/usr/lib/aarch64-linux-gnu")
+                    "libintelocl.so", "libmali.so", "libpocl.so.2", "liboclgrind-rt-icd.so")
+# pip's intel-opencl-rt puts libintelocl.so in the environment's lib/ with an ICD file naming the path it was built
+# at (/opt/anaconda1anaconda2anaconda3/lib), so nothing finds it; Debian's oclgrind installs no ICD file at all.
+ENVIRONMENT_LIB = os.path.join(sys.prefix, "lib")
+OCLGRIND_DIR = "/usr/lib/oclgrind"
+LIBRARY_DIRS = (ENVIRONMENT_LIB, "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/x86_64-linux-gnu",
+                "/usr/lib64", "/usr/lib", "/usr/local/lib", "/usr/lib/wsl/lib", "/opt/rocm/lib", "/opt/rocm/opencl/lib",
+                "/usr/lib/x86_64-linux-gnu/intel-opencl", "/usr/lib/aarch64-linux-gnu", OCLGRIND_DIR)
 
-# Libraries clnet registered itself, reported by `clnet devices`.
+# Libraries clnet registered itself, reported by `clnet devices`, and how each was found (path -> words).
 registered_libraries = []
+how_found = {}
+
+
+def _how(directory, source):
+    if directory == ENVIRONMENT_LIB:
+        return f"found in the active Python environment ({directory}), where pip installs it without a usable ICD file"
+    if directory == OCLGRIND_DIR:
+        return f"found in {directory}, where Debian's oclgrind package installs it without an ICD file"
+    return f"found {source} ({directory}), installed without an ICD file"
 
 
 def _find_unregistered_libraries():
     """Vendor libraries present on disk that no ICD file already names.
 
     An ICD file may name a library by another name or path than ours (a versioned file, a full path), so a library
-    counts as registered when its name or its resolved file matches an ICD entry's.
+    counts as registered when its name or its resolved file matches an ICD entry's. An entry naming a full path that
+    does not exist (pip's Intel ICD file) registers nothing.
     """
     vendor_dir = os.environ.get("OCL_ICD_VENDORS", SYSTEM_VENDOR_DIR)
-    search = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d] + list(LIBRARY_DIRS)
+    search = [(d, "on LD_LIBRARY_PATH") for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    search += [(d, "in a usual library directory") for d in LIBRARY_DIRS]
     cached = _ldconfig_paths()
 
     def locate(entry):
-        candidates = [entry] if os.path.isabs(entry) else [os.path.join(d, entry) for d in search]
-        return next((p for p in candidates + cached.get(entry, []) if os.path.exists(p)), None)
+        if os.path.isabs(entry):
+            return (entry, "named by an ICD file") if os.path.exists(entry) else (None, None)
+        for d, source in search:
+            if os.path.exists(os.path.join(d, entry)):
+                return os.path.join(d, entry), _how(d, source)
+        for p in cached.get(entry, []):
+            if os.path.exists(p):
+                return p, _how(os.path.dirname(p), "in the dynamic linker's cache")
+        return None, None
 
     named = set()
     for icd in glob.glob(os.path.join(vendor_dir, "*.icd")):
@@ -45,15 +68,17 @@ def _find_unregistered_libraries():
                 entry = f.read().strip()
         except OSError:
             continue
-        named.add(os.path.basename(entry))
-        path = locate(entry)
+        path = locate(entry)[0]
         if path:
             named.add(os.path.realpath(path))
+        if path or not os.path.isabs(entry):
+            named.add(os.path.basename(entry))
     found = []
     for name in VENDOR_LIBRARIES:
-        path = locate(name)
+        path, how = locate(name)
         if path and name not in named and os.path.realpath(path) not in named:
             found.append(path)
+            how_found[path] = how
     return vendor_dir, found
 
 
@@ -110,6 +135,23 @@ def register_vendor_libraries():
 register_vendor_libraries()
 
 import pyopencl as cl  # noqa: E402  (the loader must see OCL_ICD_VENDORS first)
+import pyopencl.characterize  # noqa: E402
+
+_nv_capability_query = cl.characterize.nv_compute_capability
+_has_nv_attributes = {}
+
+
+def _nv_compute_capability(dev):
+    """pyopencl asks every device for NVIDIA's compute capability (at each build and each kernel's first set_args);
+    a device without cl_nv_device_attribute_query answers CL_INVALID_VALUE, which Oclgrind's API check reports as an
+    error. Asked only of devices that have the extension, the answer is the same."""
+    key = dev.int_ptr
+    if key not in _has_nv_attributes:
+        _has_nv_attributes[key] = "cl_nv_device_attribute_query" in dev.extensions
+    return _nv_capability_query(dev) if _has_nv_attributes[key] else None
+
+
+cl.characterize.nv_compute_capability = _nv_compute_capability
 
 
 class DeviceNotFound(RuntimeError):
@@ -139,6 +181,8 @@ class Device:
         self.driver_version = cl_device.driver_version
         self.version = cl_device.version
         self.vendor = cl_device.vendor.strip()
+        self.is_simulator = is_simulator(cl_device)
+        self.opencl_c_version = _opencl_c_version(cl_device)
 
     def synchronize(self):
         self.queue.finish()
@@ -147,7 +191,24 @@ class Device:
         return f"Device({self.index}: {self.name!r} on {self.platform_name!r}, {self.kind})"
 
 
+def _opencl_c_version(cl_device):
+    """(major, minor) of the highest OpenCL C the device compiles ("OpenCL C 1.2 PoCL"); (1, 0) if unreadable."""
+    try:
+        words = cl_device.opencl_c_version.split()
+        major, minor = words[2].split(".")[:2]
+        return int(major), int(minor)
+    except (cl.Error, IndexError, ValueError):
+        return (1, 0)
+
+
+def is_simulator(cl_device):
+    """Oclgrind interprets every work-item (thousands of times slower than a CPU) and calls itself every device type,
+    so clnet picks it only by name or index."""
+    return cl_device.platform.name.strip() == "Oclgrind"
+
+
 def _all_cl_devices():
+    """Every device, simulators last, so that installing Oclgrind leaves the real devices' indices alone."""
     try:
         platforms = cl.get_platforms()
     except cl.LogicError:  # the ICD loader reports "no platform" as an error
@@ -158,14 +219,14 @@ def _all_cl_devices():
             devices.extend(p.get_devices())
         except cl.Error:
             continue
-    return devices
+    return sorted(devices, key=is_simulator)
 
 
 def list_devices():
     """Every OpenCL device as a dict, in the index order that `device(int)` uses."""
     rows = []
     for i, d in enumerate(_all_cl_devices()):
-        rows.append(dict(index=i, platform=d.platform.name.strip(), name=d.name.strip(),
+        rows.append(dict(index=i, platform=d.platform.name.strip(), name=d.name.strip(), simulator=is_simulator(d),
                          type=cl.device_type.to_string(d.type), compute_units=d.max_compute_units,
                          global_mem=d.global_mem_size, local_mem=d.local_mem_size, version=d.version.strip(),
                          driver=d.driver_version.strip()))
@@ -180,7 +241,8 @@ def _speed(d):
 
 
 def device(spec="auto"):
-    """Return the Device named by spec: 'auto', 'gpu', 'cpu', an index from `clnet devices`, or a name substring.
+    """Return the Device named by spec: 'auto', 'gpu', 'cpu', an index from `clnet devices`, or a substring of the
+    device's or the platform's name ('intel', 'oclgrind'). 'auto', 'gpu' and 'cpu' never pick a simulator.
 
     The same physical device always gives the same Device object, so tensors made through either share a context.
     """
@@ -192,10 +254,11 @@ def device(spec="auto"):
     listing = "; ".join(f"{i}: {d.name.strip()} ({d.platform.name.strip()})" for i, d in enumerate(devices))
     spec_text = str(spec).strip()
     chosen = None
-    gpus = [d for d in devices if d.type & cl.device_type.GPU]
-    cpus = [d for d in devices if d.type & cl.device_type.CPU]
+    real = [d for d in devices if not is_simulator(d)]
+    gpus = [d for d in real if d.type & cl.device_type.GPU]
+    cpus = [d for d in real if d.type & cl.device_type.CPU]
     if spec_text.lower() == "auto":
-        chosen = max(gpus or cpus or devices, key=_speed)
+        chosen = max(gpus or cpus or real or devices, key=_speed)
     elif spec_text.lower() == "gpu":
         if not gpus:
             raise DeviceNotFound(f"no OpenCL GPU found; devices present: {listing}. Use --device cpu, or install "

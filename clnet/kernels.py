@@ -50,6 +50,22 @@ def _source(filename):
     return _sources[filename]
 
 
+def build_options(dev):
+    """Options every build of dev gets after the -D defines.
+
+    The kernels are OpenCL C 1.2, said so wherever the device compiles 1.2 (an OpenCL 3.0 compiler otherwise may take
+    3.0 as the default). Oclgrind 21.10's interpreter has no `llvm.experimental.noalias.scope.decl`, which LLVM emits
+    where it inlines a helper with `restrict` parameters (gemm_common.h's epilogue, winograd.cl's input_tile), so its
+    builds drop `restrict` (a promise the kernels keep anyway); other devices' builds keep it.
+    """
+    options = ["-I", kernel_dir(), "-cl-mad-enable"]
+    if getattr(dev, "opencl_c_version", (1, 0)) >= (1, 2):
+        options.append("-cl-std=CL1.2")
+    if getattr(dev, "is_simulator", False):
+        options.append("-Drestrict=")
+    return options
+
+
 def program(dev, filename, defines=None):
     """The built program for (device, file, defines); built once per process."""
     global build_count
@@ -58,13 +74,13 @@ def program(dev, filename, defines=None):
     prog = _programs.get(key)
     if prog is None:
         options = [f"-D{k}={int(v) if isinstance(v, bool) else v}" for k, v in items]
-        options += ["-I", kernel_dir(), "-cl-mad-enable"]
+        options += build_options(dev)
         try:
             with warnings.catch_warnings():  # drivers' build chatter (PoCL's AVX ABI notes) is not the user's concern
                 warnings.simplefilter("ignore", cl.CompilerWarning)
                 prog = cl.Program(dev.context, _source(filename)).build(options=options)
         except cl.RuntimeError as e:
-            raise KernelError(f"building {filename} with {' '.join(options[:-3])} failed on {dev.name}:\n{e}") from e
+            raise KernelError(f"building {filename} with {' '.join(options)} failed on {dev.name}:\n{e}") from e
         build_count += 1
         _programs[key] = prog
     return prog

@@ -10,7 +10,11 @@ os.environ["CLNET_CACHE_DIR"] = tempfile.mkdtemp(prefix="clnet-test-cache-")
 
 import clnet  # noqa: E402
 
-DEVICES = clnet.list_devices()
+# Oclgrind (a simulator, far too slow for the whole suite) runs only tests/test_oclgrind.py's kernels.
+# CLNET_TEST_DEVICES ("pocl", "intel,nvidia"): only the devices whose name, platform or version holds one of the words.
+_only = [w.strip().lower() for w in os.environ.get("CLNET_TEST_DEVICES", "").split(",") if w.strip()]
+DEVICES = [d for d in clnet.list_devices() if not d["simulator"]
+           and (not _only or any(w in f"{d['name']} {d['platform']} {d['version']}".lower() for w in _only))]
 
 
 @pytest.fixture(params=[d["index"] for d in DEVICES], ids=[f"{d['index']}-{d['name'][:24]}" for d in DEVICES])
