@@ -78,7 +78,7 @@ def check_checkpoint_fits(ckpt, model, model_name=None):
     if ckpt["architecture"] != repr(model):
         raise CheckpointError(f"{where} was made for another architecture:\n{ckpt['architecture']}\n"
                               f"not the model given:\n{model!r}")
-    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    own = {k: tuple(t.shape) for k, t in model._state_items()}  # shapes only: no weights read back from the device
     theirs = {k: tuple(v.shape) for k, v in ckpt["state_dict"].items()}
     if own != theirs:
         raise CheckpointError(f"{where}: its weights {theirs} do not match the model's {own}")
