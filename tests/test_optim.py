@@ -47,7 +47,11 @@ def test_adam_matches_reference_in_one_launch(dev, rng, cls, weight_decay):
     for i, p in enumerate(params):
         ref = adam_reference(start[i], [s[i] for s in steps], 0.02, (0.8, 0.95), 1e-6, weight_decay,
                              cls is optim.AdamW)
-        assert_close(p.numpy(), ref, f"parameter {i} after 4 steps", tol=1e-5)
+        # float32 rounds each step's update and the weight it lands on: the error scales with those, not with the
+        # result, which can all but cancel (a one-element bias near zero after four steps of +-lr)
+        scale = np.abs(start[i]).max() + 4 * 0.02
+        worst = np.abs(p.numpy() - ref).max()
+        assert worst < 1e-6 * scale, f"parameter {i} after 4 steps: error {worst:.2e}, scale {scale:.2e}"
 
 
 @needs_torch
