@@ -3,6 +3,7 @@ from .devices import Device, DeviceNotFound, device, list_devices  # first: regi
 from .rng import manual_seed
 from .tensor import Parameter, Tensor, reset_transfer_stats, tensor, transfer_stats
 from .autograd import is_grad_enabled, no_grad
+from .graph import CaptureError, Graph
 from . import ops  # noqa: E402  (installs Tensor's operators)
 from .ops import cat  # noqa: E402
 from . import data, nn, optim  # noqa: E402
@@ -11,6 +12,6 @@ from .tune import autotune  # noqa: E402
 
 from .version import __version__
 
-__all__ = ["Device", "DeviceNotFound", "Parameter", "Tensor", "autotune", "cat", "data", "device", "evaluate", "fit",
+__all__ = ["CaptureError", "Device", "DeviceNotFound", "Graph", "Parameter", "Tensor", "autotune", "cat", "data", "device", "evaluate", "fit",
            "is_grad_enabled", "list_devices", "manual_seed", "nn", "no_grad", "optim", "reset_transfer_stats",
            "tensor", "transfer_stats", "__version__"]

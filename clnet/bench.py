@@ -24,6 +24,7 @@ import numpy as np
 
 from . import autograd, kernels, models, nn, optim, rng, tuning
 from .devices import DeviceNotFound, device as get_device
+from .graph import Graph
 from .ops import zeros
 from .tensor import Tensor, reset_transfer_stats, tensor, transfer_stats
 from .tune import buffers_kept, tune_first
@@ -157,19 +158,47 @@ class ClnetRunner:
         t["loss"] = float(loss)
         return t
 
+    def step(self, forward_only=False):
+        """The iteration's work alone (no timing, no read-back): what a graph captures."""
+        loss = self.loss_fn(self.model(self.x), self.labels)
+        if not forward_only:
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+
+
+def time_replays(runner, iterations, forward_only):
+    """(median ms of a replayed whole iteration, launches it replays): the iteration captured once as a clnet.Graph,
+    then replayed with the queue finished after each."""
+    graph = Graph()
+    with graph.capture():
+        runner.step(forward_only)
+    runner.dev.synchronize()
+    samples = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        graph.replay()
+        runner.dev.queue.finish()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples), graph.launches
+
 
 def _median_phases(samples, phases):
     return {p: statistics.median(s[p] for s in samples) for p in phases}
 
 
-def run_clnet(model, dev, x, labels, iterations, warmup, forward_only, progress=True):
+def run_clnet(model, dev, x, labels, iterations, warmup, forward_only, progress=True, started=None):
+    """started: perf_counter() when the command began, for the time to the first finished iteration."""
     runner = ClnetRunner(model, dev, x, labels)
     phases = ["forward"] if forward_only else ["forward", "backward", "update"]
     t_warmup = time.perf_counter()
+    first_step_s = None
     with click.progressbar(range(warmup), label=f"clnet warm-up ({dev.name})", file=sys.stderr,
                            hidden=not progress) as bar:
         for _ in bar:
             runner.iteration(forward_only)
+            if first_step_s is None:
+                first_step_s = time.perf_counter() - (started or t_warmup)
     dev.synchronize()
     warmup_s = time.perf_counter() - t_warmup
     reset_transfer_stats()
@@ -178,9 +207,12 @@ def run_clnet(model, dev, x, labels, iterations, warmup, forward_only, progress=
     with click.progressbar(range(iterations), label="clnet timed", file=sys.stderr, hidden=not progress) as bar:
         for _ in bar:
             samples.append(runner.iteration(forward_only))
+            if first_step_s is None:  # no warm-up
+                first_step_s = time.perf_counter() - (started or t_warmup)
     launches = (kernels.launch_count - launches) / iterations
     transfers = {k: v / iterations for k, v in transfer_stats().items()}
-    # Per-module kernel times from profiling events, over a few extra iterations with the module hooks on.
+    graph_ms, graph_launches = time_replays(runner, iterations, forward_only)
+    # Per-module kernel times from profiling events, over a few extra eager iterations with the module hooks on.
     prof = kernels.Profiler()
     tuning.used = choices = {}
     profiled = min(iterations, 5)
@@ -199,7 +231,8 @@ def run_clnet(model, dev, x, labels, iterations, warmup, forward_only, progress=
         per_kernel[key][name] += ms / profiled
     layer_ms = {k: sum(v.values()) for k, v in per_kernel.items()}
     return dict(phases=_median_phases(samples, phases), layer_ms=layer_ms, launches_per_iteration=launches,
-                transfers_per_iteration=transfers, warmup_s=warmup_s,
+                graph_ms=graph_ms, graph_launches=graph_launches, transfers_per_iteration=transfers,
+                warmup_s=warmup_s, first_step_s=first_step_s,
                 choices={tag: sorted(set(c.values())) for tag, c in choices.items() if tag}, kernel_ms=per_kernel)
 
 
@@ -352,7 +385,41 @@ def run_torch(tm, tdev, x, labels, iterations, warmup, forward_only, progress=Tr
             h.remove()
     keys = {k for p in per_module for k in p}
     layer_ms = {k: statistics.median(p[k] for p in per_module if k in p) for k in keys}
-    return dict(phases=_median_phases(samples, phases), layer_ms=layer_ms)
+    result = dict(phases=_median_phases(samples, phases), layer_ms=layer_ms)
+    if cuda:
+        result["graph_ms"] = _torch_graph_ms(tm, opt, xt, yt, iterations, forward_only)
+    return result
+
+
+def _torch_graph_ms(tm, opt, xt, yt, iterations, forward_only):
+    """Median ms of PyTorch's whole iteration captured as a CUDA graph and replayed (what a PyTorch user who cares
+    about small batches runs), warmed up on a side stream as torch.cuda.graphs asks."""
+    import torch
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(tm(xt), yt)
+        if not forward_only:
+            opt.zero_grad(set_to_none=False)
+            loss.backward()
+            opt.step()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    samples = []
+    for _ in range(iterations):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        samples.append(a.elapsed_time(b))
+    return statistics.median(samples)
 
 
 # ---- reporting ----------------------------------------------------------------------------------------------------
@@ -402,6 +469,12 @@ def render_table(result, markdown=False):
                + ", ".join(f"{k} {v:.3f} ms" for k, v in c.items())
                + f"; total {total:.3f} ms; {n / total * 1e3:.0f} images/s; "
                f"{result['clnet']['launches_per_iteration']:.0f} kernel launches per iteration"]
+    summary.append(f"whole iteration replayed as a clnet.Graph ({result['clnet']['graph_launches']} launches): "
+                   f"{result['clnet']['graph_ms']:.3f} ms, {n / result['clnet']['graph_ms'] * 1e3:.0f} images/s"
+                   + (f"; {cmp['engine']} as a CUDA graph: {cmp['graph_ms']:.3f} ms"
+                      if cmp and cmp.get("graph_ms") else "")
+                   + f"; first iteration done {result['clnet']['first_step_s']:.1f} s after the command started "
+                   f"(tuning and kernel builds included)")
     lu = result["clnet"]["loss_and_update_ms"]
     summary.append("outside the modules (kernel ms): " + ", ".join(f"{k.replace('_', ' ')} {_fmt(v)}"
                                                                    for k, v in lu.items()))
@@ -472,6 +545,7 @@ TUNE_BUDGET_S = 120.0  # first-run tuning inside `clnet bench`; `clnet tune` has
 def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path, markdown, compare, tf32,
           list_models, seed, tune, less_accurate):
     """Time training iterations of MODEL (forward, backward, update), module by module."""
+    started = time.perf_counter()
     if list_models or model is None:
         for name, entry in models.MODELS.items():
             shape, doc = "x".join(map(str, entry["input_shape"])), " ".join((entry["doc"] or "").split())
@@ -522,7 +596,7 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
     tune_report = tune_first(net, in_shape, dev, tune, TUNE_BUDGET_S, lambda line: click.echo(line, err=True),
                              progress=lambda line: click.echo("tune " + line, err=True))
     builds = kernels.build_count
-    cl_res = run_clnet(net, dev, x, labels, iterations, warmup, forward_only, progress=True)
+    cl_res = run_clnet(net, dev, x, labels, iterations, warmup, forward_only, progress=True, started=started)
     layers = profile_rows(modules, cl_res)
     result = dict(
         model=model, batch=batch, iterations=iterations, warmup=warmup, forward_only=forward_only,
@@ -532,6 +606,8 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
                  python=platform.python_version(), host=platform.node(),
                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")),
         clnet=dict(phases=cl_res["phases"], total_ms=sum(cl_res["phases"].values()),
+                   graph_ms=cl_res["graph_ms"], graph_launches=cl_res["graph_launches"],
+                   first_step_s=cl_res["first_step_s"],
                    launches_per_iteration=cl_res["launches_per_iteration"],
                    transfers_per_iteration=cl_res["transfers_per_iteration"],
                    kernel_builds=kernels.build_count - builds, warmup_s=cl_res["warmup_s"],
@@ -561,6 +637,7 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
                                  cudnn=torch.backends.cudnn.version() if compare == "cuda" else None,
                                  torch_device=torch.cuda.get_device_name() if compare == "cuda" else "cpu",
                                  tf32=False, phases=t_res["phases"], total_ms=sum(t_res["phases"].values()),
+                                 graph_ms=t_res.get("graph_ms"),
                                  agreement=agreement, tolerance=AGREEMENT_TOLERANCE,
                                  ratio_time=result["clnet"]["total_ms"] / sum(t_res["phases"].values()))
         if compare == "torch-cpu":

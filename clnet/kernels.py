@@ -8,6 +8,10 @@ Setting arguments costs far more than enqueueing (PoCL: 208 us of a 266 us GEMM 
 7 us for the enqueue; bench/NOTES.md, v3b), and a training step repeats the same launches with the same pooled
 buffers every iteration. So each kernel keeps a few clones with their arguments already set, keyed by the argument
 values: a repeated launch builds the key, looks it up and enqueues (14 us on PoCL).
+
+While a `clnet.Graph` captures, each launch is also recorded with a clone of the graph's own, so replay is a loop of
+enqueues. A scalar that changes from step to step travels as a `Live` argument (set again at every enqueue, eager or
+replayed), and the host work that updates it runs through `per_step`, which a replay repeats in order.
 """
 import os
 import statistics
@@ -134,23 +138,65 @@ profiler = None  # set by the benchmark; None costs nothing
 def device_ms(dev, fn, repeats=1):
     """Median over `repeats` calls of fn() of the summed device time (ms) of every kernel one call launches (a GEMM
     may launch a transpose, a product and a split-K sum), read from profiling events."""
-    global profiler
+    global profiler, _paused
     times = []
     for _ in range(repeats):
         profiler = prof = Profiler()
+        _paused += 1
         try:
             fn()
             dev.synchronize()
         finally:
             profiler = None
+            _paused -= 1
         times.append(sum(ms for _, _, ms in prof.times_ms()))
     return statistics.median(times)
 launch_count = 0
 
 
+class Live:
+    """A scalar kernel argument whose value is read at every enqueue: Adam's bias corrections, a dropout seed, the
+    learning rate. `value` must already be the kernel's type (np.float32, np.int32, np.uint32)."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+capturing = None  # the clnet.Graph recording launches, or None
+_paused = 0  # > 0 while the tuner times candidates inside a capture: those launches are not part of the step
+
+
+class set_up:
+    """A block of one-time set-up (an optimizer laying out its flat buffers): run, never recorded by a capture."""
+
+    def __enter__(self):
+        global _paused
+        _paused += 1
+
+    def __exit__(self, *exc):
+        global _paused
+        _paused -= 1
+
+
+def recording():
+    """The graph that records the launch being made now, or None."""
+    return capturing if not _paused else None
+
+
+def per_step(action):
+    """Run the host action now; a graph being captured runs it again, in order, at every replay (it updates the
+    `Live` arguments of the launches after it)."""
+    action()
+    if capturing is not None and not _paused:
+        capturing.record_action(action)
+
+
 def _arg(a):
     if a is None:
         return None
+    if type(a) is Live:
+        return a.value
     if isinstance(a, (bool, np.bool_)):
         return np.int32(a)
     if isinstance(a, (int, np.integer)):
@@ -178,19 +224,25 @@ def _arg_of_key(a):
 
 
 def _with_args(k, args):
-    """A clone of k whose arguments are args, set now unless a clone already holds them."""
+    """(clone of k whose arguments are args, its Live arguments as (index, Live)): set now unless a clone already
+    holds them; the Live ones are set at each enqueue."""
     key = tuple(a if type(a) is int else _key_arg(a) for a in args)  # most arguments are sizes
     clones = k.clones
-    clone = clones.get(key)
-    if clone is not None:
+    entry = clones.get(key)
+    if entry is not None:
         clones.move_to_end(key)
-        return clone
-    if len(clones) >= CLONES_PER_KERNEL:
-        clone = clones.popitem(last=False)[1]
-    else:
-        clone = cl.Kernel(k.program, k.name)
-    clone.set_args(*[_arg(_arg_of_key(a)) for a in key])
-    clones[key] = clone
+        return entry
+    clone = clones.popitem(last=False)[1][0] if len(clones) >= CLONES_PER_KERNEL else cl.Kernel(k.program, k.name)
+    values = [_arg_of_key(a) for a in key]
+    clone.set_args(*map(_arg, values))
+    entry = clones[key] = (clone, tuple((i, v) for i, v in enumerate(values) if type(v) is Live))
+    return entry
+
+
+def own_clone(k, args):
+    """A clone of k with args set that no launch cache shares (a captured graph's)."""
+    clone = cl.Kernel(k.program, k.name)
+    clone.set_args(*[_arg(a if type(a) is int else _arg_of_key(_key_arg(a))) for a in args])
     return clone
 
 
@@ -202,7 +254,10 @@ def launch(dev, k, global_size, local_size, *args, what=""):
     if any(g == 0 for g in global_size):
         return None
     try:
-        ev = cl.enqueue_nd_range_kernel(dev.queue, _with_args(k, args), global_size, local_size)
+        clone, live = _with_args(k, args)
+        for i, box in live:
+            clone.set_arg(i, box.value)
+        ev = cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
     except cl.Error as e:
         code = getattr(e, "code", None)
         if code in (cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE, cl.status_code.OUT_OF_RESOURCES,
@@ -215,4 +270,6 @@ def launch(dev, k, global_size, local_size, *args, what=""):
     launch_count += 1
     if profiler is not None:
         profiler.records.append((profiler.tag, k.name, ev))
+    if capturing is not None and not _paused:
+        capturing.record_launch(dev, k, args, global_size, local_size)
     return ev

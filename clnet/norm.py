@@ -159,7 +159,7 @@ def batch_norm_stats(x, eps=1e-5, running_mean=None, running_var=None, momentum=
                                 what=f"{what} {tuple(x.shape)}")
     mean, invstd = empty((C,), dev), empty((C,), dev)
     kernels.launch(dev, _bn_kernel(dev, "batchnorm_stats_finish", lsize), (C * lsize,), (lsize,), part, runs, C,
-                   float(count), float(eps), float(momentum), mean, invstd, running_mean, running_var,
+                   float(count), float(eps), momentum if type(momentum) is kernels.Live else float(momentum), mean, invstd, running_mean, running_var,
                    what=f"{what} (merging {runs} runs)")
     return mean, invstd
 

@@ -299,9 +299,12 @@ class Activation(Function):
 
 class Dropout(Function):
     def forward(self, x, p, seed):
+        """seed: an int, or a kernels.Live of np.uint32 that a per-step action redraws (so a replayed graph draws
+        a fresh mask each step)."""
         y, mask = empty(x.shape, x.device), empty(x.shape, x.device)
         k = _elementwise(x.device, "dropout_fwd")
-        _flat_launch(x.device, k, x.size, x, y, mask, x.size, float(p), np.uint32(seed & 0xFFFFFFFF), what="dropout")
+        seed = seed if type(seed) is kernels.Live else np.uint32(seed & 0xFFFFFFFF)
+        _flat_launch(x.device, k, x.size, x, y, mask, x.size, float(p), seed, what="dropout")
         self.save(mask)
         return y
 
@@ -547,9 +550,10 @@ class LocalResponseNorm(Function):
 # ---- optimizer updates (no graph) ----------------------------------------------------------------------------------
 
 def sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov):
+    """lr and weight_decay: floats or kernels.Live (np.float32) that a per-step action sets."""
+    lr, weight_decay = (a if type(a) is kernels.Live else float(a) for a in (lr, weight_decay))
     k = kernels.kernel(p.device, "sgd.cl", "sgd_step", dict(MOMENTUM=momentum != 0, NESTEROV=nesterov))
-    _flat_launch(p.device, k, p.size, p, g, buf, p.size, float(lr), float(momentum), float(weight_decay),
-                 what="SGD step")
+    _flat_launch(p.device, k, p.size, p, g, buf, p.size, lr, float(momentum), weight_decay, what="SGD step")
 
 
 sys.modules[Tensor.__module__].ops = sys.modules[__name__]  # Tensor's operators and reshape call this table

@@ -63,29 +63,31 @@ class Optimizer:
         if any(p.device is not dev for p in self.params):
             raise RuntimeError(f"{type(self).__name__}: the parameters are on different devices; move the whole "
                                "model with .to(device)")
-        step = region_alignment(dev) // 4
-        offsets, total = [], 0
-        for p in self.params:
-            offsets.append(total)
-            total += -(-max(p.size, 1) // step) * step
-        old_state = {name: [None if v is None else v.numpy() for v in views] for name, views in self._views.items()}
-        data, grad = ops.zeros((total,), dev), ops.zeros((total,), dev)
-        state = {name: ops.zeros((total,), dev) for name in self.state_names}  # zero state: PyTorch's first step
-        for i, (p, off) in enumerate(zip(self.params, offsets)):
-            new_data, new_grad = data.region(off, p.shape), grad.region(off, p.shape)
-            new_data.copy_from(p)
-            if p.grad is not None:
-                new_grad.copy_from(p.grad)
-            p.storage, p.grad = new_data.storage, new_grad
-            for name in self.state_names:
-                view = self._views[name][i] = state[name].region(off, p.shape)
-                if old_state[name][i] is not None:
-                    view.write(old_state[name][i])
-        self._flat = (data, grad, state)
-        self._layout = [(p.storage, p.grad) for p in self.params]
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            self._load_state(pending)
+        with kernels.set_up():  # a capture in progress keeps the new layout, not the copies into it
+            step = region_alignment(dev) // 4
+            offsets, total = [], 0
+            for p in self.params:
+                offsets.append(total)
+                total += -(-max(p.size, 1) // step) * step
+            old_state = {name: [None if v is None else v.numpy() for v in views]
+                         for name, views in self._views.items()}
+            data, grad = ops.zeros((total,), dev), ops.zeros((total,), dev)
+            state = {name: ops.zeros((total,), dev) for name in self.state_names}  # zero state: PyTorch's first step
+            for i, (p, off) in enumerate(zip(self.params, offsets)):
+                new_data, new_grad = data.region(off, p.shape), grad.region(off, p.shape)
+                new_data.copy_from(p)
+                if p.grad is not None:
+                    new_grad.copy_from(p.grad)
+                p.storage, p.grad = new_data.storage, new_grad
+                for name in self.state_names:
+                    view = self._views[name][i] = state[name].region(off, p.shape)
+                    if old_state[name][i] is not None:
+                        view.write(old_state[name][i])
+            self._flat = (data, grad, state)
+            self._layout = [(p.storage, p.grad) for p in self.params]
+            if self._pending is not None:
+                pending, self._pending = self._pending, None
+                self._load_state(pending)
 
     def zero_grad(self, set_to_none=False):
         """Zeroes every gradient in one fill (they stay allocated: set_to_none is accepted and ignored)."""
@@ -178,6 +180,7 @@ class SGD(Optimizer):
         self._check(hyper)
         self.state_names = ("momentum_buffer",) if momentum else ()
         super().__init__(params, **hyper)
+        self._live = kernels.Live(None), kernels.Live(None)  # lr, weight decay: set by each step's host action
 
     def _check(self, h):
         if h["lr"] <= 0 or h["momentum"] < 0 or h["weight_decay"] < 0:
@@ -196,7 +199,13 @@ class SGD(Optimizer):
     def _update(self, data, grad, state):
         h = self.hyper
         buf = state.get("momentum_buffer", grad)
-        ops.sgd_step(data, grad, buf, h["lr"], h["momentum"], h["weight_decay"], h["nesterov"])
+        lr, weight_decay = self._live
+
+        def hyper():  # read at every step, replayed ones too, so a changed param_groups[0]["lr"] takes effect
+            group = self.param_groups[0]
+            lr.value, weight_decay.value = np.float32(group["lr"]), np.float32(group["weight_decay"])
+        kernels.per_step(hyper)
+        ops.sgd_step(data, grad, buf, lr, h["momentum"], weight_decay, h["nesterov"])
 
 
 class Adam(Optimizer):
@@ -214,6 +223,7 @@ class Adam(Optimizer):
         self._check(hyper)
         super().__init__(params, **hyper)
         self._step = 0
+        self._live = tuple(kernels.Live(None) for _ in range(5))  # lr, step size, sqrt(1 - b2^t), eps, decay
 
     def _check(self, h):
         b1, b2 = h["betas"]
@@ -227,16 +237,23 @@ class Adam(Optimizer):
 
     def _update(self, data, grad, state):
         h = self.hyper
-        self._step += 1
+        lr, step_size, bc2_sqrt, eps, weight_decay = self._live
+
+        def advance():  # host state of a step: a replayed graph repeats it (and sees param_groups[0] as it is then)
+            h = self.param_groups[0]
+            self._step += 1
+            b1, b2 = h["betas"]
+            # PyTorch: p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+            lr.value = np.float32(h["lr"])
+            step_size.value = np.float32(h["lr"] / (1.0 - b1 ** self._step))
+            bc2_sqrt.value = np.float32((1.0 - b2 ** self._step) ** 0.5)
+            eps.value, weight_decay.value = np.float32(h["eps"]), np.float32(h["weight_decay"])
+        kernels.per_step(advance)
         b1, b2 = h["betas"]
-        # PyTorch: p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-        step_size = h["lr"] / (1.0 - b1 ** self._step)
-        bc2_sqrt = (1.0 - b2 ** self._step) ** 0.5
         dev = data.device
         k = kernels.kernel(dev, "adam.cl", "adam_step", dict(DECOUPLED=self.decoupled))
         kernels.launch(dev, k, (data.size,), None, data, grad, state["exp_avg"], state["exp_avg_sq"], data.size,
-                       float(h["lr"]), float(step_size), float(bc2_sqrt), b1, b2, float(h["eps"]),
-                       float(h["weight_decay"]), what=f"{type(self).__name__} step")
+                       lr, step_size, bc2_sqrt, b1, b2, eps, weight_decay, what=f"{type(self).__name__} step")
 
 
 class AdamW(Adam):

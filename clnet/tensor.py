@@ -6,6 +6,7 @@ import numpy as np
 import pyopencl as cl
 
 from . import kernels
+from .graph import refuse_in_capture
 from .devices import Device
 from .devices import device as _device
 
@@ -68,6 +69,19 @@ class BufferPool:
     def give(self, buf, number, size):
         heapq.heappush(self.free.setdefault(size, []), (number, buf))
 
+    def withdraw(self, buf):
+        """Take a free buffer out of the pool (a captured graph keeps it): (creation number, buffer, size), or None
+        when it is not free."""
+        size = buf.size
+        bucket = self.free.get(size, [])
+        for i, (number, b) in enumerate(bucket):
+            if b is buf:
+                bucket[i] = bucket[-1]
+                bucket.pop()
+                heapq.heapify(bucket)
+                return number, buf, size
+        return None
+
     def release_cached(self):
         kernels.forget_arguments()  # kept argument sets may name these buffers
         for bucket in self.free.values():
@@ -88,11 +102,13 @@ def pool(dev):
 
 class _Storage:
     """A pooled buffer shared by a tensor and its reshaped views; back to the pool when the last one goes."""
-    __slots__ = ("buffer", "number", "size", "pool")
+    __slots__ = ("buffer", "number", "size", "pool", "__weakref__")
 
     def __init__(self, dev, nbytes):
         self.pool = pool(dev)
         self.buffer, self.number, self.size = self.pool.take(nbytes)
+        if kernels.capturing is not None:  # the graph must know every buffer that lives past its capture
+            kernels.capturing._note(self)
 
     def __del__(self):
         try:
@@ -300,6 +316,9 @@ class Tensor:
             raise ValueError(f"cannot copy a tensor of shape {other.shape} into one of shape {self.shape}")
         if self.size:
             cl.enqueue_copy(self.device.queue, self.buffer, other.buffer, byte_count=self.nbytes)
+            graph = kernels.recording()
+            if graph is not None:
+                graph.record_copy(self, other, self.nbytes)
         return self
 
     def numpy(self):
@@ -307,6 +326,7 @@ class Tensor:
             return self._host.copy()
         out = np.empty(self.shape, self.dtype)
         if out.size:
+            refuse_in_capture(f"reading a tensor of shape {self.shape} back")
             cl.enqueue_copy(self.device.queue, out, self.buffer, is_blocking=True)
             _stats["device_to_host_bytes"] += out.nbytes
             _stats["device_to_host_count"] += 1
@@ -324,7 +344,11 @@ class Tensor:
         if self.storage is None:
             self._host = array.reshape(self.shape).copy()
         elif array.size:
-            cl.enqueue_copy(self.device.queue, self.buffer, array, is_blocking=blocking)
+            refuse_in_capture(f"writing a host array into a tensor of shape {self.shape}")
+            event = cl.enqueue_copy(self.device.queue, self.buffer, array, is_blocking=blocking)
+            # Held, not dropped: pyopencl's event for a non-blocking copy waits for the copy when it is destroyed
+            # (keeping the host array safe), holding the GIL, so a dropped one would make the upload blocking.
+            self._upload = None if blocking else event
             _stats["host_to_device_bytes"] += array.nbytes
             _stats["host_to_device_count"] += 1
         if self.dtype == np.int32 and array.size:

@@ -122,3 +122,21 @@ def recorded_launches():
         yield names
     finally:
         kernels.launch = saved
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What each OpenCL implementation ran: tests passed, failed and skipped per device (CI runs several)."""
+    counts = {}
+    for outcome in ("passed", "failed", "error", "skipped"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if getattr(report, "when", "call") not in ("call", "setup") or \
+                    (outcome == "passed" and report.when != "call"):
+                continue
+            param = report.nodeid.rsplit("[", 1)[-1] if "[" in report.nodeid else ""
+            index = param.split("-", 1)[0]
+            name = next((f"{d['name']} ({d['platform']})" for d in DEVICES if str(d["index"]) == index), None)
+            counts.setdefault(name or "no device parameter", {}).setdefault(outcome, 0)
+            counts[name or "no device parameter"][outcome] += 1
+    terminalreporter.section("tests per OpenCL device")
+    for name, c in counts.items():
+        terminalreporter.write_line(f"{name}: " + ", ".join(f"{v} {k}" for k, v in c.items()))

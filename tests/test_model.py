@@ -31,7 +31,21 @@ def lenet_reference(params, x, labels):
     _, dp1, g["2.weight"], g["2.bias"] = ref.conv2d(p1, p["2.weight"], p["2.bias"], one, zero, zero, one, 1, dc2)
     _, dc1 = ref.maxpool2d(c1, (2, 2), (2, 2), zero, False, dp1)
     _, dx, g["0.weight"], g["0.bias"] = ref.conv2d(x, p["0.weight"], p["0.bias"], one, zero, zero, one, 1, dc1)
-    return loss, z, g, dx
+    return loss, z, g, dx, _kink_margin(c1, c2, h)
+
+
+def _kink_margin(c1, c2, h):
+    """The smallest gap, relative to the values' scale, between a 2x2 pooling window's two largest inputs or between
+    a ReLU input and 0: near float32's rounding of these sums (1e-6 of the scale), clnet may route a gradient where
+    float64 does not."""
+    gaps = []
+    for c in (c1, c2):
+        N, C, H, W = c.shape
+        win = np.sort(c[:, :, :H // 2 * 2, :W // 2 * 2].reshape(N, C, H // 2, 2, W // 2, 2)
+                      .transpose(0, 1, 2, 4, 3, 5).reshape(N, C, H // 2, W // 2, 4), axis=-1)
+        gaps.append((win[..., -1] - win[..., -2]).min() / np.abs(c).max())
+    gaps.append(np.abs(h).min() / np.abs(h).max())
+    return min(gaps)
 
 
 def training_step(model, loss_fn, opt, x, labels):
@@ -48,12 +62,15 @@ def test_lenet_training_step_matches_reference(dev, rng, batch):
     clnet.manual_seed(int(rng.integers(1 << 30)))
     model = models.build("lenet").to(dev)
     before = model.state_dict()
-    x = rng.standard_normal((batch, 1, 28, 28)).astype(np.float32)
-    labels = rng.integers(0, 10, batch)
+    for _ in range(10):  # data away from max-pooling ties and ReLU's kink, where rounding reroutes a gradient
+        x = rng.standard_normal((batch, 1, 28, 28)).astype(np.float32)
+        labels = rng.integers(0, 10, batch)
+        rloss, rz, rgrads, _, margin = lenet_reference(before, x, labels)
+        if margin > 1e-6:
+            break
     loss_fn = nn.CrossEntropyLoss()
     opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
     out, loss = training_step(model, loss_fn, opt, clnet.tensor(x, dev), labels)
-    rloss, rz, rgrads, _ = lenet_reference(before, x, labels)
     assert_close(out.numpy(), rz, "logits", tol=1e-4)
     assert abs(float(loss) - rloss) < 1e-4 * max(1.0, abs(rloss))
     for name, p in model.named_parameters():

@@ -2,7 +2,9 @@
 
 Every function checks its arguments here, where the user passed them, and names itself, the shapes and the fix.
 """
-from .. import ops, rng
+import numpy as np
+
+from .. import kernels, ops, rng
 from ..ops import _float
 from ..shapes import conv_padding, conv_shape, pair, pool_geometry, pool_output
 
@@ -129,7 +131,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         if input.size // C <= 1:
             raise ValueError(f"{what}: expected more than 1 value per channel when training, got input of shape "
                              f"{input.shape} (as PyTorch: use a larger batch, or eval() for batch statistics)")
-        return ops.BatchNormTrain.apply(input, weight, bias, running_mean, running_var, momentum=float(momentum),
+        return ops.BatchNormTrain.apply(input, weight, bias, running_mean, running_var,
+                                       momentum=momentum if type(momentum) is kernels.Live else float(momentum),
                                         eps=float(eps))
     if running_mean is None or running_var is None:
         raise ValueError(f"{what}: evaluation needs running_mean and running_var (or training=True)")
@@ -150,7 +153,11 @@ def dropout(input, p=0.5, training=True, inplace=False):
         raise ValueError(f"dropout: p must be in [0, 1), got {p}")
     if not training or p == 0.0:
         return input
-    seed = int(rng.generator().integers(0, 2**32))
+    seed = kernels.Live(None)
+
+    def draw():  # a replayed graph draws each step's mask from the stream as an eager step would
+        seed.value = np.uint32(rng.generator().integers(0, 2**32))
+    kernels.per_step(draw)
     return ops.Dropout.apply(_float("dropout", input), p=float(p), seed=seed)
 
 

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from .. import ops, rng
+from .. import kernels, ops, rng
 from ..shapes import check_image, conv_padding, conv_shape, pair, pool_geometry, pool_output
 from ..tensor import Parameter, Tensor
 from . import functional as F
@@ -257,6 +257,7 @@ class BatchNorm2d(Module):
             count = Tensor((), np.int32, _host=np.zeros((), np.int32))
             count.stays_on_host = True
             self.register_buffer("num_batches_tracked", count)
+            self._momentum_arg = kernels.Live(None)  # one per layer: its launches keep their argument sets
         else:
             self.running_mean = self.running_var = self.num_batches_tracked = None
 
@@ -273,17 +274,19 @@ class BatchNorm2d(Module):
         momentum = 0.0 if self.momentum is None else self.momentum
         counting = self.training and self.track_running_stats
         if counting:
-            count = self.num_batches_tracked._host + 1
-            if self.momentum is None:
-                momentum = 1.0 / float(count)
+            momentum = self._momentum_arg
+
+            def count():  # host state of a step: a replayed graph counts its batches too
+                n = self.num_batches_tracked._host = self.num_batches_tracked._host + 1
+                momentum.value = np.float32(1.0 / float(n) if self.momentum is None else self.momentum)
+            kernels.per_step(count)
         try:
-            y = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                             self.training or self.running_mean is None, momentum, self.eps)
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                self.training or self.running_mean is None, momentum, self.eps)
         except ValueError as e:
+            if counting:
+                self.num_batches_tracked._host -= 1
             raise ValueError(str(e).replace("batch_norm", repr(self), 1)) from None
-        if counting:
-            self.num_batches_tracked._host = count
-        return y
 
 
 class LocalResponseNorm(Module):

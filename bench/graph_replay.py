@@ -1,0 +1,126 @@
+"""Host cost of a training step, eager against a replayed clnet.Graph, beside PyTorch eager (and its CUDA graph on a
+GPU), on one device. Each step is forward, cross-entropy, backward and SGD with momentum, on a fixed batch.
+
+    python3 bench/graph_replay.py --device 1 --model lenet --batch 64 --model lenet-wide --batch 1
+
+Prints and writes JSON (--json) of medians over --repeats timed blocks of --steps steps each, the queue finished at
+the end of each block (so the figure is the steady rate of a training loop, host and device overlapping).
+"""
+import json
+import statistics
+import time
+
+import click
+import numpy as np
+
+import clnet
+from clnet import kernels, models, nn, optim
+
+
+def clnet_rates(name, batch, dev, steps, repeats):
+    spec = models.MODELS[name]
+    clnet.manual_seed(0)
+    model = models.build(name).to(dev)
+    opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    rng = np.random.default_rng(0)
+    x = clnet.tensor(rng.standard_normal((batch,) + spec["input_shape"]).astype(np.float32), dev)
+    y = clnet.tensor(rng.integers(0, spec["classes"], batch).astype(np.int32), dev)
+
+    def step():
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    def timed(fn):
+        out = []
+        for _ in range(repeats):
+            dev.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            dev.synchronize()
+            out.append((time.perf_counter() - t0) / steps * 1e3)
+        return statistics.median(out)
+
+    for _ in range(3):
+        step()
+    before = kernels.launch_count
+    step()
+    launches = kernels.launch_count - before
+    eager = timed(step)
+    g = clnet.Graph()
+    with g.capture():
+        step()
+    replay = timed(g.replay)
+    return dict(eager_ms=eager, replay_ms=replay, launches=launches, recorded=g.launches)
+
+
+def torch_rates(name, batch, steps, repeats, cuda):
+    import torch
+    spec = models.MODELS[name]
+    tdev = torch.device("cuda" if cuda else "cpu")
+    model = models.build(name, lib=torch).to(tdev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x = torch.randn((batch,) + spec["input_shape"], device=tdev)
+    y = torch.randint(0, spec["classes"], (batch,), device=tdev)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    def timed(fn):
+        out = []
+        for _ in range(repeats):
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            sync()
+            out.append((time.perf_counter() - t0) / steps * 1e3)
+        return statistics.median(out)
+
+    for _ in range(3):
+        step()
+    result = dict(eager_ms=timed(step))
+    if cuda:  # the CUDA-graph step a PyTorch user who cares about small batches runs
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        result["graph_ms"] = timed(g.replay)
+    return result
+
+
+@click.command()
+@click.option("--device", "device_spec", default="auto")
+@click.option("--model", "names", multiple=True, default=["lenet"])
+@click.option("--batch", "batches", multiple=True, type=click.IntRange(1), default=[64])
+@click.option("--steps", type=click.IntRange(1), default=50)
+@click.option("--repeats", type=click.IntRange(1), default=5)
+@click.option("--torch/--no-torch", "with_torch", default=True)
+@click.option("--json", "json_path", default=None)
+def main(device_spec, names, batches, steps, repeats, with_torch, json_path):
+    dev = clnet.device(device_spec)
+    rows = []
+    for name, batch in zip(names, batches):
+        row = dict(model=name, batch=batch, device=dev.name, **clnet_rates(name, batch, dev, steps, repeats))
+        if with_torch:
+            row["torch"] = torch_rates(name, batch, steps, repeats, cuda=dev.is_gpu)
+        rows.append(row)
+        click.echo(json.dumps(row))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""Capture and replay of a whole step: `g = clnet.Graph()`, `with g.capture(): ...`, then `g.replay()` per batch.
+
+A small network at a small batch spends more time in Python (about 40 us a launch: the op's checks, autograd, the
+kernel's argument key) than on the device. A captured step is replayed as a loop of enqueues of clones whose
+arguments were set at capture, as CUDA graphs replay a recorded stream. Unlike CUDA's capture, clnet's runs the step
+once while recording it: the capture is an ordinary step whose launches are also kept.
+
+What a replay repeats: every kernel launch and device-to-device copy of the captured code, in order, on the same
+buffers, and the host actions that ops registered through `kernels.per_step` (Adam's step count and bias
+corrections, each dropout layer's fresh seed drawn from clnet's random stream, batch norm's `num_batches_tracked`,
+the optimizer's current learning rate). So replays give what eager steps would have given, bit for bit.
+
+What it does not repeat: anything else done on the host. Inputs are static tensors: write the next batch into the
+tensors the capture read (`x.write(batch)`, or `x.copy_from(t)`) before each replay, and read the outputs the capture
+produced (the loss, the metrics) after it. Reading a tensor back or writing one from the host inside a capture is
+refused, since a replay could not repeat it. Shapes are fixed: a batch of another size needs its own graph.
+
+Memory: every buffer a recorded launch touches belongs to the graph until the graph goes: buffers freed during the
+capture are taken out of the pool (no later allocation can be handed one that a replay writes), and tensors still
+alive are kept alive. Within the capture, the pool reuses buffers as an eager step does, so a graph holds what one
+step needs.
+"""
+import contextlib
+import heapq
+import weakref
+
+import pyopencl as cl
+
+from . import kernels
+
+
+class CaptureError(RuntimeError):
+    """Something inside `Graph.capture()` that a replay could not repeat."""
+
+
+class Graph:
+    """A recorded step: its launches, copies and host actions in order, replayed by `replay()`."""
+
+    def __init__(self):
+        self._items = []  # (clone, global size, local size, live args) launches; callables (copies, host actions)
+        self._queue = None
+        self._seen = {}  # id(cl buffer) -> (buffer, its pool, [weak references to its storages]) during capture
+        self._regions = []  # sub-buffer storages a launch touched, kept alive (they keep their parent alive)
+        self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
+        self._taken = []  # (pool, creation number, buffer, size): freed during capture, out of the pool until we go
+        self.launches = 0
+        self.captured = False
+
+    # -- capture ---------------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def capture(self):
+        """Run the block once, recording what a replay repeats."""
+        if self.captured:
+            raise CaptureError("this Graph was captured already; make a new clnet.Graph() for another step")
+        if kernels.capturing is not None:
+            raise CaptureError("a Graph is being captured already; captures do not nest")
+        kernels.capturing = self
+        try:
+            yield self
+        finally:
+            kernels.capturing = None
+            self._seal()
+
+    def _note(self, storage):
+        buf = storage.buffer
+        if hasattr(storage, "parent"):  # a sub-buffer: keep it (and so its parent) alive
+            self._regions.append(storage)
+            return
+        entry = self._seen.get(id(buf))
+        if entry is None:
+            self._seen[id(buf)] = (buf, storage.pool, [weakref.ref(storage)])
+        elif not any(r() is storage for r in entry[2]):
+            entry[2].append(weakref.ref(storage))
+
+    def record_launch(self, dev, k, args, global_size, local_size):
+        for a in args:
+            storage = getattr(a, "storage", None)
+            if storage is not None:
+                self._note(storage)
+        self._bind_queue(dev)
+        clone = kernels.own_clone(k, args)
+        live = tuple((i, v) for i, v in enumerate(args) if type(v) is kernels.Live)
+        self._items.append((clone, global_size, local_size, live))
+        self.launches += 1
+
+    def record_copy(self, dst, src, nbytes):
+        self._note(dst.storage)
+        self._note(src.storage)
+        self._bind_queue(dst.device)
+        queue, d, s = dst.device.queue, dst.buffer, src.buffer
+        self._items.append(lambda: cl.enqueue_copy(queue, d, s, byte_count=nbytes))
+
+    def record_action(self, action):
+        self._items.append(action)
+
+    def _bind_queue(self, dev):
+        if self._queue is None:
+            self._queue = dev.queue
+        elif dev.queue is not self._queue:
+            raise CaptureError("a Graph records one device's work; this capture launched on two devices")
+
+    def _seal(self):
+        """Keep every buffer a replay touches out of other hands: alive storages stay alive, dead ones' buffers leave
+        the pool."""
+        for buf, p, refs in self._seen.values():
+            alive = [s for s in (r() for r in refs) if s is not None]
+            if alive:
+                self._kept.extend(alive)
+                continue
+            entry = p.withdraw(buf)
+            if entry is None:
+                raise CaptureError("internal: a buffer the capture used is neither alive nor in the pool")
+            self._taken.append((p,) + entry)
+        self._seen.clear()
+        self.captured = True
+
+    # -- replay ----------------------------------------------------------------------------------------------------
+    def replay(self):
+        """Enqueue the recorded step again (returns at once; the queue runs it)."""
+        if not self.captured:
+            raise CaptureError("replay() before capture(): record the step first with `with graph.capture():`")
+        enqueue = cl.enqueue_nd_range_kernel
+        queue = self._queue
+        for item in self._items:
+            if type(item) is tuple:
+                clone, gsize, lsize, live = item
+                for i, box in live:
+                    clone.set_arg(i, box.value)
+                enqueue(queue, clone, gsize, lsize)
+            else:
+                item()
+        kernels.launch_count += self.launches
+
+    def __del__(self):
+        try:
+            for p, number, buf, size in self._taken:
+                p.give(buf, number, size)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def refuse_in_capture(what):
+    """A host copy inside a capture: refused, since a replay would not repeat it."""
+    if kernels.recording() is not None:
+        raise CaptureError(f"{what} inside Graph.capture(): a replay would not repeat it; write the static inputs "
+                           "before replay() and read the outputs after it")
+
+
+class StepReplayer:
+    """Runs a training step through a graph: `replayer(x, y)` runs `step(x, y)` eagerly the first time (kernel builds,
+    the optimizer's layout), captures it the second time into input tensors of its own, and from then on copies the
+    batch into those and replays. Only the first batch shape gets a graph (an epoch's last, smaller batch runs eagerly:
+    a second graph would hold a second step's memory for one step an epoch). Returns what the step returned; for a
+    replayed step, the capture's outputs, which the replay has overwritten."""
+
+    def __init__(self, step, enabled=True):
+        self.step = step
+        self.enabled = enabled
+        self.key = None  # the batch shape that gets the graph
+        self.graph = None  # (graph, static x, static y, outputs)
+
+    def __call__(self, x, y):
+        key = (x.shape, y.shape)
+        if self.key is None:
+            self.key = key
+            return self.step(x, y)
+        if key != self.key or not self.enabled:
+            return self.step(x, y)
+        if self.graph is not None:
+            graph, sx, sy, out = self.graph
+            sx.copy_from(x)
+            sy.copy_from(y)
+            graph.replay()
+            return out
+        from .tensor import empty
+        sx, sy = empty(x.shape, x.device, x.dtype).copy_from(x), empty(y.shape, y.device, y.dtype).copy_from(y)
+        sy.value_range = y.value_range  # labels are checked at capture; a replay's come from the same data set
+        graph = Graph()
+        with graph.capture():
+            out = self.step(sx, sy)
+        self.graph = (graph, sx, sy, out)
+        return out

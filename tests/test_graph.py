@@ -1,0 +1,220 @@
+"""clnet.Graph: a replayed training step gives bit for bit what eager steps give (dropout's fresh masks, batch
+norm's counts, Adam's step count, a changed learning rate included), its buffers never go back to the pool while it
+lives, a replay copies nothing to or from the host, and what a replay could not repeat is refused."""
+import numpy as np
+import pytest
+
+import clnet
+from clnet import kernels, nn, ops, optim
+from clnet.tensor import pool
+
+
+def small_net(dev, seed):
+    clnet.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(2, 5, 3, padding=1), nn.BatchNorm2d(5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Dropout(0.3), nn.Linear(5 * 3 * 3, 7)).to(dev)
+
+
+def batches(rng, n, batch):
+    return [(rng.standard_normal((batch, 2, 7, 7)).astype(np.float32), rng.integers(0, 7, batch).astype(np.int32))
+            for _ in range(n)]
+
+
+def make_optimizer(name, model):
+    if name == "sgd":
+        return optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    return optim.Adam(model.parameters(), lr=0.01, weight_decay=1e-3)
+
+
+def state(model, losses):
+    return {k: np.asarray(v) for k, v in model.state_dict().items()}, losses
+
+
+def run_eager(dev, seed, name, data, lr_at=None):
+    model = small_net(dev, seed)
+    opt, loss_fn, losses = make_optimizer(name, model), nn.CrossEntropyLoss(), []
+    for i, (xb, yb) in enumerate(data):
+        if i == lr_at:
+            opt.param_groups[0]["lr"] *= 0.5
+        opt.zero_grad()
+        loss = loss_fn(model(clnet.tensor(xb, dev)), clnet.tensor(yb, dev))
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return state(model, losses)
+
+
+def run_graphed(dev, seed, name, data, lr_at=None):
+    """One eager step (as a warm-up), one captured, the rest replayed into the same input tensors."""
+    model = small_net(dev, seed)
+    opt, loss_fn, losses = make_optimizer(name, model), nn.CrossEntropyLoss(), []
+    x, y = clnet.tensor(data[0][0], dev), clnet.tensor(data[0][1], dev)
+
+    def step():
+        opt.zero_grad()
+        out = loss_fn(model(x), y)
+        out.backward()
+        opt.step()
+        return out
+    losses.append(float(step()))
+    graph = clnet.Graph()
+    x.write(data[1][0])
+    y.write(data[1][1])
+    with graph.capture():
+        loss = step()
+    losses.append(float(loss))
+    for i, (xb, yb) in enumerate(data[2:], 2):
+        if i == lr_at:
+            opt.param_groups[0]["lr"] *= 0.5
+        x.write(xb)
+        y.write(yb)
+        graph.replay()
+        losses.append(float(loss))
+    return state(model, losses), graph
+
+
+def assert_same(a, b):
+    (sa, la), (sb, lb) = a, b
+    assert la == lb, f"losses differ: eager {la}, replayed {lb}"
+    for k in sa:
+        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_replay_is_bit_identical_to_eager_steps(dev, rng, name):
+    seed = int(rng.integers(0, 2**31))
+    data = batches(rng, 6, 5)
+    graphed, graph = run_graphed(dev, seed, name, data, lr_at=4)
+    assert_same(run_eager(dev, seed, name, data, lr_at=4), graphed)
+    assert graph.launches > 10
+
+
+def test_dropout_draws_a_fresh_mask_at_every_replay(dev, rng):
+    x = clnet.tensor(np.abs(rng.standard_normal((4, 301))).astype(np.float32) + 1, dev)
+    drop = nn.Dropout(0.5)
+    out = {}
+    graph = clnet.Graph()
+    with graph.capture():
+        out["y"] = drop(x)
+    masks = [out["y"].numpy() != 0]
+    for _ in range(3):
+        graph.replay()
+        masks.append(out["y"].numpy() != 0)
+    for i in range(1, len(masks)):
+        assert not np.array_equal(masks[i], masks[i - 1]), "a replay kept the previous step's dropout mask"
+        assert 0.35 < masks[i].mean() < 0.65
+
+
+def test_another_batch_size_gets_its_own_graph(dev, rng):
+    seed = int(rng.integers(0, 2**31))
+    data = batches(rng, 4, 6) + batches(rng, 3, 3)  # an epoch's last, smaller batches
+    model = small_net(dev, seed)
+    opt, loss_fn = make_optimizer("sgd", model), nn.CrossEntropyLoss()
+    graphs, losses = {}, []
+    for xb, yb in data:
+        entry = graphs.get(len(xb))
+        if entry is None:
+            x, y = clnet.tensor(xb, dev), clnet.tensor(yb, dev)
+            g = clnet.Graph()
+            with g.capture():
+                opt.zero_grad()
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                opt.step()
+            entry = graphs[len(xb)] = (g, x, y, loss)
+        else:
+            g, x, y, loss = entry
+            x.write(xb)
+            y.write(yb)
+            g.replay()
+        losses.append(float(entry[3]))
+    assert_same(run_eager(dev, seed, "sgd", data), state(model, losses))
+
+
+def test_parameters_loaded_between_replays_are_used(dev, rng):
+    """load_state_dict writes into the tensors the graph reads, so the next replay trains the loaded weights."""
+    seed = int(rng.integers(0, 2**31))
+    (xb, yb), = batches(rng, 1, 4)
+    model = small_net(dev, seed)
+    opt, loss_fn = optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss()  # no state besides the weights
+    x, y = clnet.tensor(xb, dev), clnet.tensor(yb, dev)
+    g = clnet.Graph()
+    with g.capture():
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+    loaded = small_net(dev, seed + 1).state_dict()
+    model.load_state_dict(loaded)
+    clnet.manual_seed(seed + 2)  # the replay's dropout mask
+    g.replay()
+    replayed = state(model, [float(loss)])
+    twin = small_net(dev, seed + 3)
+    twin.load_state_dict(loaded)
+    twin_opt = optim.SGD(twin.parameters(), lr=0.05)
+    clnet.manual_seed(seed + 2)
+    twin_opt.zero_grad()
+    twin_loss = loss_fn(twin(x), y)
+    twin_loss.backward()
+    twin_opt.step()
+    assert_same(state(twin, [float(twin_loss)]), replayed)
+
+
+def test_graph_buffers_stay_out_of_the_pool_and_replay_copies_nothing(dev, rng):
+    seed = int(rng.integers(0, 2**31))
+    data = batches(rng, 5, 4)
+    expected = run_eager(dev, seed, "sgd", data)
+    model = small_net(dev, seed)
+    opt, loss_fn = make_optimizer("sgd", model), nn.CrossEntropyLoss()
+    x, y = clnet.tensor(data[0][0], dev), clnet.tensor(data[0][1], dev)
+    losses = []
+    g = clnet.Graph()
+    with g.capture():
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+    losses.append(float(loss))
+    held = {id(b) for _, _, b, _ in g._taken}
+    assert held, "the capture freed temporaries; the graph should hold their buffers"
+    free = {id(b) for bucket in pool(dev).free.values() for _, b in bucket}
+    assert not held & free
+    for xb, yb in data[1:]:
+        # eager work between replays takes every free buffer and scribbles on it
+        junk = [ops.full((n // 4,), dev, np.nan) for n in sorted({s for s in pool(dev).free}) for _ in range(4)]
+        x.write(xb)
+        y.write(yb)
+        clnet.reset_transfer_stats()
+        g.replay()
+        assert clnet.transfer_stats()["host_to_device_count"] == 0
+        assert clnet.transfer_stats()["device_to_host_count"] == 0
+        losses.append(float(loss))
+        del junk
+    assert_same(expected, state(model, losses))
+    taken = len(g._taken)
+    free_before = sum(len(b) for b in pool(dev).free.values())
+    del g
+    assert sum(len(b) for b in pool(dev).free.values()) == free_before + taken
+
+
+def test_what_a_replay_cannot_repeat_is_refused(dev):
+    x = clnet.tensor(np.ones((3, 4), np.float32), dev)
+    g = clnet.Graph()
+    with pytest.raises(clnet.CaptureError, match="replay\\(\\) before capture"):
+        g.replay()
+    with pytest.raises(clnet.CaptureError, match="reading a tensor of shape \\(3, 4\\) back"):
+        with g.capture():
+            (x * 2.0).numpy()
+    g2 = clnet.Graph()
+    with pytest.raises(clnet.CaptureError, match="writing a host array"):
+        with g2.capture():
+            x.write(np.zeros((3, 4), np.float32))
+    g3 = clnet.Graph()
+    with pytest.raises(clnet.CaptureError, match="do not nest"):
+        with g3.capture():
+            with clnet.Graph().capture():
+                pass
+    assert kernels.capturing is None
+    with pytest.raises(clnet.CaptureError, match="captured already"):
+        with g3.capture():
+            pass
