@@ -4,6 +4,7 @@ from .rng import manual_seed
 from .tensor import Parameter, Tensor, reset_transfer_stats, tensor, transfer_stats
 from .autograd import is_grad_enabled, no_grad
 from .graph import CaptureError, Graph
+from .kernels import OutOfMemory
 from . import ops  # noqa: E402  (installs Tensor's operators)
 from .ops import cat  # noqa: E402
 from . import data, nn, optim  # noqa: E402
@@ -12,6 +13,6 @@ from .tune import autotune  # noqa: E402
 
 from .version import __version__
 
-__all__ = ["CaptureError", "Device", "DeviceNotFound", "Graph", "Parameter", "Tensor", "autotune", "cat", "data", "device", "evaluate", "fit",
+__all__ = ["CaptureError", "Device", "DeviceNotFound", "Graph", "OutOfMemory", "Parameter", "Tensor", "autotune", "cat", "data", "device", "evaluate", "fit",
            "is_grad_enabled", "list_devices", "manual_seed", "nn", "no_grad", "optim", "reset_transfer_stats",
            "tensor", "transfer_stats", "__version__"]

@@ -19,8 +19,12 @@ from .tune import tune_first
 
 @click.group()
 @click.version_option(package_name="clnet")
-def main():
+@click.option("--verbose", is_flag=True, help="show the OpenCL compilers' own output (warnings, notes) as kernels build")
+def main(verbose):
     """clnet: neural networks on any OpenCL device."""
+    if verbose:
+        from . import kernels
+        kernels.verbose = True
 
 
 @main.command()

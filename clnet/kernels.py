@@ -15,6 +15,7 @@ replayed), and the host work that updates it runs through `per_step`, which a re
 """
 import os
 import statistics
+import sys
 import warnings
 from collections import OrderedDict
 from importlib import resources
@@ -25,6 +26,20 @@ import pyopencl as cl
 
 class KernelError(RuntimeError):
     pass
+
+
+class OutOfMemory(MemoryError):
+    """The device has no memory left for a tensor or a launch, even after the pool released its cached buffers."""
+
+
+_ALLOCATION_FAILURES = (cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE, cl.status_code.OUT_OF_RESOURCES,
+                        cl.status_code.OUT_OF_HOST_MEMORY)
+
+
+def memory_note(dev):
+    from .tensor import pool
+    return (f"{dev.name} has {dev.global_mem_size / 2**20:.0f} MiB, clnet's tensors hold "
+            f"{pool(dev).allocated_bytes / 2**20:.0f} MiB")
 
 
 def kernel_dir():
@@ -70,6 +85,38 @@ def build_options(dev):
     return options
 
 
+verbose = bool(os.environ.get("CLNET_VERBOSE"))  # `clnet --verbose`: show the OpenCL compilers' own output
+
+
+class _compiler_output:
+    """Collects what a driver's compiler writes straight to the process's stderr (file descriptor 2, past Python)
+    during a build: dropped, or passed on when `verbose`."""
+
+    def __enter__(self):
+        import tempfile
+        self.text = ""
+        try:
+            sys.stderr.flush()
+            self.saved = os.dup(2)
+        except (OSError, ValueError):  # no usable descriptor 2 (an embedding host): leave it alone
+            self.saved = None
+            return self
+        self.file = tempfile.TemporaryFile()
+        os.dup2(self.file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is None:
+            return
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        self.file.seek(0)
+        self.text = self.file.read().decode(errors="replace")
+        self.file.close()
+        if verbose and self.text:
+            sys.stderr.write(self.text)
+
+
 def program(dev, filename, defines=None):
     """The built program for (device, file, defines); built once per process."""
     global build_count
@@ -80,11 +127,14 @@ def program(dev, filename, defines=None):
         options = [f"-D{k}={int(v) if isinstance(v, bool) else v}" for k, v in items]
         options += build_options(dev)
         try:
-            with warnings.catch_warnings():  # drivers' build chatter (PoCL's AVX ABI notes) is not the user's concern
-                warnings.simplefilter("ignore", cl.CompilerWarning)
+            with warnings.catch_warnings(), _compiler_output() as chatter:
+                # drivers' build chatter (PoCL's AVX ABI notes, clang's "1 warning generated.") is not the user's
+                # concern unless CLNET_VERBOSE is set; a failed build shows it
+                warnings.simplefilter("default" if verbose else "ignore", cl.CompilerWarning)
                 prog = cl.Program(dev.context, _source(filename)).build(options=options)
         except cl.RuntimeError as e:
-            raise KernelError(f"building {filename} with {' '.join(options)} failed on {dev.name}:\n{e}") from e
+            raise KernelError(f"building {filename} with {' '.join(options)} failed on {dev.name}:\n{e}"
+                              + (f"\ncompiler output:\n{chatter.text}" if chatter.text.strip() else "")) from e
         build_count += 1
         _programs[key] = prog
     return prog
@@ -257,13 +307,23 @@ def launch(dev, k, global_size, local_size, *args, what=""):
         clone, live = _with_args(k, args)
         for i, box in live:
             clone.set_arg(i, box.value)
-        ev = cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
+        try:
+            ev = cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
+        except cl.Error as e:
+            if getattr(e, "code", None) not in _ALLOCATION_FAILURES:
+                raise
+            # Drivers allocate lazily, at the first launch that touches a buffer: free the pool's cached buffers
+            # and try once more.
+            from .tensor import pool
+            pool(dev).release_cached()
+            clone, live = _with_args(k, args)
+            for i, box in live:
+                clone.set_arg(i, box.value)
+            ev = cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
     except cl.Error as e:
-        code = getattr(e, "code", None)
-        if code in (cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE, cl.status_code.OUT_OF_RESOURCES,
-                    cl.status_code.OUT_OF_HOST_MEMORY):
-            raise MemoryError(f"clnet: out of memory on {dev.name} while running {what or k.name} "
-                              f"(global size {global_size}): use a smaller batch") from e
+        if getattr(e, "code", None) in _ALLOCATION_FAILURES:
+            raise OutOfMemory(f"clnet: out of memory on {dev.name} while running {what or k.name} (global size "
+                              f"{global_size}; {memory_note(dev)}): use a smaller batch") from e
         raise KernelError(f"clnet: {what or k.name} could not run on {dev.name} (global size "
                           f"{global_size}, work-group {local_size}): {e}. This is a clnet bug; please report it "
                           "with the layer and input shape.") from e

@@ -37,6 +37,7 @@ class BufferPool:
         self.free = {}  # rounded size -> heap of (creation number, buffer)
         self.allocated_bytes = 0
         self.created = 0
+        self.max_alloc = dev.cl_device.max_mem_alloc_size  # the largest single buffer the device allows
 
     @staticmethod
     def rounded(nbytes):
@@ -52,6 +53,10 @@ class BufferPool:
         if bucket:
             number, buf = heapq.heappop(bucket)
             return buf, number, size
+        limit = self.max_alloc
+        if size > limit:
+            raise kernels.OutOfMemory(f"clnet: {size / 2**20:.1f} MiB is more than {self.device.name} allocates at "
+                                      f"once ({limit / 2**20:.0f} MiB): use a smaller batch")
         try:
             buf = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size)
         except cl.Error:
@@ -59,9 +64,8 @@ class BufferPool:
             try:
                 buf = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size)
             except cl.Error as e:
-                raise MemoryError(
-                    f"clnet: cannot allocate {size / 2**20:.1f} MiB on {self.device.name} "
-                    f"({self.allocated_bytes / 2**20:.1f} MiB already in use): use a smaller batch") from e
+                raise kernels.OutOfMemory(f"clnet: cannot allocate {size / 2**20:.1f} MiB ("
+                                          f"{kernels.memory_note(self.device)}): use a smaller batch") from e
         self.allocated_bytes += size
         self.created += 1
         return buf, self.created, size
@@ -164,7 +168,12 @@ class Tensor:
             self.device, self.storage = None, None
             return
         self.device = device if type(device) is Device else _device(device if device is not None else "auto")
-        self.storage = _storage if _storage is not None else _Storage(self.device, self.nbytes)
+        if _storage is None:
+            try:
+                _storage = _Storage(self.device, self.nbytes)
+            except kernels.OutOfMemory as e:
+                raise kernels.OutOfMemory(f"{e} (a tensor of shape {self.shape})") from None
+        self.storage = _storage
 
     @property
     def buffer(self):

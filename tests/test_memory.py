@@ -1,0 +1,106 @@
+"""Device out-of-memory, wherever it surfaces: a tensor past the device's largest allocation is refused before any
+launch; a launch that fails to allocate (drivers allocate lazily, at the first launch that touches a buffer) frees
+the pool's cached buffers and retries once, then raises clnet.OutOfMemory naming the op and the device's memory; the
+process, the device and the model stay usable. The launch failure is injected (PoCL does not enforce a limit on the
+sum of its buffers)."""
+import numpy as np
+import pyopencl as cl
+import pytest
+from pyopencl import _cl
+
+import clnet
+from clnet import kernels, nn, ops
+from clnet.tensor import pool
+
+from conftest import assert_close, no_launch
+
+
+def allocation_failure():
+    return cl.MemoryError(_cl._ErrorRecord("injected", cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE,
+                                           "clEnqueueNDRangeKernel"))
+
+
+class FailingEnqueue:
+    """Replaces pyopencl's enqueue in kernels.py: fails the first `failures` calls, then enqueues."""
+
+    def __init__(self, failures):
+        self.failures, self.calls = failures, 0
+        self.real = cl.enqueue_nd_range_kernel
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise allocation_failure()
+        return self.real(*args, **kwargs)
+
+
+def small_model(dev):
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 5 * 5, 3)).to(dev)
+
+
+def test_a_tensor_past_the_largest_allocation_is_refused_before_any_launch(dev, monkeypatch):
+    monkeypatch.setattr(pool(dev), "max_alloc", 2**20)  # the real limits (PoCL 2 GiB, Intel 12 GiB) need RAM we lack
+    n = 2**18 + 1024
+    with no_launch(), pytest.raises(clnet.OutOfMemory, match=rf"allocates at once .* shape \({n},\)"):
+        ops.empty((n,), dev)
+    assert isinstance(clnet.OutOfMemory("x"), MemoryError)
+
+
+def test_a_failed_launch_frees_the_cache_and_retries_once(dev, rng, monkeypatch):
+    x = rng.standard_normal((2, 3, 7, 7)).astype(np.float32)
+    model = small_model(dev)
+    expected = model(clnet.tensor(x, dev)).numpy()
+    junk = [ops.zeros((1000 + i,), dev) for i in range(4)]
+    del junk  # the pool now caches free buffers
+    assert any(pool(dev).free.values())
+    failing = FailingEnqueue(failures=1)
+    monkeypatch.setattr(cl, "enqueue_nd_range_kernel", failing)
+    out = model(clnet.tensor(x, dev)).numpy()
+    assert failing.calls >= 2
+    assert_close(out, expected, "output after a retried launch", tol=1e-6)
+
+
+def test_persistent_failure_raises_out_of_memory_and_leaves_the_model_usable(dev, rng, monkeypatch):
+    x = rng.standard_normal((2, 3, 7, 7)).astype(np.float32)
+    model = small_model(dev)
+    expected = model(clnet.tensor(x, dev)).numpy()
+    monkeypatch.setattr(cl, "enqueue_nd_range_kernel", FailingEnqueue(failures=10**9))
+    with pytest.raises(clnet.OutOfMemory) as info:
+        model(clnet.tensor(x, dev))
+    message = str(info.value)
+    assert dev.name in message and "MiB" in message and "smaller batch" in message
+    assert "conv2d" in message.lower() or "im2col" in message.lower() or "gemm" in message.lower(), message
+    monkeypatch.undo()
+    assert_close(model(clnet.tensor(x, dev)).numpy(), expected, "output after the failure", tol=1e-6)
+    loss = nn.CrossEntropyLoss()(model(clnet.tensor(x, dev)), clnet.tensor(np.array([0, 2], np.int32), dev))
+    loss.backward()
+    assert np.all(np.isfinite(model[0].weight.grad.numpy()))
+
+
+def test_kernel_failures_name_the_op(dev, monkeypatch):
+    def invalid(*args, **kwargs):
+        raise cl.LogicError(_cl._ErrorRecord("injected", cl.status_code.INVALID_WORK_GROUP_SIZE,
+                                             "clEnqueueNDRangeKernel"))
+    t = ops.zeros((5,), dev)
+    monkeypatch.setattr(cl, "enqueue_nd_range_kernel", invalid)
+    with pytest.raises(kernels.KernelError, match="fill could not run on"):
+        ops.fill(t, 1.0)
+
+
+def test_build_chatter_stays_out_of_stderr_unless_verbose(dev, capfd, monkeypatch):
+    """A compiler's own output (clang's "1 warning generated.") goes to descriptor 2, past Python's warnings: kept
+    from the user's terminal, shown with CLNET_VERBOSE / --verbose."""
+    import os
+
+    def chatty(*args, **kwargs):
+        os.write(2, b"1 warning generated.\n")
+        raise cl.RuntimeError(_cl._ErrorRecord("injected build failure", cl.status_code.BUILD_PROGRAM_FAILURE,
+                                               "clBuildProgram"))
+    monkeypatch.setattr(cl.Program, "build", chatty)
+    with pytest.raises(kernels.KernelError, match="(?s)compiler output:.*1 warning generated"):
+        kernels.program(dev, "elementwise.cl", dict(UNUSED_DEFINE=1))
+    assert "warning generated" not in capfd.readouterr().err
+    monkeypatch.setattr(kernels, "verbose", True)
+    with pytest.raises(kernels.KernelError):
+        kernels.program(dev, "elementwise.cl", dict(UNUSED_DEFINE=2))
+    assert "1 warning generated." in capfd.readouterr().err
