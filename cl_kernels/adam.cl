@@ -4,26 +4,38 @@
 //   m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * g^2
 //   p -= step_size * m / (sqrt(v) / bc2_sqrt + eps),  step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t)
 // The bias corrections depend on the step count t, which the host keeps. m and v start at zero, as in PyTorch.
-// Defines: DECOUPLED 0/1 (AdamW's weight decay).
+// VW elements per work-item (common.h). Defines: DECOUPLED 0/1 (AdamW's weight decay).
 #ifndef DECOUPLED
 #define DECOUPLED 0  // 1: AdamW (decay applied to p), 0: Adam (decay added to the gradient)
 #endif
+
+#include "common.h"
+
+// One update of VW elements (float4) or of one (float): the same expressions for both.
+#if DECOUPLED
+#define ADAM_DECAY(w, d) w *= 1.0f - lr * weight_decay;
+#else
+#define ADAM_DECAY(w, d) d += weight_decay * w;
+#endif
+#define ADAM_UPDATE(T, P, G, M, V)                                    \
+    {                                                                 \
+        T w = P, d = G;                                               \
+        ADAM_DECAY(w, d)                                              \
+        const T mi = b1 * (M) + (1.0f - b1) * d;                      \
+        const T vi = b2 * (V) + (1.0f - b2) * d * d;                  \
+        M = mi;                                                       \
+        V = vi;                                                       \
+        P = w - step_size * mi / (sqrt(vi) / bc2_sqrt + eps);         \
+    }
 
 __kernel void adam_step(__global float* restrict p, __global const float* restrict g, __global float* restrict m,
                         __global float* restrict v, const int n, const float lr, const float step_size,
                         const float bc2_sqrt, const float b1, const float b2, const float eps,
                         const float weight_decay) {
-    const int i = get_global_id(0);
-    if (i >= n) return;
-    float w = p[i], d = g[i];
-#if DECOUPLED
-    w *= 1.0f - lr * weight_decay;
-#else
-    d += weight_decay * w;
-#endif
-    const float mi = b1 * m[i] + (1.0f - b1) * d;
-    const float vi = b2 * v[i] + (1.0f - b2) * d * d;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = w - step_size * mi / (sqrt(vi) / bc2_sqrt + eps);
+    const int i = get_global_id(0) * VW;
+    if (i + VW <= n) {
+        ADAM_UPDATE(float4, VEC(p + i), CVEC(g + i), VEC(m + i), VEC(v + i))
+    } else {
+        for (int j = i; j < n; j++) ADAM_UPDATE(float, p[j], g[j], m[j], v[j])
+    }
 }

@@ -14,4 +14,14 @@ inline uint clnet_hash(uint x) {
     return x;
 }
 
+// Element-wise kernels of the training loop's hot path (activations, adds, fill, the optimizers) take VW elements
+// per work-item, as float4s where a whole group lies inside n. One work-item per element ran ReLU at 1.4 TB/s on the
+// H200 (VGG-A's forward ReLUs 1.41 ms for 1.9 GB, bench/results/h200-v12), and on PoCL its bounds check keeps the
+// work-group from being vectorised: a scalar fill of 20 MB ran at 3 GB/s there, a float4 one at 21 GB/s, SGD with
+// momentum at 5 against 47 (bench/NOTES.md, v13). Buffers start 16-byte aligned (pooled allocations and sub-buffers
+// at the device's base alignment), so element 4i starts a float4.
+#define VW 4
+#define VEC(p) (*(__global float4*)(p))
+#define CVEC(p) (*(__global const float4*)(p))
+
 #endif

@@ -2,7 +2,7 @@
 //   act_fwd   y = f(x) for the activation ACT; act_bwd dx = dy * f'(.) written from the saved output y. NaN stays
 //             NaN through ReLU and ReLU6, as in PyTorch (fmax would turn it into 0), and its gradient passes, as
 //             PyTorch's does (it zeroes only where y <= 0, or y >= 6 for ReLU6)
-//   fill      x = value
+//   fill      x = value (fill and accumulate: VW elements per work-item too)
 //   fill_scaled  x = scale * g[0]: the gradient of a sum (g on the device, so no read-back)
 //   mul       out = a * b
 //   scale_by  out = a * g[0]: a gradient scaled by a one-element upstream gradient on the device
@@ -63,13 +63,6 @@ inline float act_grad(const float y, const float g) {
 #endif
 }
 
-// Element-wise kernels of the training loop's hot path (activations, adds) take VW elements per work-item, as
-// float4s where a whole group lies inside n: one work-item per element ran ReLU at 1.4 TB/s on the H200 (VGG-A's
-// forward ReLUs 1.41 ms for 1.9 GB, bench/results/h200-v12). Buffers start 16-byte aligned (pooled allocations and
-// sub-buffers at the device's base alignment), so element 4i starts a float4.
-#define VW 4
-#define VEC(p) (*(__global float4*)(p))
-#define CVEC(p) (*(__global const float4*)(p))
 
 __kernel void act_fwd(__global const float* restrict x, __global float* restrict y, const int n) {
     const int i = get_global_id(0) * VW;
@@ -94,8 +87,12 @@ __kernel void act_bwd(__global const float* restrict y, __global const float* re
 }
 
 __kernel void fill(__global float* x, const float value, const int n) {
-    const int i = get_global_id(0);
-    if (i < n) x[i] = value;
+    const int i = get_global_id(0) * VW;
+    if (i + VW <= n) {
+        VEC(x + i) = (float4)(value);
+    } else {
+        for (int j = i; j < n; j++) x[j] = value;
+    }
 }
 
 __kernel void fill_scaled(__global float* restrict x, __global const float* restrict g, const float scale,
@@ -127,8 +124,12 @@ __kernel void affine(__global const float* restrict a, __global float* restrict 
 }
 
 __kernel void accumulate(__global float* restrict dst, __global const float* restrict src, const int n) {
-    const int i = get_global_id(0);
-    if (i < n) dst[i] += src[i];
+    const int i = get_global_id(0) * VW;
+    if (i + VW <= n) {
+        VEC(dst + i) += CVEC(src + i);
+    } else {
+        for (int j = i; j < n; j++) dst[j] += src[j];
+    }
 }
 
 __kernel void copy2d(__global const float* restrict src, const int src_off, const int src_ld,

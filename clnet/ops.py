@@ -19,7 +19,7 @@ def grad_recorded():
     return autograd._enabled
 
 
-VW = 4  # elements per work-item of act_fwd, act_bwd and axpby (cl_kernels/elementwise.cl)
+VW = 4  # elements per work-item of act_fwd, act_bwd, axpby, fill, accumulate, sgd_step, adam_step (common.h)
 
 
 def _flat_launch(dev, k, n, *args, what=""):
@@ -33,7 +33,7 @@ def _elementwise(dev, name, defines=None):
 # ---- plain device helpers (no graph) -------------------------------------------------------------------------------
 
 def fill(t, value):
-    _flat_launch(t.device, _elementwise(t.device, "fill"), t.size, t, float(value), t.size, what="fill")
+    _flat_launch(t.device, _elementwise(t.device, "fill"), -(-t.size // VW), t, float(value), t.size, what="fill")
     return t
 
 
@@ -70,7 +70,7 @@ def accumulate(leaf, g):
         return
     if leaf.grad.shape != leaf.shape:
         raise RuntimeError(f"clnet: the .grad of a tensor of shape {leaf.shape} has shape {leaf.grad.shape}")
-    _flat_launch(leaf.device, _elementwise(leaf.device, "accumulate"), g.size, leaf.grad, g, g.size,
+    _flat_launch(leaf.device, _elementwise(leaf.device, "accumulate"), -(-g.size // VW), leaf.grad, g, g.size,
                  what="gradient accumulation")
 
 
@@ -553,7 +553,8 @@ def sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov):
     """lr and weight_decay: floats or kernels.Live (np.float32) that a per-step action sets."""
     lr, weight_decay = (a if type(a) is kernels.Live else float(a) for a in (lr, weight_decay))
     k = kernels.kernel(p.device, "sgd.cl", "sgd_step", dict(MOMENTUM=momentum != 0, NESTEROV=nesterov))
-    _flat_launch(p.device, k, p.size, p, g, buf, p.size, lr, float(momentum), weight_decay, what="SGD step")
+    _flat_launch(p.device, k, -(-p.size // VW), p, g, buf, p.size, lr, float(momentum), weight_decay,
+                 what="SGD step")
 
 
 sys.modules[Tensor.__module__].ops = sys.modules[__name__]  # Tensor's operators and reshape call this table
