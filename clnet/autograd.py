@@ -9,10 +9,15 @@ soon as its backward has run, so the graph holds device memory for one step only
 
 A backward that produces a leaf's gradient by a matrix product can write straight into the leaf's `.grad` with
 `beta = 1` (`Function.grad_sink`): a parameter's weight gradient costs no extra pass to accumulate.
+
+`register_post_accumulate_grad_hook(leaf, hook)` (PyTorch's name; also a Tensor method) calls ``hook(leaf)`` during
+backward as soon as the last op that feeds the leaf has run its backward: its `.grad` is complete (queued on the
+device) while earlier layers' backward is still to come. clnet.distributed starts its all-reduce there.
 """
 from . import kernels
 
 _enabled = True
+_hooked = 0  # leaves with post-accumulate-grad hooks; backward counts uses only when there are any
 
 
 def is_grad_enabled():
@@ -99,6 +104,57 @@ class Function:
         return f"<{type(self).__name__} backward>"
 
 
+class _HookHandle:
+    def __init__(self, leaf, hook):
+        self.leaf, self.hook = leaf, hook
+
+    def remove(self):
+        global _hooked
+        hooks = self.leaf.__dict__.get("_post_grad_hooks")
+        if hooks and self.hook in hooks:
+            hooks.remove(self.hook)
+            if not hooks:
+                del self.leaf._post_grad_hooks
+                _hooked -= 1
+
+
+def register_post_accumulate_grad_hook(leaf, hook):
+    """Call ``hook(leaf)`` in every backward once the leaf's `.grad` has received all of that backward's
+    contributions (as PyTorch's Tensor.register_post_accumulate_grad_hook). Returns a handle with ``remove()``."""
+    global _hooked
+    if leaf.grad_fn is not None or not leaf.requires_grad:
+        raise RuntimeError("register_post_accumulate_grad_hook: only a leaf tensor that requires a gradient has one "
+                           "(a parameter, or a tensor made with requires_grad=True)")
+    hooks = leaf.__dict__.get("_post_grad_hooks")
+    if hooks is None:
+        hooks = leaf._post_grad_hooks = []
+        _hooked += 1
+    hooks.append(hook)
+    return _HookHandle(leaf, hook)
+
+
+def _hooked_uses(order):
+    """id(leaf) -> [edges left, leaf] for every hooked leaf that these ops feed."""
+    uses = {}
+    for fn in order:
+        for edge in fn.inputs or ():
+            if edge is not None and not isinstance(edge, Function) and "_post_grad_hooks" in edge.__dict__:
+                entry = uses.setdefault(id(edge), [0, edge])
+                entry[0] += 1
+    return uses
+
+
+def _used(fn, uses):
+    """fn's backward is done: fire the hooks of the leaves it was the last user of."""
+    for edge in fn.inputs or ():
+        entry = uses.get(id(edge)) if edge is not None else None
+        if entry is not None:
+            entry[0] -= 1
+            if entry[0] == 0:
+                for hook in list(entry[1]._post_grad_hooks):
+                    hook(entry[1])
+
+
 def _topological(root_fn):
     """Recorded ops reachable from root_fn, every op before the ops that produced its inputs."""
     order, seen, stack = [], {id(root_fn)}, [(root_fn, False)]
@@ -134,13 +190,19 @@ def backward(root, grad=None, retain_graph=False):
                                "from one that does (make the leaf with requires_grad=True)")
         from .ops import full_like
         accumulate(root, grad if grad is not None else full_like(root, 1.0))
+        for hook in list(root.__dict__.get("_post_grad_hooks", ())):
+            hook(root)
         return
     if root.grad_fn.inputs is None:
         raise RuntimeError(_FREED)
     pending = {id(root.grad_fn): grad}
     profiling = kernels.profiler is not None
-    for fn in _topological(root.grad_fn):
+    order = _topological(root.grad_fn)
+    uses = _hooked_uses(order) if _hooked else None
+    for fn in order:
         if id(fn) not in pending:  # no gradient reached it (an input's backward returned None)
+            if uses:
+                _used(fn, uses)
             if not retain_graph:
                 fn.inputs = fn.saved = None
             continue
@@ -163,5 +225,15 @@ def backward(root, grad=None, retain_graph=False):
                 pending[id(edge)] = gi if previous is None else add(previous, gi)
             else:
                 accumulate(edge, gi)
+        if uses:
+            _used(fn, uses)
         if not retain_graph:
             fn.inputs = fn.saved = None
+
+
+def _install():
+    from .tensor import Tensor
+    Tensor.register_post_accumulate_grad_hook = register_post_accumulate_grad_hook
+
+
+_install()

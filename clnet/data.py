@@ -203,6 +203,24 @@ def epoch_order(n, seed, epoch, shuffle=True):
     return np.random.default_rng([int(seed), int(epoch)]).permutation(n)
 
 
+def share(n, rank, size):
+    """(start, stop) of rank's contiguous share of n items split over size ranks: the shares differ by at most one
+    item, the first n % size ranks taking the extra one, so equal shares whenever size divides n."""
+    if not 0 <= rank < size:
+        raise ValueError(f"share: rank {rank} is not one of {size} ranks")
+    q, r = divmod(int(n), int(size))
+    start = rank * q + min(rank, r)
+    return start, start + q + (rank < r)
+
+
+def check_global_batch(batch, size):
+    """A global batch that splits evenly over size ranks, or ValueError saying what to pass."""
+    if batch % size:
+        below, above = batch // size * size, -(-batch // size) * size
+        raise ValueError(f"the batch {batch} is the global batch and must split evenly over the {size} ranks: use "
+                         f"a multiple of {size} (" + (f"{below} or " if below else "") + f"{above})")
+
+
 class Loader:
     """Batches of one epoch on the device, double-buffered.
 
@@ -214,11 +232,15 @@ class Loader:
     host side: the stall.
 
     Iterating yields (x, y, labels): the batch's device tensors and its labels on the host.
+
+    ``shard=(rank, size)``: each batch is rank's contiguous share (`share`) of the global batch of that size, the
+    batches taken in the order one process takes them; a share can be empty (a last batch smaller than size).
     """
 
-    def __init__(self, data, batch, device, order, start=0, prefetch=2):
+    def __init__(self, data, batch, device, order, start=0, prefetch=2, shard=None):
         self.data, self.batch, self.device = data, int(batch), device
         self.order = order
+        self.shard = shard
         self.starts = list(range(start * self.batch, len(order), self.batch))
         self.prefetch = prefetch
         self.wait_s = 0.0
@@ -228,20 +250,26 @@ class Loader:
         return len(self.starts)
 
     def _produce(self, out, stop):
+        def deliver(item):  # False once the consumer has gone (it stopped early): then nothing more is put
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         try:
             for s in self.starts:
-                item = self.data.batch(self.order[s:s + self.batch])
-                while not stop.is_set():
-                    try:
-                        out.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                indices = self.order[s:s + self.batch]
+                if self.shard is not None:
+                    a, b = share(len(indices), *self.shard)
+                    indices = indices[a:b]
+                if not deliver(self.data.batch(indices)):
                     return
-            out.put(None)
+            deliver(None)  # a blocking put here would hang the consumer's join when it stops at the last batch
         except BaseException as e:  # handed to the consumer, which re-raises it
-            out.put(e)
+            deliver(e)
 
     def _upload(self, i, x, y):
         """Queue copies of x, y into device buffers of slot i % 2; the host arrays stay alive with the events."""

@@ -2,6 +2,10 @@
 
 A step runs the model, `loss.backward()` and the optimizer on the device; the step's (loss, correct) is read back
 once, after the next batch's upload has been queued behind it.
+
+A model wrapped in `clnet.distributed.DataParallel` trains data-parallel: ``batch`` is the global batch, each rank
+takes its share of every global batch (`data.Loader`'s shard), the step's figures are summed over the ranks, and
+only rank 0 writes checkpoints, logs and progress. Evaluation is split over the ranks and summed.
 """
 import json
 import os
@@ -38,7 +42,12 @@ def evaluate(model, dataset, batch=256, device=None):
     was_training = model.training
     model.eval()
     loss_fn = nn.CrossEntropyLoss()
-    loader = data_mod.Loader(dataset, batch, dev, data_mod.epoch_order(len(dataset), 0, 0, shuffle=False))
+    world = getattr(model, "world", None)  # a DataParallel model: each rank tests its contiguous share
+    order = data_mod.epoch_order(len(dataset), 0, 0, shuffle=False)
+    if world is not None:
+        a, b = data_mod.share(len(order), world.rank, world.size)
+        order = order[a:b]
+    loader = data_mod.Loader(dataset, batch, dev, order)
     confusion = None
     total_loss, correct, seen = 0.0, 0, 0
     try:
@@ -58,6 +67,16 @@ def evaluate(model, dataset, batch=256, device=None):
             total_loss, correct, seen = total_loss + s_loss, correct + s_correct, seen + len(y_host)
     finally:
         model.train(was_training)
+    if world is not None and world.size > 1:
+        sizes = np.zeros(world.size, np.int64)  # a rank with no test images has no confusion counts yet
+        sizes[world.rank] = 0 if confusion is None else len(confusion)
+        classes = int(world.allreduce(sizes, "evaluation").max())
+        mine = np.zeros((classes, classes), np.int64)
+        if confusion is not None:
+            mine[:len(confusion), :len(confusion)] = confusion
+        totals = world.allreduce(np.array([total_loss, correct, seen], np.float64), "evaluation")
+        confusion = world.allreduce(mine, "evaluation") if classes else None
+        total_loss, correct, seen = float(totals[0]), int(totals[1]), int(totals[2])
     if seen == 0:
         raise ValueError("evaluate: the data set is empty")
     return dict(loss=total_loss / seen, accuracy=correct / seen, images=seen, confusion=confusion,
@@ -132,7 +151,12 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
         ``epochs`` (per-epoch figures), ``interrupted``, ``stopped`` (max_steps reached), ``global_step``,
         ``epoch``, ``seconds``, ``checkpoint`` (path written or None) and ``final`` (last test figures or None).
     """
+    world = getattr(model, "world", None)  # a clnet.distributed.DataParallel model trains over every rank
+    rank, ranks = (world.rank, world.size) if world is not None else (0, 1)
+    data_mod.check_global_batch(batch, ranks)
     echo = echo or click.echo
+    if rank != 0:  # one voice: rank 0 prints, logs and writes checkpoints
+        echo, progress, log = (lambda *a, **k: None), False, None
     dev = _device(device if device is not None else (model.device or "auto"))
     model.to(dev)
     model.train()
@@ -164,7 +188,8 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
 
     def save(path=checkpoint):
         if path is not None:
-            save_checkpoint(path, model, optimizer, meta())
+            if rank == 0:
+                save_checkpoint(path, model, optimizer, meta())
             result["checkpoint"] = os.fspath(path)
 
     def log_now():
@@ -174,7 +199,8 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
     with _StopFlag(echo) as flag:
         while epoch < epochs and not (flag.set or result["stopped"]):
             order = data_mod.epoch_order(len(train_data), config["seed"], epoch)
-            loader = data_mod.Loader(train_data, batch, dev, order, start=step)
+            loader = data_mod.Loader(train_data, batch, dev, order, start=step,
+                                     shard=(rank, ranks) if world is not None else None)
             t_epoch = time.perf_counter()
             bar = click.progressbar(length=steps_per_epoch, label=f"epoch {epoch + 1}/{epochs}",
                                     item_show_func=lambda s: s, file=None) if progress else None
@@ -186,24 +212,36 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
                 item = next(it, None)
                 while item is not None:
                     x, y, y_host = item
+                    n = min(batch, len(order) - step * batch)  # the global batch; y_host is this rank's share
                     optimizer.zero_grad()
-                    loss_fn(model(x), y).backward()
+                    if world is not None:  # this rank's weight in the sum of gradients: its share of the batch
+                        model.share(len(y_host), n)
+                    if len(y_host):
+                        loss_fn(model(x), y).backward()
+                    else:  # a last batch with fewer examples than ranks leaves this one nothing
+                        model.skip_step()
+                    if world is not None:
+                        model.finish()
                     optimizer.step()
                     last = flag.set or (max_steps is not None and global_step + 1 >= max_steps)
                     # The next batch's upload is queued behind this step before its results are read.
                     item = None if last else next(it, None)
-                    s_loss, s_correct = _step_results(loss_fn, len(y_host))
+                    s_loss, s_correct = _step_results(loss_fn, len(y_host)) if len(y_host) else (0.0, 0)
+                    if world is not None:  # the global batch's figures; a Ctrl-C on any rank stops them all here
+                        s_loss, s_correct, stop = world.allreduce(
+                            np.array([s_loss, s_correct, flag.set], np.float64), "the step's figures")
+                        s_correct, flag.set = int(s_correct), flag.set or bool(stop)
                     if not np.isfinite(s_loss):  # stop before any checkpoint holds the non-finite weights
                         lr = getattr(optimizer, "lr", None)
                         raise Diverged(f"training diverged: the loss of step {global_step + 1} (epoch {epoch + 1}) is "
-                                       f"{s_loss / len(y_host)}; lower the learning rate"
+                                       f"{s_loss / n}; lower the learning rate"
                                        + (f" (it is {lr})" if lr is not None else "")
                                        + (f"; the last checkpoint, {result['checkpoint']}, is from before"
                                           if result["checkpoint"] else ""))
                     step, global_step = step + 1, global_step + 1
                     sums["loss"] += s_loss
                     sums["correct"] += s_correct
-                    sums["seen"] += len(y_host)
+                    sums["seen"] += n
                     if bar is not None:
                         elapsed = sums["seconds"] + time.perf_counter() - t_epoch
                         bar.update(1, f"loss {sums['loss'] / sums['seen']:.4f} acc "
@@ -224,6 +262,8 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
                           train_accuracy=sums["correct"] / sums["seen"], seconds=sums["seconds"],
                           images_per_s=sums["seen"] / sums["seconds"], data_wait_s=sums["wait"],
                           stall_fraction=sums["wait"] / sums["seconds"])
+            if world is not None:  # every rank tests and saves rank 0's batch-norm statistics
+                model.broadcast_buffers()
             if test_data is not None:
                 t_eval = time.perf_counter()
                 ev = evaluate(model, test_data, batch=max(batch, 256), device=dev)

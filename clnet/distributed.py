@@ -1,0 +1,515 @@
+"""Data-parallel training over MPI: one model, one rank per OpenCL device, on one host or many.
+
+    mpiexec -n 4 clnet train resnet8 --batch 256 --device gpu
+
+    import clnet.distributed as dist
+    world = dist.init()                      # rank, size, local rank (ranks sharing this host's memory)
+    dev = dist.device("gpu")                 # this rank's device: the local-rank-th GPU of its host
+    model = dist.DataParallel(model.to(dev)) # rank 0's weights and buffers everywhere; gradients averaged
+
+The transport is MPI (mpi4py over MPICH or Open MPI), through host buffers: each rank reads its gradients back from
+the device, all-reduces them and writes the average back before the optimizer's step.
+
+Gradients travel in buckets of about `bucket_mb` (parameters in reverse order, the order backward finishes them). A
+post-accumulate-grad hook (clnet.autograd) tells a bucket when each of its gradients is complete; the bucket's
+device-to-host copies are queued right then, and a communication thread waits for the copies and runs the bucket's
+all-reduce while the main thread goes on queueing the rest of backward. Buckets are reduced strictly in index order
+on every rank, so ranks never pair different buckets. The last bucket's hook waits for all of them and queues the
+averages back to the device: after `loss.backward()` every `.grad` holds the global average, as with PyTorch's DDP.
+
+Semantics (what `clnet.fit` builds on):
+
+- The global batch B is split into contiguous shares, rank r taking its share of every global batch in the order one
+  process would use (`clnet.data.share`). The loss of a rank is the mean over its share of n_r examples; each rank
+  weights its gradients by n_r / n before the sum, so the sum is the gradient of the global mean over n examples,
+  exactly one process's gradient up to float32 rounding. With B a multiple of the world size every share is B / size
+  (weight 1 / size); the last, smaller batch of an epoch splits as evenly as it can (shares differ by one) and the
+  weights keep it exact; a rank whose share is empty (fewer examples than ranks) contributes zeros (`skip_step`).
+- Batch norm's running statistics stay per rank during an epoch (each rank's from its own shares; no SyncBatchNorm);
+  `broadcast_buffers()` gives every rank rank 0's, which `fit` does at the end of each epoch, before testing and
+  checkpointing, so every rank evaluates and saves the same model. A batch-norm layer normalises in train mode with
+  its share's statistics, so a network with batch norm (or dropout, whose masks each rank draws alike from the same
+  stream) does not reproduce one process's numbers; networks without them do, to float32 rounding.
+- A failure ends every rank: `init()` makes an uncaught exception in any thread print the traceback and a line naming
+  the rank, then call MPI_Abort, which the launcher turns into the end of every rank. Every collective here waits with
+  a deadline (`CLNET_MPI_TIMEOUT`, default 600 s, generous for first-run kernel builds and rank 0's tuning) and aborts
+  when it passes, so a rank that hangs instead of dying is caught too.
+"""
+import contextlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+
+try:
+    from mpi4py import MPI
+except ImportError as e:  # mpi4py is optional: clnet runs on one device without it
+    raise ImportError("clnet.distributed needs mpi4py and an MPI library: pip install 'clnet[mpi]' (mpi4py and "
+                      "MPICH from PyPI; an MPI installed on the system, with mpi4py built against it, works as "
+                      f"well). The import failed: {e}") from e
+
+import pyopencl as cl
+
+from . import devices as device_mod
+from .tensor import _stats as _transfer_stats
+from .autograd import register_post_accumulate_grad_hook
+from .nn.module import Module
+
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_BUCKET_MB = 25.0  # PyTorch DDP's default
+
+
+class World:
+    """This process's place in the MPI job. ``rank`` and ``size`` in COMM_WORLD; ``local_rank`` and ``local_size``
+    among the ranks that share this host's memory; ``timeout`` the seconds any collective waits before aborting."""
+
+    def __init__(self, comm, local, timeout):
+        self.comm = comm  # a duplicate of COMM_WORLD: clnet's collectives never mix with the user's
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
+        self.host = socket.gethostname()
+        self.timeout = float(timeout)
+
+    @property
+    def is_main(self):
+        return self.rank == 0
+
+    def __repr__(self):
+        return (f"World(rank {self.rank} of {self.size}, local rank {self.local_rank} of {self.local_size} on "
+                f"{self.host})")
+
+    # -- collectives, each with a deadline -----------------------------------------------------------------------
+    def wait(self, request, what):
+        """Wait for a non-blocking MPI request, driving MPI's progress; abort every rank past the deadline."""
+        deadline = time.monotonic() + self.timeout
+        pause = 0.0
+        while not request.Test():
+            if time.monotonic() > deadline:
+                abort(f"{what} waited more than {self.timeout:.0f} s for the other ranks: one of them stopped "
+                      "responding (CLNET_MPI_TIMEOUT sets the limit)")
+            time.sleep(pause)  # 0 first: yield to the main thread; then up to 1 ms between polls
+            pause = min(2 * pause or 1e-5, 1e-3)
+
+    def allreduce(self, array, what="an all-reduce"):
+        """Sum a NumPy array over the ranks, in place (every rank gets the same bits); returns it."""
+        if self.size > 1:
+            self.wait(self.comm.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM), what)
+        return array
+
+    def broadcast(self, array, what="a broadcast"):
+        """Rank 0's contents of a NumPy array on every rank, in place; returns it."""
+        if self.size > 1:
+            self.wait(self.comm.Ibcast(array, root=0), what)
+        return array
+
+    def broadcast_json(self, value, what="a broadcast"):
+        """Rank 0's JSON-able value on every rank."""
+        if self.size == 1:
+            return value
+        raw = json.dumps(value).encode() if self.rank == 0 else b""
+        n = self.broadcast(np.array([len(raw)], np.int64), what)[0]
+        buf = np.frombuffer(raw, np.uint8).copy() if self.rank == 0 else np.empty(n, np.uint8)
+        return json.loads(self.broadcast(buf, what).tobytes().decode())
+
+    def barrier(self, what="a barrier"):
+        if self.size > 1:
+            self.wait(self.comm.Ibarrier(), what)
+
+
+_world = None
+
+
+def init(timeout=None):
+    """Join the MPI job (once; later calls return the same World). Under mpiexec every rank calls it; without
+    mpiexec it is a job of one. With more than one rank, an uncaught exception in any thread of any rank stops them
+    all (see `abort`). ``timeout``: seconds a collective may wait (default $CLNET_MPI_TIMEOUT, else 600)."""
+    global _world
+    if _world is None:
+        if timeout is None:
+            timeout = float(os.environ.get("CLNET_MPI_TIMEOUT", DEFAULT_TIMEOUT_S))
+        comm = MPI.COMM_WORLD
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        _world = World(comm.Dup(), local, timeout)
+        local.Free()
+        if _world.size > 1:
+            _install_abort_hooks()
+    return _world
+
+
+def world():
+    """The World of `init()`, which it calls if nobody has."""
+    return init()
+
+
+def launched_by_mpi():
+    """True when the environment is that of an MPI launcher's rank (MPICH's hydra, Open MPI, PMIx, Slurm's PMI)."""
+    return any(k in os.environ for k in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
+
+
+# -- stopping every rank ---------------------------------------------------------------------------------------------
+def abort(message, status=1):
+    """Print a line naming this rank, then end every rank of the job (MPI_Abort): no rank is left waiting."""
+    w = _world
+    who = f"rank {w.rank} of {w.size} (host {w.host})" if w is not None else "a rank"
+    try:
+        sys.stdout.flush()
+        sys.stderr.write(f"clnet.distributed: {who}: {message}; stopping every rank\n")
+        sys.stderr.flush()
+    finally:
+        MPI.COMM_WORLD.Abort(status)
+
+
+def _install_abort_hooks():
+    previous = sys.excepthook
+
+    def on_exception(kind, value, tb):
+        previous(kind, value, tb)  # the traceback first, as Python prints it
+        abort(f"failed with {kind.__name__}: {value}")
+
+    def on_thread_exception(args):
+        traceback.print_exception(args.exc_type, args.exc_value, args.exc_traceback)
+        abort(f"thread {args.thread.name if args.thread else '?'} failed with {args.exc_type.__name__}: "
+              f"{args.exc_value}")
+
+    sys.excepthook = on_exception
+    threading.excepthook = on_thread_exception
+
+
+@contextlib.contextmanager
+def stop_all_on_failure():
+    """For command-line code whose errors end in SystemExit (click turns an error into exit status 1, Ctrl-C into
+    'Aborted!'): leaving the block by an error or a non-zero exit ends every rank, with a line naming this one. A
+    clean exit passes through."""
+    try:
+        yield
+    except SystemExit as e:
+        if init().size > 1 and e.code not in (None, 0):
+            abort(f"exited with status {e.code}")
+        raise
+    except BaseException as e:
+        if init().size > 1:
+            traceback.print_exc()
+            abort(f"failed with {type(e).__name__}: {e}")
+        raise
+
+
+# -- devices ---------------------------------------------------------------------------------------------------------
+def device(spec="auto"):
+    """This rank's device: of the devices ``spec`` matches on this host ('auto', 'gpu', 'cpu', an index, or a name
+    substring, as clnet.device), the local-rank-th, round robin. More ranks than matching devices share them (two
+    ranks on one GPU, or on PoCL's one CPU device); an index names the same device for every rank."""
+    w = init()
+    rows = device_mod.list_devices()
+    text = str(spec).strip().lower()
+    if text.lstrip("-").isdigit():
+        return device_mod.device(int(text))
+    real = [r for r in rows if not r["simulator"]]
+    gpus = [r for r in real if "GPU" in r["type"].split(" | ")]
+    cpus = [r for r in real if "CPU" in r["type"].split(" | ")]
+    if text == "auto":
+        matches = gpus or cpus or real
+    elif text == "gpu":
+        matches = gpus
+    elif text == "cpu":
+        matches = cpus
+    else:
+        matches = [r for r in rows if text in f"{r['name']} {r['platform']}".lower()]
+    if not matches:
+        return device_mod.device(spec)  # raises DeviceNotFound with the listing and the fix
+    if text == "auto" and gpus:  # auto picks the fastest kind, as clnet.device does
+        matches = gpus
+    return device_mod.device(matches[w.local_rank % len(matches)]["index"])
+
+
+# -- tuning ----------------------------------------------------------------------------------------------------------
+def tune_on_rank0(tune, dev):
+    """Run ``tune()`` (e.g. ``lambda: clnet.tune.tune_first(...)``) on rank 0 alone while the others wait, then hand
+    every rank rank 0's tuned choices for its device: the others reread their cache file and take rank 0's entries in
+    memory when their device is the same kind (same platform, name and driver), so hosts without a shared cache
+    agree as well. Only rank 0 writes the cache file (under its lock). Returns rank 0's result on rank 0, else None.
+    Tune before wrapping the model in DataParallel: a tuning pass's backward would start all-reduces."""
+    from . import tuning
+    w = init()
+    result = tune() if w.rank == 0 else None
+    payload = [tuning.device_key(dev), dict(tuning.entries(dev))] if w.rank == 0 else None
+    key, entries = w.broadcast_json(payload, "waiting for rank 0's tuning")
+    if w.rank != 0:
+        tuning.forget()
+        if key == tuning.device_key(dev):
+            tuning.entries(dev).update(entries)
+    return result
+
+
+# -- data parallelism ------------------------------------------------------------------------------------------------
+def _read_async(t, out):
+    """Queue a copy of device tensor t into the host array out; the event. Counted as tensor.py counts its copies.
+    (Tensor has no non-blocking read yet; /tmp/mpi-integration.patch proposes Tensor.read_into for this.)"""
+    ev = cl.enqueue_copy(t.device.queue, out, t.buffer, is_blocking=False)
+    _transfer_stats["device_to_host_bytes"] += out.nbytes
+    _transfer_stats["device_to_host_count"] += 1
+    return ev
+
+
+class _Bucket:
+    def __init__(self, index, params):
+        self.index, self.params = index, params
+        self.offsets = np.cumsum([0] + [p.size for p in params]).tolist()
+        self.host = np.zeros(self.offsets[-1], np.float32)
+        self.pending = len(params)
+        self.events = []
+        self.weight = 1.0
+        self.queued = False
+        self.done = threading.Event()
+
+    def view(self, i):
+        return self.host[self.offsets[i]:self.offsets[i + 1]]
+
+
+class DataParallel(Module):
+    """Wraps a model placed on this rank's device: rank 0's parameters and buffers are copied to every rank, and the
+    gradients of each backward are averaged over the ranks (the gradient of the global batch's mean loss).
+
+    Parameters
+    ----------
+    module : clnet.nn.Module
+        The model, already on this rank's device (``model.to(dist.device(...))``).
+    bucket_mb : float
+        Megabytes of gradients per all-reduce (25, PyTorch's default): smaller buckets start sooner during backward,
+        larger ones cost fewer messages.
+    world : World, optional
+        Default: `init()`.
+
+    ``state_dict``, ``load_state_dict`` and ``repr`` are the wrapped module's, so a checkpoint of a data-parallel run
+    is an ordinary one and resumes under any world size. ``stats`` accumulates seconds spent waiting for device-to-host
+    copies, inside all-reduces (communication thread), and blocked at the end of backward (main thread), and steps.
+    """
+
+    def __init__(self, module, bucket_mb=DEFAULT_BUCKET_MB, world=None):
+        super().__init__()
+        if module.device is None:
+            raise ValueError("DataParallel: the model is on no device yet; move it first: "
+                             "model.to(clnet.distributed.device('gpu'))")
+        self.module = module
+        d = self.__dict__
+        d["device"] = module.device
+        d["world"] = world or init()
+        d["reduce"] = True
+        d["stats"] = dict(copy_wait_s=0.0, allreduce_s=0.0, exposed_s=0.0, steps=0)
+        self.broadcast_parameters()
+        params = [p for p in module.parameters() if p.requires_grad]
+        cap = max(float(bucket_mb), 1e-6) * 2**20
+        buckets, current, size = [], [], 0
+        for p in reversed(params):  # backward completes the last layers first
+            current.append(p)
+            size += 4 * p.size
+            if size >= cap:
+                buckets.append(current)
+                current, size = [], 0
+        if current:
+            buckets.append(current)
+        d["_buckets"] = [_Bucket(i, ps) for i, ps in enumerate(buckets)]
+        d["_where"] = {id(p): (b, i) for b in self._buckets for i, p in enumerate(b.params)}
+        # a job of one has nothing to average: no hooks, no copies
+        d["_handles"] = ([register_post_accumulate_grad_hook(p, self._grad_ready) for p in params]
+                         if d["world"].size > 1 else [])
+        d["_weight"] = None  # this step's n_r / n; None: 1 / size
+        d["_next"] = 0  # the next bucket to hand to the communication thread
+        d["_active"] = False  # a backward has started reducing and finish() has not run
+        d["_work"] = []
+        d["_wake"] = threading.Condition()
+        d["_thread"] = None
+        d["_written"] = None  # marker behind the last write-back of the averages
+
+    # -- the wrapped module's face -------------------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        if self._active:
+            missing = [n for n, p in self.module.named_parameters()
+                       if p.requires_grad and self._where[id(p)][0].pending > 0]
+            raise RuntimeError("DataParallel: the previous backward left gradients unreduced (no gradient reached "
+                               f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}); call finish() after "
+                               "backward when some parameters get no gradient, on every rank")
+        return self.module(*args, **kwargs)
+
+    def _state_items(self):
+        return self.module._state_items()
+
+    def __repr__(self):
+        return repr(self.module)
+
+    # -- weights and buffers -------------------------------------------------------------------------------------
+    def broadcast_parameters(self):
+        """Every rank takes rank 0's parameters and buffers."""
+        self._broadcast([t for _, t in self.module._state_items()] + self.module.buffers(), "the weights")
+
+    def broadcast_buffers(self):
+        """Every rank takes rank 0's buffers (batch norm's running statistics and counters)."""
+        self._broadcast(self.module.buffers(), "the buffers")
+
+    def _broadcast(self, tensors, what):
+        if self.world.size == 1:
+            return
+        seen = set()
+        for t in tensors:
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            host = self.world.broadcast(t.numpy(), f"the broadcast of {what}")
+            if self.world.rank != 0:
+                t.write(host)
+
+    # -- one step's reduction ------------------------------------------------------------------------------------
+    def share(self, n_local, n_global):
+        """This step's share: n_local of the n_global examples of the global batch (call before backward). Without
+        it every share counts 1 / size, right when the shares are equal."""
+        self.__dict__["_weight"] = n_local / n_global if n_global else 0.0
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward inside the block leaves each rank's own gradients, unreduced (PyTorch's name). For gradient
+        accumulation, and for timing the compute alone."""
+        self.__dict__["reduce"] = False
+        try:
+            yield
+        finally:
+            self.__dict__["reduce"] = True
+
+    def _grad_ready(self, p):
+        if not self.reduce:
+            return
+        bucket, _ = self._where[id(p)]
+        if not self._active:
+            self._begin()
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            self._launch(bucket)
+            if self._next == len(self._buckets):  # every bucket is on its way: backward's end for this model
+                self.finish()
+
+    def _begin(self):
+        self.__dict__["_active"] = True
+        if self._thread is None or not self._thread.is_alive():
+            self.__dict__["_thread"] = threading.Thread(target=self._communicate, name="clnet-allreduce",
+                                                        daemon=True)
+            self._thread.start()
+
+    def _launch(self, bucket, zero=False):
+        """Queue the bucket's device-to-host copies (zeros for a parameter without a gradient, or for all when
+        ``zero``), then hand every bucket whose turn has come to the communication thread."""
+        if self._written is not None and (zero or any(p.grad is None for p in bucket.params)):
+            self._written.wait()  # the host writes zeros where the last step's averages may still be on their way out
+        bucket.events = []
+        for i, p in enumerate(bucket.params):
+            if p.grad is None or zero:
+                bucket.view(i)[:] = 0.0
+            else:
+                bucket.events.append(_read_async(p.grad, bucket.view(i)))
+        bucket.weight = 1.0 / self.world.size if self._weight is None else self._weight
+        bucket.pending, bucket.queued = 0, True
+        while self._next < len(self._buckets) and self._buckets[self._next].queued:
+            with self._wake:
+                self._work.append(self._buckets[self._next])
+                self._wake.notify()
+            self.__dict__["_next"] = self._next + 1
+
+    def _communicate(self):
+        """The communication thread: each bucket in index order, its copies waited for, weighted, all-reduced."""
+        while True:
+            with self._wake:
+                while not self._work:
+                    self._wake.wait()
+                bucket = self._work.pop(0)
+            t0 = time.perf_counter()
+            if bucket.events:
+                cl.wait_for_events(bucket.events)
+            t1 = time.perf_counter()
+            if bucket.weight != 1.0:
+                bucket.host *= np.float32(bucket.weight)
+            self.world.allreduce(bucket.host, f"the all-reduce of gradient bucket {bucket.index}")
+            self.stats["copy_wait_s"] += t1 - t0
+            self.stats["allreduce_s"] += time.perf_counter() - t1
+            bucket.done.set()
+
+    def skip_step(self):
+        """Take part in this step's reduction with no examples (a rank whose share of a small last batch is empty):
+        its contribution is zero, and its gradients become the others' weighted sum like everyone's."""
+        if not self.reduce or self.world.size == 1:
+            return
+        if not self._active:
+            self._begin()
+        self.__dict__["_weight"] = 0.0
+        for b in self._buckets:
+            if not b.queued:
+                self._launch(b, zero=True)
+        self.finish()
+
+    def finish(self):
+        """Wait for every bucket's all-reduce and queue the averages back into the gradients. Runs by itself at the end
+        of a backward that reached every parameter; call it (on every rank) after a backward that did not. Nothing to
+        do when no reduction is under way."""
+        if not self._active:
+            return
+        for b in self._buckets:
+            if not b.queued:  # no gradient reached its parameters in this backward
+                self._launch(b)
+        t0 = time.perf_counter()
+        for b in self._buckets:
+            while not b.done.wait(1.0):
+                if not self._thread.is_alive():
+                    raise RuntimeError("DataParallel: the all-reduce thread ended without finishing the gradients")
+        self.stats["exposed_s"] += time.perf_counter() - t0
+        self.stats["steps"] += 1
+        for b in self._buckets:
+            for i, p in enumerate(b.params):
+                if p.grad is None:
+                    from .ops import zeros
+                    p.grad = zeros(p.shape, p.device)
+                p.grad.write(b.view(i), blocking=False)  # the next step's copies into b.host queue behind these
+            b.pending, b.queued, b.events = len(b.params), False, []
+            b.done.clear()
+        d = self.__dict__
+        d["_written"] = cl.enqueue_marker(self.device.queue)  # before the host writes into b.host again
+        d["_next"], d["_active"], d["_weight"] = 0, False, None
+
+    def close(self):
+        """Remove the gradient hooks (the model trains alone again)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+# -- reporting -------------------------------------------------------------------------------------------------------
+def gather_json(value, what="a gather"):
+    """Every rank's JSON-able value, as a list on rank 0 (None elsewhere)."""
+    w = init()
+    if w.size == 1:
+        return [value]
+    raw = json.dumps(value).encode()
+    sizes = np.zeros(w.size, np.int64)
+    sizes[w.rank] = len(raw)
+    w.allreduce(sizes, what)
+    buf = np.zeros(int(sizes.sum()), np.uint8)
+    start = int(sizes[:w.rank].sum())
+    buf[start:start + len(raw)] = np.frombuffer(raw, np.uint8)
+    w.allreduce(buf, what)  # each rank fills its own span: the sum is the concatenation
+    if w.rank != 0:
+        return None
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    return [json.loads(buf[bounds[i]:bounds[i + 1]].tobytes().decode()) for i in range(w.size)]
+
+
+def scaling(step_s, compute_s, images_per_rank):
+    """Rank 0's summary of a data-parallel timing: every rank's step seconds (with the all-reduce) and compute-only
+    seconds (the same step under ``no_sync()``), the aggregate images/s (the slowest rank sets the pace) and the
+    scaling efficiency, compute-only time over step time of the slowest rank. None on other ranks."""
+    rows = gather_json(dict(step_s=float(step_s), compute_s=float(compute_s)), "the gather of the timings")
+    if rows is None:
+        return None
+    slowest = max(r["step_s"] for r in rows)
+    return dict(ranks=len(rows), per_rank=[dict(r, images_per_s=images_per_rank / r["step_s"]) for r in rows],
+                images_per_s=len(rows) * images_per_rank / slowest,
+                efficiency=max(r["compute_s"] for r in rows) / slowest)

@@ -1,0 +1,211 @@
+"""Data-parallel training over MPI (clnet.distributed): the shares of a global batch, the post-accumulate-grad hook the
+all-reduce starts from, and `mpiexec -n 2` runs of tests/mpi_train.py (lenet, a few steps on 37 or 33 images) against
+one process: equal weights and loss curves, resume under another world size, a failing or hanging rank ending both.
+
+The mpiexec runs use one device (PoCL where present; CLNET_MPI_TEST_DEVICE names another) and are skipped when
+mpi4py or mpiexec is missing (pip install 'clnet[mpi]' brings both). Each run costs a few seconds, most of it two
+Python start-ups.
+"""
+import importlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import clnet
+from clnet import data, nn
+from conftest import DEVICES
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(clnet.__file__)))
+sys.path.insert(0, HERE)
+import mpi_train  # noqa: E402
+
+
+def _mpiexec():
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")  # pip's mpich installs it next to python
+    return beside if os.path.exists(beside) else shutil.which("mpiexec")
+
+
+def _test_device():
+    wanted = os.environ.get("CLNET_MPI_TEST_DEVICE", "portable computing language").lower()
+    chosen = [d for d in DEVICES if wanted in f"{d['name']} {d['platform']}".lower()] or DEVICES
+    return chosen[0]["index"] if chosen else None
+
+
+MPIEXEC, DEVICE = _mpiexec(), _test_device()
+needs_mpi = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or MPIEXEC is None or DEVICE is None,
+                               reason="mpi4py or mpiexec is not installed (pip install 'clnet[mpi]'), or no device")
+
+
+def mpirun(tmp_path, *args, timeout=120, env=None):
+    """mpiexec -n 2 of tests/mpi_train.py; (exit status, output, seconds, rank 0's fit.json or None)."""
+    out = tmp_path / "out"
+    environment = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
+    command = [MPIEXEC, "-n", "2", sys.executable, os.path.join(HERE, "mpi_train.py"), "--device", str(DEVICE),
+               "--out", str(out), *map(str, args)]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"mpiexec did not end within {timeout} s (a hang): {e.output}\n{e.stderr}")
+    seconds = time.perf_counter() - t0
+    result = None
+    if (out / "fit.json").exists():
+        result = json.loads((out / "fit.json").read_text())
+        result["weights"] = dict(np.load(out / "fit.npz"))
+    return p.returncode, p.stdout + p.stderr, seconds, result
+
+
+def assert_same_weights(actual, expected, what):
+    assert actual.keys() == expected.keys()
+    for k in expected:
+        scale = np.abs(expected[k]).max()
+        err = np.abs(actual[k] - expected[k]).max() / scale
+        assert err < 1e-5, f"{what}: {k} differs by {err:.1e} of its largest weight"
+
+
+# -- shares of a global batch ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n,size", [(8, 2), (5, 2), (1, 2), (0, 3), (33, 4), (7, 7), (6, 4), (65, 3)])
+def test_shares_cover_the_batch_in_order(n, size):
+    bounds = [data.share(n, r, size) for r in range(size)]
+    assert bounds[0][0] == 0 and bounds[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:])), "contiguous, in rank order"
+    sizes = [b - a for a, b in bounds]
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+    if n % size == 0:
+        assert len(set(sizes)) == 1
+
+
+def test_indivisible_global_batch_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"global batch .* 3 ranks: use a multiple of 3 \(9 or 12\)"):
+        data.check_global_batch(10, 3)
+    with pytest.raises(ValueError, match=r"multiple of 4 \(4\)"):
+        data.check_global_batch(3, 4)
+    data.check_global_batch(12, 3)
+    data.check_global_batch(5, 1)
+
+
+def test_fit_refuses_a_batch_that_does_not_split(dev):
+    class FakeWorld:  # what fit reads of a DataParallel model: its world
+        rank, size = 0, 4
+    model = mpi_train.models.build("lenet").to(dev)
+    model.__dict__["world"] = FakeWorld()
+    with pytest.raises(ValueError, match="multiple of 4"):
+        clnet.fit(model, mpi_train.dataset(), batch=10, device=dev)
+
+
+def test_loader_shards_are_one_process_batches_split(dev):
+    ds = data.Dataset(np.arange(11 * 4, dtype=np.uint8).reshape(11, 2, 2), np.arange(11) % 3)
+    order = data.epoch_order(11, 5, 0)
+    whole = [labels for _, _, labels in data.Loader(ds, 4, dev, order)]
+    parts = [[labels for _, _, labels in data.Loader(ds, 4, dev, order, start=1, shard=(r, 3))] for r in range(3)]
+    for i, batch in enumerate(whole[1:]):  # started at batch 1, as a resumed epoch does
+        assert np.array_equal(np.concatenate([p[i] for p in parts]), batch)
+    assert [len(p[-1]) for p in parts] == [1, 1, 1]  # the last batch of 3 splits 1 + 1 + 1
+    assert [len(p[0]) for p in parts] == [2, 1, 1]  # a batch of 4 over 3 ranks: shares differ by one
+
+
+def test_loader_stopped_at_its_last_batch_returns(dev):
+    """A consumer that stops while the feeder waits to hand over the end of the epoch: closing must not hang."""
+    ds = data.Dataset(np.zeros((6, 2, 2), np.uint8), np.zeros(6))
+    it = iter(data.Loader(ds, 2, dev, data.epoch_order(6, 0, 0)))
+    next(it)
+    time.sleep(0.3)  # the feeder has put the other two batches and waits with the end marker
+    t0 = time.perf_counter()
+    it.close()
+    assert time.perf_counter() - t0 < 2
+
+
+# -- the hook the all-reduce starts from -------------------------------------------------------------------------------
+def test_post_accumulate_grad_hook_fires_once_with_the_whole_gradient(dev, rng):
+    net = nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 4 * 4, 4)).to(dev)
+    seen = {}
+    for name, p in net.named_parameters():
+        p.register_post_accumulate_grad_hook(lambda t, name=name: seen.setdefault(name, []).append(t.grad.numpy()))
+    x = clnet.tensor(rng.standard_normal((2, 1, 6, 6)), device=dev)
+    nn.CrossEntropyLoss()(net(x), np.array([1, 3])).backward()
+    assert sorted(seen) == sorted(n for n, _ in net.named_parameters())
+    for name, p in net.named_parameters():
+        assert len(seen[name]) == 1
+        assert np.array_equal(seen[name][0], p.grad.numpy()), f"{name}: the hook saw a partial gradient"
+    order = list(seen)
+    assert order.index("3.weight") < order.index("0.weight"), "the last layer's gradient completes first"
+
+    w = clnet.tensor(rng.standard_normal(5), device=dev, requires_grad=True)
+    calls = []
+    handle = clnet.autograd.register_post_accumulate_grad_hook(w, lambda t: calls.append(t.grad.numpy()))
+    (w * w + w).sum().backward()  # three uses of one leaf: the hook waits for the last
+    assert len(calls) == 1 and np.allclose(calls[0], 2 * w.numpy() + 1, rtol=1e-6)
+    handle.remove()
+    (w * 2.0).sum().backward()
+    assert len(calls) == 1
+    with pytest.raises(RuntimeError, match="only a leaf"):
+        clnet.autograd.register_post_accumulate_grad_hook(w * 2.0, print)
+
+
+def test_import_without_mpi4py_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # what an environment without mpi4py gives
+    monkeypatch.delitem(sys.modules, "clnet.distributed", raising=False)
+    with pytest.raises(ImportError, match=r"pip install 'clnet\[mpi\]'"):
+        importlib.import_module("clnet.distributed")
+
+
+# -- mpiexec -n 2 against one process --------------------------------------------------------------------------------
+@needs_mpi
+def test_two_ranks_train_as_one_process(tmp_path):
+    rc, output, seconds, two = mpirun(tmp_path)
+    assert rc == 0, output
+    dev = clnet.device(DEVICE)
+    losses = mpi_train.run_loop(dev, None)
+    weights, result = mpi_train.run_fit(dev, None)
+    print(f"mpiexec -n 2: {seconds:.1f} s")
+    np.testing.assert_allclose(two["loop"], losses, rtol=2e-6, err_msg="the loss curve of the Python-API loop")
+    np.testing.assert_allclose([r["train_loss"] for r in two["history"]], [r["train_loss"] for r in result["epochs"]],
+                               rtol=2e-6, err_msg="fit's loss curve (the last batch of each epoch split 3 + 2)")
+    assert [r["test_accuracy"] for r in two["history"]] == [r["test_accuracy"] for r in result["epochs"]]
+    assert two["global_step"] == result["global_step"] == 10
+    assert_same_weights(two["weights"], weights, "fit on two ranks against one process")
+
+
+@needs_mpi
+def test_resume_one_rank_run_on_two_ranks(tmp_path):
+    """A one-process run stopped after 3 steps, resumed by two ranks (33 images: each epoch's last batch of 1 leaves
+    rank 1 nothing), ends where the uninterrupted one-process run does; only rank 0 writes the checkpoint."""
+    dev = clnet.device(DEVICE)
+    ckpt = tmp_path / "run.ckpt"
+    _, first = mpi_train.run_fit(dev, None, max_steps=3, checkpoint=ckpt, images=33)
+    assert first["stopped"] and ckpt.exists()
+    before = ckpt.stat().st_mtime_ns
+    rc, output, _, two = mpirun(tmp_path, "--no-loop", "--images", 33, "--resume", ckpt, "--checkpoint", ckpt)
+    assert rc == 0, output
+    assert ckpt.stat().st_mtime_ns != before
+    weights, whole = mpi_train.run_fit(dev, None, images=33)
+    assert two["global_step"] == whole["global_step"] == 10
+    np.testing.assert_allclose([r["train_loss"] for r in two["history"]], [r["train_loss"] for r in whole["epochs"]],
+                               rtol=2e-6)
+    assert_same_weights(two["weights"], weights, "resumed on two ranks against one uninterrupted process")
+
+
+@needs_mpi
+def test_failing_rank_ends_every_rank_naming_it(tmp_path):
+    rc, output, seconds, result = mpirun(tmp_path, "--no-loop", "--fail-rank", 1, "--fail-step", 2, timeout=60)
+    assert rc != 0 and result is None
+    assert "RuntimeError: injected failure at step 2" in output
+    assert "clnet.distributed: rank 1 of 2" in output and "stopping every rank" in output, output
+
+
+@needs_mpi
+def test_hanging_rank_is_caught_by_the_deadline(tmp_path):
+    rc, output, seconds, result = mpirun(tmp_path, "--no-loop", "--hang-rank", 1, "--hang-step", 2, timeout=60,
+                                         env=dict(CLNET_MPI_TIMEOUT="6"))
+    assert rc != 0 and result is None
+    # rank 0 waits in step 2's all-reduce (rank 1 too, should a slow start-up make rank 0 the late one)
+    assert re.search(r"clnet\.distributed: rank \d of 2 .*waited more than 6 s", output), output
