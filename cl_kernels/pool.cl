@@ -1,8 +1,8 @@
 // 2-D pooling over NCHW tensors, forward and backward. Windows start at o*S - P; ceil_mode is decided on the host
 // (it only changes OH, OW). Backward kernels gather: each input element visits the windows that cover it, so no
 // atomics are needed and results are deterministic.
-//   maxpool2d_fwd  y = max over the window (padding never wins); idx = the argmax's offset y*W + x in its plane, the
-//                  first one on ties (as PyTorch)
+//   maxpool2d_fwd  y = max over the window (padding never wins; a NaN is the max, as in PyTorch); idx = the
+//                  argmax's offset y*W + x in its plane, the first one on ties (as PyTorch)
 //   maxpool2d_fwd_planes  the same, CPU-shaped: one work-item per plane, looping over its rows without a division
 //                  per element, the running maximum kept by selects rather than branches
 //   maxpool2d_bwd  dx = sum of dy over the windows whose argmax is this element
@@ -34,7 +34,7 @@ __kernel void maxpool2d_fwd(__global const float* restrict x, POOL_GEOMETRY, __g
         for (int kx = max(0, -x0); kx < KW && x0 + kx < W; kx++) {
             const int off = (y0 + ky) * W + x0 + kx;
             const float v = plane[off];
-            if (v > best || arg < 0) { best = v; arg = off; }
+            if (v > best || isnan(v) || arg < 0) { best = v; arg = off; }  // NaN wins, as in PyTorch
         }
     y[e] = best;
     idx[e] = arg;
@@ -62,7 +62,8 @@ __kernel void maxpool2d_fwd_planes(__global const float* restrict x, POOL_GEOMET
                 for (int kx = kx0; kx < kx1; kx++) {
                     const int off = (y0 + ky) * W + x0 + kx;
                     const float v = plane[off];
-                    const bool better = v > best;  // strictly: the first maximum wins ties, as PyTorch
+                    // strictly: the first maximum wins ties; a NaN wins (PyTorch: the last NaN)
+                    const bool better = v > best || isnan(v);
                     best = better ? v : best;
                     arg = better ? off : arg;
                 }
