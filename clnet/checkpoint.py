@@ -6,6 +6,7 @@ leaves a broken checkpoint.
 import json
 import os
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -33,23 +34,61 @@ def save_checkpoint(path, model, optimizer, meta):
     write_atomically(path, lambda f: np.savez(f, **arrays))
 
 
+# np.savez writes a zip archive; every zip file starts with a local file header.
+ZIP_MAGIC = b"PK\x03\x04"
+NPY_MAGIC = b"\x93NUMPY"
+NOT_A_CHECKPOINT = ("clnet writes checkpoints with `clnet train --checkpoint FILE` (or clnet.fit(..., "
+                    "checkpoint=FILE)); pass one of those")
+
+
+def _refuse_other_files(path):
+    """Raise CheckpointError, in words a user can act on, for a PATH that cannot be a checkpoint: missing, a
+    directory, unreadable, empty, or not a zip archive (/etc/passwd, a .npy array, a text file). np.load would
+    otherwise guess the format from the first bytes and answer with its own advice (about unpickling)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(ZIP_MAGIC))
+    except FileNotFoundError as e:
+        raise CheckpointError(f"checkpoint {path}: no such file") from e
+    except IsADirectoryError as e:
+        raise CheckpointError(f"checkpoint {path} is a directory, not a checkpoint file") from e
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path} cannot be read ({e.strerror})") from e
+    if not head:
+        raise CheckpointError(f"checkpoint {path} is empty, not a clnet checkpoint (a write that never finished, or "
+                              f"the wrong file); {NOT_A_CHECKPOINT}")
+    if head != ZIP_MAGIC:
+        kind = "a NumPy array file" if NPY_MAGIC.startswith(head) else "not the archive of arrays clnet writes"
+        raise CheckpointError(f"{path} is not a clnet checkpoint ({kind}); {NOT_A_CHECKPOINT}")
+
+
 def load_checkpoint(path):
     """Read a checkpoint into a dict: meta fields, plus ``state_dict`` and ``optimizer_state``. Nothing is applied.
 
-    Raises CheckpointError naming the file when it is missing, damaged or not a clnet checkpoint.
+    Raises CheckpointError naming the file when it is missing, damaged or not a clnet checkpoint, in words that
+    name no library (the underlying exception stays chained as its cause).
     """
     path = os.fspath(path)
+    _refuse_other_files(path)
     try:
         with np.load(path, allow_pickle=False) as z:
-            entries = {k: z[k] for k in z.files}
-        meta = json.loads(str(entries.pop("meta")))
-    except FileNotFoundError as e:
-        raise CheckpointError(f"checkpoint {path}: no such file") from e
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-        raise CheckpointError(f"checkpoint {path} is damaged or not a clnet checkpoint ({type(e).__name__}: {e})") \
-            from e
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path} is not a clnet checkpoint (no {FORMAT!r} record)")
+            if "meta" not in z.files:
+                raise CheckpointError(f"{path} is not a clnet checkpoint (an archive without clnet's record); "
+                                      f"{NOT_A_CHECKPOINT}")
+            try:  # the record first: another program's archive is refused before its arrays are read
+                meta = json.loads(str(z["meta"]))
+            except ValueError as e:
+                raise CheckpointError(f"{path} is not a clnet checkpoint (its record is not clnet's); "
+                                      f"{NOT_A_CHECKPOINT}") from e
+            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+                raise CheckpointError(f"{path} is not a clnet checkpoint (no {FORMAT!r} record); {NOT_A_CHECKPOINT}")
+            entries = {k: z[k] for k in z.files if k != "meta"}
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        # a truncated archive has lost its directory (at the end); a flipped byte fails a member's checksum
+        raise CheckpointError(f"checkpoint {path} is damaged (cut short or corrupted: an interrupted copy, a full "
+                              f"disk?); use an earlier checkpoint") from e
     if meta.get("version") != VERSION:
         raise CheckpointError(f"checkpoint {path} has format version {meta.get('version')}; this clnet reads "
                               f"version {VERSION}")

@@ -2,14 +2,22 @@
 
 This is the only module that asks OpenCL which platforms and devices exist.  It also registers vendor OpenCL
 libraries that are installed but have no ICD file (common in containers, where ``libnvidia-opencl.so.1`` is mounted
-from the host but ``/etc/OpenCL/vendors`` is empty), so that such a GPU is found without editing system files.
+from the host but ``/etc/OpenCL/vendors`` is empty), so that such a GPU is found without editing system files. They
+are registered at the first device use (nothing is written at import), in a directory only the user can write
+(`icd_directory` says which).
 """
+import atexit
 import glob
 import hashlib
 import os
+import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+
+import pyopencl as cl  # importing it queries no platform: the loader reads OCL_ICD_VENDORS at the first query
+import pyopencl.characterize
 
 from .files import write_atomically
 
@@ -97,17 +105,90 @@ def _ldconfig_paths():
     return paths
 
 
-def register_vendor_libraries():
-    """Point the ICD loader at a directory naming every vendor library found; must run before OpenCL is queried.
+class DeviceNotFound(RuntimeError):
+    pass
 
-    The loader reads ``OCL_ICD_VENDORS`` once, at the first platform query, and then ignores the system directory,
-    so the new directory repeats every ICD file that was already registered.
+
+class UnsafeICDDirectory(DeviceNotFound):
+    """The directory clnet would register vendor libraries in could be written by another user, who could then make
+    the OpenCL loader load a library of theirs into this process. A DeviceNotFound, so that every command that
+    reports a missing device reports this too, in one line."""
+
+
+# Where the registration lives: a directory of ICD files that only this user can write. The loader dlopens every
+# library an ICD file there names, so a directory another user could write (the old predictable
+# /tmp/clnet-icd-<uid>-<digest>, which anyone could create first) would run their code in every clnet process.
+_registration = None  # None until the first device use; then dict(directory=path or None, libraries=[...])
+
+
+def icd_root():
+    """$XDG_CACHE_HOME/clnet/icd, else ~/.cache/clnet/icd: one subdirectory per distinct set of ICD files."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "clnet", "icd")
+
+
+def _refuse(path, why):
+    raise UnsafeICDDirectory(
+        f"clnet will not register OpenCL libraries in {path}: it {why}, so another user could add a library that "
+        f"this process would load. Remove it (`rm -r {path}`; clnet makes it afresh, private to you), or set "
+        "XDG_CACHE_HOME to a directory of your own, or CLNET_NO_ICD_SEARCH=1 to skip registering libraries.")
+
+
+def _check_private(path, strict=True):
+    """Refuse PATH unless it is a real directory (not a link), owned by this user, and writable by nobody else
+    (strict) or at least not by everyone (not strict: a parent that a umask of 002 left group-writable; the
+    directories clnet makes below it are 0700, so the group cannot enter them)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        _refuse(path, "is not a directory (a link or a file stands there)")
+    if st.st_uid != os.getuid():
+        _refuse(path, f"belongs to user id {st.st_uid}, not to you ({os.getuid()})")
+    if st.st_mode & (0o022 if strict else 0o002):
+        _refuse(path, f"can be written by {'others' if st.st_mode & 0o002 else 'its group'} "
+                      f"(mode {stat.S_IMODE(st.st_mode):o})")
+
+
+def _private_dir(path, strict=True):
+    """PATH, created with mode 0700 if absent, after checking that only this user can write it."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    _check_private(path, strict)
+    return path
+
+
+def _registration_dir(digest):
+    """A directory only this user can write, for one set of ICD files: icd_root()/<digest>, checked at each level
+    clnet makes, else (no writable cache directory: a read-only home) a fresh private temporary directory, removed
+    at exit."""
+    root = icd_root()
+    try:
+        os.makedirs(os.path.dirname(os.path.dirname(root)), exist_ok=True)  # the user's cache directory itself
+        _private_dir(os.path.dirname(root), strict=False)  # clnet/, shared with the tuning cache
+        return _private_dir(os.path.join(_private_dir(root), digest))
+    except UnsafeICDDirectory:
+        raise
+    except OSError:
+        temporary = tempfile.mkdtemp(prefix="clnet-icd-")  # mode 0700, a name nobody can guess
+        atexit.register(shutil.rmtree, temporary, ignore_errors=True)
+        return temporary
+
+
+def register_vendor_libraries():
+    """Point the ICD loader at a private directory naming every vendor library found, and return that directory
+    (None when every library present is registered already).
+
+    The loader reads ``OCL_ICD_VENDORS`` once, at the first platform query (importing pyopencl queries nothing), and
+    then ignores the system directory, so the new directory repeats every ICD file that was already registered. It
+    must therefore run before anything in the process asks OpenCL for its platforms: clnet does it at its first
+    device use (`_all_cl_devices`), never at import.
     """
     if os.environ.get("CLNET_NO_ICD_SEARCH"):
-        return
+        return None
     vendor_dir, found = _find_unregistered_libraries()
     if not found:
-        return
+        return None
     files = {}
     for icd in glob.glob(os.path.join(vendor_dir, "*.icd")):
         with open(icd) as src:
@@ -116,8 +197,10 @@ def register_vendor_libraries():
         files["clnet-" + os.path.basename(path).split(".")[0] + ".icd"] = path + "\n"
     # One directory per distinct content, reused by every process instead of a new one each time.
     digest = hashlib.sha1(repr(sorted(files.items())).encode()).hexdigest()[:12]
-    new_dir = os.path.join(tempfile.gettempdir(), f"clnet-icd-{os.getuid()}-{digest}")
-    os.makedirs(new_dir, exist_ok=True)
+    new_dir = _registration_dir(digest)
+    for stale in set(os.listdir(new_dir)) - set(files):
+        if stale.endswith(".icd"):  # the loader would read it too
+            os.remove(os.path.join(new_dir, stale))
     for name, text in files.items():
         path = os.path.join(new_dir, name)
         try:
@@ -130,12 +213,22 @@ def register_vendor_libraries():
         write_atomically(path, lambda f, text=text: f.write(text), text=True)
     os.environ["OCL_ICD_VENDORS"] = new_dir
     registered_libraries.extend(found)
+    return new_dir
 
 
-register_vendor_libraries()
+def _register_once():
+    global _registration
+    if _registration is None:
+        directory = register_vendor_libraries()
+        _registration = dict(directory=directory, libraries=list(registered_libraries))
+    return _registration
 
-import pyopencl as cl  # noqa: E402  (the loader must see OCL_ICD_VENDORS first)
-import pyopencl.characterize  # noqa: E402
+
+def icd_directory():
+    """The directory of ICD files clnet pointed the OpenCL loader at in this process (registering first, if no device
+    was used yet), or None when it registered nothing (every library present had an ICD file already)."""
+    return _register_once()["directory"]
+
 
 _nv_capability_query = cl.characterize.nv_compute_capability
 _has_nv_attributes = {}
@@ -152,10 +245,6 @@ def _nv_compute_capability(dev):
 
 
 cl.characterize.nv_compute_capability = _nv_compute_capability
-
-
-class DeviceNotFound(RuntimeError):
-    pass
 
 
 NO_PLATFORM_HELP = ("no OpenCL platform found. Install PoCL for the CPU (`pip install pocl-binary-distribution`, "
@@ -208,7 +297,9 @@ def is_simulator(cl_device):
 
 
 def _all_cl_devices():
-    """Every device, simulators last, so that installing Oclgrind leaves the real devices' indices alone."""
+    """Every device, simulators last, so that installing Oclgrind leaves the real devices' indices alone. The one
+    place that asks OpenCL for its platforms: vendor libraries are registered first."""
+    _register_once()
     try:
         platforms = cl.get_platforms()
     except cl.LogicError:  # the ICD loader reports "no platform" as an error

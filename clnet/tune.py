@@ -3,11 +3,12 @@ the fastest in the persistent cache (tuning.py) keyed by platform, device, drive
 
 The first candidate of every site is the device class's default. A choice is timed by its kernels' profiling events
 (device time, summed over the launches it makes), as the median of a few runs after one untimed run that builds the
-kernels; a candidate that cannot run on this device (a build failure, too many registers) is dropped. Buffers are the
-ones the recorded iteration used, so the timing sees real layouts and real sizes. The recorded sites keep those
-buffers alive until tuning ends: tuning needs more device memory than a training step. The model's weights and
-buffers are left as they were; its gradients are left undefined (call zero_grad before training, as every step
-does).
+kernels; a candidate that cannot run on this device (a build failure, too many registers) is dropped, and so is one
+whose output disagrees with the default's (checked before timing, as CLTune does: a kernel that a driver miscompiles
+must not become the choice there). Buffers are the ones the recorded iteration used, so the timing sees real layouts
+and real sizes. The recorded sites keep those buffers alive until tuning ends: tuning needs more device memory than a
+training step. The model's weights and buffers are left as they were; its gradients are left undefined (call
+zero_grad before training, as every step does).
 """
 import contextlib
 import time
@@ -15,7 +16,7 @@ import time
 import numpy as np
 
 from . import kernels, models, rng, tuning
-from .tensor import tensor
+from .tensor import Tensor, tensor
 
 
 @contextlib.contextmanager
@@ -87,24 +88,102 @@ def record(fn):
     return rec.sites
 
 
+def _outputs(result):
+    """The tensors a site's run returned: its output, or a tuple of outputs; () for a run that returns nothing."""
+    if isinstance(result, Tensor):
+        return (result,)
+    return tuple(r for r in result if isinstance(r, Tensor)) if isinstance(result, (tuple, list)) else ()
+
+
+class _Reference:
+    """The default's output for one site, against which every candidate is checked before it is timed.
+
+    A run may write into tensors it was given rather than new ones (a product into C, with beta = 1 adding to it; a
+    weight gradient added into .grad), so what those held is kept, and put back before each candidate runs: every
+    candidate then computes from the same state as the default did."""
+
+    def __init__(self, dev, run, choice):
+        self.dev = dev
+        first = _outputs(run(choice))  # builds the default's kernels
+        dev.synchronize()
+        self.before = [t.numpy() for t in first]
+        again = _outputs(run(choice))
+        self.in_place = [a is b for a, b in zip(first, again)]
+        self.before = [host if in_place else None for host, in_place in zip(self.before, self.in_place)]
+        self.outputs = [t.numpy() for t in again]
+        self.written = first
+
+    def disagreement(self, run, choice):
+        """Runs choice from the default's starting state; returns (normwise relative difference from the default's
+        output, largest element's difference over the largest output), the worst over its outputs; None when the
+        site's run returns no output to check."""
+        for t, host, in_place in zip(self.written, self.before, self.in_place):
+            if in_place:
+                t.write(host)
+        got = _outputs(run(choice))
+        self.dev.synchronize()
+        if not self.outputs:
+            return None
+        if len(got) != len(self.outputs):
+            return (float("inf"), float("inf"))
+        worst = (0.0, 0.0)
+        for t, want in zip(got, self.outputs):
+            worst = max(worst, _difference(t.numpy(), want))
+        return worst
+
+
+def _difference(got, want):
+    """(normwise relative difference, largest element difference over the largest magnitude) of two float32 arrays;
+    infinite where their shapes differ or where a value is finite in one and not in the other."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape or not np.array_equal(np.isfinite(got), np.isfinite(want)):
+        return (float("inf"), float("inf"))
+    finite = np.isfinite(want)
+    if not np.array_equal(got[~finite], want[~finite], equal_nan=True):
+        return (float("inf"), float("inf"))
+    diff, want = got[finite] - want[finite], want[finite]
+    scale = max(np.abs(want).max(initial=0.0), 1e-30)
+    return (float(np.linalg.norm(diff) / max(np.linalg.norm(want), 1e-30)),
+            float(np.abs(diff).max(initial=0.0) / scale))
+
+
 def tune_sites(dev, sites, budget_s=300.0, repeats=3, retune=False, progress=None, t0=None):
-    """Times every candidate of every site (products before the algorithms that contain them) and stores winners."""
+    """Times every candidate of every site (products before the algorithms that contain them) and stores winners.
+
+    Before timing, each candidate's output is compared with the default's (tuning.agreement_tolerance: the float32
+    rounding of the site's sum length); one that disagrees is skipped, reported under report["rejected"][key] (and
+    through progress), and never stored. Keys whose runs return no output to compare are listed under
+    report["unchecked"]."""
     t0 = time.perf_counter() if t0 is None else t0
     known = tuning.entries(dev)
     order = sorted(sites, key=lambda k: not k.startswith("gemm"))
     todo = [k for k in order if retune or k not in known]
     report = dict(device=tuning.device_key(dev), sites=len(sites), cached=len(sites) - len(todo), tuned={},
-                  left=[])
+                  left=[], rejected={}, unchecked=[])
     for i, key in enumerate(todo):
         if time.perf_counter() - t0 > budget_s:
             report["left"] = todo[i:]
             break
         candidates, run = sites[key]
-        runnable = []
-        for j, choice in enumerate(candidates):  # build every candidate first, so that timing never includes a build
+        tolerance = tuning.agreement_tolerance(key)
+        runnable, reference = [], None
+        # build every candidate first, so that timing never includes a build; check each against the default's output
+        for j, choice in enumerate(candidates):
             try:
-                run(choice)
-                dev.synchronize()
+                if j == 0:
+                    reference = _Reference(dev, run, choice)
+                    if not reference.outputs:
+                        report["unchecked"].append(key)
+                else:
+                    worst = reference.disagreement(run, choice)
+                    if worst is not None and (worst[0] > tolerance or worst[1] > 20 * tolerance):
+                        report["rejected"].setdefault(key, []).append(
+                            dict(choice=tuning.describe(choice), error=worst[0], worst=worst[1], tolerance=tolerance))
+                        if progress:
+                            progress(f"    {tuning.describe(choice)} disagrees with the default "
+                                     f"{tuning.describe(candidates[0])} (relative difference {worst[0]:.1e}, worst "
+                                     f"element {worst[1]:.1e}; tolerance {tolerance:.0e}), skipped")
+                        continue
                 runnable.append(j)
             except (kernels.KernelError, MemoryError) as e:
                 if j == 0:
@@ -134,8 +213,10 @@ def tune_first(model, input_shape, dev, flag, budget_s, echo, progress=None):
         echo("tuning: skipped, out of device memory (default kernel choices used; `clnet tune` with a smaller "
              "--batch may fit)")
         return None
+    rejected = sum(len(v) for v in report["rejected"].values())
     echo(f"tuning: {len(report['tuned'])} shapes tuned, {report['cached']} cached, {len(report['left'])} left at "
-         f"defaults, {report['seconds']:.1f} s (cache {tuning.cache_path()})")
+         f"defaults, {report['seconds']:.1f} s (cache {tuning.cache_path()})"
+         + (f"; {rejected} kernel choices skipped: their results disagreed with the default's" if rejected else ""))
     return report
 
 

@@ -201,6 +201,51 @@ def gemm_candidates(dev, M, N, K, batch, kfast_a=False, kfast_b=False):
     return out
 
 
+# Before timing a candidate the autotuner checks its output against the default's, as CLTune does: a candidate that a
+# driver miscompiles (or that has a bug on some shape) must never become the choice. Two correct float32 results of
+# sums of n terms differ by rounding, about sqrt(n) units of roundoff for data without a sign pattern (a plain running
+# sum over 36,864 ReLU outputs erred 2.4e-6 normwise, against sqrt(n) u = 1.1e-5; tests/test_device.py); Winograd's
+# transforms add up to 1.2e-5 per layer (tests/test_winograd.py). AGREEMENT_MARGIN times the first, and at least
+# AGREEMENT_FLOOR, is what a candidate may differ by; its worst element 20 times that, of the largest output.
+FLOAT32_ROUNDOFF = 2.0 ** -24
+AGREEMENT_MARGIN = 16
+AGREEMENT_FLOOR = 1e-4
+AGREEMENT_UNKNOWN = 1e-3  # for a site whose key names no sum length
+
+
+def sum_length(key):
+    """How many terms each output of a tuning site sums, read from its key (gemm.gemm_key, conv._conv_key): a
+    product's K; a convolution's window (forward), its window over the output channels (data gradient), or its images
+    times output pixels (weight gradient). None for a key of another form."""
+    try:
+        kind, dims, *rest = key.split()
+        if kind == "gemm":
+            return int(dims.split("x")[2])
+        n, c = (int(v) for v in dims.split("x")[:2])
+        fields = {f[0]: f[1:] for f in rest if f[:1] in "okg" and not f.startswith("out")}
+        out = next(f[3:] for f in rest if f.startswith("out"))
+        window = int(fields["k"].split("x")[0]) * int(fields["k"].split("x")[1])
+        groups, o = int(fields["g"]), int(fields["o"])
+        if kind == "conv2d_fwd":
+            return c // groups * window
+        if kind == "conv2d_bwd_data":
+            return o // groups * window
+        if kind == "conv2d_bwd_weights":
+            return n * int(out.split("x")[0]) * int(out.split("x")[1])
+    except (ValueError, IndexError, KeyError, StopIteration):
+        pass
+    return None
+
+
+def agreement_tolerance(key):
+    """The normwise relative difference from the default's output that a candidate of this site may show (the float32
+    rounding of its sum length, see AGREEMENT_MARGIN)."""
+    n = sum_length(key)
+    if n is None:
+        return AGREEMENT_UNKNOWN
+    return max(AGREEMENT_FLOOR, AGREEMENT_MARGIN * n ** 0.5 * FLOAT32_ROUNDOFF)
+
+
 def valid_gemm(dev, choice, M, N, K, batch, b_split):
     """Whether a cached GEMM choice is one this version offers for this device, and keeps the default's accuracy (the
     file may be old or edited by hand)."""
@@ -345,7 +390,9 @@ def forget():
 
 class Recorder:
     """Collects, during one training iteration, every choice an op made: its key, its candidates, and a function that
-    runs the op again with a given choice (the autotuner times those)."""
+    runs the op again with a given choice (the autotuner times those). The function returns the tensor it computed
+    (or a tuple of them), which the autotuner compares with the default's before timing a candidate; one that returns
+    None is timed unchecked."""
 
     def __init__(self):
         self.sites = {}

@@ -58,9 +58,9 @@ def test_unregistered_vendor_library_is_found(tmp_path, monkeypatch):
     monkeypatch.setattr(device_mod, "_ldconfig_paths", lambda: {})
     monkeypatch.setenv("LD_LIBRARY_PATH", "")
     monkeypatch.setattr(device_mod, "registered_libraries", [])
-    device_mod.register_vendor_libraries()
-    new_dir = os.environ["OCL_ICD_VENDORS"]
-    assert new_dir != str(vendors)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the registration goes there (tests/test_icd.py)
+    new_dir = device_mod.register_vendor_libraries()
+    assert os.environ["OCL_ICD_VENDORS"] == new_dir != str(vendors)
     contents = sorted(open(os.path.join(new_dir, f)).read().strip() for f in os.listdir(new_dir))
     assert contents == sorted(["libpocl.so.2", str(libdir / "libnvidia-opencl.so.1")])
     assert device_mod.registered_libraries == [str(libdir / "libnvidia-opencl.so.1")]

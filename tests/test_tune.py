@@ -8,7 +8,7 @@ from click.testing import CliRunner
 import clnet
 from clnet import conv, nn, tune, tuning
 from clnet.cli import main
-from clnet.gemm import Mat, _transposed, gemm, gemm_key
+from clnet.gemm import Mat, _gemm_choice, _transposed, gemm, gemm_key
 
 import reference as ref
 from conftest import assert_close
@@ -269,3 +269,118 @@ def test_gpus_with_small_work_groups_get_kernels_that_fit(dev, rng, monkeypatch,
     At = _transposed(dev, clnet.tensor(A, dev), Mat(rs=K, cs=1), M, K, 1)
     assert np.array_equal(At.numpy().reshape(K, M), A.T)
     tuning.forget()
+
+
+# ---- every candidate's output is checked against the default's before it is timed --------------------------------
+
+def _fastest(monkeypatch, victim, ran):
+    """Times every run at 1 ms except the victim's, at 0.001 ms: without the check, the victim would be stored."""
+    def device_ms(dev, fn, repeats=1):
+        fn()
+        return 0.001 if ran[-1] == victim else 1.0
+    monkeypatch.setattr(tune.kernels, "device_ms", device_ms)
+
+
+CORRUPTIONS = {  # how a miscompiled candidate might be wrong
+    "off by 0.1%": lambda y: y * 1.001,
+    "one element": lambda y: np.where(np.arange(y.size).reshape(y.shape) == y.size // 2, y + np.abs(y).max(), y),
+    "NaN": lambda y: np.where(np.arange(y.size).reshape(y.shape) == 0, np.nan, y),
+}
+
+
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_a_candidate_with_wrong_numbers_is_skipped_and_never_stored(dev, rng, cache_dir, monkeypatch, corruption):
+    """Fault injection on a recorded convolution: one algorithm's output is corrupted after it runs (as a miscompiled
+    kernel's would be) and timed fastest; the tuner reports it, skips it and keeps the default. The real
+    algorithms (im2col, Winograd, direct) all pass the same check."""
+    layer = nn.Conv2d(16, 17, 3, padding=1).to(dev)
+    x = clnet.tensor(rng.standard_normal((2, 16, 8, 8)).astype(np.float32), dev)
+    key = conv._conv_key("conv2d_fwd", layer.conv_shape(x.shape))
+    candidates, run = tune.record(lambda: layer(x))[key]
+    assert len(candidates) >= 3
+    victim, ran = candidates[1], []
+
+    def miscompiled(choice):
+        ran.append(choice)
+        y = run(choice)
+        if choice == victim:
+            y.write(CORRUPTIONS[corruption](y.numpy()))
+        return y
+    _fastest(monkeypatch, victim, ran)
+    lines = []
+    report = tune.tune_sites(dev, {key: (candidates, miscompiled)}, repeats=1, progress=lines.append)
+    assert [r["choice"] for r in report["rejected"][key]] == [victim], report["rejected"]
+    assert any(f"{victim} disagrees with the default" in line for line in lines), lines
+    assert tuning.entries(dev)[key] == candidates[0] and report["tuned"][key]["choice"] == candidates[0]
+    tuning.forget()
+    assert tuning.entries(dev)[key] == candidates[0]  # on disk too
+    assert report["unchecked"] == []
+
+
+def test_products_that_accumulate_are_checked_from_the_same_start(dev, rng, cache_dir, monkeypatch):
+    """A product that adds into C (beta = 1, as a weight gradient adds into .grad) returns C itself: the tuner puts C
+    back before each candidate, so the honest candidates agree (each would otherwise add on top of the last), and
+    one that computes a wrong product is still caught."""
+    M, N, K = 33, 65, 600
+    a, b, c = Mat(rs=K, cs=1), Mat(rs=N, cs=1), Mat(rs=N, cs=1)
+    A = clnet.tensor(rng.standard_normal((M, K)).astype(np.float32), dev)
+    B = clnet.tensor(rng.standard_normal((K, N)).astype(np.float32), dev)
+    C = clnet.tensor(rng.standard_normal((M, N)).astype(np.float32), dev)
+    candidates = tuning.gemm_candidates(dev, M, N, K, 1)
+    assert len(candidates) >= 3
+    victim, ran = candidates[-1], []
+
+    def run(choice):
+        ran.append(choice)
+        # the victim drops the last 8 terms of every sum, as a kernel losing a tail slice of K would
+        k = K - 8 if choice == victim else K
+        _gemm_choice(dev, choice, M, N, k, A, a, B, b, C, c, 1.0, 1.0, 1, None, 0, 0, False, "test")
+        return C
+    _fastest(monkeypatch, victim, ran)
+    key = gemm_key(M, N, K, 1, a, b, c)
+    report = tune.tune_sites(dev, {key: (candidates, run)}, repeats=1)
+    assert [r["choice"] for r in report["rejected"][key]] == [tuning.describe(victim)], report["rejected"]
+    assert tuning.entries(dev)[key] != victim
+
+
+def test_one_wrong_element_in_a_large_output_is_caught(dev, cache_dir, monkeypatch):
+    """A single element 5% off (a tile edge a kernel gets wrong) hides in a large output's norm (5e-4 here, under the
+    1e-3 of a site whose key names no sum length) but not from the worst-element check."""
+    base = np.ones(10000, np.float32)
+    victim, ran = "wrong-edge", []
+
+    def run(choice):
+        ran.append(choice)
+        out = base.copy()
+        if choice == victim:
+            out[-1] = 1.05
+        return clnet.tensor(out, dev)
+    _fastest(monkeypatch, victim, ran)
+    report = tune.tune_sites(dev, {"synthetic site": (["right", victim], run)}, repeats=1)
+    rejected, = report["rejected"]["synthetic site"]
+    assert rejected["error"] < rejected["tolerance"] < rejected["worst"] and rejected["choice"] == victim
+    assert tuning.entries(dev)["synthetic site"] == "right"
+
+
+def test_the_tolerance_follows_the_length_of_each_sum():
+    """The check's tolerance comes from the key: a product's K; a convolution's window per group (forward), its
+    window over the output channels per group (data gradient), its images times output pixels (weight gradient)."""
+    s = nn.Conv2d(6, 8, (3, 5), padding=1, groups=2).conv_shape((4, 6, 10, 12))
+    assert tuning.sum_length(conv._conv_key("conv2d_fwd", s)) == 3 * 15
+    assert tuning.sum_length(conv._conv_key("conv2d_bwd_data", s)) == 4 * 15
+    assert tuning.sum_length(conv._conv_key("conv2d_bwd_weights", s)) == 4 * s.OH * s.OW
+    assert tuning.sum_length(gemm_key(7, 9, 4099, 3, Mat(rs=4099), Mat(rs=9), Mat(rs=9))) == 4099
+    assert tuning.sum_length("something else") is None
+    assert tuning.agreement_tolerance(gemm_key(7, 9, 45, 1, Mat(rs=45), Mat(rs=9), Mat(rs=9))) == \
+        tuning.AGREEMENT_FLOOR
+    # ResNet-50's deepest sums (a weight gradient over 64 images of 56x56 pixels) still refuse a result 0.1% off
+    deep = tuning.agreement_tolerance(gemm_key(7, 9, 64 * 56 * 56, 1, Mat(rs=64 * 56 * 56), Mat(rs=9), Mat(rs=9)))
+    assert tuning.AGREEMENT_FLOOR < deep < 1e-3
+
+
+def test_tune_first_says_how_many_choices_were_skipped(dev, monkeypatch):
+    report = dict(tuned={"k": {}}, cached=0, left=[], seconds=0.5, rejected={"k": [{}, {}]}, unchecked=[])
+    monkeypatch.setattr(tune, "tune_module", lambda *args, **kwargs: report)
+    said = []
+    tune.tune_first(None, (1, 1, 2, 2), dev, True, 1.0, said.append)
+    assert "2 kernel choices skipped: their results disagreed with the default's" in said[0]
