@@ -1,0 +1,531 @@
+"""ONNX import and export (clnet/onnx.py): networks exported from PyTorch run in clnet as ONNX Runtime (CPU) runs
+them, and train one step with every gradient PyTorch's (float64) within float32's error; clnet's zoo exported by
+clnet.onnx.export passes onnx.checker and matches ONNX Runtime; unknown operators, damaged files and a missing onnx
+package are refused with errors that name them.
+
+Cost: each network is exported and run by ONNX Runtime once per session (module-scoped caches); the 224x224 zoo
+networks run on one device only (PoCL where present); alexnet, vgg-a and overfeat forward only."""
+import os
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import clnet
+from clnet import models, nn
+
+from conftest import DEVICES, assert_close, needs_torch, no_launch
+
+onnx = pytest.importorskip("onnx", reason="the onnx package is not installed (pip install 'clnet[onnx]')")
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (pip install 'clnet[onnx]')")
+import clnet.onnx as connx  # noqa: E402
+
+# The 224x224 networks run on one device only (the suite's time budget): PoCL where it is present.
+BIG_DEVICE = next((d["index"] for d in DEVICES if "portable" in d["platform"].lower()),
+                  DEVICES[0]["index"] if DEVICES else None)
+
+
+def one_device_only(dev):
+    if dev.index != BIG_DEVICE:
+        pytest.skip("a 224x224 network: run on one device only (the suite's time budget)")
+
+
+# ---- networks written in PyTorch for the tests ---------------------------------------------------------------------
+
+def mobilenet_like(torch):
+    """MobileNetV2's shape: depthwise 3x3 convolutions, ReLU6, inverted residuals with linear bottlenecks."""
+    tnn = torch.nn
+
+    class InvertedResidual(tnn.Module):
+        def __init__(self, cin, cout, stride, expand):
+            super().__init__()
+            hidden, self.residual = cin * expand, stride == 1 and cin == cout
+            layers = [tnn.Conv2d(cin, hidden, 1, bias=False), tnn.BatchNorm2d(hidden), tnn.ReLU6()] if expand > 1 \
+                else []
+            layers += [tnn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False), tnn.BatchNorm2d(hidden),
+                       tnn.ReLU6(), tnn.Conv2d(hidden, cout, 1, bias=False), tnn.BatchNorm2d(cout)]
+            self.conv = tnn.Sequential(*layers)
+
+        def forward(self, x):
+            return x + self.conv(x) if self.residual else self.conv(x)
+
+    return tnn.Sequential(tnn.Conv2d(3, 16, 3, 2, 1, bias=False), tnn.BatchNorm2d(16), tnn.ReLU6(),
+                          InvertedResidual(16, 8, 1, 1), InvertedResidual(8, 12, 2, 6), InvertedResidual(12, 12, 1, 6),
+                          InvertedResidual(12, 16, 2, 6), InvertedResidual(16, 16, 1, 6),
+                          tnn.Conv2d(16, 64, 1, bias=False), tnn.BatchNorm2d(64), tnn.ReLU6(),
+                          tnn.AdaptiveAvgPool2d(1), tnn.Flatten(), tnn.Dropout(0.2), tnn.Linear(64, 10))
+
+
+def squeezenet_like(torch):
+    """SqueezeNet's shape: Fire modules (1x1 squeeze, 1x1 and 3x3 expands joined), ceil-mode max pooling, dropout,
+    a convolutional classifier and global average pooling."""
+    tnn = torch.nn
+
+    class Fire(tnn.Module):
+        def __init__(self, cin, squeeze, e1, e3):
+            super().__init__()
+            self.squeeze, self.relu = tnn.Conv2d(cin, squeeze, 1), tnn.ReLU()
+            self.expand1, self.expand3 = tnn.Conv2d(squeeze, e1, 1), tnn.Conv2d(squeeze, e3, 3, padding=1)
+
+        def forward(self, x):
+            x = self.relu(self.squeeze(x))
+            return torch.cat([self.relu(self.expand1(x)), self.relu(self.expand3(x))], 1)
+
+    return tnn.Sequential(tnn.Conv2d(3, 16, 3, 2), tnn.ReLU(), tnn.MaxPool2d(3, 2, ceil_mode=True),
+                          Fire(16, 4, 8, 8), Fire(16, 4, 8, 8), tnn.MaxPool2d(3, 2, ceil_mode=True),
+                          Fire(16, 8, 16, 16), tnn.Dropout(0.5), tnn.Conv2d(32, 10, 1), tnn.ReLU(),
+                          tnn.AdaptiveAvgPool2d(1), tnn.Flatten())
+
+
+def operators_net(torch):
+    """The rest of the operator table: dilated grouped convolution, LeakyRelu, HardSwish, HardSigmoid, Sigmoid,
+    Tanh, per-channel Mul and Add of parameters, scalar Mul/Div/Sub, a channel shuffle (Reshape, Transpose), average
+    pooling without the padding counted, Clip, ReduceMean, a Shape-driven Reshape, Softmax and LogSoftmax, and two
+    graph outputs."""
+    tnn, F = torch.nn, torch.nn.functional
+
+    class Operators(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = tnn.Conv2d(3, 8, 3, padding=1)
+            self.dilated = tnn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2)
+            self.scale = tnn.Parameter(torch.rand(1, 8, 1, 1) + 0.5)
+            self.shift = tnn.Parameter(torch.randn(8, 1, 1))
+            self.pool = tnn.AvgPool2d(3, 2, 1, count_include_pad=False)
+            self.fc = tnn.Linear(8 * 4 * 4, 6)
+            self.fc_mean = tnn.Linear(8, 6)
+
+        def forward(self, x):
+            x = F.leaky_relu(self.conv(x), 0.1)
+            x = F.hardswish(self.dilated(x)) * self.scale + self.shift
+            n, c, h, w = x.shape
+            x = x.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+            x = torch.sigmoid(x) * 2 - torch.tanh(x) / 3 + F.hardsigmoid(x)
+            x = torch.clamp(self.pool(x), -0.5, 1.5)
+            y = self.fc(x.view(x.size(0), -1)) + self.fc_mean(x.mean((2, 3)))
+            return torch.log_softmax(y, 1), torch.softmax(y, 1)
+
+    return Operators()
+
+
+NETS = {  # name: (builder, input shape, classes)
+    "lenet": (lambda torch: models.build("lenet", lib=torch), (2, 1, 28, 28), 10),
+    "alexnet": (lambda torch: models.build("alexnet", lib=torch), (1, 3, 224, 224), 1000),
+    "vgg-a": (lambda torch: models.build("vgg-a", lib=torch), (1, 3, 224, 224), 1000),
+    "googlenet": (lambda torch: models.build("googlenet", lib=torch), (1, 3, 224, 224), 1000),
+    "resnet18": (lambda torch: models.build("resnet18", lib=torch), (2, 3, 64, 64), 1000),
+    "resnet50": (lambda torch: models.build("resnet50", lib=torch), (2, 3, 96, 96), 1000),
+    "mobilenet-like": (mobilenet_like, (2, 3, 32, 32), 10),
+    "squeezenet-like": (squeezenet_like, (2, 3, 33, 33), 10),
+    "operators": (operators_net, (2, 3, 8, 8), 6),
+}
+BIG = {"alexnet", "vgg-a"}
+
+
+class Exports:
+    """Each (network, mode, exporter) exported once per session, with its torch model and input."""
+
+    def __init__(self, folder):
+        self.folder, self.cache = folder, {}
+
+    def get(self, name, training=False, dynamo=False):
+        key = (name, training, dynamo)
+        if key not in self.cache:
+            import torch
+            build, shape, classes = NETS[name]
+            torch.manual_seed(abs(hash(key)) % 2**31)
+            model = build(torch)
+            for m in model.modules():  # batch norm with statistics and affine parameters away from their start
+                if isinstance(m, torch.nn.BatchNorm2d):
+                    with torch.no_grad():
+                        m.running_mean.uniform_(-0.5, 0.5)
+                        m.running_var.uniform_(0.5, 2.0)
+                        m.weight.uniform_(0.5, 1.5)
+                        m.bias.uniform_(-0.5, 0.5)
+            model.train(training)
+            x = np.random.default_rng(len(self.cache)).standard_normal(shape).astype(np.float32)
+            path = os.path.join(self.folder, f"{name}-{'train' if training else 'eval'}-"
+                                             f"{'dynamo' if dynamo else 'ts'}.onnx")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if dynamo:
+                    torch.onnx.export(model, (torch.from_numpy(x),), path, dynamo=True, verbose=False)
+                else:
+                    mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
+                    torch.onnx.export(model, (torch.from_numpy(x),), path, dynamo=False, training=mode,
+                                      do_constant_folding=not training, opset_version=17)
+            self.cache[key] = dict(path=path, model=model, x=x, classes=classes, reference=None)
+        return self.cache[key]
+
+    def reference(self, entry):
+        if entry["reference"] is None:
+            entry["reference"] = connx.onnxruntime_outputs(entry["path"], entry["x"])
+        return entry["reference"]
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    pytest.importorskip("torch")
+    return Exports(str(tmp_path_factory.mktemp("onnx")))
+
+
+def outputs(y):
+    return [t.numpy() for t in (y if isinstance(y, tuple) else (y,))]
+
+
+# ---- import: forward against ONNX Runtime --------------------------------------------------------------------------
+
+@needs_torch
+@pytest.mark.parametrize("name", list(NETS))
+def test_import_matches_onnxruntime(dev, exports, name):
+    """PyTorch's TorchScript exporter in eval mode (batch norm folded into the convolutions by the exporter, or, in
+    the nets where it is not, folded by clnet at load) against ONNX Runtime, float32 both."""
+    if name in BIG:
+        one_device_only(dev)
+    e = exports.get(name)
+    net = connx.load(e["path"], device=dev)
+    assert not net.training
+    with clnet.no_grad():
+        ours = outputs(net(clnet.tensor(e["x"], dev)))
+    theirs = exports.reference(e)
+    assert len(ours) == len(theirs)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert_close(a, b, f"{name} output {i}", tol=1e-5)
+
+
+@needs_torch
+@pytest.mark.parametrize("name", ["mobilenet-like", "resnet18"])
+def test_dynamo_export_imports(dev, exports, name):
+    """PyTorch's dynamo exporter (opset 18+, ReduceMean with axes as an input, Reshape from constants, batch norm
+    folded by the exporter) runs as ONNX Runtime runs it."""
+    pytest.importorskip("onnxscript", reason="PyTorch's dynamo exporter needs onnxscript")
+    e = exports.get(name, dynamo=True)
+    net = connx.load(e["path"], device=dev)
+    with clnet.no_grad():
+        ours = outputs(net(clnet.tensor(e["x"], dev)))
+    assert_close(ours[0], exports.reference(e)[0], f"{name} (dynamo exporter)", tol=1e-5)
+
+
+@needs_torch
+def test_batch_norm_fused_at_load_or_kept(dev, exports):
+    """An inference-mode BatchNormalization after a Conv folds into it at load (fuse=True), or stays (fuse=False):
+    both give ONNX Runtime's output; the unfused module keeps every initializer."""
+    e = exports.get("mobilenet-like", dynamo=False)
+    graph = onnx.load(e["path"]).graph
+    x = clnet.tensor(e["x"], dev)
+    reference = exports.reference(e)[0]
+    for fuse in (True, False):
+        net = connx.load(e["path"], device=dev, fuse=fuse)
+        with clnet.no_grad():
+            assert_close(net(x).numpy(), reference, f"fuse={fuse}", tol=1e-5)
+        if not fuse:
+            floats = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and
+                      np.prod(t.dims) > 1}
+            assert floats <= set(net.state_dict())
+
+
+# ---- import: a training step against PyTorch -----------------------------------------------------------------------
+
+def torch_grads(model, x, labels, dtype):
+    """PyTorch's forward, cross-entropy and backward from the model's weights, in dtype: (copy, loss)."""
+    import copy
+    import torch
+    twin = copy.deepcopy(model).to(dtype)  # each module's mode kept
+    loss = torch.nn.functional.cross_entropy(twin(torch.from_numpy(x).to(dtype)),
+                                             torch.from_numpy(labels.astype(np.int64)))
+    loss.backward()
+    return twin, loss.item()
+
+
+def has_batch_norm(model):
+    import torch
+    return any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+
+
+@needs_torch
+@pytest.mark.parametrize("name", ["lenet", "googlenet", "resnet18", "resnet50", "mobilenet-like", "squeezenet-like"])
+def test_training_step_from_imported_file(dev, exports, name, monkeypatch):
+    """Exported in training mode where the network has batch norm (batch statistics, as the torch model trains):
+    one step of clnet on the imported module gives PyTorch's float64 loss, every parameter gradient (by the
+    initializer's name, which is the state_dict key) and batch norm's updated running statistics, each within 1e-5
+    or ten times PyTorch's own float32 error on it, whichever is larger (a first layer's weight gradient sums
+    thousands of terms that largely cancel: PyTorch's float32 misses googlenet's by 1.3e-2)."""
+    import torch
+    if name == "googlenet":
+        one_device_only(dev)
+    e = exports.get(name)
+    if has_batch_norm(e["model"]):
+        e = exports.get(name, training=True)
+    net = connx.load(e["path"], device=dev)
+    assert net.training == has_batch_norm(e["model"])
+    net.train()
+    model = e["model"].train()
+    for m in model.modules():  # dropout's draws differ between the engines: both leave it out
+        if isinstance(m, torch.nn.Dropout):
+            m.eval()
+    monkeypatch.setattr(connx.F, "dropout", lambda x, p, training: x)
+    labels = np.arange(e["x"].shape[0]) % e["classes"]
+    twin, tloss = torch_grads(model, e["x"], labels, torch.float64)
+    single, sloss = torch_grads(model, e["x"], labels, torch.float32)
+    loss = nn.CrossEntropyLoss()(net(clnet.tensor(e["x"], dev)), labels)
+    loss.backward()
+    within_float32(loss.item(), torch.tensor(tloss), torch.tensor(sloss), f"{name} loss")
+    theirs, floats = dict(twin.named_parameters()), dict(single.named_parameters())
+    ours = dict(net.named_parameters())
+    assert set(ours) == set(theirs), f"parameter names: {sorted(set(ours) ^ set(theirs))[:6]}"
+    for k, p in ours.items():
+        within_float32(p.grad.numpy(), theirs[k].grad, floats[k].grad, f"{name} grad {k}")
+    if name in models.MODELS:  # the zoo's own clnet model from the same weights: the same kernels, the same numbers
+        zoo = models.build(name).to(dev)
+        zoo.load_state_dict(model.state_dict())
+        nn.CrossEntropyLoss()(zoo(clnet.tensor(e["x"], dev)), labels).backward()
+        for k, p in zoo.named_parameters():
+            assert_close(ours[k].grad.numpy(), p.grad.numpy(), f"{name} grad {k} against the zoo's", tol=1e-6)
+    state, single_state = net.state_dict(), single.state_dict()
+    for k, v in twin.state_dict().items():
+        if "running" in k:
+            within_float32(state[k], v, single_state[k], f"{name} {k}")
+
+
+def within_float32(ours, reference, single, name, floor=1e-5):
+    """ours against PyTorch's float64 reference: normwise and worst-element errors within `floor` of the
+    reference's size or ten times PyTorch's own float32 error (`single`), whichever is larger (two float32 engines
+    summing in different orders differ by several times on an ill-conditioned gradient). The second bound
+    holds where the reference all but cancels (a bias whose gradient a following batch norm removes is ~1e-17)."""
+    ref = reference.detach().double().numpy()
+    ours, single = np.asarray(ours, np.float64), single.detach().double().numpy()
+    assert ours.shape == ref.shape and np.all(np.isfinite(ours)), f"{name}: shape {ours.shape} or non-finite values"
+    err, err32 = np.linalg.norm(ours - ref), np.linalg.norm(single - ref)
+    worst, worst32 = np.abs(ours - ref).max(initial=0), np.abs(single - ref).max(initial=0)
+    allowed = max(floor * np.linalg.norm(ref), 10 * err32)
+    allowed_worst = max(20 * floor * np.abs(ref).max(initial=0), 10 * worst32)
+    assert err <= allowed and worst <= allowed_worst, \
+        f"{name}: error {err:.2e} (worst element {worst:.2e}), allowed {allowed:.2e} ({allowed_worst:.2e}); " \
+        f"PyTorch float32: {err32:.2e} ({worst32:.2e}), reference norm {np.linalg.norm(ref):.2e}"
+
+
+@needs_torch
+def test_state_dict_round_trip(dev, exports):
+    """The imported module's state_dict has PyTorch's keys (no num_batches_tracked, which ONNX does not carry) and
+    values; load_state_dict takes a PyTorch state_dict, MatMul's (in, out) weights included."""
+    import torch
+    e = exports.get("resnet18", training=True)
+    net = connx.load(e["path"])
+    torch_state = {k: v for k, v in e["model"].state_dict().items() if "num_batches" not in k}
+    state = net.state_dict()
+    assert list(state) == list(torch_state) or set(state) == set(torch_state)
+    for k, v in torch_state.items():
+        np.testing.assert_array_equal(state[k], v.numpy(), err_msg=k)
+    changed = {k: v + 1.0 for k, v in torch_state.items()}
+    net.load_state_dict(changed)
+    assert np.array_equal(net.state_dict()["fc.weight"], changed["fc.weight"].numpy())
+    del torch
+
+
+# ---- operators built with onnx.helper ------------------------------------------------------------------------------
+
+def helper_model(path, nodes, inputs, outputs, initializers, opset=17):
+    h = onnx.helper
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s) for n, s in inputs],
+                         [h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s) for n, s in outputs],
+                         [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in initializers.items()])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_helper_built_operators(dev, rng, tmp_path):
+    """Conv with auto_pad SAME_UPPER and stride 2, LRN, MatMul and Gemm(transB=0, alpha, beta) with (in, out)
+    weights, Gemm with a (1, out) bias, Unsqueeze/Squeeze, Softmax over the last axis: as ONNX Runtime runs them;
+    MatMul's weight trains in clnet's (out, in) layout and state_dict gives it back as the file has it."""
+    h = onnx.helper
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
+    mm = rng.standard_normal((4 * 3 * 4, 5)).astype(np.float32) * 0.2
+    gemm = rng.standard_normal((5, 7)).astype(np.float32) * 0.3
+    bias = rng.standard_normal((1, 7)).astype(np.float32)
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], auto_pad="SAME_UPPER", strides=[2, 2], name="conv"),
+             h.make_node("LRN", ["c"], ["l"], size=3, alpha=1e-2, beta=0.75, bias=2.0, name="lrn"),
+             h.make_node("Flatten", ["l"], ["f"], axis=1, name="flat"),
+             h.make_node("MatMul", ["f", "mm"], ["m"], name="matmul"),
+             h.make_node("Gemm", ["m", "gemm", "bias"], ["g"], transB=0, alpha=0.5, beta=2.0, name="gemm"),
+             h.make_node("Unsqueeze", ["g", "axes"], ["u"], name="unsq"),
+             h.make_node("Squeeze", ["u", "axes"], ["s"], name="sq"),
+             h.make_node("Softmax", ["s"], ["y"], axis=-1, name="softmax")]
+    path = helper_model(str(tmp_path / "ops.onnx"), nodes, [("x", (2, 3, 5, 7))], [("y", (2, 7))],
+                        dict(w=w, mm=mm, gemm=gemm, bias=bias, axes=np.array([1], np.int64)))
+    x = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    net = connx.load(path, device=dev)
+    y = net(clnet.tensor(x, dev, requires_grad=True))
+    assert_close(y.numpy(), connx.onnxruntime_outputs(path, x)[0], "helper-built graph", tol=1e-5)
+    assert net.state_dict()["mm"].shape == (48, 5) and np.array_equal(net.state_dict()["mm"], mm)
+    (y * y).sum().backward()
+    assert net._parameters["mm"].grad.shape == (5, 48)
+
+
+def test_transpose_and_clip_forms(dev, rng, tmp_path):
+    """Transpose of a channel shuffle and of axes of size 1, Clip with only a minimum or only a maximum, and the
+    Shape -> Gather -> Concat -> Reshape subgraph evaluated from each call's shape (a second batch size)."""
+    h = onnx.helper
+    nodes = [h.make_node("Reshape", ["x", "s5"], ["r"]), h.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1, 3, 4]),
+             h.make_node("Reshape", ["t", "s4"], ["u"]),
+             h.make_node("Clip", ["u", "lo"], ["c1"]), h.make_node("Clip", ["c1", "", "hi"], ["c2"]),
+             h.make_node("Shape", ["c2"], ["shape"]), h.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+             h.make_node("Unsqueeze", ["n", "axes0"], ["n1"]),
+             h.make_node("Concat", ["n1", "minus"], ["target"], axis=0),
+             h.make_node("Reshape", ["c2", "target"], ["flat"]),
+             h.make_node("Unsqueeze", ["flat", "two"], ["flat3"]),
+             h.make_node("Transpose", ["flat3"], ["y"], perm=[0, 2, 1])]
+    path = helper_model(str(tmp_path / "t.onnx"), nodes, [("x", ("N", 6, 2, 3))], [("y", ("N", 1, 36))],
+                        dict(s5=np.array([0, 2, 3, 2, 3], np.int64), s4=np.array([0, 6, 2, 3], np.int64),
+                             lo=np.array(-0.3, np.float32), hi=np.array(0.8, np.float32),
+                             zero=np.array(0, np.int64), axes0=np.array([0], np.int64), minus=np.array([-1], np.int64),
+                             two=np.array([2], np.int64)))
+    net = connx.load(path, device=dev)
+    for batch in (2, 3):
+        x = rng.standard_normal((batch, 6, 2, 3)).astype(np.float32)
+        with clnet.no_grad():
+            y = net(clnet.tensor(x, dev)).numpy()
+        assert y.shape == (batch, 1, 36)
+        assert_close(y, connx.onnxruntime_outputs(path, x)[0], f"batch {batch}", tol=1e-6)
+
+
+# ---- export --------------------------------------------------------------------------------------------------------
+
+EXPORT_INPUTS = {"lenet": (2, 1, 28, 28), "lenet-wide": (2, 1, 28, 28), "resnet8": (2, 1, 28, 28),
+                 "resnet18": (2, 3, 32, 32), "resnet50": (1, 3, 32, 32), "googlenet": (1, 3, 224, 224),
+                 "alexnet": (1, 3, 224, 224), "overfeat": (1, 3, 231, 231), "vgg-a": (1, 3, 224, 224)}
+
+
+@pytest.mark.parametrize("name", list(models.MODELS))
+def test_zoo_export_matches_onnxruntime(dev, rng, tmp_path, name):
+    """Every zoo model written by clnet.onnx.export passes onnx.checker and ONNX Runtime gives clnet's output
+    (batch norm in eval mode with moved running statistics); the file declares a free batch dimension."""
+    shape = EXPORT_INPUTS[name]
+    if shape[-1] >= 224:
+        one_device_only(dev)
+    clnet.manual_seed(int(rng.integers(1 << 30)))
+    model = models.build(name).to(dev)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            C = m.num_features
+            m.load_state_dict(dict(weight=rng.uniform(0.5, 1.5, C), bias=rng.uniform(-0.5, 0.5, C),
+                                   running_mean=rng.uniform(-0.5, 0.5, C), running_var=rng.uniform(0.5, 2, C),
+                                   num_batches_tracked=np.array(3)))
+    x = rng.standard_normal(shape).astype(np.float32)
+    path = str(tmp_path / f"{name}.onnx")
+    connx.export(model, path, clnet.tensor(x, dev))  # runs onnx.checker on the file it wrote
+    if shape[-1] < 224:
+        onnx.checker.check_model(path, full_check=True)  # with shape inference
+    assert model.training  # the mode is restored
+    model.eval()
+    with clnet.no_grad():
+        ours = model(clnet.tensor(x, dev)).numpy()
+    assert_close(connx.onnxruntime_outputs(path, x)[0], ours, f"{name} exported", tol=1e-5)
+    dims = onnx.load(path, load_external_data=False).graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param == "N"
+    os.remove(path)
+
+
+def test_export_round_trip(dev, rng, tmp_path):
+    """A branched network with batch norm, a residual add, concatenation, scalar arithmetic, average pooling and
+    softmax: exported and imported back it has the same state_dict keys and values and gives the same output, at
+    another batch size too."""
+    b = models.blocks(clnet)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU6())
+            self.block = b["BasicBlock"](8, 8)
+            self.inception = b["Inception"](8, 2, 2, 3, 2, 2, 1)
+            self.pool = nn.AvgPool2d(3, 2, 1, count_include_pad=False)
+            self.fc = nn.Linear(8 * 4 * 4, 5)
+            self.norm = nn.LocalResponseNorm(3)
+
+        def forward(self, x):
+            x = self.block(self.stem(x))
+            x = self.norm(self.inception(x)) * 0.5 - 1.0
+            x = nn.functional.sigmoid(self.pool(x)) + nn.functional.tanh(self.pool(x))
+            return nn.functional.log_softmax(self.fc(x.flatten(1)), dim=1)
+
+    model = Net().to(dev)
+    path = str(tmp_path / "net.onnx")
+    connx.export(model, path, rng.standard_normal((2, 3, 8, 8)).astype(np.float32))
+    back = connx.load(path, device=dev, fuse=False)
+    assert not back.training
+    model.eval()
+    expected = {k: v for k, v in model.state_dict().items() if "num_batches" not in k}
+    state = back.state_dict()
+    assert set(state) == set(expected)
+    for k, v in expected.items():
+        np.testing.assert_array_equal(state[k], v, err_msg=k)
+    for batch in (2, 3):
+        x = clnet.tensor(rng.standard_normal((batch, 3, 8, 8)), dev)
+        with clnet.no_grad():
+            assert_close(back(x).numpy(), model(x).numpy(), f"round trip, batch {batch}", tol=1e-6)
+
+
+# ---- refusals ------------------------------------------------------------------------------------------------------
+
+def test_unknown_operator_is_refused_at_load(tmp_path):
+    h = onnx.helper
+    nodes = [h.make_node("Relu", ["x"], ["r"], name="first"), h.make_node("Selu", ["r"], ["y"], name="odd_one")]
+    path = helper_model(str(tmp_path / "selu.onnx"), nodes, [("x", (1, 3))], [("y", (1, 3))], {}, opset=15)
+    with no_launch(), pytest.raises(connx.OnnxImportError) as e:
+        connx.load(path)
+    message = str(e.value)
+    assert "Selu" in message and "'odd_one'" in message and "opset 15" in message and "selu.onnx" in message
+
+
+def test_unsupported_attributes_are_refused_at_load(tmp_path):
+    h = onnx.helper
+    cases = [("LRN", dict(size=4), "even size"), ("MaxPool", dict(kernel_shape=[2, 2], pads=[0, 0, 1, 1]),
+                                                  "equal padding"),
+             ("Conv", dict(kernel_shape=[3]), "2-D convolutions")]
+    for op, attrs, words in cases:
+        inputs = ["x", "w"] if op == "Conv" else ["x"]
+        inits = dict(w=np.ones((1, 1, 3), np.float32)) if op == "Conv" else {}
+        path = helper_model(str(tmp_path / f"{op}.onnx"), [h.make_node(op, inputs, ["y"], name="n", **attrs)],
+                            [("x", (1, 1, 4, 4) if op != "Conv" else (1, 1, 4))], [("y", (1, 1, 4, 4))], inits)
+        with no_launch(), pytest.raises(connx.OnnxImportError, match=words) as e:
+            connx.load(path)
+        assert f"({op}, opset 17)" in str(e.value)
+
+
+def test_damaged_and_truncated_files_name_the_file(tmp_path):
+    h = onnx.helper
+    w = np.ones((4, 3, 3, 3), np.float32)
+    good = helper_model(str(tmp_path / "good.onnx"), [h.make_node("Conv", ["x", "w"], ["y"])], [("x", (1, 3, 5, 5))],
+                        [("y", (1, 4, 3, 3))], dict(w=w))
+    data = open(good, "rb").read()
+    for name, content in (("truncated.onnx", data[:len(data) * 2 // 3]), ("garbage.onnx", b"\x07not an onnx file")):
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(connx.OnnxImportError, match="truncated or damaged") as e:
+            connx.load(path)
+        assert str(path) in str(e.value)
+    with pytest.raises(FileNotFoundError, match="missing.onnx"):
+        connx.load(tmp_path / "missing.onnx")
+
+
+def test_missing_onnx_package_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx now raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'clnet\[onnx\]'"):
+        connx.load(tmp_path / "any.onnx")
+    with pytest.raises(ImportError, match=r"pip install 'clnet\[onnx\]'"):
+        connx.export(nn.Linear(2, 2), tmp_path / "any.onnx", np.zeros((1, 2), np.float32))
+
+
+def test_run_file(dev, tmp_path, rng):
+    """`clnet run`'s work: an .npy in, the network's output .npy out."""
+    model = models.build("lenet").to(dev)
+    x = rng.standard_normal((3, 1, 28, 28)).astype(np.float32)
+    connx.export(model, tmp_path / "lenet.onnx", x[:1])
+    np.save(tmp_path / "x.npy", x)
+    connx.run_file(tmp_path / "lenet.onnx", tmp_path / "x.npy", tmp_path / "y.npy", device=dev.index)
+    with clnet.no_grad():
+        expected = model.eval()(clnet.tensor(x, dev)).numpy()
+    assert_close(np.load(tmp_path / "y.npy"), expected, "clnet run", tol=1e-6)
+    assert connx.input_shape(tmp_path / "lenet.onnx") == (None, 1, 28, 28)
