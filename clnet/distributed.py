@@ -30,6 +30,8 @@ Semantics (what `clnet.fit` builds on):
   checkpointing, so every rank evaluates and saves the same model. A batch-norm layer normalises in train mode with
   its share's statistics, so a network with batch norm (or dropout, whose masks each rank draws alike from the same
   stream) does not reproduce one process's numbers; networks without them do, to float32 rounding.
+- A `clnet.Graph` capture cannot hold the all-reduce (host copies and MPI calls a replay would not repeat): a
+  backward that reaches it inside a capture is refused with CaptureError; train data-parallel steps eagerly.
 - A failure ends every rank: `init()` makes an uncaught exception in any thread print the traceback and a line naming
   the rank, then call MPI_Abort, which the launcher turns into the end of every rank. Every collective here waits with
   a deadline (`CLNET_MPI_TIMEOUT`, default 600 s, generous for first-run kernel builds and rank 0's tuning) and aborts
@@ -58,6 +60,7 @@ import pyopencl as cl
 from . import devices as device_mod
 from .tensor import _stats as _transfer_stats
 from .autograd import register_post_accumulate_grad_hook
+from .graph import refuse_in_capture
 from .nn.module import Module
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -92,8 +95,8 @@ class World:
             if time.monotonic() > deadline:
                 abort(f"{what} waited more than {self.timeout:.0f} s for the other ranks: one of them stopped "
                       "responding (CLNET_MPI_TIMEOUT sets the limit)")
-            time.sleep(pause)  # 0 first: yield to the main thread; then up to 1 ms between polls
-            pause = min(2 * pause or 1e-5, 1e-3)
+            time.sleep(pause)  # 0 first: yield to the main thread; then up to 0.2 ms between polls (a small
+            pause = min(2 * pause or 1e-5, 2e-4)  # model's whole step on a GPU is about 1.6 ms)
 
     def allreduce(self, array, what="an all-reduce"):
         """Sum a NumPy array over the ranks, in place (every rank gets the same bits); returns it."""
@@ -249,6 +252,7 @@ def tune_on_rank0(tune, dev):
 def _read_async(t, out):
     """Queue a copy of device tensor t into the host array out; the event. Counted as tensor.py counts its copies.
     (Tensor has no non-blocking read yet; /tmp/mpi-integration.patch proposes Tensor.read_into for this.)"""
+    refuse_in_capture("DataParallel's all-reduce (gradients read back to the host for MPI)")
     ev = cl.enqueue_copy(t.device.queue, out, t.buffer, is_blocking=False)
     _transfer_stats["device_to_host_bytes"] += out.nbytes
     _transfer_stats["device_to_host_count"] += 1
@@ -502,14 +506,65 @@ def gather_json(value, what="a gather"):
     return [json.loads(buf[bounds[i]:bounds[i + 1]].tobytes().decode()) for i in range(w.size)]
 
 
-def scaling(step_s, compute_s, images_per_rank):
-    """Rank 0's summary of a data-parallel timing: every rank's step seconds (with the all-reduce) and compute-only
-    seconds (the same step under ``no_sync()``), the aggregate images/s (the slowest rank sets the pace) and the
-    scaling efficiency, compute-only time over step time of the slowest rank. None on other ranks."""
-    rows = gather_json(dict(step_s=float(step_s), compute_s=float(compute_s)), "the gather of the timings")
+def time_data_parallel(model, dev, x, labels, iterations=10, warmup=5, bucket_mb=DEFAULT_BUCKET_MB):
+    """Time a data-parallel training step (forward, backward with the all-reduce, SGD update) of ``model`` on every
+    rank, each rank on its own batch ``x`` (host array; weak scaling: the batch is per rank), and the same step under
+    ``no_sync()`` (compute alone). Rank 0 gets the summary, other ranks None: per rank the medians of both step
+    times and where the all-reduce's time went per step (on the communication thread: waiting for the device, whose
+    in-order queue runs the bucket's copies after the backward kernels queued before them, and inside MPI; on the
+    main thread: blocked at the end of backward), the aggregate images/s (the slowest
+    rank sets the pace) and the scaling efficiency (compute-only time over step time, slowest rank)."""
+    from . import nn, optim
+    from .tensor import tensor
+    w = init()
+    dp = model if isinstance(model, DataParallel) else DataParallel(model.to(dev), bucket_mb, w)
+    opt = optim.SGD(dp.parameters(), lr=1e-4, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    xt, yt = tensor(x, dev), tensor(labels, dev)
+
+    def step():
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss_fn(dp(xt), yt).backward()
+        dp.finish()
+        opt.step()
+        dev.synchronize()
+        return time.perf_counter() - t0
+
+    for _ in range(warmup):
+        step()
+    with dp.no_sync():
+        step()
+        w.barrier("the timing's barrier")
+        compute = float(np.median([step() for _ in range(iterations)]))
+    step()
+    w.barrier("the timing's barrier")
+    before = dict(dp.stats)
+    full = float(np.median([step() for _ in range(iterations)]))
+    steps = max(dp.stats["steps"] - before["steps"], 1)
+    parts = {k: (dp.stats[k] - before[k]) / steps for k in ("copy_wait_s", "allreduce_s", "exposed_s")}
+    rows = gather_json(dict(rank=w.rank, host=w.host, device=dev.name, step_s=full, compute_s=compute, **parts),
+                       "the gather of the timings")
     if rows is None:
         return None
-    slowest = max(r["step_s"] for r in rows)
-    return dict(ranks=len(rows), per_rank=[dict(r, images_per_s=images_per_rank / r["step_s"]) for r in rows],
-                images_per_s=len(rows) * images_per_rank / slowest,
-                efficiency=max(r["compute_s"] for r in rows) / slowest)
+    slowest = max(rows, key=lambda r: r["step_s"])
+    n = len(x)
+    for r in rows:
+        r["images_per_s"] = n / r["step_s"]
+    return dict(ranks=len(rows), batch_per_rank=n, gradient_bytes=4 * sum(p.size for p in dp.parameters()),
+                buckets=len(dp._buckets), per_rank=rows, images_per_s=len(rows) * n / slowest["step_s"],
+                efficiency=slowest["compute_s"] / slowest["step_s"])
+
+
+def format_timing(t):
+    """Lines for a person: per rank, then the aggregate."""
+    lines = [f"data-parallel step over {t['ranks']} ranks, batch {t['batch_per_rank']} per rank, "
+             f"{t['gradient_bytes'] / 2**20:.1f} MiB of gradients in {t['buckets']} buckets:"]
+    for r in t["per_rank"]:
+        lines.append(f"  rank {r['rank']} ({r['host']}, {r['device']}): step {1e3 * r['step_s']:.2f} ms "
+                     f"(compute alone {1e3 * r['compute_s']:.2f} ms), {r['images_per_s']:.0f} images/s; per step, "
+                     f"on the communication thread {1e3 * r['copy_wait_s']:.2f} ms waiting for the device (the rest "
+                     f"of backward's kernels, then the copies out) and {1e3 * r['allreduce_s']:.2f} ms in MPI; the "
+                     f"main thread blocked {1e3 * r['exposed_s']:.2f} ms at the end of backward")
+    lines.append(f"  aggregate {t['images_per_s']:.0f} images/s, scaling efficiency {100 * t['efficiency']:.0f}%")
+    return "\n".join(lines)

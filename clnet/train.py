@@ -24,6 +24,16 @@ from .devices import device as _device
 from .files import write_atomically
 
 
+def mpi_world():
+    """The MPI job (a clnet.distributed.World) of a command that mpiexec launched with more than one rank, else None.
+    Without a launcher's environment nothing MPI is imported, so mpi4py stays optional."""
+    if not any(k in os.environ for k in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")):
+        return None
+    from . import distributed  # an ImportError here says: pip install 'clnet[mpi]'
+    world = distributed.init()
+    return world if world.size > 1 else None
+
+
 class Diverged(ArithmeticError):
     """Training produced a loss that is not finite; nothing was saved from that step on."""
 

@@ -85,6 +85,17 @@ def run_fit(dev, world, max_steps=None, checkpoint=None, resume=None, fail=None,
     return inner.state_dict(), result
 
 
+def tune_and_time(dev, world, dist):
+    """Rank 0 'tunes' (stores one made-up entry) while the others wait and take its table; then a two-step timing
+    of the data-parallel step. Rank 0 gets what every rank saw, and the timing."""
+    from clnet import tuning
+    returned = dist.tune_on_rank0(lambda: tuning.store(dev, {"mpi-test-key": dict(kernel="none")}) or "tuned", dev)
+    seen = dist.gather_json(dict(rank=world.rank, returned=returned, entry=tuning.entries(dev).get("mpi-test-key")))
+    x = np.random.default_rng(world.rank).standard_normal((4, 1, 28, 28)).astype(np.float32)
+    timing = dist.time_data_parallel(model(dev, None), dev, x, np.arange(4, dtype=np.int32), iterations=2, warmup=1)
+    return dict(tuning=seen, timing=timing)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--device", required=True)
@@ -102,7 +113,10 @@ def main():
     import clnet.distributed as dist
     world = dist.init()
     dev = dist.device(a.device)
-    losses = None if a.no_loop else run_loop(dev, world)
+    losses = extras = None
+    if not a.no_loop:
+        losses = run_loop(dev, world)
+        extras = tune_and_time(dev, world, dist)
     weights, result = run_fit(dev, world, a.max_steps, a.checkpoint, a.resume,
                               None if a.fail_rank is None else (a.fail_rank, a.fail_step),
                               None if a.hang_rank is None else (a.hang_rank, a.hang_step), a.images)
@@ -111,7 +125,7 @@ def main():
         np.savez(os.path.join(a.out, "fit.npz"), **weights)
         with open(os.path.join(a.out, "fit.json"), "w") as f:
             json.dump(dict(loop=losses, history=result["epochs"], global_step=result["global_step"],
-                           world=world.size, device=dev.name), f)
+                           world=world.size, device=dev.name, extras=extras), f)
     return 0
 
 

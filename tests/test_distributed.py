@@ -173,6 +173,13 @@ def test_two_ranks_train_as_one_process(tmp_path):
     assert [r["test_accuracy"] for r in two["history"]] == [r["test_accuracy"] for r in result["epochs"]]
     assert two["global_step"] == result["global_step"] == 10
     assert_same_weights(two["weights"], weights, "fit on two ranks against one process")
+    # rank 0 tuned while rank 1 waited; rank 1 took rank 0's table
+    entry = dict(kernel="none")
+    assert two["extras"]["tuning"] == [dict(rank=0, returned="tuned", entry=entry),
+                                       dict(rank=1, returned=None, entry=entry)]
+    timing = two["extras"]["timing"]
+    assert timing["ranks"] == 2 and timing["gradient_bytes"] == 4 * 431080 and 0 < timing["efficiency"]
+    assert all(r["step_s"] > 0 and r["compute_s"] > 0 for r in timing["per_rank"])
 
 
 @needs_mpi
