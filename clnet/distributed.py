@@ -196,6 +196,8 @@ def stop_all_on_failure():
         raise
     except BaseException as e:
         if init().size > 1:
+            if hasattr(e, "format_message"):  # click's errors for the user: the message, no traceback
+                abort(f"error: {e.format_message()}")
             traceback.print_exc()
             abort(f"failed with {type(e).__name__}: {e}")
         raise
