@@ -270,7 +270,8 @@ class _Bucket:
         self.events = []
         self.weight = 1.0
         self.queued = False
-        self.done = threading.Event()
+        self.done = threading.Event()  # all-reduced (set by the communication thread)
+        self.written = False  # its averages queued back to the device
 
     def view(self, i):
         return self.host[self.offsets[i]:self.offsets[i + 1]]
@@ -395,6 +396,8 @@ class DataParallel(Module):
             self._launch(bucket)
             if self._next == len(self._buckets):  # every bucket is on its way: backward's end for this model
                 self.finish()
+                return
+        self._write_back(wait=False)  # buckets already reduced go back while backward still runs
 
     def _begin(self):
         self.__dict__["_active"] = True
@@ -453,6 +456,25 @@ class DataParallel(Module):
                 self._launch(b, zero=True)
         self.finish()
 
+    def _write_back(self, wait):
+        """Queue the averages of every reduced bucket (in index order; with ``wait``, of all, waiting for each)
+        back into its gradients. A reduced bucket's gradients are final: no later kernel of this backward touches
+        them, and the in-order queue runs the writes after the copies that read them."""
+        for b in self._buckets:
+            if b.written:
+                continue
+            if not wait and not b.done.is_set():
+                return
+            while not b.done.wait(1.0):
+                if not self._thread.is_alive():
+                    raise RuntimeError("DataParallel: the all-reduce thread ended without finishing the gradients")
+            for i, p in enumerate(b.params):
+                if p.grad is None:
+                    from .ops import zeros
+                    p.grad = zeros(p.shape, p.device)
+                p.grad.write(b.view(i), blocking=False)  # the next step's copies into b.host queue behind these
+            b.written = True
+
     def finish(self):
         """Wait for every bucket's all-reduce and queue the averages back into the gradients. Runs by itself at the end
         of a backward that reached every parameter; call it (on every rank) after a backward that did not. Nothing to
@@ -463,19 +485,11 @@ class DataParallel(Module):
             if not b.queued:  # no gradient reached its parameters in this backward
                 self._launch(b)
         t0 = time.perf_counter()
-        for b in self._buckets:
-            while not b.done.wait(1.0):
-                if not self._thread.is_alive():
-                    raise RuntimeError("DataParallel: the all-reduce thread ended without finishing the gradients")
+        self._write_back(wait=True)
         self.stats["exposed_s"] += time.perf_counter() - t0
         self.stats["steps"] += 1
         for b in self._buckets:
-            for i, p in enumerate(b.params):
-                if p.grad is None:
-                    from .ops import zeros
-                    p.grad = zeros(p.shape, p.device)
-                p.grad.write(b.view(i), blocking=False)  # the next step's copies into b.host queue behind these
-            b.pending, b.queued, b.events = len(b.params), False, []
+            b.pending, b.queued, b.events, b.written = len(b.params), False, [], False
             b.done.clear()
         d = self.__dict__
         d["_written"] = cl.enqueue_marker(self.device.queue)  # before the host writes into b.host again
