@@ -25,11 +25,13 @@ Semantics (what `clnet.fit` builds on):
   exactly one process's gradient up to float32 rounding. With B a multiple of the world size every share is B / size
   (weight 1 / size); the last, smaller batch of an epoch splits as evenly as it can (shares differ by one) and the
   weights keep it exact; a rank whose share is empty (fewer examples than ranks) contributes zeros (`skip_step`).
-- Batch norm's running statistics stay per rank during an epoch (each rank's from its own shares; no SyncBatchNorm);
-  `broadcast_buffers()` gives every rank rank 0's, which `fit` does at the end of each epoch, before testing and
-  checkpointing, so every rank evaluates and saves the same model. A batch-norm layer normalises in train mode with
-  its share's statistics, so a network with batch norm (or dropout, whose masks each rank draws alike from the same
-  stream) does not reproduce one process's numbers; networks without them do, to float32 rounding.
+- Batch norm's running statistics stay per rank during an epoch (each rank's from its own shares; no SyncBatchNorm).
+  `end_epoch()`, which `fit` calls at the end of each epoch before testing and checkpointing, gives every rank
+  rank 0's, so every rank evaluates and saves the same model (and rank 0's weights too, with a warning, should
+  the ranks' weights have drifted apart: devices of different kinds may round an update differently). A
+  batch-norm layer normalises in train mode with its share's statistics, so a network with batch norm (or dropout,
+  whose masks each rank draws alike from the same stream) does not reproduce one process's numbers; networks
+  without them do, to float32 rounding.
 - A `clnet.Graph` capture cannot hold the all-reduce (host copies and MPI calls a replay would not repeat): a
   backward that reaches it inside a capture is refused with CaptureError; train data-parallel steps eagerly.
 - A failure ends every rank: `init()` makes an uncaught exception in any thread print the traceback and a line naming
@@ -45,6 +47,8 @@ import sys
 import threading
 import time
 import traceback
+import warnings
+import zlib
 
 import numpy as np
 
@@ -98,10 +102,10 @@ class World:
             time.sleep(pause)  # 0 first: yield to the main thread; then up to 0.2 ms between polls (a small
             pause = min(2 * pause or 1e-5, 2e-4)  # model's whole step on a GPU is about 1.6 ms)
 
-    def allreduce(self, array, what="an all-reduce"):
-        """Sum a NumPy array over the ranks, in place (every rank gets the same bits); returns it."""
+    def allreduce(self, array, what="an all-reduce", op="sum"):
+        """Sum (or "min", "max") a NumPy array over the ranks, in place (every rank gets the same bits)."""
         if self.size > 1:
-            self.wait(self.comm.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM), what)
+            self.wait(self.comm.Iallreduce(MPI.IN_PLACE, array, op=_OPS[op]), what)
         return array
 
     def broadcast(self, array, what="a broadcast"):
@@ -124,6 +128,7 @@ class World:
             self.wait(self.comm.Ibarrier(), what)
 
 
+_OPS = dict(sum=MPI.SUM, min=MPI.MIN, max=MPI.MAX)
 _world = None
 
 
@@ -141,6 +146,10 @@ def init(timeout=None):
         local.Free()
         if _world.size > 1:
             _install_abort_hooks()
+            if MPI.Query_thread() < MPI.THREAD_SERIALIZED:  # the all-reduces run on a thread of their own
+                abort(f"this MPI gives thread level {MPI.Query_thread()}; clnet.distributed needs "
+                      "MPI_THREAD_SERIALIZED or more (mpi4py asks for MPI_THREAD_MULTIPLE unless mpi4py.rc says "
+                      "otherwise)")
     return _world
 
 
@@ -352,6 +361,27 @@ class DataParallel(Module):
     def broadcast_parameters(self):
         """Every rank takes rank 0's parameters and buffers."""
         self._broadcast([t for _, t in self.module._state_items()] + self.module.buffers(), "the weights")
+
+    def check_in_sync(self):
+        """Whether every rank holds the same parameters, bit for bit (a checksum per tensor, compared over the ranks).
+        They should: every rank applies the same averaged gradients with the same optimizer. Ranks on different kinds
+        of device can round an update differently and drift apart; `fit` checks at each epoch's end and, if they
+        have, warns and gives every rank rank 0's weights. Reads every parameter back: one model's bytes."""
+        sums = np.array([zlib.crc32(t.numpy().tobytes()) for t in self.module.parameters()], np.int64)
+        low, high = self.world.allreduce(sums.copy(), "the weights' check", "min"), \
+            self.world.allreduce(sums.copy(), "the weights' check", "max")
+        return bool(np.array_equal(low, high))
+
+    def end_epoch(self):
+        """What `fit` does at the end of each epoch, before testing and checkpointing: every rank takes rank 0's
+        buffers, and, should the ranks' parameters have drifted apart (`check_in_sync`), rank 0's parameters too,
+        with a warning (the optimizer's state, momentum or Adam's moments, stays each rank's own)."""
+        self.broadcast_buffers()
+        if self.world.size > 1 and not self.check_in_sync():
+            if self.world.rank == 0:
+                warnings.warn("clnet.distributed: the ranks' weights differ at the end of the epoch (devices that "
+                              "round the update differently?); every rank takes rank 0's")
+            self.broadcast_parameters()
 
     def broadcast_buffers(self):
         """Every rank takes rank 0's buffers (batch norm's running statistics and counters)."""

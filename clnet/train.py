@@ -272,8 +272,8 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
                           train_accuracy=sums["correct"] / sums["seen"], seconds=sums["seconds"],
                           images_per_s=sums["seen"] / sums["seconds"], data_wait_s=sums["wait"],
                           stall_fraction=sums["wait"] / sums["seconds"])
-            if world is not None:  # every rank tests and saves rank 0's batch-norm statistics
-                model.broadcast_buffers()
+            if world is not None:  # every rank tests and saves rank 0's batch-norm statistics (and weights)
+                model.end_epoch()
             if test_data is not None:
                 t_eval = time.perf_counter()
                 ev = evaluate(model, test_data, batch=max(batch, 256), device=dev)

@@ -177,6 +177,7 @@ def test_two_ranks_train_as_one_process(tmp_path):
     entry = dict(kernel="none")
     assert two["extras"]["tuning"] == [dict(rank=0, returned="tuned", entry=entry),
                                        dict(rank=1, returned=None, entry=entry)]
+    assert two["extras"]["in_sync"] == [True, False, True], "in sync; rank 1's weights changed; rank 0's again"
     timing = two["extras"]["timing"]
     assert timing["ranks"] == 2 and timing["gradient_bytes"] == 4 * 431080 and 0 < timing["efficiency"]
     assert all(r["step_s"] > 0 and r["compute_s"] > 0 for r in timing["per_rank"])
