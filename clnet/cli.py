@@ -30,9 +30,15 @@ def main(verbose):
 @main.command()
 def devices():
     """List every OpenCL platform and device."""
-    rows = device_mod.list_devices()
+    try:
+        rows = device_mod.list_devices()
+    except DeviceNotFound as e:  # device_mod.UnsafeICDDirectory: a registration directory another user could write
+        raise click.ClickException(str(e)) from e
     for path in device_mod.registered_libraries:
         click.echo(f"note: registered {path}: {device_mod.how_found.get(path, 'installed without an ICD file')}")
+    if device_mod.icd_directory():
+        click.echo(f"note: the registration lives in {device_mod.icd_directory()} (OCL_ICD_VENDORS for this process; "
+                   "only you can write it)")
     if not rows:
         raise click.ClickException(device_mod.NO_PLATFORM_HELP)
     for r in rows:

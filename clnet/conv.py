@@ -89,11 +89,12 @@ def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward"):
     of x."""
     dev = x.device
 
-    def weights(algorithm):
+    def weights(algorithm):  # returns dw, for the autotuner to check each candidate against the default
         if algorithm in WINOGRAD_TILE:
             winograd.conv2d_backward_weights(x, dy, s, dw, what=what + " (weights)", m=WINOGRAD_TILE[algorithm])
         else:
             _conv2d_backward_im2col(x, w, dy, s, dw, False, what)
+        return dw
 
     def data(algorithm):
         if algorithm in WINOGRAD_TILE:
