@@ -875,6 +875,7 @@ def load(path, device=None, fuse=True):
             net.register_parameter(k, Parameter(host))
         else:
             net.register_buffer(k, host)
+    net.__dict__["exported_training"] = training
     net.train(training)
     if device is not None:
         net.to(device)
@@ -1235,4 +1236,47 @@ def onnxruntime_outputs(path, *arrays):
     return sess.run(None, feeds)
 
 
-__all__ = ["OnnxImportError", "OnnxModule", "export", "input_shape", "load", "onnxruntime_outputs", "run_file"]
+def bench_setup(path, batch=None):
+    """`clnet bench model.onnx`: (module, input shape, zoo model name or None). The batch is `batch`, else the file's
+    (1 where it is free); the zoo name is that of the zoo model whose state_dict keys and shapes the file's
+    initializers have (then PyTorch can rebuild the network, and `--compare` times it)."""
+    from . import models
+    net = load(path)
+    shape = input_shape(path)
+    if any(d is None for d in shape[1:]):
+        raise OnnxImportError(f"{path}: the input's shape {shape} has free dimensions besides the batch; clnet "
+                              "bench needs them fixed")
+    in_shape = (batch or shape[0] or 1,) + tuple(shape[1:])
+    ours = {k: tuple(v.shape) for k, v in net._state_items()}
+    for k in net._transposed:
+        ours[k] = ours[k][::-1]
+    zoo = None
+    for name in models.MODELS:
+        theirs = {k: tuple(v.shape) for k, v in models.build(name)._state_items() if "num_batches" not in k}
+        if theirs == ours:
+            zoo = name
+            break
+    return net, in_shape, zoo
+
+
+def onnxruntime_agreement(path, net, x):
+    """The largest relative error of the module's output against ONNX Runtime's (CPU) on host input x, in the mode
+    the file was exported in (batch statistics for a training-mode file, as ONNX Runtime computes it; the module's
+    mode is restored)."""
+    from .autograd import no_grad
+    was = net.training
+    net.train(net.exported_training)
+    try:
+        with no_grad():
+            out = net(_to_device(np.asarray(x, np.float32), net.device))
+    finally:
+        net.train(was)
+    ours = [o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
+    worst = 0.0
+    for a, b in zip(ours, onnxruntime_outputs(path, x)):
+        worst = max(worst, float(np.abs(a.astype(np.float64) - b).max() / max(np.abs(b).max(), 1e-30)))
+    return worst
+
+
+__all__ = ["OnnxImportError", "OnnxModule", "bench_setup", "export", "input_shape", "load", "onnxruntime_agreement",
+           "onnxruntime_outputs", "run_file"]
