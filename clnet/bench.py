@@ -519,7 +519,6 @@ def profile_rows(modules, cl_res):
 
 
 AGREEMENT_TOLERANCE = 1e-3
-TUNE_BUDGET_S = 120.0  # first-run tuning inside `clnet bench`; `clnet tune` has its own budget
 
 
 @click.command()
@@ -593,7 +592,7 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
     click.echo(f"clnet bench {model}: batch {batch}, {iterations} iterations after {warmup} warm-up, on "
                f"{dev.name} ({dev.platform_name}, driver {dev.driver_version})", err=True)
     tuning.allow_less_accurate = less_accurate
-    tune_report = tune_first(net, in_shape, dev, tune, TUNE_BUDGET_S, lambda line: click.echo(line, err=True),
+    tune_report = tune_first(net, in_shape, dev, tune, lambda line: click.echo(line, err=True),
                              progress=lambda line: click.echo("tune " + line, err=True))
     builds = kernels.build_count
     cl_res = run_clnet(net, dev, x, labels, iterations, warmup, forward_only, progress=True, started=started)

@@ -146,7 +146,6 @@ def _optimizer(name, params, cfg):
     return OPTIMIZERS[name](params, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
 
 
-TUNE_BUDGET_S = 60.0  # first-run tuning before training; `clnet tune` has its own budget
 DEFAULTS = dict(epochs=10, batch=64, lr=0.01, momentum=0.9, weight_decay=0.0, seed=0, subset=None, optimizer="sgd")
 
 
@@ -215,7 +214,7 @@ def train_command(model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
     rng.manual_seed(cfg["seed"])
     net = models.build(model).to(dev)
     opt = _optimizer(cfg["optimizer"], net.parameters(), cfg)
-    tune_first(net, (cfg["batch"],) + tuple(models.MODELS[model]["input_shape"]), dev, tune, TUNE_BUDGET_S,
+    tune_first(net, (cfg["batch"],) + tuple(models.MODELS[model]["input_shape"]), dev, tune,
                click.echo)
     click.echo(f"training {model} on {dataset} ({len(train_data)} training, {len(test_data)} test images) on "
                f"{dev.name} ({dev.platform_name}): batch {cfg['batch']}, {cfg['optimizer']} lr {cfg['lr']}, "

@@ -382,5 +382,20 @@ def test_tune_first_says_how_many_choices_were_skipped(dev, monkeypatch):
     report = dict(tuned={"k": {}}, cached=0, left=[], seconds=0.5, rejected={"k": [{}, {}]}, unchecked=[])
     monkeypatch.setattr(tune, "tune_module", lambda *args, **kwargs: report)
     said = []
-    tune.tune_first(None, (1, 1, 2, 2), dev, True, 1.0, said.append)
+    tune.tune_first(None, (1, 1, 2, 2), dev, True, said.append, budget_s=1.0)
     assert "2 kernel choices skipped: their results disagreed with the default's" in said[0]
+    assert "budget" not in said[0]
+
+
+def test_tune_first_keeps_to_its_budget_and_says_what_it_left(dev, monkeypatch):
+    """A first run tunes for a few seconds only; the shapes left keep their defaults, and the line says so."""
+    seen = {}
+
+    def tune_module(*args, budget_s, **kwargs):
+        seen["budget_s"] = budget_s
+        return dict(tuned={}, cached=0, left=["a", "b"], seconds=budget_s, rejected={}, unchecked=[])
+    monkeypatch.setattr(tune, "tune_module", tune_module)
+    said = []
+    tune.tune_first(None, (1, 1, 2, 2), dev, True, said.append)
+    assert seen["budget_s"] == tune.FIRST_RUN_BUDGET_S <= 10
+    assert "2 left at defaults" in said[0] and "budget ran out: `clnet tune` tunes the rest" in said[0]
