@@ -93,14 +93,16 @@ class World:
     # -- collectives, each with a deadline -----------------------------------------------------------------------
     def wait(self, request, what):
         """Wait for a non-blocking MPI request, driving MPI's progress; abort every rank past the deadline."""
-        deadline = time.monotonic() + self.timeout
-        pause = 0.0
-        while not request.Test():
-            if time.monotonic() > deadline:
-                abort(f"{what} waited more than {self.timeout:.0f} s for the other ranks: one of them stopped "
-                      "responding (CLNET_MPI_TIMEOUT sets the limit)")
-            time.sleep(pause)  # 0 first: yield to the main thread; then up to 0.2 ms between polls (a small
-            pause = min(2 * pause or 1e-5, 2e-4)  # model's whole step on a GPU is about 1.6 ms)
+        start = time.monotonic()
+        while not request.Test():  # MPI progresses only inside its calls: poll at once for 2 ms, then every 0.2 ms
+            waited = time.monotonic() - start
+            if waited > self.timeout:
+                self.timed_out(what)
+            time.sleep(0 if waited < 2e-3 else 2e-4)
+
+    def timed_out(self, what):
+        abort(f"{what} waited more than {self.timeout:g} s for the other ranks: one of them stopped responding "
+              "(CLNET_MPI_TIMEOUT sets the limit)")
 
     def allreduce(self, array, what="an all-reduce", op="sum"):
         """Sum (or "min", "max") a NumPy array over the ranks, in place (every rank gets the same bits)."""
@@ -164,29 +166,35 @@ def launched_by_mpi():
 
 
 # -- stopping every rank ---------------------------------------------------------------------------------------------
-def abort(message, status=1):
-    """Print a line naming this rank, then end every rank of the job (MPI_Abort): no rank is left waiting."""
+ABORT_GRACE_S = 0.5  # for the launcher to forward the last lines before MPI_Abort tears the job down
+
+
+def abort(message, status=1, exc_info=None):
+    """Print a line naming this rank (then the traceback of ``exc_info``, a (type, value, traceback) triple), then
+    end every rank of the job (MPI_Abort): no rank is left waiting."""
     w = _world
     who = f"rank {w.rank} of {w.size} (host {w.host})" if w is not None else "a rank"
     try:
         sys.stdout.flush()
+        # the line first: the launcher forwards output asynchronously, and what comes last can be lost in the
+        # abort (seen with MPICH's hydra: the traceback arrived, a line written after it did not)
         sys.stderr.write(f"clnet.distributed: {who}: {message}; stopping every rank\n")
+        if exc_info is not None:
+            traceback.print_exception(*exc_info)
+            sys.stderr.write(f"clnet.distributed: {who}: stopping every rank\n")
         sys.stderr.flush()
+        time.sleep(ABORT_GRACE_S)
     finally:
         MPI.COMM_WORLD.Abort(status)
 
 
 def _install_abort_hooks():
-    previous = sys.excepthook
-
     def on_exception(kind, value, tb):
-        previous(kind, value, tb)  # the traceback first, as Python prints it
-        abort(f"failed with {kind.__name__}: {value}")
+        abort(f"failed with {kind.__name__}: {value}", exc_info=(kind, value, tb))
 
     def on_thread_exception(args):
-        traceback.print_exception(args.exc_type, args.exc_value, args.exc_traceback)
         abort(f"thread {args.thread.name if args.thread else '?'} failed with {args.exc_type.__name__}: "
-              f"{args.exc_value}")
+              f"{args.exc_value}", exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
     sys.excepthook = on_exception
     threading.excepthook = on_thread_exception
@@ -207,8 +215,7 @@ def stop_all_on_failure():
         if init().size > 1:
             if hasattr(e, "format_message"):  # click's errors for the user: the message, no traceback
                 abort(f"error: {e.format_message()}")
-            traceback.print_exc()
-            abort(f"failed with {type(e).__name__}: {e}")
+            abort(f"failed with {type(e).__name__}: {e}", exc_info=sys.exc_info())
         raise
 
 
@@ -468,7 +475,10 @@ class DataParallel(Module):
             t1 = time.perf_counter()
             if bucket.weight != 1.0:
                 bucket.host *= np.float32(bucket.weight)
-            self.world.allreduce(bucket.host, f"the all-reduce of gradient bucket {bucket.index}")
+            if self.world.size > 1:  # blocking, on this thread of its own: MPI drives a large message's many
+                # round trips at full speed inside the call, where polling a non-blocking one from Python paid a
+                # sleep per round trip (1.7 MB: 5 ms); the main thread keeps the deadline (_write_back)
+                self.world.comm.Allreduce(MPI.IN_PLACE, bucket.host, op=MPI.SUM)
             self.stats["copy_wait_s"] += t1 - t0
             self.stats["allreduce_s"] += time.perf_counter() - t1
             bucket.done.set()
@@ -495,9 +505,12 @@ class DataParallel(Module):
                 continue
             if not wait and not b.done.is_set():
                 return
-            while not b.done.wait(1.0):
+            start = time.monotonic()
+            while not b.done.wait(0.5):
                 if not self._thread.is_alive():
                     raise RuntimeError("DataParallel: the all-reduce thread ended without finishing the gradients")
+                if time.monotonic() - start > self.world.timeout:
+                    self.world.timed_out(f"the all-reduce of gradient bucket {b.index}")
             for i, p in enumerate(b.params):
                 if p.grad is None:
                     from .ops import zeros
