@@ -623,7 +623,8 @@ def format_timing(t):
         lines.append(f"  rank {r['rank']} ({r['host']}, {r['device']}): step {1e3 * r['step_s']:.2f} ms "
                      f"(compute alone {1e3 * r['compute_s']:.2f} ms), {r['images_per_s']:.0f} images/s; per step, "
                      f"on the communication thread {1e3 * r['copy_wait_s']:.2f} ms waiting for the device (the rest "
-                     f"of backward's kernels, then the copies out) and {1e3 * r['allreduce_s']:.2f} ms in MPI; the "
-                     f"main thread blocked {1e3 * r['exposed_s']:.2f} ms at the end of backward")
+                     f"of backward's kernels, then the copies out) and {1e3 * r['allreduce_s']:.2f} ms in MPI "
+                     f"(waiting for the slowest rank included); the main thread blocked "
+                     f"{1e3 * r['exposed_s']:.2f} ms at the end of backward")
     lines.append(f"  aggregate {t['images_per_s']:.0f} images/s, scaling efficiency {100 * t['efficiency']:.0f}%")
     return "\n".join(lines)
