@@ -27,6 +27,7 @@ from .devices import DeviceNotFound, device as get_device
 from .graph import Graph
 from .ops import zeros
 from .tensor import Tensor, reset_transfer_stats, tensor, transfer_stats
+from .train import mpi_world
 from .tune import buffers_kept, tune_first
 from .version import __version__
 
@@ -543,8 +544,13 @@ AGREEMENT_TOLERANCE = 1e-3
                    "F(4x4,3x3): 4-5x per layer), as cudnn.benchmark does")
 def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path, markdown, compare, tf32,
           list_models, seed, tune, less_accurate):
-    """Time training iterations of MODEL (forward, backward, update), module by module."""
+    """Time training iterations of MODEL (forward, backward, update), module by module.
+
+    Under `mpiexec -n N`: the data-parallel step instead, each rank on its own batch of --batch images (weak
+    scaling): per-rank and aggregate images/s, the scaling efficiency and where the all-reduce's time goes.
+    """
     started = time.perf_counter()
+    world = mpi_world()
     if list_models or model is None:
         for name, entry in models.MODELS.items():
             shape, doc = "x".join(map(str, entry["input_shape"])), " ".join((entry["doc"] or "").split())
@@ -573,7 +579,11 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
         else:
             tdev = torch.device("cpu")
     try:
-        dev = get_device(device_spec)
+        if world is not None:
+            from . import distributed
+            dev = distributed.device(device_spec)
+        else:
+            dev = get_device(device_spec)
     except DeviceNotFound as e:
         raise click.ClickException(str(e))
     entry = models.MODELS[model]
@@ -589,6 +599,19 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
     x = data_rng.standard_normal(in_shape).astype(np.float32)
     classes = modules[0]["output"][1]  # the model's own output (the root is called first)
     labels = data_rng.integers(0, classes, batch).astype(np.int32)
+    if world is not None:
+        tuning.allow_less_accurate = less_accurate
+        with distributed.stop_all_on_failure():
+            distributed.tune_on_rank0(lambda: tune_first(net, in_shape, dev, tune,
+                                                         lambda line: click.echo(line, err=True)), dev)
+            timing = distributed.time_data_parallel(net, dev, x, labels, iterations, warmup)
+        if timing is not None:  # rank 0
+            click.echo(distributed.format_timing(timing))
+            if json_path:
+                with open(json_path, "w") as f:
+                    json.dump(dict(model=model, batch_per_rank=batch, iterations=iterations, warmup=warmup,
+                                   timing=timing), f, indent=1)
+        return
     click.echo(f"clnet bench {model}: batch {batch}, {iterations} iterations after {warmup} warm-up, on "
                f"{dev.name} ({dev.platform_name}, driver {dev.driver_version})", err=True)
     tuning.allow_less_accurate = less_accurate

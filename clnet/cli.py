@@ -13,7 +13,7 @@ from .checkpoint import CheckpointError, check_checkpoint_fits, load_checkpoint
 from .devices import DeviceNotFound
 from .devices import device as _device
 from .files import write_atomically
-from .train import Diverged, evaluate, fit
+from .train import Diverged, evaluate, fit, mpi_world
 from .tune import tune_first
 
 
@@ -180,7 +180,23 @@ def train_command(model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
     """Train MODEL (lenet, lenet-wide, resnet8) on MNIST or Fashion-MNIST, reporting test accuracy after each epoch.
 
     Ctrl-C finishes the current step, writes a checkpoint and exits; --resume continues it exactly.
+
+    Under `mpiexec -n N` it trains data-parallel, one rank per device: --batch is the global batch (a multiple of N),
+    rank 0 tunes, prints and writes; a failing rank stops them all.
     """
+    world = mpi_world()
+    if world is None:
+        return _train(None, model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name, weight_decay,
+                      device_spec, seed, checkpoint, resume, subset, test_subset, log_path, tune, plot_path)
+    from . import distributed
+    with distributed.stop_all_on_failure():
+        _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name, weight_decay,
+               device_spec, seed, checkpoint, resume, subset, test_subset, log_path, tune, plot_path)
+
+
+def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name, weight_decay, device_spec,
+           seed, checkpoint, resume, subset, test_subset, log_path, tune, plot_path):
+    echo = click.echo if world is None or world.rank == 0 else (lambda *a, **k: None)
     _check_model(model)
     if plot_path:
         _pyplot()
@@ -210,16 +226,29 @@ def train_command(model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
     cfg = {k: (DEFAULTS[k] if v is None and k != "subset" else v) for k, v in given.items()}
     train_data = _load_data(dataset, data_dir, "train", cfg["subset"])
     test_data = _load_data(dataset, data_dir, "test", test_subset)
-    dev = _device_or_fail(device_spec)
+    if world is not None:
+        try:
+            data_mod.check_global_batch(cfg["batch"], world.size)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--batch") from None
+        from . import distributed
+        dev = distributed.device(device_spec)
+    else:
+        dev = _device_or_fail(device_spec)
     rng.manual_seed(cfg["seed"])
     net = models.build(model).to(dev)
+    shape = (cfg["batch"] // (world.size if world else 1),) + tuple(models.MODELS[model]["input_shape"])
+    if world is None:
+        tune_first(net, shape, dev, tune, click.echo)
+    else:  # rank 0 tunes a rank's share, the others wait for its table; then the model is wrapped
+        distributed.tune_on_rank0(lambda: tune_first(net, shape, dev, tune, click.echo), dev)
+        net = distributed.DataParallel(net)
     opt = _optimizer(cfg["optimizer"], net.parameters(), cfg)
-    tune_first(net, (cfg["batch"],) + tuple(models.MODELS[model]["input_shape"]), dev, tune,
-               click.echo)
-    click.echo(f"training {model} on {dataset} ({len(train_data)} training, {len(test_data)} test images) on "
-               f"{dev.name} ({dev.platform_name}): batch {cfg['batch']}, {cfg['optimizer']} lr {cfg['lr']}, "
-               + (f"momentum {cfg['momentum']}, " if cfg["optimizer"] == "sgd" else "")
-               + f"weight decay {cfg['weight_decay']}, seed {cfg['seed']}")
+    echo(f"training {model} on {dataset} ({len(train_data)} training, {len(test_data)} test images) on "
+         f"{dev.name} ({dev.platform_name}): batch {cfg['batch']}, {cfg['optimizer']} lr {cfg['lr']}, "
+         + (f"momentum {cfg['momentum']}, " if cfg["optimizer"] == "sgd" else "")
+         + f"weight decay {cfg['weight_decay']}, seed {cfg['seed']}"
+         + (f"; data-parallel over {world.size} ranks, {cfg['batch'] // world.size} images each" if world else ""))
     try:
         result = fit(net, train_data, test_data, epochs=cfg["epochs"], batch=cfg["batch"], optimizer=opt,
                      device=dev, seed=cfg["seed"], checkpoint=checkpoint, resume=ckpt, log=log_path,
@@ -235,11 +264,14 @@ def train_command(model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
                  ("--plot", plot_path), ("--tune" if tune else "--no-tune", "") if tune is not None else (None, None)]
         extra = "".join(f" {flag}" + (f" {shlex.quote(str(v))}" if v != "" else "") for flag, v in again
                         if flag is not None and v is not None)
-        click.echo(f"stopped at epoch {result['epoch'] + 1}, step {result['step']}; checkpoint written to "
-                   f"{result['checkpoint']}. Continue with: clnet train {model} --resume "
+        echo(f"stopped at epoch {result['epoch'] + 1}, step {result['step']}; checkpoint written to "
+                   f"{result['checkpoint']}. Continue with: {f'mpiexec -n {world.size} ' if world else ''}"
+                   f"clnet train {model} --resume "
                    f"{shlex.quote(result['checkpoint'])}{extra}")
         return
     hist = result["epochs"]
+    if world is not None and world.rank != 0:
+        return
     if plot_path and hist:
         plot_history(plot_path, hist, f"{model} on {dataset}")
     if hist:
