@@ -22,6 +22,8 @@ from .autograd import no_grad
 from .checkpoint import CheckpointError, load_checkpoint, load_into, save_checkpoint
 from .devices import device as _device
 from .files import write_atomically
+from .graph import StepReplayer
+from .tensor import empty, region_alignment
 
 
 def mpi_world():
@@ -43,6 +45,36 @@ def _step_results(loss_fn, n):
     """(summed loss, correct count) of a finished training step of n examples: its one read-back, 8 bytes."""
     loss, correct = loss_fn.metrics.numpy()
     return float(loss) * n, int(correct)
+
+
+class _StepFigures:
+    """Each step's (mean loss, correct count), copied on the device into a ring of READ_EVERY slots and read back a
+    ring at a time: reading every step would make the host wait for each step before it queues the next, so host and
+    device would never overlap. A non-finite loss is still caught, and named by its step, READ_EVERY steps late at
+    most; the loop reads the rest before it saves anything."""
+
+    READ_EVERY = 16
+
+    def __init__(self, dev, count):
+        self.count = count  # count(step, epoch, n, summed loss, correct) for each step read
+        self.stride = max(2, region_alignment(dev) // 4)  # each slot starts where a sub-buffer may
+        self.ring = empty((self.READ_EVERY * self.stride,), dev)
+        self.slots = [self.ring.region(i * self.stride, (2,)) for i in range(self.READ_EVERY)]
+        self.pending = []  # (step, epoch, n) of the slots filled
+
+    def add(self, metrics, at_step, at_epoch, n):
+        self.slots[len(self.pending)].copy_from(metrics)
+        self.pending.append((at_step, at_epoch, n))
+        if len(self.pending) == self.READ_EVERY:
+            self.flush()
+
+    def flush(self):
+        if not self.pending:
+            return
+        values = self.ring.numpy().reshape(self.READ_EVERY, self.stride)
+        pending, self.pending = self.pending, []
+        for (at_step, at_epoch, n), (loss, correct) in zip(pending, values[:, :2]):
+            self.count(at_step, at_epoch, n, float(loss) * n, int(correct))
 
 
 def evaluate(model, dataset, batch=256, device=None):
@@ -124,7 +156,7 @@ def _write_log(path, record):
 
 def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, lr=0.01, momentum=0.9,
         weight_decay=0.0, device=None, seed=0, checkpoint=None, resume=None, max_steps=None, log=None,
-        progress=False, echo=None, model_name=None, config=None, interrupt_checkpoint=None):
+        progress=False, echo=None, model_name=None, config=None, interrupt_checkpoint=None, graphs=True):
     """Train ``model`` with cross-entropy on ``train_data`` for ``epochs`` epochs, on the device.
 
     Parameters
@@ -153,13 +185,18 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
     log : path, optional
         JSON file of the per-epoch figures, rewritten after every epoch.
     progress : bool
-        Show a progress bar per epoch and a line per epoch (through ``echo``, default ``click.echo``).
+        Show a progress bar per epoch and a line per epoch (through ``echo``, default ``click.echo``), and the time
+        the first step took to finish (kernel builds included).
+    graphs : bool
+        Replay the step as a captured `clnet.Graph` from the second step on (the first, and an epoch's smaller last
+        batch, run eagerly): the same results, bit for bit, with a fraction of the host work per step.
 
     Returns
     -------
     dict
         ``epochs`` (per-epoch figures), ``interrupted``, ``stopped`` (max_steps reached), ``global_step``,
-        ``epoch``, ``seconds``, ``checkpoint`` (path written or None) and ``final`` (last test figures or None).
+        ``epoch``, ``seconds``, ``first_step_s`` (from the call to the end of its first step), ``checkpoint``
+        (path written or None) and ``final`` (last test figures or None).
     """
     world = getattr(model, "world", None)  # a clnet.distributed.DataParallel model trains over every rank
     rank, ranks = (world.rank, world.size) if world is not None else (0, 1)
@@ -189,7 +226,7 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
         config = dict(ckpt["config"], **{k: v for k, v in config.items() if k not in ckpt["config"]})
     loss_fn = nn.CrossEntropyLoss()
     steps_per_epoch = -(-len(train_data) // batch)
-    result = dict(epochs=history, interrupted=False, stopped=False, checkpoint=None, final=None)
+    result = dict(epochs=history, interrupted=False, stopped=False, checkpoint=None, final=None, first_step_s=None)
     start = time.perf_counter()
 
     def meta():
@@ -206,6 +243,34 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
         if log is not None:
             _write_log(log, dict(model=name, config=config, epochs=history))
 
+    def train_step(x, y):
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+        return loss_fn.metrics
+
+    # Steps replay one captured graph (the first step runs eagerly; an epoch's smaller last batch too); a
+    # data-parallel step's all-reduce cannot be captured, so those run eagerly.
+    replayer = StepReplayer(train_step, enabled=world is None and graphs)
+
+    def count(at_step, at_epoch, n, s_loss, s_correct):
+        """Add a finished step's figures (summed loss, correct count) to the epoch's."""
+        if not np.isfinite(s_loss):  # stop before any checkpoint holds the non-finite weights
+            lr = getattr(optimizer, "lr", None)
+            raise Diverged(f"training diverged: the loss of step {at_step} (epoch {at_epoch}) is {s_loss / n}; "
+                           "lower the learning rate" + (f" (it is {lr})" if lr is not None else "")
+                           + (f"; the last checkpoint, {result['checkpoint']}, is from before"
+                              if result["checkpoint"] else ""))
+        sums["loss"] += s_loss
+        sums["correct"] += s_correct
+        sums["seen"] += n
+        if bar is not None:
+            elapsed = sums["seconds"] + time.perf_counter() - t_epoch
+            bar.update(1, f"loss {sums['loss'] / sums['seen']:.4f} acc {sums['correct'] / sums['seen']:.4f} "
+                          f"{sums['seen'] / elapsed:.0f} img/s")
+
+    figures = _StepFigures(dev, count)
+    bar = t_epoch = None
     with _StopFlag(echo) as flag:
         while epoch < epochs and not (flag.set or result["stopped"]):
             order = data_mod.epoch_order(len(train_data), config["seed"], epoch)
@@ -223,44 +288,38 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
                 while item is not None:
                     x, y, y_host = item
                     n = min(batch, len(order) - step * batch)  # the global batch; y_host is this rank's share
-                    optimizer.zero_grad()
-                    if world is not None:  # this rank's weight in the sum of gradients: its share of the batch
-                        model.share(len(y_host), n)
-                    if len(y_host):
-                        loss_fn(model(x), y).backward()
-                    else:  # a last batch with fewer examples than ranks leaves this one nothing
-                        model.skip_step()
-                    if world is not None:
+                    if world is None:
+                        figures.add(replayer(x, y), global_step + 1, epoch + 1, n)
+                    else:
+                        optimizer.zero_grad()
+                        model.share(len(y_host), n)  # this rank's weight in the sum of gradients: its share
+                        if len(y_host):
+                            loss_fn(model(x), y).backward()
+                        else:  # a last batch with fewer examples than ranks leaves this one nothing
+                            model.skip_step()
                         model.finish()
-                    optimizer.step()
+                        optimizer.step()
                     last = flag.set or (max_steps is not None and global_step + 1 >= max_steps)
                     # The next batch's upload is queued behind this step before its results are read.
                     item = None if last else next(it, None)
-                    s_loss, s_correct = _step_results(loss_fn, len(y_host)) if len(y_host) else (0.0, 0)
                     if world is not None:  # the global batch's figures; a Ctrl-C on any rank stops them all here
+                        s_loss, s_correct = _step_results(loss_fn, len(y_host)) if len(y_host) else (0.0, 0)
                         s_loss, s_correct, stop = world.allreduce(
                             np.array([s_loss, s_correct, flag.set], np.float64), "the step's figures")
                         s_correct, flag.set = int(s_correct), flag.set or bool(stop)
-                    if not np.isfinite(s_loss):  # stop before any checkpoint holds the non-finite weights
-                        lr = getattr(optimizer, "lr", None)
-                        raise Diverged(f"training diverged: the loss of step {global_step + 1} (epoch {epoch + 1}) is "
-                                       f"{s_loss / n}; lower the learning rate"
-                                       + (f" (it is {lr})" if lr is not None else "")
-                                       + (f"; the last checkpoint, {result['checkpoint']}, is from before"
-                                          if result["checkpoint"] else ""))
+                        count(global_step + 1, epoch + 1, n, s_loss, int(s_correct))
                     step, global_step = step + 1, global_step + 1
-                    sums["loss"] += s_loss
-                    sums["correct"] += s_correct
-                    sums["seen"] += n
-                    if bar is not None:
-                        elapsed = sums["seconds"] + time.perf_counter() - t_epoch
-                        bar.update(1, f"loss {sums['loss'] / sums['seen']:.4f} acc "
-                                      f"{sums['correct'] / sums['seen']:.4f} {sums['seen'] / elapsed:.0f} img/s")
+                    if result["first_step_s"] is None:  # one wait, for the report: builds, tuning, layout
+                        dev.synchronize()
+                        result["first_step_s"] = time.perf_counter() - start
+                        if progress and rank == 0:
+                            echo(f"first step done {result['first_step_s']:.1f} s after the start")
                     if max_steps is not None and global_step >= max_steps:
                         result["stopped"] = True
                     if flag.set or result["stopped"]:
                         break
                 it.close()
+                figures.flush()
             finally:
                 if bar is not None:
                     bar.__exit__(None, None, None)

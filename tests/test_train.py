@@ -189,12 +189,13 @@ def test_lenet_learns_fashion_mnist_subset(dev):
     assert record["train_loss"] < 1.2, record
     assert record["stall_fraction"] == pytest.approx(record["data_wait_s"] / record["seconds"])
     assert record["stall_fraction"] < 0.5  # the loader prepares the next batch while the device computes
-    # per training step: the batch's two uploads and one 8-byte read of (loss, correct); per test batch: the two
-    # uploads, the logits (for the confusion counts) and the loss; nothing else
+    # per training step: the batch's two uploads; per 16 steps one read of their (loss, correct) pairs; per test
+    # batch: the two uploads, the logits (for the confusion counts) and the loss; nothing else
     stats = clnet.transfer_stats()
     eval_batches = -(-1000 // 256)
     assert stats["host_to_device_count"] == 2 * (200 + eval_batches)
-    assert stats["device_to_host_count"] == 200 + 2 * eval_batches
+    assert stats["device_to_host_count"] == -(-200 // train._StepFigures.READ_EVERY) + 2 * eval_batches
+    assert result["first_step_s"] > 0
 
 
 # -- checkpoints ------------------------------------------------------------------------------------------------------
@@ -425,3 +426,33 @@ def test_train_command_stops_on_divergence(dev, tmp_path):
                                                "--lr", "1e9", "--device", str(dev.index), "--no-tune"])
     assert r.exit_code == 1 and "training diverged" in r.output and "lower the learning rate" in r.output, r.output
     assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_fit_replays_its_step_and_matches_eager_training(dev, monkeypatch, opt):
+    """fit captures its step at the second batch and replays it after (the last, smaller batch of each epoch runs
+    eagerly): the same weights, history and loss figures as eager steps, bit for bit, with dropout drawing fresh
+    masks and batch norm counting."""
+    from clnet import graph
+
+    def model():
+        clnet.manual_seed(3)
+        return nn.Sequential(nn.Conv2d(1, 4, 5, stride=3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                             nn.Dropout(0.3), nn.Linear(4 * 8 * 8, 10)).to(dev)
+    replays = []
+    real = graph.Graph.replay
+    monkeypatch.setattr(graph.Graph, "replay", lambda g: (replays.append(1), real(g)))
+    runs = {}
+    for graphs in (False, True):
+        m = model()
+        o = (optim.Adam(m.parameters(), lr=1e-3) if opt == "adam"
+             else optim.SGD(m.parameters(), lr=0.05, momentum=0.9))
+        r = train.fit(m, synthetic(150), synthetic(40, seed=2), epochs=2, batch=16, optimizer=o, device=dev,
+                      graphs=graphs)
+        runs[graphs] = (m.state_dict(), [{k: v for k, v in e.items() if "seconds" not in k and "wait" not in k
+                                          and "per_s" not in k and "stall" not in k} for e in r["epochs"]])
+    assert len(replays) == (9 - 2) + 9  # an epoch: 9 batches of 16 (the first eager, the second captured), 1 of 6
+    (eager_state, eager_hist), (graph_state, graph_hist) = runs[False], runs[True]
+    assert eager_hist == graph_hist
+    for k in eager_state:
+        np.testing.assert_array_equal(np.asarray(eager_state[k]), np.asarray(graph_state[k]), err_msg=k)
