@@ -7,7 +7,7 @@ kernels each launches per step is compared (the import must add none), and each 
 after --warmup, the two interleaved so that a busy machine slows both alike.
 
     python bench/onnx_speed.py --device gpu --models resnet50,googlenet            # the H200 run of the issue
-    python bench/onnx_speed.py --device pocl --models lenet,resnet18 --batch 8 --size 64   # a quick CPU check
+    python bench/onnx_speed.py --device 1 --models lenet,resnet18 --batch 8 --size 64   # a quick CPU check
 """
 import argparse
 import os
@@ -70,7 +70,7 @@ def main():
     ap.add_argument("--device", default="auto")
     ap.add_argument("--models", default="resnet50,googlenet")
     ap.add_argument("--batch", type=int, default=None, help="default: the zoo's batch for each model")
-    ap.add_argument("--size", type=int, default=None, help="image side (the ResNets take any); default the zoo's")
+    ap.add_argument("--size", type=int, default=None, help="image side of the ResNets (they take any); default the zoo's")
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=5)
     args = ap.parse_args()
@@ -82,7 +82,7 @@ def main():
         for name in args.models.split(","):
             entry = models.MODELS[name]
             c, h, w = entry["input_shape"]
-            if args.size:
+            if args.size and name.startswith("resnet"):  # global average pooling: any input size
                 h = w = args.size
             shape = (args.batch or entry["batch"], c, h, w)
             twin, path = export_twin(name, shape, folder)

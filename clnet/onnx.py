@@ -474,7 +474,7 @@ def _d_matmul(m, n, a):
         raise ValueError("MatMul: clnet needs the left operand computed and the right one a weight of the file")
     if _is_host(w):
         w = m.device_constant((n.name, 1), np.ascontiguousarray(w.T))
-    elif not (isinstance(w, Parameter) or w.grad_fn is None) or w.ndim != 2:
+    elif w.grad_fn is not None or w.ndim != 2:
         raise ValueError("MatMul: clnet multiplies by a 2-D weight from the file, not by a computed tensor")
     return [F.linear(x, w)]
 
@@ -536,8 +536,6 @@ def _broadcast(m, n, op, a, b):
         if op == "Mul":
             return ops.Affine.apply(big, alpha=c, beta=0.0)
         return ops.Affine.apply(big, alpha=1.0 / c, beta=0.0)
-    if isinstance(small, Tensor) and small.size == 1 and small.shape == big.shape:
-        return _broadcast(m, n, op, big, small)
     C = _channel_vector(small.shape, big.shape)
     if C is None or (op == "Div" and (swapped or not _is_host(small))):
         raise ValueError(f"{op} of shapes {tuple(a.shape)} and {tuple(b.shape)}: clnet broadcasts a scalar or a "
@@ -1114,7 +1112,7 @@ def _export_record(w, cls, inputs, options, out, batch_names):
         if options["dim"] != 0 and all(w.name(t) in batch_names for t in inputs):
             batch_names.add(out_name)
     elif name == "Sum":
-        total = w.node("ReduceSum", [xn], None if options["scale"] == 1.0 else None, keepdims=0)
+        total = w.node("ReduceSum", [xn], keepdims=0)
         w.node("Mul", [total, w.constant(np.array(options["scale"], np.float32))], result)
     elif name == "Dropout":
         raise ValueError("export: dropout ran although the model was in eval mode")

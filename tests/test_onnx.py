@@ -138,8 +138,8 @@ class Exports:
     def __init__(self, folder):
         self.folder, self.cache = folder, {}
 
-    def get(self, name, training=False, dynamo=False, opset=17):
-        key = (name, training, dynamo) if opset == 17 else (name, training, dynamo, opset)
+    def get(self, name, training=False, dynamo=False, opset=17, folding=True):
+        key = (name, training, dynamo) + ((opset, folding) if (opset, folding) != (17, True) else ())
         if key not in self.cache:
             import torch
             build, shape, classes = NETS[name]
@@ -156,7 +156,7 @@ class Exports:
             model.train(training)
             x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
             path = os.path.join(self.folder, f"{name}-{'train' if training else 'eval'}-"
-                                             f"{'dynamo' if dynamo else 'ts'}-{opset}.onnx")
+                                             f"{'dynamo' if dynamo else 'ts'}-{opset}-{int(folding)}.onnx")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if dynamo:
@@ -164,7 +164,7 @@ class Exports:
                 else:
                     mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
                     torch.onnx.export(model, (torch.from_numpy(x),), path, dynamo=False, training=mode,
-                                      do_constant_folding=not training, opset_version=opset)
+                                      do_constant_folding=folding and not training, opset_version=opset)
             self.cache[key] = dict(path=path, model=model, x=x, classes=classes, reference=None)
         return self.cache[key]
 
@@ -235,18 +235,21 @@ def test_dynamo_export_imports(dev, exports, name):
 def test_batch_norm_fused_at_load_or_kept(dev, exports):
     """An inference-mode BatchNormalization after a Conv folds into it at load (fuse=True), or stays (fuse=False):
     both give ONNX Runtime's output; the unfused module keeps every initializer."""
-    e = exports.get("mobilenet-like", dynamo=False)
+    e = exports.get("mobilenet-like", folding=False)  # PyTorch's exporter then keeps the BatchNormalization nodes
     graph = onnx.load(e["path"]).graph
+    assert sum(n.op_type == "BatchNormalization" for n in graph.node) == 16
     x = clnet.tensor(e["x"], dev)
     reference = exports.reference(e)[0]
+    weights = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and np.prod(t.dims) > 1}
     for fuse in (True, False):
         net = connx.load(e["path"], device=dev, fuse=fuse)
         with clnet.no_grad():
             assert_close(net(x).numpy(), reference, f"fuse={fuse}", tol=1e-5)
-        if not fuse:
-            floats = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and
-                      np.prod(t.dims) > 1}
-            assert floats <= set(net.state_dict())
+        batch_norms = [k for k in net.state_dict() if "running_mean" in k]
+        if fuse:
+            assert not batch_norms and len(net.state_dict()) == 2 * 16 + 2  # a weight and a bias per convolution
+        else:
+            assert weights <= set(net.state_dict()) and len(batch_norms) == 16
 
 
 # ---- import: a training step against PyTorch -----------------------------------------------------------------------
@@ -417,6 +420,22 @@ def test_transpose_and_clip_forms(dev, rng, tmp_path):
             y = net(clnet.tensor(x, dev)).numpy()
         assert y.shape == (batch, 1, 36)
         assert_close(y, connx.onnxruntime_outputs(path, x)[0], f"batch {batch}", tol=1e-6)
+
+
+def test_inputs_and_outputs_in_the_files_order(dev, rng, tmp_path):
+    """A graph of two inputs and two outputs takes and returns them in the file's order."""
+    h = onnx.helper
+    nodes = [h.make_node("Sub", ["b", "a"], ["d"]), h.make_node("Concat", ["a", "d"], ["c"], axis=1),
+             h.make_node("Relu", ["d"], ["r"])]
+    path = helper_model(str(tmp_path / "two.onnx"), nodes, [("a", (2, 3)), ("b", (2, 3))],
+                        [("r", (2, 3)), ("c", (2, 6))], {})
+    net = connx.load(path, device=dev)
+    a, b = rng.standard_normal((2, 2, 3)).astype(np.float32)
+    r, c = net(clnet.tensor(a, dev), clnet.tensor(b, dev))
+    np.testing.assert_allclose(r.numpy(), np.maximum(b - a, 0), atol=1e-6)
+    np.testing.assert_allclose(c.numpy(), np.concatenate([a, b - a], 1), atol=1e-6)
+    with pytest.raises(TypeError, match="takes 2 inputs"):
+        net(clnet.tensor(a, dev))
 
 
 # ---- export --------------------------------------------------------------------------------------------------------
