@@ -522,6 +522,11 @@ def profile_rows(modules, cl_res):
 AGREEMENT_TOLERANCE = 1e-3
 
 
+def out_of_memory_message(model, batch, e):
+    fits = e.fitting_batch(batch)
+    return f"{model} at --batch {batch}: {e}" + (f"; at most about --batch {fits} should fit" if fits else "")
+
+
 @click.command()
 @click.argument("model", required=False)
 @click.option("--device", "device_spec", default="auto", show_default=True, help="auto, gpu, cpu, an index or a name")
@@ -593,8 +598,10 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
     in_shape = (batch,) + tuple(entry["input_shape"])
     try:
         modules = describe(net, in_shape, dev)
-    except (ValueError, MemoryError) as e:  # a batch too large for the device or for 32-bit indexing
-        raise click.ClickException(f"{model} at batch {batch}: {e}") from None
+    except kernels.OutOfMemory as e:
+        raise click.ClickException(out_of_memory_message(model, batch, e)) from None
+    except ValueError as e:  # a batch too large for 32-bit indexing
+        raise click.ClickException(f"{model} at --batch {batch}: {e}") from None
     data_rng = np.random.default_rng(seed)
     x = data_rng.standard_normal(in_shape).astype(np.float32)
     classes = modules[0]["output"][1]  # the model's own output (the root is called first)
@@ -618,7 +625,10 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
     tune_report = tune_first(net, in_shape, dev, tune, lambda line: click.echo(line, err=True),
                              progress=lambda line: click.echo("tune " + line, err=True))
     builds = kernels.build_count
-    cl_res = run_clnet(net, dev, x, labels, iterations, warmup, forward_only, progress=True, started=started)
+    try:
+        cl_res = run_clnet(net, dev, x, labels, iterations, warmup, forward_only, progress=True, started=started)
+    except kernels.OutOfMemory as e:
+        raise click.ClickException(out_of_memory_message(model, batch, e)) from None
     layers = profile_rows(modules, cl_res)
     result = dict(
         model=model, batch=batch, iterations=iterations, warmup=warmup, forward_only=forward_only,

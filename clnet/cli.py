@@ -8,9 +8,10 @@ import click
 from . import data as data_mod
 from . import devices as device_mod
 from . import models, optim, rng
-from .bench import bench
+from .bench import bench, out_of_memory_message
 from .checkpoint import CheckpointError, check_checkpoint_fits, load_checkpoint
 from .devices import DeviceNotFound
+from .kernels import OutOfMemory
 from .devices import device as _device
 from .files import write_atomically
 from .train import Diverged, evaluate, fit, mpi_world
@@ -257,6 +258,8 @@ def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
                                  weight_decay=cfg["weight_decay"], subset=cfg["subset"], optimizer=cfg["optimizer"]))
     except (CheckpointError, Diverged) as e:
         raise click.ClickException(str(e)) from e
+    except OutOfMemory as e:
+        raise click.ClickException(out_of_memory_message(model, cfg["batch"], e)) from None
     if result["interrupted"]:
         # what the checkpoint does not hold travels on the command line, so the command continues this very run
         again = [("--epochs", cfg["epochs"]), ("--test-subset", test_subset), ("--data-dir", data_dir),

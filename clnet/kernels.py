@@ -29,7 +29,21 @@ class KernelError(RuntimeError):
 
 
 class OutOfMemory(MemoryError):
-    """The device has no memory left for a tensor or a launch, even after the pool released its cached buffers."""
+    """The device has no memory left for a tensor or a launch, even after the pool released its cached buffers.
+    `fitting_batch(batch)` estimates the largest batch that would fit, from what clnet held when it ran out."""
+
+    def __init__(self, message, dev=None, wanted=0):
+        super().__init__(message)
+        from .tensor import pool
+        self.device_bytes = dev.global_mem_size if dev is not None else None
+        self.held_bytes = (pool(dev).allocated_bytes + wanted) if dev is not None else None
+
+    def fitting_batch(self, batch):
+        """At most this batch should fit: memory grows with the batch, and at the failure clnet held held_bytes (a
+        lower bound of what the batch needs) of the device's device_bytes. None when nothing is known."""
+        if not self.device_bytes or not self.held_bytes:
+            return None
+        return max(1, min(batch - 1, int(batch * 0.9 * self.device_bytes / self.held_bytes)))
 
 
 _ALLOCATION_FAILURES = (cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE, cl.status_code.OUT_OF_RESOURCES,
@@ -323,7 +337,7 @@ def launch(dev, k, global_size, local_size, *args, what=""):
     except cl.Error as e:
         if getattr(e, "code", None) in _ALLOCATION_FAILURES:
             raise OutOfMemory(f"clnet: out of memory on {dev.name} while running {what or k.name} (global size "
-                              f"{global_size}; {memory_note(dev)}): use a smaller batch") from e
+                              f"{global_size}; {memory_note(dev)}): use a smaller batch", dev) from e
         raise KernelError(f"clnet: {what or k.name} could not run on {dev.name} (global size "
                           f"{global_size}, work-group {local_size}): {e}. This is a clnet bug; please report it "
                           "with the layer and input shape.") from e

@@ -56,7 +56,7 @@ class BufferPool:
         limit = self.max_alloc
         if size > limit:
             raise kernels.OutOfMemory(f"clnet: {size / 2**20:.1f} MiB is more than {self.device.name} allocates at "
-                                      f"once ({limit / 2**20:.0f} MiB): use a smaller batch")
+                                      f"once ({limit / 2**20:.0f} MiB): use a smaller batch", self.device, size)
         try:
             buf = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size)
         except cl.Error:
@@ -65,7 +65,8 @@ class BufferPool:
                 buf = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size)
             except cl.Error as e:
                 raise kernels.OutOfMemory(f"clnet: cannot allocate {size / 2**20:.1f} MiB ("
-                                          f"{kernels.memory_note(self.device)}): use a smaller batch") from e
+                                          f"{kernels.memory_note(self.device)}): use a smaller batch", self.device,
+                                          size) from e
         self.allocated_bytes += size
         self.created += 1
         return buf, self.created, size
@@ -172,7 +173,8 @@ class Tensor:
             try:
                 _storage = _Storage(self.device, self.nbytes)
             except kernels.OutOfMemory as e:
-                raise kernels.OutOfMemory(f"{e} (a tensor of shape {self.shape})") from None
+                e.args = (f"{e} (a tensor of shape {self.shape})",)
+                raise
         self.storage = _storage
 
     @property

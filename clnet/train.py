@@ -236,7 +236,13 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
     def save(path=checkpoint):
         if path is not None:
             if rank == 0:
-                save_checkpoint(path, model, optimizer, meta())
+                try:
+                    save_checkpoint(path, model, optimizer, meta())
+                except OSError as e:  # a full disk, a folder that went away: the last checkpoint stays whole
+                    raise CheckpointError(
+                        f"cannot write the checkpoint {path} ({e.strerror or e}); "
+                        + ("the previous one there is intact" if os.path.exists(path) else "nothing was written")
+                        + ": free some space or pass another --checkpoint") from e
             result["checkpoint"] = os.fspath(path)
 
     def log_now():

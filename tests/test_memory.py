@@ -104,3 +104,23 @@ def test_build_chatter_stays_out_of_stderr_unless_verbose(dev, capfd, monkeypatc
     with pytest.raises(kernels.KernelError):
         kernels.program(dev, "elementwise.cl", dict(UNUSED_DEFINE=2))
     assert "1 warning generated." in capfd.readouterr().err
+
+
+def test_clnet_bench_out_of_memory_is_one_line_with_a_batch_that_fits(dev, monkeypatch):
+    from click.testing import CliRunner
+    from clnet import cli
+    monkeypatch.setattr(cl, "enqueue_nd_range_kernel", FailingEnqueue(failures=10**9))
+    r = CliRunner().invoke(cli.main, ["bench", "lenet", "--device", str(dev.index), "--batch", "8",
+                                      "--iterations", "1", "--warmup", "1"])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    line, = [s for s in r.output.splitlines() if s.startswith("Error:")]
+    assert "lenet at --batch 8: clnet: out of memory on" in line and "should fit" in line, line
+
+
+def test_fitting_batch_scales_with_the_memory_held():
+    e = clnet.OutOfMemory("x")
+    e.device_bytes, e.held_bytes = 1000, 4000  # at batch 64 clnet held 4x the device's memory when it failed
+    assert e.fitting_batch(64) == 14
+    e.held_bytes = 990  # failed just short of the limit: one image less at most
+    assert e.fitting_batch(64) == 58
+    assert clnet.OutOfMemory("no device").fitting_batch(64) is None
