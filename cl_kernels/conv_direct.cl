@@ -122,21 +122,21 @@ __kernel void conv2d_fwd_direct(__global const float* restrict x, __global const
 // one by one through these macros, never through a pointer to a vector: taking its address would keep the
 // accumulators in memory.
 #if OB == 2
-#define VEC float2
+#define OVEC float2
 #define LOADV(p) ((float2)((p)[0], (p)[1]))
 #define CHANNELS(F, o, v, n) do { F(o, v, n, 0, s0); F(o, v, n, 1, s1); } while (0)
 #elif OB == 4
-#define VEC float4
+#define OVEC float4
 #define LOADV(p) ((float4)((p)[0], (p)[1], (p)[2], (p)[3]))
 #define CHANNELS(F, o, v, n) do { F(o, v, n, 0, s0); F(o, v, n, 1, s1); F(o, v, n, 2, s2); F(o, v, n, 3, s3); } \
     while (0)
 #elif OB == 8
-#define VEC float8
+#define OVEC float8
 #define LOADV(p) ((float8)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7]))
 #define CHANNELS(F, o, v, n) do { F(o, v, n, 0, s0); F(o, v, n, 1, s1); F(o, v, n, 2, s2); F(o, v, n, 3, s3); \
     F(o, v, n, 4, s4); F(o, v, n, 5, s5); F(o, v, n, 6, s6); F(o, v, n, 7, s7); } while (0)
 #elif OB == 16
-#define VEC float16
+#define OVEC float16
 #define LOADV(p) ((float16)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7], (p)[8], (p)[9], \
     (p)[10], (p)[11], (p)[12], (p)[13], (p)[14], (p)[15]))
 #define CHANNELS(F, o, v, n) do { F(o, v, n, 0, s0); F(o, v, n, 1, s1); F(o, v, n, 2, s2); F(o, v, n, 3, s3); \
@@ -169,7 +169,7 @@ __kernel void conv2d_fwd_direct_rows(__global const float* restrict x, __global 
     __global const float* wb = wp + (long)blk * ckk * OB;
     __global const float* xn = x + ((long)n * C + c0) * H * W;
     __global float* out = y + (((long)n * O + o0) * OH + oy) * OW;
-    VEC b0 = (VEC)(0.0f);
+    OVEC b0 = (OVEC)(0.0f);
 #if BIAS
     CHANNELS(BIAS_CHANNEL, bias + o0, b0, nb);
 #endif
@@ -182,7 +182,7 @@ __kernel void conv2d_fwd_direct_rows(__global const float* restrict x, __global 
     for (int ox0 = 0; ox0 < OW; ox0 += PX) {
         const bool inside = ox0 >= ox_lo && ox0 < ox_hi;
         const int ix0 = ox0 * SW - PW;
-        VEC acc[PX];
+        OVEC acc[PX];
 #pragma unroll
         for (int l = 0; l < PX; l++) acc[l] = b0;
         __global const float* wt = wb;
@@ -198,13 +198,13 @@ __kernel void conv2d_fwd_direct_rows(__global const float* restrict x, __global 
                 if (inside) {
                     __global const float* r = row + ix0;
                     for (int kx = 0; kx < KW; kx++, wt += OB, r += DW) {
-                        const VEC wv = LOADV(wt);
+                        const OVEC wv = LOADV(wt);
 #pragma unroll
                         for (int l = 0; l < PX; l++) acc[l] += wv * r[l * SW];
                     }
                 } else {
                     for (int kx = 0; kx < KW; kx++, wt += OB) {
-                        const VEC wv = LOADV(wt);
+                        const OVEC wv = LOADV(wt);
                         const int ix = ix0 + kx * DW;
 #pragma unroll
                         for (int l = 0; l < PX; l++) {
@@ -220,7 +220,7 @@ __kernel void conv2d_fwd_direct_rows(__global const float* restrict x, __global 
         for (int l = 0; l < PX; l++) {
             if (l >= count) break;
 #if RELU
-            acc[l] = acc[l] > (VEC)(0.0f) ? acc[l] : (VEC)(0.0f);
+            acc[l] = acc[l] > (OVEC)(0.0f) ? acc[l] : (OVEC)(0.0f);
 #endif
             CHANNELS(STORE_CHANNEL, out + ox0 + l, acc[l], nb);
         }

@@ -45,21 +45,26 @@ class Graph:
         self._taken = []  # (pool, creation number, buffer, size): freed during capture, out of the pool until we go
         self.launches = 0
         self.captured = False
+        self.failed = False  # its capture raised: nothing to replay
 
     # -- capture ---------------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def capture(self):
         """Run the block once, recording what a replay repeats."""
-        if self.captured:
+        if self.captured or self.failed:
             raise CaptureError("this Graph was captured already; make a new clnet.Graph() for another step")
         if kernels.capturing is not None:
             raise CaptureError("a Graph is being captured already; captures do not nest")
         kernels.capturing = self
         try:
             yield self
-        finally:
+        except BaseException:  # a half-recorded step must never replay: forget it, hold nothing
             kernels.capturing = None
-            self._seal()
+            self._items, self._seen, self._regions, self.launches = [], {}, [], 0
+            self.failed = True
+            raise
+        kernels.capturing = None
+        self._seal()
 
     def _note(self, storage):
         buf = storage.buffer
@@ -71,6 +76,10 @@ class Graph:
             self._seen[id(buf)] = (buf, storage.pool, [weakref.ref(storage)])
         elif not any(r() is storage for r in entry[2]):
             entry[2].append(weakref.ref(storage))
+
+    def uses(self, buf):
+        """Whether a recorded launch touches this buffer."""
+        return id(buf) in self._seen
 
     def record_launch(self, dev, k, args, global_size, local_size):
         for a in args:
@@ -118,7 +127,11 @@ class Graph:
     def replay(self):
         """Enqueue the recorded step again (returns at once; the queue runs it)."""
         if not self.captured:
-            raise CaptureError("replay() before capture(): record the step first with `with graph.capture():`")
+            raise CaptureError("replay() of a graph whose capture raised: capture the step again in a new Graph"
+                               if self.failed else
+                               "replay() before capture(): record the step first with `with graph.capture():`")
+        if kernels.capturing is not None:
+            raise CaptureError("replay() inside another Graph's capture: graphs do not nest")
         enqueue = cl.enqueue_nd_range_kernel
         queue = self._queue
         for item in self._items:
@@ -147,31 +160,32 @@ def refuse_in_capture(what):
 
 
 class StepReplayer:
-    """Runs a training step through a graph: `replayer(x, y)` runs `step(x, y)` eagerly the first time (kernel builds,
-    the optimizer's layout), captures it the second time into input tensors of its own, and from then on copies the
-    batch into those and replays. Only the first batch shape gets a graph (an epoch's last, smaller batch runs eagerly:
-    a second graph would hold a second step's memory for one step an epoch). Returns what the step returned; for a
-    replayed step, the capture's outputs, which the replay has overwritten."""
+    """Runs a training step through a graph: `replayer(x, y)` runs `step(x, y)` eagerly until a batch shape comes twice
+    in a row (the first step builds kernels and lays out the optimizer), captures that second step into input tensors
+    of its own, and from then on copies each batch of that shape into those and replays. One graph only: another
+    shape (an epoch's last, smaller batch) runs eagerly, since a second graph would hold a second step's memory for one
+    step an epoch. Returns what the step returned; for a replayed step, the capture's outputs, which the replay has
+    overwritten."""
 
     def __init__(self, step, enabled=True):
         self.step = step
         self.enabled = enabled
-        self.key = None  # the batch shape that gets the graph
+        self.previous = None  # the last call's batch shape: a shape seen twice in a row gets the graph
+        self.key = None  # the batch shape that has the graph
         self.graph = None  # (graph, static x, static y, outputs)
 
     def __call__(self, x, y):
-        key = (x.shape, y.shape)
-        if self.key is None:
-            self.key = key
-            return self.step(x, y)
-        if key != self.key or not self.enabled:
-            return self.step(x, y)
-        if self.graph is not None:
+        key, previous = (x.shape, y.shape), self.previous
+        self.previous = key
+        if self.graph is not None and key == self.key:
             graph, sx, sy, out = self.graph
             sx.copy_from(x)
             sy.copy_from(y)
             graph.replay()
             return out
+        if not self.enabled or self.graph is not None or key != previous:
+            return self.step(x, y)
+        self.key = key
         from .tensor import empty
         sx, sy = empty(x.shape, x.device, x.dtype).copy_from(x), empty(y.shape, y.device, y.dtype).copy_from(y)
         sy.value_range = y.value_range  # labels are checked at capture; a replay's come from the same data set

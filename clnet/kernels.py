@@ -272,7 +272,8 @@ def _arg(a):
 
 def _key_arg(a):
     """What identifies an argument's bits: a tensor's buffer; a float's exact bits (0.0 and -0.0 differ, and 2.0
-    must not find a clone made for the integer 2); anything else by type and value."""
+    must not find a clone made for the integer 2); a Live argument only by its place (its value is set at each
+    enqueue); anything else by type and value."""
     storage = getattr(a, "storage", None)
     if storage is not None:
         return storage.buffer
@@ -280,16 +281,20 @@ def _key_arg(a):
         return a.hex()
     if type(a) is int:
         return a
+    if type(a) is Live:
+        return Live
     return (type(a), a)
 
 
-def _arg_of_key(a):
-    return float.fromhex(a) if type(a) is str else (a[1] if type(a) is tuple else a)
+def _cl_value(a):
+    """The value clSetKernelArg gets for a launch argument."""
+    storage = getattr(a, "storage", None)
+    return storage.buffer if storage is not None else _arg(a)
 
 
 def _with_args(k, args):
-    """(clone of k whose arguments are args, its Live arguments as (index, Live)): set now unless a clone already
-    holds them; the Live ones are set at each enqueue."""
+    """(clone of k whose arguments are args, the indices of its Live arguments): set now unless a clone already
+    holds them; the Live ones are set at each enqueue, from that launch's arguments."""
     key = tuple(a if type(a) is int else _key_arg(a) for a in args)  # most arguments are sizes
     clones = k.clones
     entry = clones.get(key)
@@ -297,16 +302,15 @@ def _with_args(k, args):
         clones.move_to_end(key)
         return entry
     clone = clones.popitem(last=False)[1][0] if len(clones) >= CLONES_PER_KERNEL else cl.Kernel(k.program, k.name)
-    values = [_arg_of_key(a) for a in key]
-    clone.set_args(*map(_arg, values))
-    entry = clones[key] = (clone, tuple((i, v) for i, v in enumerate(values) if type(v) is Live))
+    clone.set_args(*map(_cl_value, args))
+    entry = clones[key] = (clone, tuple(i for i, a in enumerate(key) if a is Live))
     return entry
 
 
 def own_clone(k, args):
     """A clone of k with args set that no launch cache shares (a captured graph's)."""
     clone = cl.Kernel(k.program, k.name)
-    clone.set_args(*[_arg(a if type(a) is int else _arg_of_key(_key_arg(a))) for a in args])
+    clone.set_args(*map(_cl_value, args))
     return clone
 
 
@@ -319,8 +323,8 @@ def launch(dev, k, global_size, local_size, *args, what=""):
         return None
     try:
         clone, live = _with_args(k, args)
-        for i, box in live:
-            clone.set_arg(i, box.value)
+        for i in live:
+            clone.set_arg(i, args[i].value)
         try:
             ev = cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
         except cl.Error as e:
@@ -331,8 +335,8 @@ def launch(dev, k, global_size, local_size, *args, what=""):
             from .tensor import pool
             pool(dev).release_cached()
             clone, live = _with_args(k, args)
-            for i, box in live:
-                clone.set_arg(i, box.value)
+            for i in live:
+                clone.set_arg(i, args[i].value)
             ev = cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
     except cl.Error as e:
         if getattr(e, "code", None) in _ALLOCATION_FAILURES:

@@ -10,6 +10,7 @@ the cost of an update. The parameters keep their identity; only their memory mov
 import numpy as np
 
 from . import kernels, ops
+from .graph import CaptureError
 from .tensor import Parameter, Tensor, region_alignment
 
 
@@ -63,6 +64,10 @@ class Optimizer:
         if any(p.device is not dev for p in self.params):
             raise RuntimeError(f"{type(self).__name__}: the parameters are on different devices; move the whole "
                                "model with .to(device)")
+        if kernels.capturing is not None and kernels.capturing.launches:
+            raise CaptureError(f"{type(self).__name__} lays out its parameters at its first zero_grad() or step(); "
+                               "inside a capture that has already recorded launches on the old layout, a replay "
+                               "would train stale copies: run one step (or call zero_grad()) before capturing")
         with kernels.set_up():  # a capture in progress keeps the new layout, not the copies into it
             step = region_alignment(dev) // 4
             offsets, total = [], 0

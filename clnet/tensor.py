@@ -89,11 +89,18 @@ class BufferPool:
 
     def release_cached(self):
         kernels.forget_arguments()  # kept argument sets may name these buffers
-        for bucket in self.free.values():
-            for _, buf in bucket:
-                self.allocated_bytes -= buf.size
-                buf.release()
-        self.free.clear()
+        graph = kernels.capturing  # a capture in progress keeps the free buffers its launches used
+        kept = {}
+        for size, bucket in self.free.items():
+            for number, buf in bucket:
+                if graph is not None and graph.uses(buf):
+                    kept.setdefault(size, []).append((number, buf))
+                else:
+                    self.allocated_bytes -= buf.size
+                    buf.release()
+        for bucket in kept.values():
+            heapq.heapify(bucket)
+        self.free = kept
 
 
 _pools = {}

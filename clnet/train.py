@@ -255,9 +255,12 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
         optimizer.step()
         return loss_fn.metrics
 
-    # Steps replay one captured graph (the first step runs eagerly; an epoch's smaller last batch too); a
-    # data-parallel step's all-reduce cannot be captured, so those run eagerly.
-    replayer = StepReplayer(train_step, enabled=world is None and graphs)
+    # Steps replay one captured graph (the first step runs eagerly; an epoch's smaller last batch too). A replay
+    # repeats launches and clnet's own per-step host work only, so steps with host work of someone else's run
+    # eagerly: a data-parallel step's all-reduce, an optimizer class of the user's, a module hook.
+    replayer = StepReplayer(train_step, enabled=graphs and world is None
+                            and type(optimizer) in (optim.SGD, optim.Adam, optim.AdamW)
+                            and not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()))
 
     def count(at_step, at_epoch, n, s_loss, s_correct):
         """Add a finished step's figures (summed loss, correct count) to the epoch's."""

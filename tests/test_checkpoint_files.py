@@ -80,32 +80,3 @@ def test_commands_explain_files_that_are_not_checkpoints(tmp_path, good_checkpoi
         assert r.output.startswith("Error: ") and r.output.count("\n") == 1, (name, r.output)
         _clean(r.output, path, words)
 
-
-def test_a_full_disk_leaves_the_last_checkpoint_whole(tmp_path, monkeypatch):
-    """The second epoch's checkpoint write fails as on a full disk: fit stops with a clear error, the first epoch's
-    checkpoint is still there and loads, and no temporary file is left behind."""
-    import errno
-
-    import numpy as np
-
-    import clnet
-    from clnet import data, files, nn, train
-    clnet.manual_seed(0)
-    r = np.random.default_rng(0)
-    images, labels = r.integers(0, 255, (40, 28, 28)).astype(np.uint8), r.integers(0, 10, 40).astype(np.uint8)
-    ds = data.Dataset(images, labels, "random", 0.2, 0.3)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 10))
-    path = tmp_path / "run.ckpt"
-    real, calls = files.os.fsync, []
-
-    def fsync(fd):
-        calls.append(fd)
-        if len(calls) == 2:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd)
-    monkeypatch.setattr(files.os, "fsync", fsync)
-    with pytest.raises(CheckpointError, match=r"cannot write the checkpoint .*No space left on device.*previous one "
-                                              r"there is intact"):
-        train.fit(model, ds, epochs=2, batch=8, device="pthread", checkpoint=path)
-    assert load_checkpoint(path)["epoch"] == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.ckpt"]

@@ -218,3 +218,85 @@ def test_what_a_replay_cannot_repeat_is_refused(dev):
     with pytest.raises(clnet.CaptureError, match="captured already"):
         with g3.capture():
             pass
+
+
+def test_a_capture_that_would_record_the_optimizers_first_layout_is_refused(dev, rng):
+    """PyTorch's order (forward, backward, step, zero_grad) on a fresh optimizer lays the parameters out after
+    launches that read the old layout: a replay would train stale copies, so the capture says what to do."""
+    model = small_net(dev, 0)
+    opt, loss_fn = make_optimizer("sgd", model), nn.CrossEntropyLoss()
+    (xb, yb), = batches(rng, 1, 3)
+    x, y = clnet.tensor(xb, dev), clnet.tensor(yb, dev)
+    g = clnet.Graph()
+    with pytest.raises(clnet.CaptureError, match="run one step \\(or call zero_grad\\(\\)\\) before capturing"):
+        with g.capture():
+            loss_fn(model(x), y).backward()
+            opt.step()
+    with pytest.raises(clnet.CaptureError, match="capture raised"):
+        g.replay()
+    assert kernels.capturing is None
+
+
+def test_an_exception_inside_capture_leaves_nothing_to_replay(dev):
+    x = clnet.tensor(np.ones((2, 3), np.float32), dev)
+    g = clnet.Graph()
+    with pytest.raises(KeyboardInterrupt):
+        with g.capture():
+            x * 2.0
+            raise KeyboardInterrupt
+    assert kernels.capturing is None and g.launches == 0
+    with pytest.raises(clnet.CaptureError, match="capture raised"):
+        g.replay()
+
+
+def test_out_of_memory_retry_inside_a_capture_keeps_the_graphs_buffers(dev, rng, monkeypatch):
+    """A launch that fails to allocate frees the pool's cached buffers, except those the capture already used."""
+    import pyopencl as cl
+    from test_memory import FailingEnqueue
+    seed = int(rng.integers(0, 2**31))
+    data = batches(rng, 4, 4)
+    expected = run_eager(dev, seed, "sgd", data)
+    model = small_net(dev, seed)
+    opt, loss_fn = make_optimizer("sgd", model), nn.CrossEntropyLoss()
+    x, y = clnet.tensor(data[0][0], dev), clnet.tensor(data[0][1], dev)
+    opt.zero_grad()
+    g = clnet.Graph()
+    with g.capture():
+        opt.zero_grad()
+        out = model(x)
+        monkeypatch.setattr(cl, "enqueue_nd_range_kernel", FailingEnqueue(failures=1))  # the next launch retries
+        loss = loss_fn(out, y)
+        monkeypatch.undo()
+        loss.backward()
+        opt.step()
+    losses = [float(loss)]
+    for xb, yb in data[1:]:
+        x.write(xb)
+        y.write(yb)
+        g.replay()
+        losses.append(float(loss))
+    assert_same(expected, state(model, losses))
+
+
+def test_eager_dropout_keeps_one_argument_set(dev):
+    """A Live argument keys the kept argument sets by its place, not its identity: a fresh seed per call must not
+    make a new kernel clone per call."""
+    x = clnet.tensor(np.ones((5, 7), np.float32), dev)
+    for _ in range(20):
+        nn.functional.dropout(x, 0.5)
+    k = kernels.kernel(dev, "elementwise.cl", "dropout_fwd")
+    assert len(k.clones) <= 2
+
+
+def test_the_replayer_captures_the_shape_that_repeats(dev, rng):
+    """Resumed at an epoch's last, smaller batch, fit's replayer still captures the full batches that follow."""
+    from clnet.graph import StepReplayer
+    calls = []
+
+    def step(x, y):
+        calls.append((x.shape, kernels.capturing is not None))
+        return ops.fill(ops.empty(x.shape, dev), 1.0)
+    r = StepReplayer(step)
+    for n in (3, 5, 5, 5, 5, 3):
+        r(clnet.tensor(np.zeros((n, 2), np.float32), dev), clnet.tensor(np.zeros(n, np.int32), dev))
+    assert calls == [((3, 2), False), ((5, 2), False), ((5, 2), True), ((3, 2), False)]

@@ -283,10 +283,12 @@ class BatchNorm2d(Module):
         try:
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                                 self.training or self.running_mean is None, momentum, self.eps)
-        except ValueError as e:
+        except BaseException as e:  # a batch that did not run is not counted
             if counting:
                 self.num_batches_tracked._host -= 1
-            raise ValueError(str(e).replace("batch_norm", repr(self), 1)) from None
+            if isinstance(e, ValueError):
+                raise ValueError(str(e).replace("batch_norm", repr(self), 1)) from None
+            raise
 
 
 class LocalResponseNorm(Module):
