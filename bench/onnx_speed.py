@@ -70,7 +70,8 @@ def main():
     ap.add_argument("--device", default="auto")
     ap.add_argument("--models", default="resnet50,googlenet")
     ap.add_argument("--batch", type=int, default=None, help="default: the zoo's batch for each model")
-    ap.add_argument("--size", type=int, default=None, help="image side of the ResNets (they take any); default the zoo's")
+    ap.add_argument("--size", type=int, default=None,
+                    help="image side of the ResNets (they take any); default the zoo's")
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=5)
     args = ap.parse_args()
