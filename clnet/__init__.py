@@ -10,9 +10,10 @@ from .ops import cat  # noqa: E402
 from . import data, nn, optim  # noqa: E402
 from .train import evaluate, fit  # noqa: E402
 from .tune import autotune  # noqa: E402
+from . import onnx  # noqa: E402  (clnet.onnx; the onnx package itself is imported only when a file is read or written)
 
 from .version import __version__
 
-__all__ = ["CaptureError", "Device", "DeviceNotFound", "Graph", "OutOfMemory", "Parameter", "Tensor", "autotune", "cat", "data", "device", "evaluate", "fit",
-           "is_grad_enabled", "list_devices", "manual_seed", "nn", "no_grad", "optim", "reset_transfer_stats",
-           "tensor", "transfer_stats", "__version__"]
+__all__ = ["CaptureError", "Device", "DeviceNotFound", "Graph", "OutOfMemory", "Parameter", "Tensor", "autotune",
+           "cat", "data", "device", "evaluate", "fit", "is_grad_enabled", "list_devices", "manual_seed", "nn",
+           "no_grad", "onnx", "optim", "reset_transfer_stats", "tensor", "transfer_stats", "__version__"]

@@ -156,17 +156,23 @@ def _used(fn, uses):
 
 
 def _topological(root_fn):
-    """Recorded ops reachable from root_fn, every op before the ops that produced its inputs."""
-    order, seen, stack = [], {id(root_fn)}, [(root_fn, False)]
+    """Recorded ops reachable from root_fn, every op before the ops that produced its inputs.
+
+    Depth-first post-order, an op marked when it is expanded, not when it is first pushed: marked on push, an op
+    reached first from a direct edge and again through a longer path (x + f(x), with x the first operand) was
+    finished before the ops on the longer path, so its backward ran before f's gradient reached it."""
+    order, done, stack = [], set(), [(root_fn, False)]
     while stack:
         fn, expanded = stack.pop()
         if expanded:
             order.append(fn)
             continue
+        if id(fn) in done:
+            continue
+        done.add(id(fn))
         stack.append((fn, True))
         for child in fn.inputs or ():
-            if isinstance(child, Function) and id(child) not in seen:
-                seen.add(id(child))
+            if isinstance(child, Function) and id(child) not in done:
                 stack.append((child, False))
     order.reverse()
     return order

@@ -563,8 +563,10 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
         if model is None and not list_models:
             raise click.UsageError("name a MODEL (see --list)")
         return
-    if model not in models.MODELS:
-        raise click.BadParameter(f"unknown model {model!r}; known: {', '.join(models.MODELS)}", param_hint="MODEL")
+    onnx_file = model.lower().endswith(".onnx")
+    if not onnx_file and model not in models.MODELS:
+        raise click.BadParameter(f"unknown model {model!r}; known: {', '.join(models.MODELS)} or a file.onnx",
+                                 param_hint="MODEL")
     tdev = None
     if compare:
         try:
@@ -591,11 +593,20 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
             dev = get_device(device_spec)
     except DeviceNotFound as e:
         raise click.ClickException(str(e))
-    entry = models.MODELS[model]
-    batch = batch or entry["batch"]
     rng.manual_seed(seed)
-    net = models.build(model)
-    in_shape = (batch,) + tuple(entry["input_shape"])
+    zoo_name = model
+    if onnx_file:  # the file's network and input shape; a zoo name where PyTorch can rebuild it (for --compare)
+        from . import onnx as onnx_mod
+        try:
+            net, in_shape, zoo_name = onnx_mod.bench_setup(model, batch)
+        except (onnx_mod.OnnxImportError, ImportError, FileNotFoundError) as e:
+            raise click.ClickException(str(e)) from None
+        batch = in_shape[0]
+    else:
+        entry = models.MODELS[model]
+        batch = batch or entry["batch"]
+        net = models.build(model)
+        in_shape = (batch,) + tuple(entry["input_shape"])
     try:
         modules = describe(net, in_shape, dev)
     except kernels.OutOfMemory as e:
@@ -657,12 +668,28 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
         "unattributed": sum(v for (where, _), v in cl_res["layer_ms"].items()
                             if where not in described and where not in (LOSS, UPDATE)) or None}
     status = 0
+    if compare and onnx_file:
+        fresh = onnx_mod.load(model, device=dev)
+        result["onnxruntime_error"] = err = onnx_mod.onnxruntime_agreement(model, fresh, x)
+        click.echo(f"agreement with ONNX Runtime (CPU) on the output: largest relative error {err:.2e}, tolerance "
+                   f"{AGREEMENT_TOLERANCE:.0e}", err=True)
+        status = int(err > AGREEMENT_TOLERANCE)
+        if zoo_name is None:
+            click.echo(f"{model}: PyTorch cannot rebuild this network (its weights match no zoo model): clnet "
+                       "alone is timed", err=True)
+            compare = None
     if compare:
         import torch
         # Agreement on fresh weights: both engines start from one new state, untouched by the timed steps above.
         rng.manual_seed(seed + 1)
-        fresh = models.build(model).to(dev)
-        tm = torch_twin(model, fresh).to(tdev)
+        if onnx_file:  # the zoo twin with the file's weights (ONNX carries no num_batches_tracked)
+            tm = models.build(zoo_name, lib=torch)
+            tm.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in fresh.state_dict().items()},
+                               strict=False)
+            tm = tm.to(tdev)
+        else:
+            fresh = models.build(model).to(dev)
+            tm = torch_twin(model, fresh).to(tdev)
         agreement = check_agreement(fresh, dev, tm, tdev, x, labels)
         t_res = run_torch(tm, tdev, x, labels, iterations, warmup, forward_only)
         result["compare"] = dict(engine="cuDNN" if compare == "cuda" else "torch-cpu", torch=torch.__version__,
@@ -692,6 +719,11 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
         with open(json_path, "w") as f:
             json.dump(result, f, indent=1, default=str)
         click.echo(f"wrote {json_path}", err=True)
+    if result.get("onnxruntime_error", 0) > AGREEMENT_TOLERANCE:
+        click.echo(f"ERROR: clnet disagrees with ONNX Runtime on the output: relative error "
+                   f"{result['onnxruntime_error']:.2e}, tolerance {AGREEMENT_TOLERANCE:.0e}", err=True)
+    if status and "compare" not in result:
+        sys.exit(1)
     if status:
         for k, v in disagreements(result["compare"]["agreement"], AGREEMENT_TOLERANCE).items():
             click.echo(f"ERROR: clnet disagrees with the float64 reference on {k}: relative error "

@@ -325,6 +325,25 @@ def eval_command(model, checkpoint, dataset, data_dir, batch, device_spec, test_
         click.echo(f"{i:>2} {names[i][:11]:<11}" + "".join(f"{v:>{width}}" for v in row) + f"  {acc:>8}")
 
 
+@main.command("run")
+@click.argument("model", type=click.Path(exists=True, dir_okay=False))
+@click.option("--input", "input_path", type=click.Path(exists=True, dir_okay=False), required=True,
+              help=".npy for a one-input graph, or .npz with the inputs by graph-input name (or in order)")
+@click.option("--output", "output_path", type=click.Path(dir_okay=False), required=True,
+              help=".npy for a one-output graph, else .npz (the outputs by name)")
+@click.option("--device", "device_spec", default="auto", show_default=True)
+def run_command(model, input_path, output_path, device_spec):
+    """Run the ONNX network MODEL (eval mode) on the arrays of --input; write its outputs to --output."""
+    from . import onnx as onnx_mod
+    dev = _device_or_fail(device_spec)
+    try:
+        outs = onnx_mod.run_file(model, input_path, output_path, dev)
+    except (onnx_mod.OnnxImportError, ImportError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"{model} on {dev.name}: wrote {output_path} "
+               f"({', '.join('x'.join(map(str, o.shape)) for o in outs)})", err=True)
+
+
 main.add_command(bench)
 main.add_command(train_command, "train")
 main.add_command(eval_command, "eval")

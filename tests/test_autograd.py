@@ -153,3 +153,15 @@ def test_graph_keeps_only_what_backward_needs(dev, rng):
     assert gone() is None
     y.sum().backward()
     assert_close(x.grad.numpy(), np.where(a > 0, 2.0, 0.0), "dx")
+
+
+def test_computed_tensor_plus_a_function_of_it(dev, rng):
+    """y = x + f(x) with x computed and the first operand (MobileNetV2's inverted residual): x's op runs its backward
+    after f's gradient has reached it (a topological order that marked ops when first pushed ran it before: dx lost
+    f's share)."""
+    a, leaf_x = leaf(rng, dev, 4, 6)
+    x = leaf_x * 2.0
+    y = (x + F.relu(x) * 3.0).sum()
+    y.backward()
+    a64 = a.astype(np.float64)
+    assert_close(leaf_x.grad.numpy(), 2.0 * (1.0 + 3.0 * (a64 > 0)), "d(x + 3 relu(x))/dx")
