@@ -61,7 +61,8 @@ def test_adam_matches_torch_training(dev, rng, cls):
     import torch
     model = net(dev)
     twin = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3), torch.nn.Linear(3, 1))
-    twin.load_state_dict({k: torch.from_numpy(v) for k, v in model.state_dict().items()})
+    start = model.state_dict()
+    twin.load_state_dict({k: torch.from_numpy(v) for k, v in start.items()})
     twin.double()
     opt = getattr(optim, cls)(model.parameters(), lr=0.01, weight_decay=0.02)
     topt = getattr(torch.optim, cls)(twin.parameters(), lr=0.01, weight_decay=0.02)
@@ -78,7 +79,11 @@ def test_adam_matches_torch_training(dev, rng, cls):
         topt.step()
     theirs = twin.state_dict()
     for k, v in model.state_dict().items():
-        assert_close(v, theirs[k].numpy(), k, tol=1e-5)
+        # as in the test above: the error scales with the weights and five updates of about lr each, not with the
+        # result (a one-element bias ended at -0.0067, 1.5e-7 from PyTorch's float64)
+        scale = np.abs(start[k]).max() + 5 * 0.01
+        worst = np.abs(v - theirs[k].numpy()).max()
+        assert worst < 1e-5 * scale, f"{k}: error {worst:.2e}, scale {scale:.2e}"
 
 
 def test_adam_state_round_trip_continues_exactly(dev, rng):
