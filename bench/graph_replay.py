@@ -15,6 +15,7 @@ import numpy as np
 
 import clnet
 from clnet import kernels, models, nn, optim
+from clnet.bench import _torch_graph_ms as torch_graph_ms
 
 
 def clnet_rates(name, batch, dev, steps, repeats):
@@ -86,17 +87,8 @@ def torch_rates(name, batch, steps, repeats, cuda):
     for _ in range(3):
         step()
     result = dict(eager_ms=timed(step))
-    if cuda:  # the CUDA-graph step a PyTorch user who cares about small batches runs
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step()
-        result["graph_ms"] = timed(g.replay)
+    if cuda:  # the CUDA-graph step a PyTorch user who cares about small batches runs (per replay, synchronised)
+        result["graph_ms"] = torch_graph_ms(model, opt, x, y, steps * repeats, forward_only=False)
     return result
 
 

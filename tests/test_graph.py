@@ -73,6 +73,17 @@ def run_graphed(dev, seed, name, data, lr_at=None):
     return state(model, losses), graph
 
 
+def capture_step(model, opt, loss_fn, x, y):
+    """(graph, loss): one training step captured."""
+    g = clnet.Graph()
+    with g.capture():
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+    return g, loss
+
+
 def assert_same(a, b):
     (sa, la), (sb, lb) = a, b
     assert la == lb, f"losses differ: eager {la}, replayed {lb}"
@@ -115,19 +126,13 @@ def test_another_batch_size_gets_its_own_graph(dev, rng):
         entry = graphs.get(len(xb))
         if entry is None:
             x, y = clnet.tensor(xb, dev), clnet.tensor(yb, dev)
-            g = clnet.Graph()
-            with g.capture():
-                opt.zero_grad()
-                loss = loss_fn(model(x), y)
-                loss.backward()
-                opt.step()
-            entry = graphs[len(xb)] = (g, x, y, loss)
+            entry = graphs[len(xb)] = (*capture_step(model, opt, loss_fn, x, y), x, y)
         else:
-            g, x, y, loss = entry
+            g, loss, x, y = entry
             x.write(xb)
             y.write(yb)
             g.replay()
-        losses.append(float(entry[3]))
+        losses.append(float(entry[1]))
     assert_same(run_eager(dev, seed, "sgd", data), state(model, losses))
 
 
@@ -138,12 +143,7 @@ def test_parameters_loaded_between_replays_are_used(dev, rng):
     model = small_net(dev, seed)
     opt, loss_fn = optim.SGD(model.parameters(), lr=0.05), nn.CrossEntropyLoss()  # no state besides the weights
     x, y = clnet.tensor(xb, dev), clnet.tensor(yb, dev)
-    g = clnet.Graph()
-    with g.capture():
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+    g, loss = capture_step(model, opt, loss_fn, x, y)
     loaded = small_net(dev, seed + 1).state_dict()
     model.load_state_dict(loaded)
     clnet.manual_seed(seed + 2)  # the replay's dropout mask
@@ -167,14 +167,8 @@ def test_graph_buffers_stay_out_of_the_pool_and_replay_copies_nothing(dev, rng):
     model = small_net(dev, seed)
     opt, loss_fn = make_optimizer("sgd", model), nn.CrossEntropyLoss()
     x, y = clnet.tensor(data[0][0], dev), clnet.tensor(data[0][1], dev)
-    losses = []
-    g = clnet.Graph()
-    with g.capture():
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-    losses.append(float(loss))
+    g, loss = capture_step(model, opt, loss_fn, x, y)
+    losses = [float(loss)]
     held = {id(b) for _, _, b, _ in g._taken}
     assert held, "the capture freed temporaries; the graph should hold their buffers"
     free = {id(b) for bucket in pool(dev).free.values() for _, b in bucket}
