@@ -15,7 +15,7 @@ import numpy as np
 
 import clnet
 from clnet import kernels, models, nn, optim
-from clnet.bench import _torch_graph_ms as torch_graph_ms
+from clnet.bench import torch_graph_ms
 
 
 def clnet_rates(name, batch, dev, steps, repeats):

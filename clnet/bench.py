@@ -388,11 +388,11 @@ def run_torch(tm, tdev, x, labels, iterations, warmup, forward_only, progress=Tr
     layer_ms = {k: statistics.median(p[k] for p in per_module if k in p) for k in keys}
     result = dict(phases=_median_phases(samples, phases), layer_ms=layer_ms)
     if cuda:
-        result["graph_ms"] = _torch_graph_ms(tm, opt, xt, yt, iterations, forward_only)
+        result["graph_ms"] = torch_graph_ms(tm, opt, xt, yt, iterations, forward_only)
     return result
 
 
-def _torch_graph_ms(tm, opt, xt, yt, iterations, forward_only):
+def torch_graph_ms(tm, opt, xt, yt, iterations, forward_only):
     """Median ms of PyTorch's whole iteration captured as a CUDA graph and replayed (what a PyTorch user who cares
     about small batches runs), warmed up on a side stream as torch.cuda.graphs asks."""
     import torch

@@ -40,7 +40,7 @@ class Graph:
         self._items = []  # (clone, global size, local size, live args) launches; callables (copies, host actions)
         self._queue = None
         self._seen = {}  # id(cl buffer) -> (buffer, its pool, [weak references to its storages]) during capture
-        self._regions = []  # sub-buffer storages a launch touched, kept alive (they keep their parent alive)
+        self._regions = {}  # id -> sub-buffer storage a launch touched, kept alive (it keeps its parent alive)
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
         self._taken = []  # (pool, creation number, buffer, size): freed during capture, out of the pool until we go
         self.launches = 0
@@ -60,7 +60,7 @@ class Graph:
             yield self
         except BaseException:  # a half-recorded step must never replay: forget it, hold nothing
             kernels.capturing = None
-            self._items, self._seen, self._regions, self.launches = [], {}, [], 0
+            self._items, self._seen, self._regions, self.launches = [], {}, {}, 0
             self.failed = True
             raise
         kernels.capturing = None
@@ -69,7 +69,7 @@ class Graph:
     def _note(self, storage):
         buf = storage.buffer
         if hasattr(storage, "parent"):  # a sub-buffer: keep it (and so its parent) alive
-            self._regions.append(storage)
+            self._regions[id(storage)] = storage
             return
         entry = self._seen.get(id(buf))
         if entry is None:

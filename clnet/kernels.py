@@ -321,23 +321,22 @@ def launch(dev, k, global_size, local_size, *args, what=""):
         global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
     if any(g == 0 for g in global_size):
         return None
-    try:
+    def enqueue():
         clone, live = _with_args(k, args)
         for i in live:
             clone.set_arg(i, args[i].value)
+        return cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
+    try:
         try:
-            ev = cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
+            ev = enqueue()
         except cl.Error as e:
             if getattr(e, "code", None) not in _ALLOCATION_FAILURES:
                 raise
             # Drivers allocate lazily, at the first launch that touches a buffer: free the pool's cached buffers
-            # and try once more.
+            # (which also drops the kept argument sets) and try once more.
             from .tensor import pool
             pool(dev).release_cached()
-            clone, live = _with_args(k, args)
-            for i in live:
-                clone.set_arg(i, args[i].value)
-            ev = cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
+            ev = enqueue()
     except cl.Error as e:
         if getattr(e, "code", None) in _ALLOCATION_FAILURES:
             raise OutOfMemory(f"clnet: out of memory on {dev.name} while running {what or k.name} (global size "

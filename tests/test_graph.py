@@ -84,6 +84,17 @@ def capture_step(model, opt, loss_fn, x, y):
     return g, loss
 
 
+def fresh(dev, rng, steps):
+    """(batches, eager result, model, optimizer, loss, x, y): a new model and its eager run to compare with."""
+    seed = int(rng.integers(0, 2**31))
+    data = batches(rng, steps, 4)
+    expected = run_eager(dev, seed, "sgd", data)
+    model = small_net(dev, seed)
+    opt, loss_fn = make_optimizer("sgd", model), nn.CrossEntropyLoss()
+    x, y = clnet.tensor(data[0][0], dev), clnet.tensor(data[0][1], dev)
+    return data, expected, model, opt, loss_fn, x, y
+
+
 def assert_same(a, b):
     (sa, la), (sb, lb) = a, b
     assert la == lb, f"losses differ: eager {la}, replayed {lb}"
@@ -161,12 +172,7 @@ def test_parameters_loaded_between_replays_are_used(dev, rng):
 
 
 def test_graph_buffers_stay_out_of_the_pool_and_replay_copies_nothing(dev, rng):
-    seed = int(rng.integers(0, 2**31))
-    data = batches(rng, 5, 4)
-    expected = run_eager(dev, seed, "sgd", data)
-    model = small_net(dev, seed)
-    opt, loss_fn = make_optimizer("sgd", model), nn.CrossEntropyLoss()
-    x, y = clnet.tensor(data[0][0], dev), clnet.tensor(data[0][1], dev)
+    data, expected, model, opt, loss_fn, x, y = fresh(dev, rng, 5)
     g, loss = capture_step(model, opt, loss_fn, x, y)
     losses = [float(loss)]
     held = {id(b) for _, _, b, _ in g._taken}
@@ -247,12 +253,7 @@ def test_out_of_memory_retry_inside_a_capture_keeps_the_graphs_buffers(dev, rng,
     """A launch that fails to allocate frees the pool's cached buffers, except those the capture already used."""
     import pyopencl as cl
     from test_memory import FailingEnqueue
-    seed = int(rng.integers(0, 2**31))
-    data = batches(rng, 4, 4)
-    expected = run_eager(dev, seed, "sgd", data)
-    model = small_net(dev, seed)
-    opt, loss_fn = make_optimizer("sgd", model), nn.CrossEntropyLoss()
-    x, y = clnet.tensor(data[0][0], dev), clnet.tensor(data[0][1], dev)
+    data, expected, model, opt, loss_fn, x, y = fresh(dev, rng, 4)
     opt.zero_grad()
     g = clnet.Graph()
     with g.capture():
