@@ -388,7 +388,10 @@ def run_torch(tm, tdev, x, labels, iterations, warmup, forward_only, progress=Tr
     layer_ms = {k: statistics.median(p[k] for p in per_module if k in p) for k in keys}
     result = dict(phases=_median_phases(samples, phases), layer_ms=layer_ms)
     if cuda:
-        result["graph_ms"] = torch_graph_ms(tm, opt, xt, yt, iterations, forward_only)
+        try:
+            result["graph_ms"] = torch_graph_ms(tm, opt, xt, yt, iterations, forward_only)
+        except Exception as e:  # the eager comparison stands on its own; say why the graph's is missing
+            result["graph_error"] = f"{type(e).__name__}: {e}"
     return result
 
 
@@ -474,6 +477,8 @@ def render_table(result, markdown=False):
                    f"{result['clnet']['graph_ms']:.3f} ms, {n / result['clnet']['graph_ms'] * 1e3:.0f} images/s"
                    + (f"; {cmp['engine']} as a CUDA graph: {cmp['graph_ms']:.3f} ms"
                       if cmp and cmp.get("graph_ms") else "")
+                   + (f"; {cmp['engine']}'s CUDA graph failed ({cmp['graph_error']})"
+                      if cmp and cmp.get("graph_error") else "")
                    + f"; first iteration done {result['clnet']['first_step_s']:.1f} s after the command started "
                    f"(tuning and kernel builds included)")
     lu = result["clnet"]["loss_and_update_ms"]
@@ -696,7 +701,7 @@ def bench(model, device_spec, batch, iterations, warmup, forward_only, json_path
                                  cudnn=torch.backends.cudnn.version() if compare == "cuda" else None,
                                  torch_device=torch.cuda.get_device_name() if compare == "cuda" else "cpu",
                                  tf32=False, phases=t_res["phases"], total_ms=sum(t_res["phases"].values()),
-                                 graph_ms=t_res.get("graph_ms"),
+                                 graph_ms=t_res.get("graph_ms"), graph_error=t_res.get("graph_error"),
                                  agreement=agreement, tolerance=AGREEMENT_TOLERANCE,
                                  ratio_time=result["clnet"]["total_ms"] / sum(t_res["phases"].values()))
         if compare == "torch-cpu":

@@ -292,6 +292,35 @@ def device_key(dev):
     return f"{dev.platform_name} | {dev.name} | {dev.driver_version}"
 
 
+# ---- the table shipped in the package --------------------------------------------------------------------------------
+# Devices already measured tune nothing on a first run: their winners ship with clnet, keyed by platform, device and
+# driver family (the driver version's first number: NVIDIA's 580.159 -> 580), since a family's releases keep the same
+# compiler, as CLBlast's shipped database assumes. bench/ship_tuning.py writes it from the caches of tuning runs; a
+# user's own cache entry wins over the table's for the same key.
+SHIPPED_TABLE = os.path.join(os.path.dirname(__file__), "tuning_table.json")
+
+
+def family_key(device_key_text):
+    platform, name, driver = device_key_text.split(" | ", 2)
+    return f"{platform} | {name} | {driver.split('.')[0].strip()}"
+
+
+_shipped = None
+
+
+def shipped(dev):
+    """The shipped table's entries for dev's family (empty for a device nobody measured)."""
+    global _shipped
+    if _shipped is None:
+        try:
+            with open(SHIPPED_TABLE) as f:
+                table = json.load(f)
+            _shipped = table["devices"] if table.get("cache_version") == CACHE_VERSION else {}
+        except (OSError, ValueError, KeyError, AttributeError):
+            _shipped = {}
+    return _shipped.get(family_key(device_key(dev)), {})
+
+
 _cache = None
 
 
@@ -347,10 +376,13 @@ _device_entries = {}
 
 
 def entries(dev):
-    """This device's tuned entries (key -> choice), the cache's own dict (store() adds to it); empty when untuned."""
+    """This device's tuned entries (key -> choice): the cache's own dict (store() adds to it), with the shipped table's
+    entries for keys the cache lacks; empty for a device nobody tuned."""
     found = _device_entries.get(dev)
     if found is None:
         found = _device_entries[dev] = _load().setdefault(device_key(dev), {})
+        for key, choice in shipped(dev).items():  # only the cache's own entries are ever written back (store)
+            found.setdefault(key, choice)
     return found
 
 
@@ -379,8 +411,8 @@ def store(dev, new_entries):
 def forget():
     """Drops the in-memory copy and the memoised defaults, so the next lookup rereads the file (after CLNET_CACHE_DIR
     changes, or after a test replaces gemm_config)."""
-    global _cache
-    _cache = None
+    global _cache, _shipped
+    _cache = _shipped = None
     _device_entries.clear()
     _checked.clear()
     _defaults.clear()

@@ -399,3 +399,28 @@ def test_tune_first_keeps_to_its_budget_and_says_what_it_left(dev, monkeypatch):
     tune.tune_first(None, (1, 1, 2, 2), dev, True, said.append)
     assert seen["budget_s"] == tune.FIRST_RUN_BUDGET_S <= 10
     assert "2 left at defaults" in said[0] and "budget ran out: `clnet tune` tunes the rest" in said[0]
+
+
+def test_the_shipped_table_fills_what_the_cache_lacks(dev, cache_dir, tmp_path, monkeypatch):
+    # The table is keyed by driver family: this device under a later release of the same driver finds its entries.
+    later = tuning.device_key(dev).rsplit(" | ", 1)[0] + " | " + dev.driver_version.split(".")[0] + ".999"
+    table = tmp_path / "tuning_table.json"
+    table.write_text(json.dumps(dict(cache_version=tuning.CACHE_VERSION,
+                                     devices={tuning.family_key(later): {"a": "im2col", "b": "winograd"}})))
+    monkeypatch.setattr(tuning, "SHIPPED_TABLE", str(table))
+    tuning.forget()
+    try:
+        assert tuning.entries(dev) == {"a": "im2col", "b": "winograd"}
+        assert tuning.choose(dev, "a", lambda: "direct") == "im2col"
+        tuning.store(dev, {"b": "direct"})  # the user's own tuning wins, and only it is written
+        tuning.forget()
+        assert tuning.entries(dev) == {"a": "im2col", "b": "direct"}
+        on_disk = json.loads((cache_dir / f"tuning-v{tuning.CACHE_VERSION}.json").read_text())
+        assert on_disk == {tuning.device_key(dev): {"b": "direct"}}
+        # a table of another cache version is not used: its choices may name kernels this version lacks
+        table.write_text(json.dumps(dict(cache_version=tuning.CACHE_VERSION - 1,
+                                         devices={tuning.family_key(later): {"c": "im2col"}})))
+        tuning.forget()
+        assert tuning.entries(dev) == {"b": "direct"}
+    finally:
+        tuning.forget()

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Issue 16's H200 figures in one device call, on a fresh machine: first runs with empty caches (`clnet bench lenet` and
+# `clnet bench alexnet`, each then run again), the small zoo models tuned, their iterations against PyTorch eager and
+# as CUDA graphs (lenet and lenet-wide at batch 64 and 1, alexnet), lenet-wide's batch-1 Fashion-MNIST epoch, and the
+# graph tests on NVIDIA's OpenCL. Carries .whl and .data. JOBS picks the parts (default: all, in this order).
+# Files in $OUT: h200-host.log, bench-h200.json (every bench record by name), tuning-v2.json (the tuning cache, for
+# bench/ship_tuning.py), train-lenet-wide-b1.json. Steps stop being started after DEADLINE_S seconds (default 540).
+set -u
+source bench/h200_env.sh
+LOG=$OUT/h200-host.log
+DEADLINE_S=${DEADLINE_S:-540}
+timed() { local t0; t0=$(date +%s.%N); "$@"; local rc=$?
+  echo "wall $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}") s (exit $rc): $*"; }
+late() { [ "$SECONDS" -ge "$DEADLINE_S" ] && echo "skipped after ${SECONDS} s: $*"; }
+fresh_caches() { rm -rf ~/.cache/pyopencl ~/.cache/clnet ~/.nv/ComputeCache "${XDG_CACHE_HOME:-/nonexistent}/clnet"; }
+keep_cache() { cp ~/.cache/clnet/tuning-v*.json "$OUT/" 2>/dev/null; }
+JSON_DIR=$(mktemp -d)
+bench_json() {  # MODEL NAME ARGS...: `clnet bench` with --compare cuda, its record merged into bench-h200.json
+  local m=$1 name=$2; shift 2
+  timed timeout 150 python3 -m clnet.cli bench "$m" --device gpu --compare cuda --json "$JSON_DIR/$name.json" "$@" \
+    2>/tmp/bench-stderr.txt
+  grep -E "^(tuning:|ERROR|Error|Traceback|[A-Za-z]*Error)" /tmp/bench-stderr.txt
+  python3 - "$JSON_DIR" "$OUT/bench-h200.json" <<'PY'
+import glob, json, os, sys
+merged = {os.path.basename(p)[:-5]: json.load(open(p)) for p in sorted(glob.glob(os.path.join(sys.argv[1], "*.json")))}
+json.dump(merged, open(sys.argv[2], "w"), indent=1)
+PY
+}
+{
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
+for job in ${JOBS:-first tune bench train tests}; do
+  late "$job" && continue
+  echo "== $job at ${SECONDS} s"
+  case $job in
+    first)  # a new user's first command, empty caches; the second run of each shows what caching leaves
+      fresh_caches
+      timed python3 -m clnet.cli bench lenet --device gpu 2>&1 | grep -E "first iteration|tuning:|wall|images/s"
+      timed python3 -m clnet.cli bench lenet --device gpu 2>&1 | grep -E "first iteration|tuning:|wall|images/s"
+      fresh_caches
+      timed python3 -m clnet.cli bench alexnet --device gpu 2>&1 | grep -E "first iteration|tuning:|wall|images/s"
+      timed python3 -m clnet.cli bench alexnet --device gpu 2>&1 | grep -E "first iteration|tuning:|wall|images/s"
+      keep_cache ;;
+    tune)
+      for spec in "lenet" "lenet --batch 1" "lenet-wide --batch 1" "lenet-wide" "alexnet"; do
+        late "tune $spec" && continue
+        timed timeout 120 python3 -m clnet.cli tune $spec --device gpu --budget 90 2>&1 | tail -1
+        keep_cache
+      done ;;
+    bench)
+      bench_json lenet lenet-b64 --iterations 50
+      bench_json lenet-wide lenet-wide-b1 --batch 1 --iterations 50
+      late bench || bench_json lenet lenet-b1 --batch 1 --iterations 50
+      late bench || bench_json lenet-wide lenet-wide-b64 --iterations 50
+      late bench || bench_json alexnet alexnet-b128 --iterations 20
+      keep_cache ;;
+    train)  # the seed's workload: a whole epoch at batch 1, with the README's batch-1 learning rate
+      timed timeout 240 python3 -m clnet.cli train lenet-wide --batch 1 --epochs 1 --lr ${B1_LR:-0.001} --momentum 0.9 \
+        --dataset fashion-mnist --data-dir .data --device gpu --log "$OUT/train-lenet-wide-b1.json" 2>&1 \
+        | grep -v "^\s*$" | tail -8 ;;
+    tests)  # bit-identical replays, transfers, memory on NVIDIA's OpenCL
+      CLNET_TEST_DEVICES=nvidia timed timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_graph.py \
+        tests/test_memory.py 2>&1 | tail -4 ;;
+  esac
+done
+} 2>&1 | tee "$LOG"
