@@ -11,7 +11,8 @@
 //   accumulate  dst += src (a leaf's gradient)
 //   copy2d    dst[dst_off + r*dst_ld + c] = src[src_off + r*src_ld + c] for r < rows, c < cols: the concatenation and
 //             its backward, as one block copy per input (rows: the dimensions before the joined one)
-//   reduce_sum  out[0] = scale * sum of x: one work-group of LSIZE, pairwise tree over per-item partial sums
+//   reduce_sum  out[0] = scale * sum of x: one work-group of LSIZE, pairwise tree over per-item partial sums; with
+//             ACCUMULATE, out[0] += that (a tensor past clnet's index limit is summed a chunk per launch)
 //   dropout_fwd  mask = (hash(seed, i) >= p) / (1 - p); y = x * mask
 //   bias_grad db[c] += sum over n and p of dy[n, c, p] for dy (N, C, P); one work-group of LSIZE per channel.
 //             With PARTIAL, work-group (c, s) sums only the s-th run of `chunk` (n, p) pairs and stores it in
@@ -20,7 +21,7 @@
 //             (a float8, one vector register), then the lanes, then adds the plane sums in order: no division
 //             per element, no local memory or barriers, and no chain of dependent additions P long.
 // Defines: ACT (1 ReLU, 2 Sigmoid, 3 Tanh, 4 ReLU6), LSIZE (work-group size of bias_grad and reduce_sum, a
-// power of two), PARTIAL 0/1.
+// power of two), PARTIAL 0/1, ACCUMULATE 0/1.
 #include "common.h"
 
 #ifndef ACT
@@ -31,6 +32,9 @@
 #endif
 #ifndef PARTIAL
 #define PARTIAL 0   // bias_grad: first pass of two
+#endif
+#ifndef ACCUMULATE
+#define ACCUMULATE 0  // reduce_sum: add to out[0] instead of overwriting it
 #endif
 #if LSIZE & (LSIZE - 1)
 #error "LSIZE must be a power of two"
@@ -158,7 +162,11 @@ void reduce_sum(__global const float* restrict x, __global float* restrict out, 
         if (lid < w) part[lid] += part[lid + w];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
+#if ACCUMULATE
+    if (lid == 0) out[0] += scale * part[0];
+#else
     if (lid == 0) out[0] = scale * part[0];
+#endif
 }
 
 __kernel void mul(__global const float* restrict a, __global const float* restrict b, __global float* restrict out,

@@ -4,6 +4,8 @@
 //                  grad = (softmax(z) - onehot) / N, and metrics = (loss, rows whose first argmax is the label), so a
 //                  training loop reads one 8-byte buffer per step instead of the logits; one work-group of LSIZE
 //                  does the whole batch in one launch
+//   cross_entropy_part  the same over one run of rows of a batch too large for one launch, adding into loss and
+//                  metrics after the first run
 // Defines: LOG 0/1, LSIZE (a power of two).
 #include "common.h"
 
@@ -47,13 +49,10 @@ __kernel void softmax_bwd(__global const float* restrict y, __global const float
 #endif
 }
 
-__kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void cross_entropy(__global const float* restrict z, __global const int* restrict labels, const int N, const int C,
-                   __global float* restrict grad, __global float* restrict loss, __global float* restrict metrics) {
-    const int lid = get_local_id(0);
-    __local float part[LSIZE];
-    __local float hits[LSIZE];
-    const float invN = 1.0f / (float)N;
+// One work-item's rows of cross_entropy (lid, lid + LSIZE, ...): writes their gradient rows, scaled by invN, and
+// returns (their summed loss, rows whose prediction is the label).
+inline float2 cross_entropy_rows(__global const float* restrict z, __global const int* restrict labels, const int N,
+                                 const int C, const float invN, __global float* restrict grad, const int lid) {
     float total = 0.0f, correct = 0.0f;
     for (int i = lid; i < N; i += LSIZE) {
         __global const float* row = z + i * C;
@@ -79,19 +78,47 @@ void cross_entropy(__global const float* restrict z, __global const int* restric
         for (int c = 0; c < C; c++)
             grad[i * C + c] = (c == label ? -others : exp(row[c] - mx)) * inv * invN;
     }
-    part[lid] = total;
-    hits[lid] = correct;
+    return (float2)(total, correct);
+}
+
+// The work-group's sums of every work-item's v, in work-item 0's result (a pairwise tree in local memory).
+inline float2 group_sum2(float2 v, __local float2* part, const int lid) {
+    part[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int w = LSIZE / 2; w > 0; w >>= 1) {
-        if (lid < w) {
-            part[lid] += part[lid + w];
-            hits[lid] += hits[lid + w];
-        }
+        if (lid < w) part[lid] += part[lid + w];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
+    return part[0];
+}
+
+__kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
+void cross_entropy(__global const float* restrict z, __global const int* restrict labels, const int N, const int C,
+                   __global float* restrict grad, __global float* restrict loss, __global float* restrict metrics) {
+    const int lid = get_local_id(0);
+    __local float2 part[LSIZE];
+    const float invN = 1.0f / (float)N;
+    const float2 sums = group_sum2(cross_entropy_rows(z, labels, N, C, invN, grad, lid), part, lid);
     if (lid == 0) {
-        loss[0] = part[0] * invN;
-        metrics[0] = part[0] * invN;
-        metrics[1] = hits[0];
+        loss[0] = sums.x * invN;
+        metrics[0] = sums.x * invN;
+        metrics[1] = sums.y;
+    }
+}
+
+// cross_entropy over rows past clnet's index limit, a launch per run of N of them: invN is 1 / all the rows, and
+// every launch but the first (first == 0) adds to loss and metrics.
+__kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
+void cross_entropy_part(__global const float* restrict z, __global const int* restrict labels, const int N,
+                        const int C, const float invN, const int first, __global float* restrict grad,
+                        __global float* restrict loss, __global float* restrict metrics) {
+    const int lid = get_local_id(0);
+    __local float2 part[LSIZE];
+    const float2 sums = group_sum2(cross_entropy_rows(z, labels, N, C, invN, grad, lid), part, lid);
+    if (lid == 0) {
+        const float mean = sums.x * invN;
+        loss[0] = first ? mean : loss[0] + mean;
+        metrics[0] = first ? mean : metrics[0] + mean;
+        metrics[1] = first ? sums.y : metrics[1] + sums.y;
     }
 }

@@ -1,8 +1,10 @@
 """Convolution and dense layers on the device: per pass (forward, data gradient, weight gradient) the algorithm
 tuned or defaulted for the shape (im2col + GEMM, Winograd, direct), and the bias gradient they share."""
+import dataclasses
+
 from . import direct, kernels, tuning, winograd
 from .gemm import NO_SPLIT, Mat, gemm
-from .tensor import empty
+from .tensor import chunks, empty, too_large
 
 
 def _im2col(x, s, n0, nimg, col):
@@ -48,8 +50,25 @@ def _conv_algorithm(dev, kind, s, run):
                          lambda cached: cached in options)
 
 
+def _image_runs(s, dev, what):
+    """Runs of images [(n0, nimg)] of a layer whose input or output passes kernels.INDEX_LIMIT elements, each run's
+    x and y within it (a run is a layer of batch nimg, run as any other: its own algorithm choice, its own im2col
+    chunks), or [] when the whole batch fits one pass. TooLarge when not even one image's column buffer fits."""
+    x_image, y_image = s.C * s.H * s.W, s.O * s.OH * s.OW
+    if s.N * max(x_image, y_image) <= kernels.INDEX_LIMIT:
+        return []
+    col_image = s.C * s.KH * s.KW * s.OH * s.OW
+    if col_image > kernels.INDEX_LIMIT:
+        raise too_large(what, (s.C * s.KH * s.KW, s.OH * s.OW), f"one image's column buffer (C*KH*KW, OH*OW) is "
+                        "that large: use smaller images or fewer input channels")
+    return chunks(dev, what, (s.N, s.C, s.H, s.W), s.N, [x_image, y_image])
+
+
 def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):
     """y = conv(x, w) + bias (ReLU), by the algorithm tuned (or defaulted) for this shape."""
+    runs = _image_runs(s, x.device, what)
+    if runs:
+        return _by_images_forward(x, w, bias, s, relu, what, runs)
 
     def run(algorithm):
         if algorithm in WINOGRAD_TILE:
@@ -61,11 +80,41 @@ def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):
     return run(_conv_algorithm(x.device, "conv2d_fwd", s, run))
 
 
+def _by_images_forward(x, w, bias, s, relu, what, runs):
+    """conv2d_forward of each run of images, into its slice of y."""
+    y = empty((s.N, s.O, s.OH, s.OW), x.device)
+    x_image, y_image = s.C * s.H * s.W, s.O * s.OH * s.OW
+    for n0, nimg in runs:
+        part = conv2d_forward(x.region(n0 * x_image, (nimg,) + x.shape[1:]), w, bias, dataclasses.replace(s, N=nimg),
+                              relu, what)
+        y.region(n0 * y_image, part.shape).copy_from(part)
+    return y
+
+
+def _by_images_backward(x, w, dy, s, dw, db, need_dx, what, runs):
+    """conv2d_backward of each run of images: dw and db gather every run's share, dx is written a slice a run."""
+    dx = empty(x.shape, x.device) if need_dx else None
+    x_image, y_image = s.C * s.H * s.W, s.O * s.OH * s.OW
+    for n0, nimg in runs:
+        shape = (nimg,) + x.shape[1:]
+        part = conv2d_backward(x.region(n0 * x_image, shape), w, dy.region(n0 * y_image, (nimg,) + dy.shape[1:]),
+                               dataclasses.replace(s, N=nimg), dw, db, need_dx, what)
+        if need_dx:
+            dx.region(n0 * x_image, shape).copy_from(part)
+    return dx
+
+
+def _col_chunk(s, dev):
+    """Images per im2col chunk: the column budget's, and no more than the index limit allows (one image at least:
+    _image_runs refuses a layer whose single image's columns pass it)."""
+    return max(1, min(s.chunk(dev), kernels.INDEX_LIMIT // (s.C * s.KH * s.KW * s.OH * s.OW or 1)))
+
+
 def _conv2d_forward_im2col(x, w, bias, s, relu, what):
     dev = x.device
     y = empty((s.N, s.O, s.OH, s.OW), dev)
     Og, Cg, KK, OHW = s.O // s.G, s.C // s.G, s.KH * s.KW, s.OH * s.OW
-    chunk = s.chunk(dev)
+    chunk = _col_chunk(s, dev)
     col = None if s.pointwise else empty((s.C * KK * chunk * OHW,), dev)
     for n0 in range(0, s.N, chunk):
         nimg = min(chunk, s.N - n0)
@@ -88,6 +137,9 @@ def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward"):
     Each gradient uses the algorithm tuned (or defaulted) for this shape; when both use im2col they share one lowering
     of x."""
     dev = x.device
+    runs = _image_runs(s, dev, what)
+    if runs:
+        return _by_images_backward(x, w, dy, s, dw, db, need_dx, what, runs)
 
     def weights(algorithm):  # returns dw, for the autotuner to check each candidate against the default
         if algorithm in WINOGRAD_TILE:
@@ -117,7 +169,7 @@ def _conv2d_backward_im2col(x, w, dy, s, dw, need_dx, what):
     chunk of images serving both."""
     dev = x.device
     Og, Cg, KK, OHW = s.O // s.G, s.C // s.G, s.KH * s.KW, s.OH * s.OW
-    chunk = s.chunk(dev)
+    chunk = _col_chunk(s, dev)
     col = empty((s.C * KK * chunk * OHW,), dev)
     dx = empty(x.shape, dev) if need_dx else None
     for n0 in range(0, s.N, chunk):
@@ -168,9 +220,25 @@ def bias_grad(dy, db, N, C, P):
 
 # ---- dense ---------------------------------------------------------------------------------------------------------
 
+def _row_runs(x, O, what):
+    """Runs of rows [(n0, rows)] of a dense layer whose input (N, I) or output (N, O) passes kernels.INDEX_LIMIT
+    elements, or [] when one pass fits."""
+    N, I = x.shape
+    if N * max(I, O) <= kernels.INDEX_LIMIT:
+        return []
+    return chunks(x.device, what, x.shape, N, [I, O], unit="row")
+
+
 def linear_forward(x, w, bias, relu=False, what="Linear"):
     N, I = x.shape
     O = w.shape[0]
+    runs = _row_runs(x, O, what)
+    if runs:
+        y = empty((N, O), x.device)
+        for n0, rows in runs:
+            part = linear_forward(x.region(n0 * I, (rows, I)), w, bias, relu, what)
+            y.region(n0 * O, part.shape).copy_from(part)
+        return y
     y = empty((N, O), x.device)
     gemm(N, O, I, x, Mat(rs=I, cs=1), w, Mat(rs=1, cs=I), y, Mat(rs=O, cs=1), bias=bias, bias_mode=2, relu=relu,
          what=what)
@@ -180,6 +248,15 @@ def linear_forward(x, w, bias, relu=False, what="Linear"):
 def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward"):
     N, I = x.shape
     O = w.shape[0]
+    runs = _row_runs(x, O, what)
+    if runs:
+        dx = empty((N, I), x.device) if need_dx else None
+        for n0, rows in runs:
+            part = linear_backward(x.region(n0 * I, (rows, I)), w, dy.region(n0 * O, (rows, O)), dw, db, need_dx,
+                                   what)
+            if need_dx:
+                dx.region(n0 * I, part.shape).copy_from(part)
+        return dx
     if dw is not None:
         gemm(O, I, N, dy, Mat(rs=1, cs=O), x, Mat(rs=I, cs=1), dw, Mat(rs=I, cs=1), beta=1.0,
              what=what + " (weights)")

@@ -28,6 +28,13 @@ class KernelError(RuntimeError):
     pass
 
 
+# Elements one launch may index: the kernels' indices and sizes are 32-bit ints. An op over a larger tensor splits
+# its launches into runs that each fit (tensor.chunks), or refuses before it launches (tensor.TooLarge). Below 2**31
+# by a margin for the indices a work-item forms just past the end (a float4's last lanes, a padded work-group).
+# Tests set it to a few thousand, to run the split paths on small tensors.
+INDEX_LIMIT = 2**31 - 2**16
+
+
 class OutOfMemory(MemoryError):
     """The device has no memory left for a tensor or a launch, even after the pool released its cached buffers.
     `fitting_batch(batch)` estimates the largest batch that would fit, from what clnet held when it ran out."""

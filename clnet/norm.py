@@ -28,7 +28,7 @@ CPUs; each window is summed down its few channels, P apart, so there is no long 
 import math
 
 from . import kernels, tuning
-from .tensor import empty
+from .tensor import chunks, empty
 
 # The longest float32 running sum the batch-norm kernels make (their BLOCK); the CPU-shaped kernels give each
 # work-item planes of at least SPAN values (a few whole planes when they are small), so that a plane of a few pixels
@@ -91,11 +91,38 @@ def _runs(dev, N, C, P, lsize):
     return -(-N * P // chunk), chunk
 
 
+def _image_runs(dev, N, C, P, what):
+    """Runs of images [(n0, nb)] for a tensor (N, C, P) past kernels.INDEX_LIMIT elements, each within it."""
+    return chunks(dev, what, (N, C, P), N, [C * P])
+
+
+def _cut(args, images, n0, nb):
+    """args with each tensor of `images` (N, C, ...) cut to its images n0 .. n0 + nb - 1 (a sub-buffer)."""
+    return tuple(t.region(n0 * (t.size // t.shape[0]), (nb,) + t.shape[1:]) if any(t is i for i in images) else t
+                 for t in args)
+
+
 def _reduce(dev, gpu_kernel, planes_kernel, width, N, C, P, inputs, what):
-    """Runs a first reduction pass over (N, C, P) inputs and returns (partial records of `width` floats, runs,
-    lsize): one record per (run, channel). A GPU-shaped run is `chunk` consecutive (n, p) pairs; a plane-shaped one
-    is nb consecutive images: about SPAN values on CPUs, and on GPUs (planes under SMALL_PLANE values) enough runs
-    for 4 waves of LSIZE work-items per compute unit."""
+    """Runs a first reduction pass over inputs ((N, C, ...) tensors, then per-channel (C,) ones) and returns
+    (partial records of `width` floats, runs, lsize): one record per (run, channel). A GPU-shaped run is `chunk`
+    consecutive (n, p) pairs; a plane-shaped one is nb consecutive images: about SPAN values on CPUs, and on GPUs
+    (planes under SMALL_PLANE values) enough runs for 4 waves of LSIZE work-items per compute unit. Past
+    kernels.INDEX_LIMIT, each run of images gets its own pass, their records gathered in order (the finishing
+    passes merge records of any counts)."""
+    if N * C * P > kernels.INDEX_LIMIT:
+        parts = []
+        for n0, nb in _image_runs(dev, N, C, P, what):
+            part, _, lsize = _reduce(dev, gpu_kernel, planes_kernel, width, nb, C, P,
+                                     _cut(inputs, [t for t in inputs if t.ndim > 1], n0, nb), what)
+            parts.append(part)
+        runs = sum(part.shape[0] for part in parts)
+        gathered = empty((runs, C, width), dev)
+        copy, at = kernels.kernel(dev, "elementwise.cl", "copy2d"), 0
+        for part in parts:
+            kernels.launch(dev, copy, (part.size, 1), None, part, 0, part.size, gathered, at, part.size, 1,
+                           part.size, what=what + " (gathering runs)")
+            at += part.size
+        return gathered, runs, lsize
     lsize = _lsize(dev)
     if lsize == 1 or P < SMALL_PLANE:
         if lsize == 1:
@@ -114,9 +141,14 @@ def _reduce(dev, gpu_kernel, planes_kernel, width, N, C, P, inputs, what):
     return part, runs, lsize
 
 
-def _elementwise(dev, name, N, C, P, *args, what):
+def _elementwise(dev, name, N, C, P, *args, what, images):
     """An element-wise pass: UNROLL elements per work-item, or, CPU-shaped, cb channels' planes of one image per
-    work-item."""
+    work-item. Past kernels.INDEX_LIMIT, a pass per run of images over sub-buffers of the (N, C, P) tensors, those
+    in `images`."""
+    if N * C * P > kernels.INDEX_LIMIT:
+        for n0, nb in _image_runs(dev, N, C, P, what):
+            _elementwise(dev, name, nb, C, P, *_cut(args, images, n0, nb), what=what, images=())
+        return
     lsize = _lsize(dev)
     if lsize == 1:
         cb = _planes_per_item(P, C)
@@ -188,7 +220,7 @@ def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentu
     mean, invstd = batch_norm_stats(x, eps, running_mean, running_var, momentum)
     y = empty(x.shape, x.device)
     _elementwise(x.device, "batchnorm_apply", N, C, P, x, mean, invstd, weight, bias, y,
-                 what=f"batch norm {tuple(x.shape)}")
+                 what=f"batch norm {tuple(x.shape)}", images=(x, y))
     return y, mean, invstd
 
 
@@ -208,7 +240,7 @@ def batch_norm_eval_forward(x, weight, bias, running_mean, running_var, eps):
     invstd = _eval_invstd(running_var, eps, C)
     y = empty(x.shape, x.device)
     _elementwise(x.device, "batchnorm_apply", N, C, P, x, running_mean, invstd, weight, bias, y,
-                 what=f"batch norm (evaluation) {tuple(x.shape)}")
+                 what=f"batch norm (evaluation) {tuple(x.shape)}", images=(x, y))
     return y
 
 
@@ -253,7 +285,7 @@ def batch_norm_backward(dy, x, weight, mean, invstd, need_dx, dweight, dbias):
         return None
     dx = empty(x.shape, x.device)
     _elementwise(x.device, "batchnorm_dx", N, C, P, dy, x, mean, invstd, weight, gmean, dx,
-                 what=f"{what} {tuple(x.shape)}")
+                 what=f"{what} {tuple(x.shape)}", images=(dy, x, dx))
     return dx
 
 
@@ -276,13 +308,18 @@ def batch_norm_eval_backward(dy, x, weight, running_mean, running_var, eps, need
         return None
     dx = empty(x.shape, x.device)
     _elementwise(x.device, "batchnorm_apply", N, C, P, dy, None, invstd, weight, None, dx,
-                 what=f"{what} {tuple(x.shape)}")
+                 what=f"{what} {tuple(x.shape)}", images=(dy, dx))
     return dx
 
 
 def _lrn_launch(name, x, N, C, P, tensors, scalars, what):
-    """An element per work-item, or, CPU-shaped, cb channels' planes of one image per work-item."""
+    """An element per work-item, or, CPU-shaped, cb channels' planes of one image per work-item. Past
+    kernels.INDEX_LIMIT, a launch per run of images."""
     dev = x.device
+    if N * C * P > kernels.INDEX_LIMIT:
+        for n0, nb in _image_runs(dev, N, C, P, what):
+            _lrn_launch(name, x, nb, C, P, _cut(tensors, tensors, n0, nb), scalars, what)
+        return
     if tuning.cpu_shaped(dev):
         cb = _planes_per_item(P, C)
         k = kernels.kernel(dev, "lrn.cl", name + "_planes")

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import autograd, conv, kernels, norm, tuning
 from .autograd import Function
-from .tensor import Tensor, empty, tensor
+from .tensor import Tensor, chunks, empty, region_alignment, tensor, too_large
 
 
 def grad_recorded():
@@ -26,6 +26,19 @@ def _flat_launch(dev, k, n, *args, what=""):
     kernels.launch(dev, k, (n,), None, *args, what=what)
 
 
+def _map(dev, k, n, vw, *args, what=""):
+    """An element-wise kernel over n elements, vw per work-item. Past kernels.INDEX_LIMIT it runs in chunks: each
+    tensor argument of n elements becomes the chunk's sub-buffer, and the integer argument n the chunk's count (the
+    flat kernels' other arguments are floats, Live values and one-element tensors)."""
+    if n > kernels.INDEX_LIMIT:
+        for start, count in chunks(dev, what, (n,), n, [1], unit="element", multiple=VW):
+            part = tuple(a.region(start, (count,)) if isinstance(a, Tensor) and a.size == n else
+                         (count if type(a) is int and a == n else a) for a in args)
+            kernels.launch(dev, k, (-(-count // vw),), None, *part, what=what)
+        return
+    kernels.launch(dev, k, (-(-n // vw),), None, *args, what=what)
+
+
 def _elementwise(dev, name, defines=None):
     return kernels.kernel(dev, "elementwise.cl", name, defines)
 
@@ -33,7 +46,8 @@ def _elementwise(dev, name, defines=None):
 # ---- plain device helpers (no graph) -------------------------------------------------------------------------------
 
 def fill(t, value):
-    _flat_launch(t.device, _elementwise(t.device, "fill"), -(-t.size // VW), t, float(value), t.size, what="fill")
+    n = t.size
+    _map(t.device, _elementwise(t.device, "fill"), n, VW, t, float(value), n, what="fill")
     return t
 
 
@@ -52,14 +66,13 @@ def full_like(t, value):
 def add(a, b):
     """a + b of two tensors of one shape, outside the graph (gradients summed over an op's uses)."""
     out = empty(a.shape, a.device)
-    _flat_launch(a.device, _elementwise(a.device, "axpby"), -(-a.size // VW), a, b, out, 1.0, 1.0, a.size,
-                 what="add")
+    _map(a.device, _elementwise(a.device, "axpby"), a.size, VW, a, b, out, 1.0, 1.0, a.size, what="add")
     return out
 
 
 def mul(a, b):
     out = empty(a.shape, a.device)
-    _flat_launch(a.device, _elementwise(a.device, "mul"), a.size, a, b, out, a.size, what="mul")
+    _map(a.device, _elementwise(a.device, "mul"), a.size, 1, a, b, out, a.size, what="mul")
     return out
 
 
@@ -70,8 +83,8 @@ def accumulate(leaf, g):
         return
     if leaf.grad.shape != leaf.shape:
         raise RuntimeError(f"clnet: the .grad of a tensor of shape {leaf.shape} has shape {leaf.grad.shape}")
-    _flat_launch(leaf.device, _elementwise(leaf.device, "accumulate"), -(-g.size // VW), leaf.grad, g, g.size,
-                 what="gradient accumulation")
+    _map(leaf.device, _elementwise(leaf.device, "accumulate"), g.size, VW, leaf.grad, g, g.size,
+         what="gradient accumulation")
 
 
 def check_gradient(y, grad):
@@ -122,15 +135,22 @@ class Sum(Function):
         out = empty((), x.device)
         lsize = _pow2_group(x.device)
         k = _elementwise(x.device, "reduce_sum", dict(LSIZE=lsize))
-        kernels.launch(x.device, k, (lsize,), (lsize,), x, out, float(scale), x.size, what="sum")
+        n = x.size
+        if n > kernels.INDEX_LIMIT:  # a launch per chunk, each adding its sum to out
+            for start, count in chunks(x.device, "sum", x.shape, n, [1], unit="element"):
+                kernels.launch(x.device, k, (lsize,), (lsize,), x.region(start, (count,)), out, float(scale), count,
+                               what="sum")
+                k = _elementwise(x.device, "reduce_sum", dict(LSIZE=lsize, ACCUMULATE=True))
+            return out
+        kernels.launch(x.device, k, (lsize,), (lsize,), x, out, float(scale), n, what="sum")
         return out
 
     def backward(self, dy):
         if dy is None:
             return full(self.in_shape, self.out_device, self.scale)
         dx = empty(self.in_shape, self.out_device)
-        _flat_launch(dx.device, _elementwise(dx.device, "fill_scaled"), dx.size, dx, dy, float(self.scale), dx.size,
-                     what="sum backward")
+        _map(dx.device, _elementwise(dx.device, "fill_scaled"), dx.size, 1, dx, dy, float(self.scale), dx.size,
+             what="sum backward")
         return dx
 
 
@@ -146,8 +166,7 @@ class Axpby(Function):
     def forward(self, a, b, alpha, beta):
         self.alpha, self.beta = alpha, beta
         out = empty(a.shape, a.device)
-        _flat_launch(a.device, _elementwise(a.device, "axpby"), -(-a.size // VW), a, b, out, alpha, beta, a.size,
-                     what="add")
+        _map(a.device, _elementwise(a.device, "axpby"), a.size, VW, a, b, out, alpha, beta, a.size, what="add")
         return out
 
     def backward(self, dy):
@@ -157,8 +176,8 @@ class Axpby(Function):
 
 def _affine(x, alpha, beta):
     out = empty(x.shape, x.device)
-    _flat_launch(x.device, _elementwise(x.device, "affine"), x.size, x, out, float(alpha), float(beta), x.size,
-                 what="scale")
+    _map(x.device, _elementwise(x.device, "affine"), x.size, 1, x, out, float(alpha), float(beta), x.size,
+         what="scale")
     return out
 
 
@@ -222,30 +241,56 @@ class Cat(Function):
         shape = ref[:dim] + (sum(self.sizes),) + ref[dim + 1:]
         out = empty(shape, xs[0].device)
         outer, inner = int(np.prod(ref[:dim], dtype=np.int64)), int(np.prod(ref[dim + 1:], dtype=np.int64))
-        k = _elementwise(out.device, "copy2d")
         offset, ld = 0, shape[dim] * inner
         for x, n in zip(xs, self.sizes):
-            kernels.launch(out.device, k, (n * inner, outer), None, x, 0, n * inner, out, offset, ld, outer,
-                           n * inner, what="cat")
+            _copy2d(x, 0, n * inner, out, offset, ld, outer, n * inner, what="cat")
             offset += n * inner
         return out
 
     def backward(self, dy):
         dim, shape = self.dim, dy.shape
         outer, inner = int(np.prod(shape[:dim], dtype=np.int64)), int(np.prod(shape[dim + 1:], dtype=np.int64))
-        k = _elementwise(dy.device, "copy2d")
         grads, offset, ld = [], 0, shape[dim] * inner
         for need, n in zip(self.needs, self.sizes):
             if need:
                 g = empty(shape[:dim] + (n,) + shape[dim + 1:], dy.device)
-                kernels.launch(dy.device, k, (n * inner, outer), None, dy, offset, ld, g, 0, n * inner, outer,
-                               n * inner, what="cat backward")
+                _copy2d(dy, offset, ld, g, 0, n * inner, outer, n * inner, what="cat backward")
                 grads.append(g)
             else:
                 grads.append(None)
             offset += n * inner
         return tuple(grads)
 
+
+def _copy2d(src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what):
+    """dst[dst_off + r*dst_ld + c] = src[src_off + r*src_ld + c] for r < rows, c < cols. Past kernels.INDEX_LIMIT,
+    in blocks of rows (or, for rows longer than the limit, pieces of one row), each over sub-buffers that start at
+    the aligned element before the block's first and end past its last, the few elements between passed as offsets."""
+    dev = dst.device
+    k = _elementwise(dev, "copy2d")
+    if max(src.size, dst.size) <= kernels.INDEX_LIMIT:
+        kernels.launch(dev, k, (cols, rows), None, src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what=what)
+        return
+    align = region_alignment(dev) // 4
+    span = kernels.INDEX_LIMIT - align  # elements a block may cover past its aligned start
+    if span < 1:
+        raise too_large(what, dst.shape, "raise kernels.INDEX_LIMIT")
+    ld = max(src_ld, dst_ld, 1)
+    if ld <= span:  # cols <= ld: a block of whole rows
+        step_r, step_c = span // ld, cols
+    else:
+        step_r, step_c = 1, span
+    for r0 in range(0, rows, step_r):
+        nr = min(step_r, rows - r0)
+        for c0 in range(0, cols, step_c):
+            nc = min(step_c, cols - c0)
+            views = []
+            for t, off, tld in ((src, src_off, src_ld), (dst, dst_off, dst_ld)):
+                first = off + r0 * tld + c0
+                base = first // align * align
+                views += [t.region(base, (first - base + (nr - 1) * tld + nc,)), first - base]
+            kernels.launch(dev, k, (nc, nr), None, views[0], views[1], src_ld, views[2], views[3], dst_ld, nr, nc,
+                           what=what)
 
 
 def cat(tensors, dim=0):
@@ -285,7 +330,7 @@ class Activation(Function):
         self.kind = kind
         y = empty(x.shape, x.device)
         k = _elementwise(x.device, "act_fwd", dict(ACT=ACTIVATIONS[kind]))
-        _flat_launch(x.device, k, -(-x.size // VW), x, y, x.size, what=kind)
+        _map(x.device, k, x.size, VW, x, y, x.size, what=kind)
         self.save(y)
         return y
 
@@ -293,7 +338,7 @@ class Activation(Function):
         y, = self.saved
         dx = empty(y.shape, y.device)
         k = _elementwise(y.device, "act_bwd", dict(ACT=ACTIVATIONS[self.kind]))
-        _flat_launch(y.device, k, -(-y.size // VW), y, dy, dx, y.size, what=self.kind + " backward")
+        _map(y.device, k, y.size, VW, y, dy, dx, y.size, what=self.kind + " backward")
         return dx
 
 
@@ -301,6 +346,8 @@ class Dropout(Function):
     def forward(self, x, p, seed):
         """seed: an int, or a kernels.Live of np.uint32 that a per-step action redraws (so a replayed graph draws
         a fresh mask each step)."""
+        if x.size > kernels.INDEX_LIMIT:  # its random stream is indexed by the element's 32-bit index
+            raise too_large("dropout", x.shape, "apply dropout to a smaller batch, or to slices of this one")
         y, mask = empty(x.shape, x.device), empty(x.shape, x.device)
         k = _elementwise(x.device, "dropout_fwd")
         seed = seed if type(seed) is kernels.Live else np.uint32(seed & 0xFFFFFFFF)
@@ -321,7 +368,7 @@ class Softmax(Function):
         outer, inner = _outer_inner(x.shape, dim)
         y = empty(x.shape, x.device)
         k = kernels.kernel(x.device, "softmax.cl", "softmax_fwd", dict(LOG=log))
-        _flat_launch(x.device, k, outer * inner, x, y, outer, x.shape[dim], inner, what="softmax")
+        _softmax_launch(k, (x, y), outer, x.shape[dim], inner, "log_softmax" if log else "softmax")
         self.save(y)
         return y
 
@@ -330,9 +377,20 @@ class Softmax(Function):
         outer, inner = _outer_inner(y.shape, self.dim)
         dx = empty(y.shape, y.device)
         k = kernels.kernel(y.device, "softmax.cl", "softmax_bwd", dict(LOG=self.log))
-        _flat_launch(y.device, k, outer * inner, y, dy, dx, outer, y.shape[self.dim], inner,
-                     what="softmax backward")
+        _softmax_launch(k, (y, dy, dx), outer, y.shape[self.dim], inner,
+                        ("log_softmax" if self.log else "softmax") + " backward")
         return dx
+
+
+def _softmax_launch(k, tensors, outer, C, inner, what):
+    """A work-item per (outer, inner) position; past kernels.INDEX_LIMIT, a launch per run of outer rows."""
+    dev, row = tensors[0].device, C * inner
+    if outer * row <= kernels.INDEX_LIMIT:
+        _flat_launch(dev, k, outer * inner, *tensors, outer, C, inner, what=what)
+        return
+    for start, count in chunks(dev, what, tensors[0].shape, outer, [row], unit="row before the softmax dimension"):
+        part = tuple(t.region(start * row, (count * row,)) for t in tensors)
+        _flat_launch(dev, k, count * inner, *part, count, C, inner, what=what)
 
 
 def _outer_inner(shape, dim):
@@ -350,6 +408,14 @@ class CrossEntropy(Function):
         N, C = logits.shape
         grad, loss, metrics = empty(logits.shape, dev), empty((), dev), empty((2,), dev)
         lsize = _pow2_group(dev)
+        if logits.size > kernels.INDEX_LIMIT:  # a launch per run of rows, each adding to loss and metrics
+            k = kernels.kernel(dev, "softmax.cl", "cross_entropy_part", dict(LSIZE=lsize))
+            for start, count in chunks(dev, "cross_entropy", logits.shape, N, [C, 1], unit="row"):
+                kernels.launch(dev, k, (lsize,), (lsize,), logits.region(start * C, (count, C)),
+                               labels.region(start, (count,)), count, C, 1.0 / N, int(start == 0),
+                               grad.region(start * C, (count, C)), loss, metrics, what="cross-entropy")
+            self.save(grad)
+            return loss, metrics
         k = kernels.kernel(dev, "softmax.cl", "cross_entropy", dict(LSIZE=lsize))
         kernels.launch(dev, k, (lsize,), (lsize,), logits, labels, N, C, grad, loss, metrics, what="cross-entropy")
         self.save(grad)
@@ -360,8 +426,8 @@ class CrossEntropy(Function):
         if dy is None:
             return grad, None
         out = empty(grad.shape, grad.device)
-        _flat_launch(grad.device, _elementwise(grad.device, "scale_by"), grad.size, grad, dy, out, grad.size,
-                     what="cross-entropy backward")
+        _map(grad.device, _elementwise(grad.device, "scale_by"), grad.size, 1, grad, dy, out, grad.size,
+             what="cross-entropy backward")
         return out, None
 
 
@@ -397,9 +463,23 @@ def cross_entropy(logits, labels):
 
 # ---- pooling -------------------------------------------------------------------------------------------------------
 
-def _pool_args(x_shape, out_hw, k, s, p):
+def _pool_launch(kern, per, head, tail, x_shape, out_hw, geometry, what):
+    """A pooling kernel: its tensors `head`, the geometry, its tensors `tail`; a work-item per output element (per
+    "out"), input element ("in") or plane ("plane"). Past kernels.INDEX_LIMIT, a launch per run of planes."""
     N, C, H, W = x_shape
-    return (N * C, H, W, k[0], k[1], s[0], s[1], p[0], p[1], out_hw[0], out_hw[1])
+    planes, HW, OHW = N * C, H * W, out_hw[0] * out_hw[1]
+    dev = head[0].device
+    k, s, p = geometry
+    window = (k[0], k[1], s[0], s[1], p[0], p[1], out_hw[0], out_hw[1])
+    if planes * max(HW, OHW) <= kernels.INDEX_LIMIT:
+        n = planes * (OHW if per == "out" else HW if per == "in" else 1)
+        _flat_launch(dev, kern, n, *head, planes, H, W, *window, *tail, what=what)
+        return
+    for start, count in chunks(dev, what, x_shape, planes, [HW, OHW], unit="plane"):
+        head_c, tail_c = ([t.region(start * (t.size // planes), (count * (t.size // planes),)) for t in ts]
+                          for ts in (head, tail))
+        n = count * (OHW if per == "out" else HW if per == "in" else 1)
+        _flat_launch(dev, kern, n, *head_c, count, H, W, *window, *tail_c, what=what)
 
 
 class MaxPool2d(Function):
@@ -410,10 +490,10 @@ class MaxPool2d(Function):
         y = empty(out_shape, x.device)
         idx = empty(out_shape, x.device, np.int32)
         if not tuning.cpu_shaped(x.device):
-            kern, n = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd"), y.size
+            kern, per = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd"), "out"
         else:  # one work-item per plane
-            kern, n = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_planes"), out_shape[0] * out_shape[1]
-        _flat_launch(x.device, kern, n, x, *_pool_args(x.shape, out_shape[2:], k, s, p), y, idx, what="max pooling")
+            kern, per = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_planes"), "plane"
+        _pool_launch(kern, per, (x,), (y, idx), x.shape, out_shape[2:], self.geometry, "max pooling")
         self.save(idx)
         return y
 
@@ -422,11 +502,10 @@ class MaxPool2d(Function):
         x_shape = self.in_shape
         dx = empty(x_shape, dy.device)
         if not tuning.cpu_shaped(dy.device):
-            kern, n = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd"), dx.size
+            kern, per = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd"), "in"
         else:  # one work-item per plane: scatter without a search per element
-            kern, n = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd_planes"), x_shape[0] * x_shape[1]
-        _flat_launch(dy.device, kern, n, dy, idx, *_pool_args(x_shape, dy.shape[2:], *self.geometry), dx,
-                     what="max pooling backward")
+            kern, per = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd_planes"), "plane"
+        _pool_launch(kern, per, (dy, idx), (dx,), x_shape, dy.shape[2:], self.geometry, "max pooling backward")
         return dx
 
 
@@ -437,16 +516,14 @@ class AvgPool2d(Function):
         self.geometry, self.count_pad, self.in_shape = (k, s, p), count_include_pad, x.shape
         y = empty(out_shape, x.device)
         kern = kernels.kernel(x.device, "pool.cl", "avgpool2d_fwd", dict(COUNT_PAD=count_include_pad))
-        _flat_launch(x.device, kern, y.size, x, *_pool_args(x.shape, out_shape[2:], k, s, p), y,
-                     what="average pooling")
+        _pool_launch(kern, "out", (x,), (y,), x.shape, out_shape[2:], self.geometry, "average pooling")
         return y
 
     def backward(self, dy):
         x_shape = self.in_shape
         dx = empty(x_shape, dy.device)
         kern = kernels.kernel(dy.device, "pool.cl", "avgpool2d_bwd", dict(COUNT_PAD=self.count_pad))
-        _flat_launch(dy.device, kern, dx.size, dy, *_pool_args(x_shape, dy.shape[2:], *self.geometry), dx,
-                     what="average pooling backward")
+        _pool_launch(kern, "in", (dy,), (dx,), x_shape, dy.shape[2:], self.geometry, "average pooling backward")
         return dx
 
 
@@ -553,8 +630,7 @@ def sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov):
     """lr and weight_decay: floats or kernels.Live (np.float32) that a per-step action sets."""
     lr, weight_decay = (a if type(a) is kernels.Live else float(a) for a in (lr, weight_decay))
     k = kernels.kernel(p.device, "sgd.cl", "sgd_step", dict(MOMENTUM=momentum != 0, NESTEROV=nesterov))
-    _flat_launch(p.device, k, -(-p.size // VW), p, g, buf, p.size, lr, float(momentum), weight_decay,
-                 what="SGD step")
+    _map(p.device, k, p.size, VW, p, g, buf, p.size, lr, float(momentum), weight_decay, what="SGD step")
 
 
 sys.modules[Tensor.__module__].ops = sys.modules[__name__]  # Tensor's operators and reshape call this table

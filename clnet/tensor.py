@@ -130,11 +130,14 @@ class _Storage:
 
 
 class _Region:
-    """A sub-buffer over part of another tensor's storage (which it keeps alive); never pooled itself."""
-    __slots__ = ("buffer", "size", "parent")
+    """A sub-buffer over part of another tensor's storage (which it keeps alive); never pooled itself. A region of a
+    region is one of its parent (OpenCL has no sub-buffers of sub-buffers)."""
+    __slots__ = ("buffer", "size", "parent", "offset")
 
     def __init__(self, parent, offset_bytes, nbytes):
-        self.parent = parent
+        if type(parent) is _Region:
+            parent, offset_bytes = parent.parent, parent.offset + offset_bytes
+        self.parent, self.offset = parent, offset_bytes
         self.buffer = parent.buffer.get_sub_region(offset_bytes, nbytes)
         self.size = nbytes
 
@@ -166,9 +169,6 @@ class Tensor:
         self.dtype = dtype = _FLOAT32 if dtype is np.float32 else (_INT32 if dtype is np.int32 else np.dtype(dtype))
         if dtype not in DTYPES:
             raise TypeError(f"clnet tensors hold float32 or int32, not {self.dtype}")
-        if math.prod(shape) >= 2**31:
-            raise ValueError(f"clnet tensors hold fewer than 2**31 elements (kernels index with 32-bit integers); "
-                             f"shape {self.shape} has {math.prod(self.shape)}: use a smaller batch")
         self.requires_grad, self.grad, self.grad_fn = False, None, None
         self.value_range = None
         self._host = _host
@@ -445,6 +445,39 @@ class Parameter(Tensor):
 def region_alignment(dev):
     """Bytes a sub-buffer's start must be a multiple of on dev."""
     return max(dev.cl_device.mem_base_addr_align // 8, 4)
+
+
+class TooLarge(ValueError):
+    """An op that cannot split a tensor past kernels.INDEX_LIMIT elements into launches that fit; raised before it
+    launches anything."""
+
+
+def chunks(dev, what, shape, count, unit_sizes, unit="image", multiple=1):
+    """Runs [(start, n)] of whole units covering `count` of them (images, planes, rows), for an op whose tensors
+    are too large for one launch: each tensor of each run (unit_sizes: its elements per unit, 4-byte elements) holds
+    at most kernels.INDEX_LIMIT elements and starts where a sub-buffer may (`region_alignment`), at a multiple of
+    `multiple` elements too. TooLarge, naming `what`, `shape` and the fix, when not even one aligned run fits."""
+    limit = kernels.INDEX_LIMIT
+    align = region_alignment(dev) // 4
+    step = 1
+    for u in unit_sizes:
+        for m in (align, multiple):
+            step = math.lcm(step, m // math.gcd(u, m))
+    per = limit // max(max(unit_sizes), 1) // step * step
+    if per == 0:
+        biggest = max(unit_sizes) * step
+        raise TooLarge(f"{what}: a tensor of shape {tuple(shape)} has more than {limit} elements (kernels.INDEX_LIMIT: "
+                       f"what one launch indexes with 32-bit integers), and runs of whole {unit}s that start where "
+                       f"{dev.name} allows a sub-buffer take {biggest} elements at least; use smaller {unit}s "
+                       f"(at most {limit // step} elements each)")
+    return [(s, min(per, count - s)) for s in range(0, count, per)]
+
+
+def too_large(what, shape, fix):
+    """TooLarge for an op that runs only tensors within kernels.INDEX_LIMIT elements."""
+    return TooLarge(f"{what}: a tensor of shape {tuple(shape)} has {math.prod(shape)} elements, more than the "
+                    f"{kernels.INDEX_LIMIT} one launch indexes with 32-bit integers (kernels.INDEX_LIMIT), and "
+                    f"{what} does not split its launches; {fix}")
 
 
 def empty(shape, device, dtype=np.float32):

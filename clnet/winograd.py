@@ -82,11 +82,13 @@ def tiles(s, m=2):
 
 
 def chunk(s, dev, m=2):
-    """Images per chunk, so that V and M together stay within the im2col column budget (tuning.col_bytes)."""
+    """Images per chunk, so that V and M together stay within the im2col column budget (tuning.col_bytes), and
+    each within the index limit (kernels.INDEX_LIMIT)."""
     th, tw = tiles(s, m)
     a = m + s.KH - 1
     per_image = a * a * (s.C + s.O) * th * tw * 4
-    return max(1, min(s.N, tuning.col_bytes(dev) // per_image))
+    return max(1, min(s.N, tuning.col_bytes(dev) // per_image,
+                      kernels.INDEX_LIMIT // (a * a * max(s.C, s.O) * th * tw)))
 
 
 def _kernel(dev, name, m, r, **defines):

@@ -1,0 +1,259 @@
+"""Tensors past the index limit (kernels.INDEX_LIMIT, what one launch indexes with 32-bit integers): each op splits
+its launches, or refuses before launching. The limit is set to a few thousand elements here, so small tensors take
+the paths a batch past 2**31 elements takes on a GPU (bench/large_tensors.py runs those with the real limit). Every
+launch inside a test is checked to pass no tensor larger than the limit, so a path that forgot to split fails even
+where its 32-bit indices would not yet overflow."""
+import numpy as np
+import pytest
+
+import clnet
+from clnet import kernels, ops
+from clnet.nn import functional as F
+from clnet.tensor import TooLarge, empty
+
+import reference as ref
+from conftest import assert_close, no_launch
+
+
+@pytest.fixture
+def limit(monkeypatch):
+    """Sets kernels.INDEX_LIMIT (restored after the test) and fails any launch given a tensor larger than it."""
+    launch = kernels.launch
+
+    def checked(dev, k, global_size, local_size, *args, what=""):
+        for a in args:
+            if isinstance(a, clnet.Tensor):
+                assert a.size <= kernels.INDEX_LIMIT, \
+                    f"{what or k.name}: a tensor of shape {a.shape} past the limit {kernels.INDEX_LIMIT}"
+        return launch(dev, k, global_size, local_size, *args, what=what)
+
+    monkeypatch.setattr(kernels, "launch", checked)
+
+    def set_limit(n):
+        monkeypatch.setattr(kernels, "INDEX_LIMIT", n)
+    set_limit(5000)
+    return set_limit
+
+
+def leaf(dev, array):
+    return clnet.tensor(array.astype(np.float32), dev, requires_grad=True)
+
+
+def test_copies(dev, rng, limit):
+    a = rng.standard_normal(7001).astype(np.float32)
+    t = clnet.tensor(a, dev)
+    assert np.array_equal(t.numpy(), a)
+    u = empty((7001,), dev).copy_from(t)
+    assert np.array_equal(u.numpy(), a)
+    t.write(a[::-1])
+    assert np.array_equal(t.numpy(), a[::-1])
+    assert np.all(ops.full((7001,), dev, 2.5).numpy() == 2.5)
+
+
+@pytest.mark.parametrize("kind", ["relu", "relu6", "sigmoid", "tanh"])
+def test_activations(dev, rng, limit, kind):
+    x = rng.standard_normal(7001) * 4
+    x[np.abs(x) < 1e-3] += 0.01  # away from ReLU's kink
+    x[np.abs(x - 6) < 1e-3] += 0.01
+    dy = rng.standard_normal(7001)
+    t = leaf(dev, x)
+    y = getattr(F, kind)(t)
+    y.backward(clnet.tensor(dy, dev))
+    ry, rdx = ref.activation(kind, x.astype(np.float32), dy)
+    assert_close(y.numpy(), ry, kind)
+    assert_close(t.grad.numpy(), rdx, kind + " backward")
+
+
+def test_arithmetic(dev, rng, limit):
+    """a + b, a - b, a * b, scalar ops, and a gradient accumulated from several uses."""
+    a, b, dy = (rng.standard_normal(7001) for _ in range(3))
+    ta, tb = leaf(dev, a), leaf(dev, b)
+    y = (ta + tb) * ta - 3.0 * tb + 0.5 - ta / 4.0
+    y.backward(clnet.tensor(dy, dev))
+    a64, b64 = a.astype(np.float32).astype(np.float64), b.astype(np.float32).astype(np.float64)
+    assert_close(y.numpy(), (a64 + b64) * a64 - 3 * b64 + 0.5 - a64 / 4, "forward")
+    assert_close(ta.grad.numpy(), dy * (2 * a64 + b64 - 0.25), "d a")
+    assert_close(tb.grad.numpy(), dy * (a64 - 3), "d b")
+
+
+def test_sum_and_mean(dev, rng, limit):
+    x = rng.standard_normal((61, 127))
+    t = leaf(dev, x)
+    s = t.sum()
+    m = t.mean()
+    x64 = x.astype(np.float32).astype(np.float64)
+    assert_close(s.numpy(), x64.sum(), "sum", tol=1e-5)
+    assert_close(m.numpy(), x64.mean(), "mean", tol=1e-5)
+    (s + m * 2.0).backward()
+    assert_close(t.grad.numpy(), np.full(x.shape, 1 + 2 / x.size), "sum and mean backward")
+
+
+def test_sgd_step(dev, rng, limit):
+    p, g, buf = (rng.standard_normal(7001).astype(np.float32) for _ in range(3))
+    tp, tg, tb = (clnet.tensor(a, dev) for a in (p, g, buf))
+    ops.sgd_step(tp, tg, tb, 0.1, 0.9, 0.01, True)
+    rp, rbuf = ref.sgd(p.astype(np.float64), g, buf.astype(np.float64), 0.1, 0.9, 0.01, True)
+    assert_close(tp.numpy(), rp, "parameters")
+    assert_close(tb.numpy(), rbuf, "momentum")
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_pooling(dev, rng, limit, kernel_shape, pool):
+    """(5, 11, 13, 11): 55 planes of 143 values; runs of 32 planes (the sub-buffer alignment's) under 6000."""
+    limit(6000)
+    x = rng.standard_normal((5, 11, 13, 11))
+    t = leaf(dev, x)
+    if pool == "max":
+        y = F.max_pool2d(t, 3, 2, 1)
+    else:
+        y = F.avg_pool2d(t, 3, 2, 1, count_include_pad=False)
+    dy = rng.standard_normal(y.shape)
+    y.backward(clnet.tensor(dy, dev))
+    x32 = x.astype(np.float32)
+    if pool == "max":
+        ry, rdx = ref.maxpool2d(x32, (3, 3), (2, 2), (1, 1), False, dy)
+    else:
+        ry, rdx = ref.avgpool2d(x32, (3, 3), (2, 2), (1, 1), False, False, dy)
+    assert_close(y.numpy(), ry, pool + " pooling")
+    assert_close(t.grad.numpy(), rdx, pool + " pooling backward")
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm(dev, rng, limit, kernel_shape, training):
+    """(37, 6, 8, 7): images of 336 values, runs of 14 images under 5000 (37 is no multiple of them)."""
+    x = rng.standard_normal((37, 6, 8, 7)) * 2 + 3
+    w, b = rng.standard_normal(6), rng.standard_normal(6)
+    rm, rv = rng.standard_normal(6), rng.uniform(0.5, 2, 6)
+    tx, tw, tb = leaf(dev, x), leaf(dev, w), leaf(dev, b)
+    trm, trv = clnet.tensor(rm, dev), clnet.tensor(rv, dev)
+    y = F.batch_norm(tx, trm, trv, tw, tb, training=training, momentum=0.1, eps=1e-5)
+    dy = rng.standard_normal(x.shape)
+    y.backward(clnet.tensor(dy, dev))
+    x, w, b, rm, rv = (a.astype(np.float32) for a in (x, w, b, rm, rv))
+    if training:
+        ry, mean, var, rdx, rdw, rdb = ref.batch_norm_train(x, w, b, 1e-5, dy)
+        assert_close(trm.numpy(), ref.running_update(rm, mean, 0.1), "running mean")
+        assert_close(trv.numpy(), ref.running_update(rv, var, 0.1), "running var")
+    else:
+        ry, rdx, rdw, rdb = ref.batch_norm_eval(x, rm, rv, w, b, 1e-5, dy)
+    assert_close(y.numpy(), ry, "batch norm", tol=1e-4)
+    assert_close(tx.grad.numpy(), rdx, "d x", tol=1e-4)
+    assert_close(tw.grad.numpy(), rdw, "d weight", tol=1e-4)
+    assert_close(tb.grad.numpy(), rdb, "d bias", tol=1e-4)
+
+
+def test_local_response_norm(dev, rng, limit):
+    x = rng.standard_normal((37, 6, 8, 7))
+    t = leaf(dev, x)
+    y = F.local_response_norm(t, 3, 1e-2, 0.75, 1.0)
+    dy = rng.standard_normal(x.shape)
+    y.backward(clnet.tensor(dy, dev))
+    ry, rdx = ref.local_response_norm(x.astype(np.float32), 3, 1e-2, 0.75, 1.0, dy)
+    assert_close(y.numpy(), ry, "lrn")
+    assert_close(t.grad.numpy(), rdx, "lrn backward")
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax(dev, rng, limit, log):
+    """Over the middle dimension of (37, 5, 29): rows of 145 values, runs of 32 rows."""
+    x = rng.standard_normal((37, 5, 29)) * 3
+    t = leaf(dev, x)
+    y = (F.log_softmax if log else F.softmax)(t, dim=1)
+    dy = rng.standard_normal(x.shape)
+    y.backward(clnet.tensor(dy, dev))
+    ry, rdx = ref.softmax(x.astype(np.float32), 1, log, dy)
+    assert_close(y.numpy(), ry, "softmax")
+    assert_close(t.grad.numpy(), rdx, "softmax backward")
+
+
+def test_cross_entropy(dev, rng, limit):
+    """Logits (397, 13): runs of 384 rows, then 13."""
+    z = rng.standard_normal((397, 13)) * 3
+    labels = rng.integers(0, 13, 397)
+    t = leaf(dev, z)
+    loss, metrics = ops.cross_entropy(t, labels)
+    loss.backward()
+    rloss, rgrad = ref.cross_entropy(z.astype(np.float32), labels)
+    assert_close(loss.numpy(), rloss, "loss")
+    assert_close(metrics.numpy()[0], rloss, "metrics loss")
+    assert metrics.numpy()[1] == np.sum(z.astype(np.float32).argmax(axis=1) == labels)
+    assert_close(t.grad.numpy(), rgrad, "d logits")
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_cat(dev, rng, limit, dim):
+    """Along dim 1, blocks of whole rows; along dim 0 each row (the whole tensor) is cut into pieces."""
+    shapes = [(7, 3, 131), (7, 5, 131)] if dim == 1 else [(23, 131), (31, 131)]
+    xs = [rng.standard_normal(s) for s in shapes]
+    ts = [leaf(dev, x) for x in xs]
+    y = ops.cat(ts, dim)
+    dy = rng.standard_normal(y.shape)
+    y.backward(clnet.tensor(dy, dev))
+    ry, *rdx = ref.cat([x.astype(np.float32) for x in xs], dim, dy)
+    assert np.array_equal(y.numpy(), ry.astype(np.float32))
+    for t, r in zip(ts, rdx):
+        assert np.array_equal(t.grad.numpy(), r.astype(np.float32))
+
+
+def test_conv2d(dev, rng, limit):
+    """(45, 3, 11, 9) -> (45, 4, 11, 9): runs of 32 images (the alignment's for 297-value images), then 13."""
+    limit(16000)
+    x = rng.standard_normal((45, 3, 11, 9))
+    w, b = rng.standard_normal((4, 3, 3, 3)), rng.standard_normal(4)
+    tx, tw, tb = leaf(dev, x), leaf(dev, w), leaf(dev, b)
+    y = F.conv2d(tx, tw, tb, padding=1)
+    dy = rng.standard_normal(y.shape)
+    y.backward(clnet.tensor(dy, dev))
+    ry, rdx, rdw, rdb = ref.conv2d(x.astype(np.float32), w.astype(np.float32), b.astype(np.float32), (1, 1), (1, 1),
+                                   (2, 2), (1, 1), 1, dy)
+    assert_close(y.numpy(), ry, "conv2d")
+    assert_close(tx.grad.numpy(), rdx, "d x")
+    assert_close(tw.grad.numpy(), rdw, "d weight")
+    assert_close(tb.grad.numpy(), rdb, "d bias")
+
+
+def test_linear(dev, rng, limit):
+    """(301, 19) @ (23, 19)^T: runs of 192 rows, then 109."""
+    x = rng.standard_normal((301, 19))
+    w, b = rng.standard_normal((23, 19)), rng.standard_normal(23)
+    tx, tw, tb = leaf(dev, x), leaf(dev, w), leaf(dev, b)
+    y = F.linear(tx, tw, tb)
+    dy = rng.standard_normal(y.shape)
+    y.backward(clnet.tensor(dy, dev))
+    ry, rdx, rdw, rdb = ref.linear(x.astype(np.float32), w.astype(np.float32), b.astype(np.float32), dy)
+    assert_close(y.numpy(), ry, "linear")
+    assert_close(tx.grad.numpy(), rdx, "d x")
+    assert_close(tw.grad.numpy(), rdw, "d weight")
+    assert_close(tb.grad.numpy(), rdb, "d bias")
+
+
+def test_captured_step_replays_split_launches(dev, rng, limit):
+    """A graph captures the chunked launches (over sub-buffers) and replays them on new data."""
+    x = clnet.tensor(rng.standard_normal(7001), dev)
+    g = clnet.Graph()
+    with g.capture():
+        y = F.relu(x * 2.0)
+    fresh = rng.standard_normal(7001).astype(np.float32)
+    x.write(fresh)
+    g.replay()
+    assert_close(y.numpy(), np.maximum(2 * fresh.astype(np.float64), 0), "replayed")
+
+
+def test_refusals(dev, rng, limit):
+    """Dropout does not split its launches; pooling cannot when one aligned run of planes is past the limit. Both
+    say so before any launch, naming the op, the shape, the limit and the fix."""
+    x = clnet.tensor(rng.standard_normal((3, 7001)), dev)
+    with no_launch(), pytest.raises(TooLarge, match=r"dropout: a tensor of shape \(3, 7001\).*5000.*smaller batch"):
+        F.dropout(x, 0.5)
+    limit(1000)
+    x = clnet.tensor(rng.standard_normal((5, 11, 13, 11)), dev)
+    with no_launch(), pytest.raises(TooLarge, match=r"max pooling: a tensor of shape \(5, 11, 13, 11\).*1000.*"
+                                                    r"smaller planes"):
+        F.max_pool2d(x, 3, 2, 1)
+
+
+def test_allocation_past_the_device_limit(dev):
+    """A tensor larger than one buffer may be is refused with clnet's out-of-memory error, naming its shape."""
+    n = dev.cl_device.max_mem_alloc_size // 4 + 1
+    with pytest.raises(clnet.OutOfMemory, match=rf"allocates at once.*a tensor of shape \({n},\)"):
+        empty((n,), dev)
