@@ -44,6 +44,9 @@ class Graph:
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
         self._taken = []  # (pool, creation number, buffer, size): freed during capture, out of the pool until we go
         self.launches = 0
+        # clFlush after every this many items (0: never): a driver that holds enqueued work until a flush or a wait
+        # would otherwise start the device only when the host has enqueued the whole step
+        self.flush_every = 0
         self.captured = False
         self.failed = False  # its capture raised: nothing to replay
 
@@ -134,7 +137,8 @@ class Graph:
             raise CaptureError("replay() inside another Graph's capture: graphs do not nest")
         enqueue = cl.enqueue_nd_range_kernel
         queue = self._queue
-        for item in self._items:
+        every = self.flush_every
+        for n, item in enumerate(self._items, 1):
             if type(item) is tuple:
                 clone, gsize, lsize, live = item
                 for i, box in live:
@@ -142,6 +146,10 @@ class Graph:
                 enqueue(queue, clone, gsize, lsize)
             else:
                 item()
+            if every and n % every == 0:
+                queue.flush()
+        if every:
+            queue.flush()
         kernels.launch_count += self.launches
 
     def __del__(self):

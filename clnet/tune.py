@@ -11,6 +11,7 @@ training step. The model's weights and buffers are left as they were; its gradie
 zero_grad before training, as every step does).
 """
 import contextlib
+import hashlib
 import math
 import time
 
@@ -222,12 +223,20 @@ def tune_first(model, input_shape, dev, flag, echo, progress=None, budget_s=FIRS
     holds a whole iteration's buffers) the run keeps the defaults. Returns the report, or None."""
     if not (flag or (flag is None and dev.is_gpu)):
         return None
+    # A first run spends the budget once per model and shape: later runs start at once, with what it tuned
+    spent = "first-run budget spent: " + hashlib.sha1(f"{model!r} {tuple(input_shape)}".encode()).hexdigest()[:16]
+    if flag is None and spent in tuning.entries(dev):
+        echo("tuning: none (an earlier run spent this model's first-run budget; `clnet tune` tunes the shapes it "
+             "left at defaults)")
+        return None
     try:
         report = tune_module(model, input_shape, dev, budget_s=budget_s, progress=progress)
     except MemoryError:
         echo("tuning: skipped, out of device memory (default kernel choices used; `clnet tune` with a smaller "
              "--batch may fit)")
         return None
+    if report["left"]:
+        tuning.store(dev, {spent: True})
     rejected = sum(len(v) for v in report["rejected"].values())
     echo(f"tuning: {len(report['tuned'])} shapes tuned, {report['cached']} cached, {len(report['left'])} left at "
          f"defaults, {report['seconds']:.1f} s (cache {tuning.cache_path()})"

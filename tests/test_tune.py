@@ -387,7 +387,7 @@ def test_tune_first_says_how_many_choices_were_skipped(dev, monkeypatch):
     assert "budget" not in said[0]
 
 
-def test_tune_first_keeps_to_its_budget_and_says_what_it_left(dev, monkeypatch):
+def test_tune_first_keeps_to_its_budget_and_says_what_it_left(dev, monkeypatch, cache_dir):
     """A first run tunes for a few seconds only; the shapes left keep their defaults, and the line says so."""
     seen = {}
 
@@ -399,6 +399,28 @@ def test_tune_first_keeps_to_its_budget_and_says_what_it_left(dev, monkeypatch):
     tune.tune_first(None, (1, 1, 2, 2), dev, True, said.append)
     assert seen["budget_s"] == tune.FIRST_RUN_BUDGET_S <= 10
     assert "2 left at defaults" in said[0] and "budget ran out: `clnet tune` tunes the rest" in said[0]
+
+
+def test_a_second_run_does_not_spend_the_first_run_budget_again(dev, monkeypatch, cache_dir):
+    """Where the first run's budget left shapes at defaults, the next run of that model and shape starts at once; the
+    user's --tune, another shape or another model still tune."""
+    calls = []
+
+    def tune_module(model, input_shape, *args, **kwargs):
+        calls.append((model, input_shape))
+        return dict(tuned={}, cached=0, left=["a"], seconds=1.0, rejected={}, unchecked=[])
+    monkeypatch.setattr(tune, "tune_module", tune_module)
+    monkeypatch.setattr(dev, "is_gpu", True)  # first runs tune by themselves on GPUs only
+    said = []
+    for _ in range(2):
+        tune.tune_first("model A", (1, 1, 2, 2), dev, None, said.append)
+    assert calls == [("model A", (1, 1, 2, 2))] and "an earlier run spent" in said[1]
+    tuning.forget()  # a new process reads the mark from the cache file
+    tune.tune_first("model A", (1, 1, 2, 2), dev, None, said.append)
+    tune.tune_first("model A", (1, 1, 2, 2), dev, True, said.append)
+    tune.tune_first("model A", (2, 1, 2, 2), dev, None, said.append)
+    tune.tune_first("model B", (1, 1, 2, 2), dev, None, said.append)
+    assert calls[1:] == [("model A", (1, 1, 2, 2)), ("model A", (2, 1, 2, 2)), ("model B", (1, 1, 2, 2))]
 
 
 def test_the_shipped_table_fills_what_the_cache_lacks(dev, cache_dir, tmp_path, monkeypatch):

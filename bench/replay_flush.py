@@ -1,0 +1,95 @@
+"""Does the device start a replayed step before the host has enqueued all of it? Times a captured training step
+(forward, cross-entropy, backward, SGD with momentum) three ways, with a clFlush after every K recorded items
+(K = 0: never, as before):
+
+- enqueue: the host's time in `replay()` alone (the queue finished before and after, outside the timing);
+- step: `replay()` then `finish()`, per step, as `clnet bench` times it;
+- loop: 50 replays back to back, finished once at the end, per step (a training loop's steady rate).
+
+If the driver holds the work until a flush or a wait, step = enqueue + device time; with flushes it can approach
+max(enqueue, device time).
+
+    python3 bench/replay_flush.py --device gpu --model lenet:64 --model lenet-wide:1 --json out.json
+"""
+import json
+import statistics
+import time
+
+import click
+import numpy as np
+
+import clnet
+from clnet import models, nn, optim
+
+
+def captured_step(name, batch, dev):
+    spec = models.MODELS[name]
+    clnet.manual_seed(0)
+    model = models.build(name).to(dev)
+    opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    rng = np.random.default_rng(0)
+    x = clnet.tensor(rng.standard_normal((batch,) + spec["input_shape"]).astype(np.float32), dev)
+    y = clnet.tensor(rng.integers(0, spec["classes"], batch).astype(np.int32), dev)
+
+    def step():
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+    for _ in range(3):
+        step()
+    g = clnet.Graph()
+    with g.capture():
+        step()
+    dev.synchronize()
+    return g
+
+
+def timings(g, dev, repeats=50, loop=50):
+    enq, step, per_loop = [], [], []
+    for _ in range(repeats):
+        dev.synchronize()
+        t0 = time.perf_counter()
+        g.replay()
+        enq.append(time.perf_counter() - t0)
+        dev.synchronize()
+        t0 = time.perf_counter()
+        g.replay()
+        dev.synchronize()
+        step.append(time.perf_counter() - t0)
+    for _ in range(5):
+        dev.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(loop):
+            g.replay()
+        dev.synchronize()
+        per_loop.append((time.perf_counter() - t0) / loop)
+    ms = lambda v: statistics.median(v) * 1e3  # noqa: E731
+    return dict(enqueue_ms=ms(enq), step_ms=ms(step), loop_ms=ms(per_loop))
+
+
+@click.command()
+@click.option("--device", "device_spec", default="auto")
+@click.option("--model", "specs", multiple=True, default=["lenet:64", "lenet-wide:1"], help="NAME:BATCH")
+@click.option("--flush", "flushes", default="0,1,2,4,8,16", help="K values, comma-separated")
+@click.option("--json", "json_path", default=None)
+def main(device_spec, specs, flushes, json_path):
+    dev = clnet.device(device_spec)
+    print(f"{dev.name} ({dev.platform_name}, driver {dev.driver_version})")
+    out = {}
+    for spec in specs:
+        name, batch = spec.split(":")
+        g = captured_step(name, int(batch), dev)
+        for k in (int(v) for v in flushes.split(",")):
+            g.flush_every = k
+            timings(g, dev, repeats=5, loop=5)  # warm
+            r = out[f"{spec} K={k}"] = dict(timings(g, dev), launches=g.launches, items=len(g._items))
+            print(f"{spec:14s} flush every {k:2d}: enqueue {r['enqueue_ms']:.3f} ms, step {r['step_ms']:.3f} ms, "
+                  f"loop {r['loop_ms']:.3f} ms per step ({g.launches} launches)", flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
