@@ -4,7 +4,7 @@ import dataclasses
 
 from . import direct, kernels, tuning, winograd
 from .gemm import NO_SPLIT, Mat, gemm
-from .tensor import chunks, empty, too_large
+from .tensor import TooLarge, chunks, empty
 
 
 def _im2col(x, s, n0, nimg, col):
@@ -59,8 +59,9 @@ def _image_runs(s, dev, what):
         return []
     col_image = s.C * s.KH * s.KW * s.OH * s.OW
     if col_image > kernels.INDEX_LIMIT:
-        raise too_large(what, (s.C * s.KH * s.KW, s.OH * s.OW), f"one image's column buffer (C*KH*KW, OH*OW) is "
-                        "that large: use smaller images or fewer input channels")
+        raise TooLarge(f"{what}: each image of an input of shape {(s.N, s.C, s.H, s.W)} lowers to a column buffer of "
+                       f"{col_image} elements (C*KH*KW x OH*OW), more than the {kernels.INDEX_LIMIT} one launch "
+                       "indexes with 32-bit integers (kernels.INDEX_LIMIT); use smaller images or fewer input channels")
     return chunks(dev, what, (s.N, s.C, s.H, s.W), s.N, [x_image, y_image])
 
 

@@ -347,7 +347,9 @@ class Dropout(Function):
         """seed: an int, or a kernels.Live of np.uint32 that a per-step action redraws (so a replayed graph draws
         a fresh mask each step)."""
         if x.size > kernels.INDEX_LIMIT:  # its random stream is indexed by the element's 32-bit index
-            raise too_large("dropout", x.shape, "apply dropout to a smaller batch, or to slices of this one")
+            fits = kernels.INDEX_LIMIT // max(x.size // max(x.shape[0], 1) if x.shape else x.size, 1)
+            raise too_large("dropout", x.shape, (f"use a batch of at most {fits}" if fits else "use smaller samples")
+                            + ", or apply dropout to slices of the tensor")
         y, mask = empty(x.shape, x.device), empty(x.shape, x.device)
         k = _elementwise(x.device, "dropout_fwd")
         seed = seed if type(seed) is kernels.Live else np.uint32(seed & 0xFFFFFFFF)
