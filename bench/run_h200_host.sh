@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Issue 16's H200 figures in one device call, on a fresh machine: first runs with empty caches (`clnet bench lenet` and
-# `clnet bench alexnet`, each then run again), the small zoo models tuned, their iterations against PyTorch eager and
-# as CUDA graphs (lenet and lenet-wide at batch 64 and 1, alexnet), lenet-wide's batch-1 Fashion-MNIST epoch, and the
-# graph tests on NVIDIA's OpenCL. Carries .whl and .data. JOBS picks the parts (default: all, in this order).
-# Files in $OUT: h200-host.log, bench-h200.json (every bench record by name), tuning-v2.json (the tuning cache, for
-# bench/ship_tuning.py), train-lenet-wide-b1.json. Steps stop being started after DEADLINE_S seconds (default 540).
+# Issues 16 and 17's H200 figures, on a fresh machine. JOBS picks the parts, run in the order given (default: first
+# tune bench train tests):
+#   first  first runs with empty caches (`clnet bench lenet` and `clnet bench alexnet`, each then run again)
+#   tune   the small zoo models tuned;  bench  their iterations against PyTorch eager and as CUDA graphs (lenet and
+#          lenet-wide at batch 64 and 1, alexnet);  train  lenet-wide's batch-1 Fashion-MNIST epoch
+#   tests  the graph and memory tests on NVIDIA's OpenCL;  flush  bench/replay_flush.py
+#   faults bench/out_of_memory.py, `clnet bench` at a batch that does not fit, bench/large_tensors.py
+#   zoo    each of MODELS tuned (TUNE_S seconds) and benchmarked against PyTorch
+# Carries .whl and .data. Files in $OUT: h200-host.log, bench-h200.json (every bench record by name), tuning-v2.json
+# (the tuning cache, for bench/ship_tuning.py), train-lenet-wide-b1.json, replay-flush.json. Steps stop being started
+# after DEADLINE_S seconds (default 540).
 set -u
 source bench/h200_env.sh
 LOG=$OUT/h200-host.log
@@ -57,6 +62,20 @@ for job in ${JOBS:-first tune bench train tests}; do
       timed timeout 240 python3 -m clnet.cli train lenet-wide --batch 1 --epochs 1 --lr ${B1_LR:-0.001} --momentum 0.9 \
         --dataset fashion-mnist --data-dir .data --device gpu --log "$OUT/train-lenet-wide-b1.json" 2>&1 \
         | grep -v "^\s*$" | tail -8 ;;
+    flush)
+      timed timeout 120 python3 bench/replay_flush.py --device gpu --model lenet:64 --model lenet-wide:1 \
+        --model lenet:1 --model lenet-wide:64 --json "$OUT/replay-flush.json" ;;
+    faults)
+      timed timeout 120 python3 bench/out_of_memory.py --device gpu --model resnet50 --batch 2048 --then 64
+      timed timeout 120 python3 -m clnet.cli bench resnet50 --batch 2048 --device gpu --no-tune 2>&1 | tail -3
+      timed timeout 150 python3 bench/large_tensors.py --device gpu ;;
+    zoo)
+      for m in ${MODELS:-googlenet resnet18 resnet50 vgg-a overfeat}; do
+        late "zoo $m" && continue
+        timed timeout 200 python3 -m clnet.cli tune "$m" --device gpu --budget ${TUNE_S:-60} 2>&1 | tail -1
+        keep_cache
+        late "bench $m" || bench_json "$m" "$m" --iterations 10
+      done ;;
     tests)  # bit-identical replays, transfers, memory on NVIDIA's OpenCL
       CLNET_TEST_DEVICES=nvidia timed timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_graph.py \
         tests/test_memory.py 2>&1 | tail -4 ;;
