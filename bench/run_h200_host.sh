@@ -4,8 +4,10 @@
 #   first  first runs with empty caches (`clnet bench lenet` and `clnet bench alexnet`, each then run again)
 #   tune   the small zoo models tuned;  bench  their iterations against PyTorch eager and as CUDA graphs (lenet and
 #          lenet-wide at batch 64 and 1, alexnet);  train  lenet-wide's batch-1 Fashion-MNIST epoch
-#   tests  the graph and memory tests on NVIDIA's OpenCL;  flush  bench/replay_flush.py
+#   tests  the graph and memory tests on NVIDIA's OpenCL;  cost  bench/replay_cost.py
 #   faults bench/out_of_memory.py, `clnet bench` at a batch that does not fit, bench/large_tensors.py
+#   large  bench/large_tensors.py alone;  subbuf  bench/subbuffer_check.py
+#   table  alexnet tuned further, the table rebuilt from the cache here, and alexnet's first run on empty caches again
 #   zoo    each of MODELS tuned (TUNE_S seconds) and benchmarked against PyTorch
 # Carries .whl and .data. Files in $OUT: h200-host.log, bench-h200.json (every bench record by name), tuning-v2.json
 # (the tuning cache, for bench/ship_tuning.py), train-lenet-wide-b1.json, replay-flush.json. Steps stop being started
@@ -52,19 +54,27 @@ for job in ${JOBS:-first tune bench train tests}; do
         keep_cache
       done ;;
     bench)
-      bench_json lenet lenet-b64 --iterations 50
-      bench_json lenet-wide lenet-wide-b1 --batch 1 --iterations 50
-      late bench || bench_json lenet lenet-b1 --batch 1 --iterations 50
-      late bench || bench_json lenet-wide lenet-wide-b64 --iterations 50
-      late bench || bench_json alexnet alexnet-b128 --iterations 20
+      for spec in ${BENCHES:-lenet:64 lenet-wide:1 lenet:1 lenet-wide:64 alexnet:128}; do
+        late "bench $spec" || bench_json "${spec%:*}" "${spec%:*}-b${spec#*:}" --batch "${spec#*:}" --iterations 50
+      done
       keep_cache ;;
     train)  # the seed's workload: a whole epoch at batch 1, with the README's batch-1 learning rate
       timed timeout 240 python3 -m clnet.cli train lenet-wide --batch 1 --epochs 1 --lr ${B1_LR:-0.001} --momentum 0.9 \
         --dataset fashion-mnist --data-dir .data --device gpu --log "$OUT/train-lenet-wide-b1.json" 2>&1 \
         | grep -v "^\s*$" | tail -8 ;;
-    flush)
-      timed timeout 120 python3 bench/replay_flush.py --device gpu --model lenet:64 --model lenet-wide:1 \
-        --model lenet:1 --model lenet-wide:64 --json "$OUT/replay-flush.json" ;;
+    cost)
+      timed timeout 120 python3 bench/replay_cost.py --device gpu --model lenet:64 --model lenet-wide:1 \
+        --json "$OUT/replay-cost.json" ;;
+    large)
+      timed timeout 150 python3 bench/large_tensors.py --device gpu ;;
+    subbuf)
+      timed timeout 120 python3 bench/subbuffer_check.py --device gpu ;;
+    table)
+      timed timeout 200 python3 -m clnet.cli tune alexnet --device gpu --budget ${TUNE_S:-120} 2>&1 | tail -1
+      keep_cache
+      python3 bench/ship_tuning.py ~/.cache/clnet/tuning-v*.json
+      fresh_caches
+      timed python3 -m clnet.cli bench alexnet --device gpu 2>&1 | grep -E "first iteration|tuning:|wall|images/s" ;;
     faults)
       timed timeout 120 python3 bench/out_of_memory.py --device gpu --model resnet50 --batch 2048 --then 64
       timed timeout 120 python3 -m clnet.cli bench resnet50 --batch 2048 --device gpu --no-tune 2>&1 | tail -3

@@ -21,12 +21,40 @@ alive are kept alive. Within the capture, the pool reuses buffers as an eager st
 step needs.
 """
 import contextlib
-import heapq
+import ctypes
+import ctypes.util
 import weakref
 
 import pyopencl as cl
 
 from . import kernels
+
+
+def _event_free_enqueue():
+    """clEnqueueNDRangeKernel from the OpenCL loader pyopencl loaded, called through ctypes with no event: pyopencl's
+    enqueue makes an Event object per launch, which a replay never waits on. None where no loader is found (replay
+    then enqueues through pyopencl)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libOpenCL" in line and line.split()[-1].startswith("/")}
+    except OSError:
+        paths = set()
+    for path in sorted(paths) + [ctypes.util.find_library("OpenCL")]:
+        if not path:
+            continue
+        try:
+            fn = ctypes.CDLL(path).clEnqueueNDRangeKernel
+        except (OSError, AttributeError):
+            continue
+        fn.restype = ctypes.c_int32
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p,
+                       ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint32,
+                       ctypes.c_void_p, ctypes.c_void_p]
+        return fn
+    return None
+
+
+_enqueue_raw = _event_free_enqueue()
 
 
 class CaptureError(RuntimeError):
@@ -44,9 +72,8 @@ class Graph:
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
         self._taken = []  # (pool, creation number, buffer, size): freed during capture, out of the pool until we go
         self.launches = 0
-        # clFlush after every this many items (0: never): a driver that holds enqueued work until a flush or a wait
-        # would otherwise start the device only when the host has enqueued the whole step
-        self.flush_every = 0
+        # enqueue without events through ctypes (see _event_free_enqueue); False: through pyopencl
+        self.event_free = _enqueue_raw is not None
         self.captured = False
         self.failed = False  # its capture raised: nothing to replay
 
@@ -92,7 +119,10 @@ class Graph:
         self._bind_queue(dev)
         clone = kernels.own_clone(k, args)
         live = tuple((i, v) for i, v in enumerate(args) if type(v) is kernels.Live)
-        self._items.append((clone, global_size, local_size, live))
+        dims = len(global_size)
+        sizes = (ctypes.c_size_t * dims)(*global_size)
+        local = (ctypes.c_size_t * dims)(*local_size) if local_size is not None else None
+        self._items.append((clone, global_size, local_size, live, clone.int_ptr, dims, sizes, local))
         self.launches += 1
 
     def record_copy(self, dst, src, nbytes):
@@ -135,22 +165,46 @@ class Graph:
                                "replay() before capture(): record the step first with `with graph.capture():`")
         if kernels.capturing is not None:
             raise CaptureError("replay() inside another Graph's capture: graphs do not nest")
-        enqueue = cl.enqueue_nd_range_kernel
         queue = self._queue
-        every = self.flush_every
-        for n, item in enumerate(self._items, 1):
-            if type(item) is tuple:
-                clone, gsize, lsize, live = item
-                for i, box in live:
-                    clone.set_arg(i, box.value)
-                enqueue(queue, clone, gsize, lsize)
-            else:
-                item()
-            if every and n % every == 0:
-                queue.flush()
-        if every:
-            queue.flush()
+        if self.event_free:
+            raw, handle = _enqueue_raw, queue.int_ptr
+            for item in self._items:
+                if type(item) is tuple:
+                    clone, _, _, live, kernel, dims, sizes, local = item
+                    for i, box in live:
+                        clone.set_arg(i, box.value)
+                    status = raw(handle, kernel, dims, None, sizes, local, 0, None, None)
+                    if status:
+                        self._failed_launch(item, status)
+                else:
+                    item()
+        else:
+            enqueue = cl.enqueue_nd_range_kernel
+            for item in self._items:
+                if type(item) is tuple:
+                    clone, gsize, lsize, live = item[:4]
+                    for i, box in live:
+                        clone.set_arg(i, box.value)
+                    enqueue(queue, clone, gsize, lsize)
+                else:
+                    item()
         kernels.launch_count += self.launches
+
+    def _failed_launch(self, item, status):
+        """A launch the event-free enqueue refused: enqueue it again through pyopencl, which raises its own error
+        (out of resources, an invalid argument) as the eager path would see it; the steps after it are not enqueued."""
+        clone, gsize, lsize = item[:3]
+        try:
+            cl.enqueue_nd_range_kernel(self._queue, clone, gsize, lsize)
+        except cl.Error as e:
+            if getattr(e, "code", None) in kernels._ALLOCATION_FAILURES:
+                raise kernels.OutOfMemory(f"clnet: out of memory on the device while replaying a captured step "
+                                          f"({clone.function_name}, global size {gsize}): use a smaller batch") from e
+            raise kernels.KernelError(f"clnet: a replayed launch of {clone.function_name} (global size {gsize}) "
+                                      f"failed: {e}") from e
+        raise kernels.KernelError(f"clnet: a replayed launch of {clone.function_name} (global size {gsize}) failed "
+                                  f"with OpenCL status {status}, then succeeded through pyopencl; its step is "
+                                  "incomplete")
 
     def __del__(self):
         try:

@@ -122,6 +122,9 @@ class _Storage:
         if kernels.capturing is not None:  # the graph must know every buffer that lives past its capture
             kernels.capturing._note(self)
 
+    def whole(self):
+        return self.buffer, 0
+
     def __del__(self):
         try:
             self.pool.give(self.buffer, self.number, self.size)
@@ -140,6 +143,11 @@ class _Region:
         self.parent, self.offset = parent, offset_bytes
         self.buffer = parent.buffer.get_sub_region(offset_bytes, nbytes)
         self.size = nbytes
+
+    def whole(self):
+        """(buffer, byte offset) for host copies: the parent's buffer at this region's offset, so that a host copy
+        never depends on how a driver keeps sub-buffers in step with their parent."""
+        return self.parent.buffer, self.offset
 
 
 _FLOAT32, _INT32 = np.dtype(np.float32), np.dtype(np.int32)
@@ -345,7 +353,8 @@ class Tensor:
         out = np.empty(self.shape, self.dtype)
         if out.size:
             refuse_in_capture(f"reading a tensor of shape {self.shape} back")
-            cl.enqueue_copy(self.device.queue, out, self.buffer, is_blocking=True)
+            buf, offset = self.storage.whole()
+            cl.enqueue_copy(self.device.queue, out, buf, src_offset=offset, is_blocking=True)
             _stats["device_to_host_bytes"] += out.nbytes
             _stats["device_to_host_count"] += 1
         return out
@@ -363,7 +372,8 @@ class Tensor:
             self._host = array.reshape(self.shape).copy()
         elif array.size:
             refuse_in_capture(f"writing a host array into a tensor of shape {self.shape}")
-            event = cl.enqueue_copy(self.device.queue, self.buffer, array, is_blocking=blocking)
+            buf, offset = self.storage.whole()
+            event = cl.enqueue_copy(self.device.queue, buf, array, dst_offset=offset, is_blocking=blocking)
             # Held, not dropped: pyopencl's event for a non-blocking copy waits for the copy when it is destroyed
             # (keeping the host array safe), holding the GIL, so a dropped one would make the upload blocking.
             self._upload = None if blocking else event

@@ -1,15 +1,15 @@
-"""Does the device start a replayed step before the host has enqueued all of it? Times a captured training step
-(forward, cross-entropy, backward, SGD with momentum) three ways, with a clFlush after every K recorded items
-(K = 0: never, as before):
+"""Where a replayed step's time goes on the host. Times a captured training step (forward, cross-entropy, backward,
+SGD with momentum) enqueued through pyopencl (an Event object per launch) and without events through ctypes (what
+clnet.Graph does where it finds the OpenCL loader), three ways:
 
 - enqueue: the host's time in `replay()` alone (the queue finished before and after, outside the timing);
 - step: `replay()` then `finish()`, per step, as `clnet bench` times it;
 - loop: 50 replays back to back, finished once at the end, per step (a training loop's steady rate).
 
-If the driver holds the work until a flush or a wait, step = enqueue + device time; with flushes it can approach
-max(enqueue, device time).
+On the H200 (h200-v14b) enqueue, step and loop were equal with pyopencl's enqueue, and clFlush every K launches
+changed nothing: the step is the host's enqueue time, about 14 us a launch, with the device idle between kernels.
 
-    python3 bench/replay_flush.py --device gpu --model lenet:64 --model lenet-wide:1 --json out.json
+    python3 bench/replay_cost.py --device gpu --model lenet:64 --model lenet-wide:1 --json out.json
 """
 import json
 import statistics
@@ -71,21 +71,24 @@ def timings(g, dev, repeats=50, loop=50):
 @click.command()
 @click.option("--device", "device_spec", default="auto")
 @click.option("--model", "specs", multiple=True, default=["lenet:64", "lenet-wide:1"], help="NAME:BATCH")
-@click.option("--flush", "flushes", default="0,1,2,4,8,16", help="K values, comma-separated")
 @click.option("--json", "json_path", default=None)
-def main(device_spec, specs, flushes, json_path):
+def main(device_spec, specs, json_path):
     dev = clnet.device(device_spec)
     print(f"{dev.name} ({dev.platform_name}, driver {dev.driver_version})")
     out = {}
     for spec in specs:
         name, batch = spec.split(":")
         g = captured_step(name, int(batch), dev)
-        for k in (int(v) for v in flushes.split(",")):
-            g.flush_every = k
+        for event_free in (False, True, False, True):
+            g.event_free = event_free
             timings(g, dev, repeats=5, loop=5)  # warm
-            r = out[f"{spec} K={k}"] = dict(timings(g, dev), launches=g.launches, items=len(g._items))
-            print(f"{spec:14s} flush every {k:2d}: enqueue {r['enqueue_ms']:.3f} ms, step {r['step_ms']:.3f} ms, "
-                  f"loop {r['loop_ms']:.3f} ms per step ({g.launches} launches)", flush=True)
+            how = "event-free" if event_free else "pyopencl"
+            r = out.setdefault(f"{spec} {how}", [])
+            r.append(dict(timings(g, dev), launches=g.launches))
+            r = r[-1]
+            print(f"{spec:14s} {how:10s}: enqueue {r['enqueue_ms']:.3f} ms, step {r['step_ms']:.3f} ms, "
+                  f"loop {r['loop_ms']:.3f} ms per step ({g.launches} launches, "
+                  f"{r['enqueue_ms'] / g.launches * 1e3:.1f} us each)", flush=True)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(out, f, indent=1)
