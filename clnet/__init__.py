@@ -1,7 +1,7 @@
 """clnet: a portable neural-network engine whose kernels are OpenCL C; every buffer stays on the device."""
 from .devices import Device, DeviceNotFound, device, list_devices  # registers vendor libraries at first use
 from .rng import manual_seed
-from .tensor import Parameter, Tensor, reset_transfer_stats, tensor, transfer_stats
+from .tensor import Parameter, Tensor, TooLarge, reset_transfer_stats, tensor, transfer_stats
 from .autograd import is_grad_enabled, no_grad
 from .graph import CaptureError, Graph
 from .kernels import OutOfMemory

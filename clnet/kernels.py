@@ -39,18 +39,24 @@ class OutOfMemory(MemoryError):
     """The device has no memory left for a tensor or a launch, even after the pool released its cached buffers.
     `fitting_batch(batch)` estimates the largest batch that would fit, from what clnet held when it ran out."""
 
-    def __init__(self, message, dev=None, wanted=0):
+    def __init__(self, message, dev=None, wanted=0, largest=None):
         super().__init__(message)
         from .tensor import pool
         self.device_bytes = dev.global_mem_size if dev is not None else None
         self.held_bytes = (pool(dev).allocated_bytes + wanted) if dev is not None else None
+        # a buffer past the most the device allocates at once (largest): its share of the batch must shrink too
+        self.buffer_share = largest / wanted if largest and wanted else None
 
     def fitting_batch(self, batch):
         """At most this batch should fit: memory grows with the batch, and at the failure clnet held held_bytes (a
-        lower bound of what the batch needs) of the device's device_bytes. None when nothing is known."""
+        lower bound of what the batch needs) of the device's device_bytes; a single buffer too large for the device
+        shrinks with the batch as well. None when nothing is known."""
         if not self.device_bytes or not self.held_bytes:
             return None
-        return max(1, min(batch - 1, int(batch * 0.9 * self.device_bytes / self.held_bytes)))
+        fits = batch * 0.9 * self.device_bytes / self.held_bytes
+        if self.buffer_share:
+            fits = min(fits, batch * self.buffer_share)
+        return max(1, min(batch - 1, int(fits)))
 
 
 _ALLOCATION_FAILURES = (cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE, cl.status_code.OUT_OF_RESOURCES,

@@ -257,8 +257,8 @@ class Adam(Optimizer):
         b1, b2 = h["betas"]
         dev = data.device
         k = kernels.kernel(dev, "adam.cl", "adam_step", dict(DECOUPLED=self.decoupled))
-        kernels.launch(dev, k, (-(-data.size // ops.VW),), None, data, grad, state["exp_avg"], state["exp_avg_sq"], data.size,
-                       lr, step_size, bc2_sqrt, b1, b2, eps, weight_decay, what=f"{type(self).__name__} step")
+        ops._map(dev, k, data.size, ops.VW, data, grad, state["exp_avg"], state["exp_avg_sq"], data.size, lr, step_size,
+                 bc2_sqrt, float(b1), float(b2), eps, weight_decay, what=f"{type(self).__name__} step")
 
 
 class AdamW(Adam):

@@ -56,7 +56,8 @@ class BufferPool:
         limit = self.max_alloc
         if size > limit:
             raise kernels.OutOfMemory(f"clnet: {size / 2**20:.1f} MiB is more than {self.device.name} allocates at "
-                                      f"once ({limit / 2**20:.0f} MiB): use a smaller batch", self.device, size)
+                                      f"once ({limit / 2**20:.0f} MiB): use a smaller batch", self.device, nbytes,
+                                      largest=limit)
         try:
             buf = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size)
         except cl.Error:

@@ -77,8 +77,14 @@ class _StepFigures:
             self.count(at_step, at_epoch, n, float(loss) * n, int(correct))
 
 
-def evaluate(model, dataset, batch=256, device=None):
-    """Loss, accuracy and confusion counts (rows: true class, columns: predicted) of ``model`` on ``dataset``."""
+def _has_hooks(model):
+    """A module hook is host code of the user's, which a replay would not run."""
+    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def evaluate(model, dataset, batch=256, device=None, graphs=True):
+    """Loss, accuracy and confusion counts (rows: true class, columns: predicted) of ``model`` on ``dataset``. With
+    ``graphs`` the forward pass is captured once the batch shape repeats and replayed after (clnet.Graph), as in fit."""
     dev = _device(device if device is not None else (model.device or "auto"))
     model.to(dev)
     was_training = model.training
@@ -92,14 +98,18 @@ def evaluate(model, dataset, batch=256, device=None):
     loader = data_mod.Loader(dataset, batch, dev, order)
     confusion = None
     total_loss, correct, seen = 0.0, 0, 0
+
+    def forward(x, y):
+        with no_grad():
+            out = model(x)
+            return out, loss_fn(out, y)
+    replayer = StepReplayer(forward, enabled=graphs and world is None and not _has_hooks(model))  # as in fit
     try:
         it = iter(loader)
         item = next(it, None)
         while item is not None:
             x, y, y_host = item
-            with no_grad():
-                out = model(x)
-                loss = loss_fn(out, y)
+            out, loss = replayer(x, y)
             item = next(it, None)  # queues the next upload before this batch's results are read
             pred = out.numpy().argmax(axis=1)  # the confusion counts need every prediction
             s_loss, s_correct = float(loss) * len(y_host), int((pred == y_host).sum())
@@ -260,7 +270,7 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
     # eagerly: a data-parallel step's all-reduce, an optimizer class of the user's, a module hook.
     replayer = StepReplayer(train_step, enabled=graphs and world is None
                             and type(optimizer) in (optim.SGD, optim.Adam, optim.AdamW)
-                            and not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()))
+                            and not _has_hooks(model))
 
     def count(at_step, at_epoch, n, s_loss, s_correct):
         """Add a finished step's figures (summed loss, correct count) to the epoch's."""

@@ -178,9 +178,12 @@ def tune_sites(dev, sites, budget_s=300.0, repeats=3, retune=False, progress=Non
             break
         candidates, run = sites[key]
         tolerance = tuning.agreement_tolerance(key)
-        runnable, reference = [], None
+        runnable, reference, over = [], None, False
         # build every candidate first, so that timing never includes a build; check each against the default's output
         for j, choice in enumerate(candidates):
+            if j and time.perf_counter() - t0 > budget_s:  # a build can take seconds: check between candidates too
+                over = True
+                break
             try:
                 if j == 0:
                     reference = _Reference(dev, run, choice)
@@ -202,6 +205,9 @@ def tune_sites(dev, sites, budget_s=300.0, repeats=3, retune=False, progress=Non
                     raise  # the default itself fails: that is an error the user must see
                 if progress:
                     progress(f"    {tuning.describe(choice)} cannot run here, skipped ({str(e).splitlines()[0]})")
+        if over:  # a site left half-built keeps its default, as the sites after it do
+            report["left"] = todo[i:]
+            break
         timed = [(kernels.device_ms(dev, lambda: run(candidates[j]), repeats), j) for j in runnable]
         best_ms, best = min(timed)  # ties go to the earlier candidate, the default first
         tuning.store(dev, {key: candidates[best]})

@@ -258,3 +258,23 @@ def test_allocation_past_the_device_limit(dev):
     n = dev.cl_device.max_mem_alloc_size // 4 + 1
     with pytest.raises(clnet.OutOfMemory, match=rf"allocates at once.*a tensor of shape \({n},\)"):
         empty((n,), dev)
+
+
+@pytest.mark.parametrize("name", ["Adam", "AdamW"])
+def test_adam_step_split_equals_one_launch(dev, rng, limit, name):
+    from clnet import optim
+    p0, grads = rng.standard_normal(7003), [rng.standard_normal(7003).astype(np.float32) for _ in range(3)]
+
+    def run():
+        p = leaf(dev, p0)
+        opt = getattr(optim, name)([p], lr=0.01, weight_decay=0.01)
+        for g in grads:
+            opt.zero_grad()
+            p.grad.write(g)
+            opt.step()
+        return p.numpy()
+    split = run()
+    limit(2**31 - 2**16)
+    one = run()
+    np.testing.assert_array_equal(split, one)
+    assert not np.array_equal(one, p0.astype(np.float32))

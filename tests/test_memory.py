@@ -124,3 +124,13 @@ def test_fitting_batch_scales_with_the_memory_held():
     e.held_bytes = 990  # failed just short of the limit: one image less at most
     assert e.fitting_batch(64) == 58
     assert clnet.OutOfMemory("no device").fitting_batch(64) is None
+
+
+def test_a_tensor_past_the_largest_buffer_gets_a_batch_whose_share_fits(dev):
+    from clnet.tensor import empty
+    limit = dev.cl_device.max_mem_alloc_size
+    row = limit // 100 // 4 + 1024  # floats per batch item: 100 items are a little more than one buffer holds
+    with pytest.raises(clnet.OutOfMemory, match="allocates at once") as info:
+        empty((100, row), dev)  # refused before anything is allocated
+    fits = info.value.fitting_batch(100)
+    assert 90 < fits < 100 and fits * row * 4 <= limit, fits

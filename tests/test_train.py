@@ -457,3 +457,20 @@ def test_fit_replays_its_step_and_matches_eager_training(dev, monkeypatch, opt):
     assert eager_hist == graph_hist
     for k in eager_state:
         np.testing.assert_array_equal(np.asarray(eager_state[k]), np.asarray(graph_state[k]), err_msg=k)
+
+
+def test_evaluate_replays_its_forward_and_gives_the_eager_figures(dev, monkeypatch):
+    from clnet import graph
+    clnet.manual_seed(5)
+    m = nn.Sequential(nn.Conv2d(1, 3, 5, stride=3), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Dropout(0.3),
+                      nn.Linear(3 * 8 * 8, 10)).to(dev)
+    replays = []
+    real = graph.Graph.replay
+    monkeypatch.setattr(graph.Graph, "replay", lambda g: (replays.append(1), real(g)))
+    test = synthetic(61, seed=4)
+    eager = train.evaluate(m, test, batch=8, graphs=False)
+    assert not replays
+    replayed = train.evaluate(m, test, batch=8)
+    assert len(replays) == 7 - 2  # 7 batches of 8 (the first eager, the second captured) and one of 5, eager
+    assert eager["loss"] == replayed["loss"] and eager["accuracy"] == replayed["accuracy"]
+    np.testing.assert_array_equal(eager["confusion"], replayed["confusion"])

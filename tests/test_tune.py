@@ -446,3 +446,19 @@ def test_the_shipped_table_fills_what_the_cache_lacks(dev, cache_dir, tmp_path, 
         assert tuning.entries(dev) == {"b": "direct"}
     finally:
         tuning.forget()
+
+
+def test_the_budget_stops_a_site_between_candidate_builds(dev, cache_dir):
+    """Building a site's candidates can take seconds each (alexnet's on a fresh H200: one site took 25 s of a 10 s
+    budget): the budget is checked before each build, and a site it stops keeps its default, stored nowhere."""
+    import time
+    built = []
+
+    def run(choice):
+        built.append(choice)
+        time.sleep(0.15)
+        return clnet.tensor(np.ones(8, np.float32), dev)
+    sites = {"first": (["a", "b", "c"], run), "second": (["a", "b"], run)}
+    report = tune.tune_sites(dev, sites, budget_s=0.4, repeats=1)
+    assert "b" in built and "c" not in built and len(built) <= 4  # the default runs twice, "b" once or twice
+    assert report["left"] == ["first", "second"] and not report["tuned"] and tuning.entries(dev) == {}
