@@ -18,20 +18,36 @@ from clnet import kernels, models, nn, optim
 from clnet.bench import torch_graph_ms
 
 
-def clnet_rates(name, batch, dev, steps, repeats):
+def zoo_training(name, dev):
+    """(train_step, batch_of) for a zoo model on dev with SGD (momentum 0.9) and cross-entropy: train_step(x, y) runs
+    one step and returns its loss tensor; batch_of(n) draws n random images and labels on dev. The other bench
+    scripts that time or stress a training step use it too."""
     spec = models.MODELS[name]
     clnet.manual_seed(0)
     model = models.build(name).to(dev)
     opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     rng = np.random.default_rng(0)
-    x = clnet.tensor(rng.standard_normal((batch,) + spec["input_shape"]).astype(np.float32), dev)
-    y = clnet.tensor(rng.integers(0, spec["classes"], batch).astype(np.int32), dev)
+
+    def batch_of(n):
+        return (clnet.tensor(rng.standard_normal((n,) + spec["input_shape"]).astype(np.float32), dev),
+                clnet.tensor(rng.integers(0, spec["classes"], n).astype(np.int32), dev))
+
+    def train_step(x, y):
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    return train_step, batch_of
+
+
+def clnet_rates(name, batch, dev, steps, repeats):
+    train_step, batch_of = zoo_training(name, dev)
+    x, y = batch_of(batch)
 
     def step():
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        opt.step()
+        train_step(x, y)
 
     def timed(fn):
         out = []

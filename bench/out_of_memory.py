@@ -10,7 +10,7 @@ import click
 import numpy as np
 
 import clnet
-from clnet import models, nn, optim
+from graph_replay import zoo_training
 
 
 @click.command()
@@ -20,21 +20,10 @@ from clnet import models, nn, optim
 @click.option("--then", "then_batch", type=int, default=64, help="the batch that must still run afterwards")
 def main(device_spec, name, batch, then_batch):
     dev = clnet.device(device_spec)
-    spec = models.MODELS[name]
-    clnet.manual_seed(0)
-    model = models.build(name).to(dev)
-    opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    rng = np.random.default_rng(0)
+    train_step, batch_of = zoo_training(name, dev)
 
     def step(n):
-        x = clnet.tensor(rng.standard_normal((n,) + spec["input_shape"]).astype(np.float32), dev)
-        y = clnet.tensor(rng.integers(0, spec["classes"], n).astype(np.int32), dev)
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        return float(loss)
+        return float(train_step(*batch_of(n)))
 
     print(f"{name} on {dev.name}, {dev.global_mem_size / 2**30:.1f} GiB")
     t0 = time.perf_counter()

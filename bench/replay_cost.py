@@ -16,31 +16,19 @@ import statistics
 import time
 
 import click
-import numpy as np
 
 import clnet
-from clnet import models, nn, optim
+from graph_replay import zoo_training
 
 
 def captured_step(name, batch, dev):
-    spec = models.MODELS[name]
-    clnet.manual_seed(0)
-    model = models.build(name).to(dev)
-    opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    rng = np.random.default_rng(0)
-    x = clnet.tensor(rng.standard_normal((batch,) + spec["input_shape"]).astype(np.float32), dev)
-    y = clnet.tensor(rng.integers(0, spec["classes"], batch).astype(np.int32), dev)
-
-    def step():
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        opt.step()
+    train_step, batch_of = zoo_training(name, dev)
+    x, y = batch_of(batch)
     for _ in range(3):
-        step()
+        train_step(x, y)
     g = clnet.Graph()
     with g.capture():
-        step()
+        train_step(x, y)
     dev.synchronize()
     return g
 
