@@ -30,7 +30,8 @@ def main(paths):
             cache = json.load(f)
         for device, found in cache.items():
             family = tuning.family_key(device)
-            table["devices"].setdefault(family, {}).update(found)
+            table["devices"].setdefault(family, {}).update(
+                (k, v) for k, v in found.items() if not k.startswith(tuning.FIRST_RUN_MARK))  # a run's, not a device's
             print(f"{family}: {len(found)} entries from {path} ({len(table['devices'][family])} in the table)")
     write_atomically(tuning.SHIPPED_TABLE, lambda f: json.dump(table, f, indent=1, sort_keys=True), text=True)
 

@@ -41,6 +41,7 @@ def _conv_algorithm(dev, kind, s, run):
     """The algorithm for one pass (kind: conv2d_fwd, conv2d_bwd_data, conv2d_bwd_weights) of a layer of shape s:
     tuned, else the default, from those that can run it."""
     options = ["im2col"] + [a for a, m in WINOGRAD_TILE.items() if winograd.supported(s, m)
+                            and winograd.image_fits(s, m)
                             and (a not in LESS_ACCURATE or tuning.allow_less_accurate)]
     if kind == "conv2d_fwd" and direct.supported(s):
         options.append("direct")
@@ -55,13 +56,16 @@ def _image_runs(s, dev, what):
     x and y within it (a run is a layer of batch nimg, run as any other: its own algorithm choice, its own im2col
     chunks), or [] when the whole batch fits one pass. TooLarge when not even one image's column buffer fits."""
     x_image, y_image = s.C * s.H * s.W, s.O * s.OH * s.OW
-    if s.N * max(x_image, y_image) <= kernels.INDEX_LIMIT:
+    limit = kernels.INDEX_LIMIT
+    col_image = 0 if s.pointwise else s.C * s.KH * s.KW * s.OH * s.OW
+    if max(col_image, s.O * s.C // s.G * s.KH * s.KW) > limit:  # checked before the common case returns: a single
+        # image's columns, or the weights, would overflow the kernels' 32-bit indices, whatever the batch
+        raise TooLarge(f"{what}: a layer of weights {(s.O, s.C // s.G, s.KH, s.KW)} on images of shape "
+                       f"{(s.C, s.H, s.W)} needs a column buffer of {col_image} elements per image (C*KH*KW x OH*OW) "
+                       f"and {s.O * s.C // s.G * s.KH * s.KW} weights; one launch indexes at most {limit} with 32-bit "
+                       "integers (kernels.INDEX_LIMIT): use smaller images or fewer channels")
+    if s.N * max(x_image, y_image) <= limit:
         return []
-    col_image = s.C * s.KH * s.KW * s.OH * s.OW
-    if col_image > kernels.INDEX_LIMIT:
-        raise TooLarge(f"{what}: each image of an input of shape {(s.N, s.C, s.H, s.W)} lowers to a column buffer of "
-                       f"{col_image} elements (C*KH*KW x OH*OW), more than the {kernels.INDEX_LIMIT} one launch "
-                       "indexes with 32-bit integers (kernels.INDEX_LIMIT); use smaller images or fewer input channels")
     return chunks(dev, what, (s.N, s.C, s.H, s.W), s.N, [x_image, y_image])
 
 
@@ -225,6 +229,9 @@ def _row_runs(x, O, what):
     """Runs of rows [(n0, rows)] of a dense layer whose input (N, I) or output (N, O) passes kernels.INDEX_LIMIT
     elements, or [] when one pass fits."""
     N, I = x.shape
+    if I * O > kernels.INDEX_LIMIT:  # the weights (and their gradient) are never split
+        raise TooLarge(f"{what}: a weight of shape {(O, I)} has {I * O} elements, more than the {kernels.INDEX_LIMIT} "
+                       "one launch indexes with 32-bit integers (kernels.INDEX_LIMIT): use fewer features")
     if N * max(I, O) <= kernels.INDEX_LIMIT:
         return []
     return chunks(x.device, what, x.shape, N, [I, O], unit="row")

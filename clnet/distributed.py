@@ -268,10 +268,11 @@ def tune_on_rank0(tune, dev):
 
 # -- data parallelism ------------------------------------------------------------------------------------------------
 def _read_async(t, out):
-    """Queue a copy of device tensor t into the host array out; the event. Counted as tensor.py counts its copies.
-    (Tensor has no non-blocking read yet; /tmp/mpi-integration.patch proposes Tensor.read_into for this.)"""
+    """Queue a copy of device tensor t into the host array out; the event. Counted as tensor.py counts its copies,
+    and through the parent buffer as tensor.py copies a region (Tensor has no non-blocking read yet)."""
     refuse_in_capture("DataParallel's all-reduce (gradients read back to the host for MPI)")
-    ev = cl.enqueue_copy(t.device.queue, out, t.buffer, is_blocking=False)
+    buf, offset = t.storage.whole()
+    ev = cl.enqueue_copy(t.device.queue, out, buf, src_offset=offset, is_blocking=False)
     _transfer_stats["device_to_host_bytes"] += out.nbytes
     _transfer_stats["device_to_host_count"] += 1
     return ev

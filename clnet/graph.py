@@ -22,7 +22,6 @@ step needs.
 """
 import contextlib
 import ctypes
-import ctypes.util
 import weakref
 
 import pyopencl as cl
@@ -31,27 +30,19 @@ from . import kernels
 
 
 def _event_free_enqueue():
-    """clEnqueueNDRangeKernel from the OpenCL loader pyopencl loaded, called through ctypes with no event: pyopencl's
-    enqueue makes an Event object per launch, which a replay never waits on. None where no loader is found (replay
+    """clEnqueueNDRangeKernel of the OpenCL library pyopencl itself links (looked up through its extension module, so
+    the handles it made go to the implementation that made them), called through ctypes with no event: pyopencl's
+    enqueue makes an Event object per launch, which a replay never waits on. None where it cannot be found (replay
     then enqueues through pyopencl)."""
     try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "libOpenCL" in line and line.split()[-1].startswith("/")}
-    except OSError:
-        paths = set()
-    for path in sorted(paths) + [ctypes.util.find_library("OpenCL")]:
-        if not path:
-            continue
-        try:
-            fn = ctypes.CDLL(path).clEnqueueNDRangeKernel
-        except (OSError, AttributeError):
-            continue
-        fn.restype = ctypes.c_int32
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p,
-                       ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint32,
-                       ctypes.c_void_p, ctypes.c_void_p]
-        return fn
-    return None
+        fn = ctypes.CDLL(cl._cl.__file__).clEnqueueNDRangeKernel
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int32
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p,
+                   ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint32,
+                   ctypes.c_void_p, ctypes.c_void_p]
+    return fn
 
 
 _enqueue_raw = _event_free_enqueue()
@@ -66,7 +57,7 @@ class Graph:
 
     def __init__(self):
         self._items = []  # (clone, global size, local size, live args) launches; callables (copies, host actions)
-        self._queue = None
+        self._queue = self._device = None  # bound at the first recorded launch
         self._seen = {}  # id(cl buffer) -> (buffer, its pool, [weak references to its storages]) during capture
         self._regions = {}  # id -> sub-buffer storage a launch touched, kept alive (it keeps its parent alive)
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
@@ -137,7 +128,7 @@ class Graph:
 
     def _bind_queue(self, dev):
         if self._queue is None:
-            self._queue = dev.queue
+            self._queue, self._device = dev.queue, dev
         elif dev.queue is not self._queue:
             raise CaptureError("a Graph records one device's work; this capture launched on two devices")
 
@@ -158,7 +149,8 @@ class Graph:
 
     # -- replay ----------------------------------------------------------------------------------------------------
     def replay(self):
-        """Enqueue the recorded step again (returns at once; the queue runs it)."""
+        """Enqueue the recorded step again (returns at once; the queue runs it). One thread at a time per graph: a
+        replay sets its kernels' per-step arguments."""
         if not self.captured:
             raise CaptureError("replay() of a graph whose capture raised: capture the step again in a new Graph"
                                if self.failed else
@@ -198,8 +190,10 @@ class Graph:
             cl.enqueue_nd_range_kernel(self._queue, clone, gsize, lsize)
         except cl.Error as e:
             if getattr(e, "code", None) in kernels._ALLOCATION_FAILURES:
-                raise kernels.OutOfMemory(f"clnet: out of memory on the device while replaying a captured step "
-                                          f"({clone.function_name}, global size {gsize}): use a smaller batch") from e
+                dev = self._device
+                raise kernels.OutOfMemory(f"clnet: out of memory on {dev.name} while replaying a captured step "
+                                          f"({clone.function_name}, global size {gsize}; {kernels.memory_note(dev)}): "
+                                          "use a smaller batch", dev) from e
             raise kernels.KernelError(f"clnet: a replayed launch of {clone.function_name} (global size {gsize}) "
                                       f"failed: {e}") from e
         raise kernels.KernelError(f"clnet: a replayed launch of {clone.function_name} (global size {gsize}) failed "
@@ -243,6 +237,7 @@ class StepReplayer:
             graph, sx, sy, out = self.graph
             sx.copy_from(x)
             sy.copy_from(y)
+            sy.value_range = y.value_range  # what the replayed loss checks, as an eager step's would
             graph.replay()
             return out
         if not self.enabled or self.graph is not None or key != previous:
@@ -250,7 +245,7 @@ class StepReplayer:
         self.key = key
         from .tensor import empty
         sx, sy = empty(x.shape, x.device, x.dtype).copy_from(x), empty(y.shape, y.device, y.dtype).copy_from(y)
-        sy.value_range = y.value_range  # labels are checked at capture; a replay's come from the same data set
+        sy.value_range = y.value_range
         graph = Graph()
         with graph.capture():
             out = self.step(sx, sy)

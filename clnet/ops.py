@@ -266,6 +266,8 @@ def _copy2d(src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what):
     """dst[dst_off + r*dst_ld + c] = src[src_off + r*src_ld + c] for r < rows, c < cols. Past kernels.INDEX_LIMIT,
     in blocks of rows (or, for rows longer than the limit, pieces of one row), each over sub-buffers that start at
     the aligned element before the block's first and end past its last, the few elements between passed as offsets."""
+    if not rows or not cols:  # an empty input of cat: nothing to copy (a launch of no work-items is an error)
+        return
     dev = dst.device
     k = _elementwise(dev, "copy2d")
     if max(src.size, dst.size) <= kernels.INDEX_LIMIT:
@@ -445,7 +447,6 @@ def cross_entropy(logits, labels):
     if isinstance(labels, Tensor):
         if labels.dtype != np.int32:
             raise TypeError(f"{what}: labels must be an int32 tensor, got {labels.dtype}")
-        known = labels.value_range
         _same_device(what, logits, labels)
     else:
         host = np.asarray(labels)
@@ -455,10 +456,14 @@ def cross_entropy(logits, labels):
     if tuple(labels.shape) != (N,):
         raise ValueError(f"{what}: labels of shape {tuple(labels.shape)} do not match logits of shape "
                          f"{logits.shape}; expected ({N},)")
-    if known is not None and (known[0] < 0 or known[1] >= C):
-        raise ValueError(f"{what}: labels must lie in [0, {C - 1}] for {C} classes, got values in "
-                         f"[{known[0]}, {known[1]}]")
-    if not isinstance(labels, Tensor):
+    def check(known):
+        if known is not None and (known[0] < 0 or known[1] >= C):
+            raise ValueError(f"{what}: labels must lie in [0, {C - 1}] for {C} classes, got values in "
+                             f"[{known[0]}, {known[1]}]")
+    if isinstance(labels, Tensor):  # a replayed step checks the range of each batch copied into these labels
+        kernels.per_step(lambda: check(labels.value_range))
+    else:
+        check(known)
         labels = tensor(host.astype(np.int32), logits.device)
     return CrossEntropy.apply(logits, labels)
 

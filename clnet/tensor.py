@@ -54,6 +54,8 @@ class BufferPool:
             number, buf = heapq.heappop(bucket)
             return buf, number, size
         limit = self.max_alloc
+        if size > limit >= nbytes:  # the rounding alone would pass the device's largest buffer: take it exact
+            size = nbytes
         if size > limit:
             raise kernels.OutOfMemory(f"clnet: {size / 2**20:.1f} MiB is more than {self.device.name} allocates at "
                                       f"once ({limit / 2**20:.0f} MiB): use a smaller batch", self.device, nbytes,

@@ -230,8 +230,8 @@ def tune_first(model, input_shape, dev, flag, echo, progress=None, budget_s=FIRS
     if not (flag or (flag is None and dev.is_gpu)):
         return None
     # A first run spends the budget once per model and shape: later runs start at once, with what it tuned
-    spent = "first-run budget spent: " + hashlib.sha1(f"{model!r} {tuple(input_shape)}".encode()).hexdigest()[:16]
-    if flag is None and spent in tuning.entries(dev):
+    spent = tuning.FIRST_RUN_MARK + hashlib.sha1(f"{model!r} {tuple(input_shape)}".encode()).hexdigest()[:16]
+    if flag is None and spent in tuning.own_entries(dev):
         echo("tuning: none (an earlier run spent this model's first-run budget; `clnet tune` tunes the shapes it "
              "left at defaults)")
         return None

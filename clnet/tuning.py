@@ -380,16 +380,25 @@ def entries(dev):
     entries for keys the cache lacks; empty for a device nobody tuned."""
     found = _device_entries.get(dev)
     if found is None:
-        found = _device_entries[dev] = _load().setdefault(device_key(dev), {})
-        for key, choice in shipped(dev).items():  # only the cache's own entries are ever written back (store)
-            found.setdefault(key, choice)
+        found = _device_entries[dev] = dict(shipped(dev))
+        found.update(own_entries(dev))
     return found
+
+
+def own_entries(dev):
+    """The entries of dev in the user's cache file alone (tuned on this machine; the shipped table's excluded)."""
+    return _load().setdefault(device_key(dev), {})
+
+
+# A first run's tuning marks its model and shape as done (tune.tune_first) in the user's cache: never shipped
+FIRST_RUN_MARK = "first-run budget spent: "
 
 
 def store(dev, new_entries):
     """Adds entries for dev and writes the file atomically (a crash never leaves half a file), merged with what is on
     disk now, so that runs tuning other devices at the same time keep theirs."""
     entries(dev).update(new_entries)
+    own_entries(dev).update(new_entries)
     _checked.clear()
     path = cache_path()
     try:
@@ -467,9 +476,10 @@ def choose(dev, key, default, candidates=None, run=None, valid=None):
         if ok is None:
             ok = _checked[(dev, key, allow_less_accurate)] = bool(valid(choice))
             if not ok:
-                warnings.warn(f"clnet: ignoring the tuning cache's entry for '{key}' ({choice}): this version of "
-                              "clnet does not offer it here, or it is less accurate than the default; `clnet tune "
-                              "--retune` replaces it")
+                where = "the tuning cache's" if key in own_entries(dev) else "the shipped tuning table's"
+                warnings.warn(f"clnet: ignoring {where} entry for '{key}' ({choice}): this version of clnet does not "
+                              "offer it here, or it is less accurate than the default; `clnet tune --retune` replaces "
+                              "it")
         if not ok:
             choice = None
     if choice is None:  # the device class's entry, computed once per key (lookups run on every launch)

@@ -81,6 +81,14 @@ def tiles(s, m=2):
     return -(-s.OH // m), -(-s.OW // m)
 
 
+def image_fits(s, m=2):
+    """Whether one image's transformed input and output (V and M) stay within kernels.INDEX_LIMIT elements: chunks
+    are whole images, so a layer whose single image passes it cannot run as Winograd (im2col then runs it)."""
+    th, tw = tiles(s, m)
+    a = m + s.KH - 1
+    return a * a * max(s.C, s.O) * th * tw <= kernels.INDEX_LIMIT
+
+
 def chunk(s, dev, m=2):
     """Images per chunk, so that V and M together stay within the im2col column budget (tuning.col_bytes), and
     each within the index limit (kernels.INDEX_LIMIT)."""

@@ -33,9 +33,11 @@ def accuracy_first(monkeypatch):
 
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
-    """A tuning cache of the test's own, empty at the start."""
+    """A tuning cache of the test's own, empty at the start, and no shipped table (on a device the table knows, the
+    cache would not start empty)."""
     from clnet import tuning
     monkeypatch.setenv("CLNET_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "SHIPPED_TABLE", str(tmp_path / "no-shipped-table.json"))
     tuning.forget()
     yield tmp_path
     tuning.forget()

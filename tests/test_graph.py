@@ -298,3 +298,24 @@ def test_the_replayer_captures_the_shape_that_repeats(dev, rng):
     for n in (3, 5, 5, 5, 5, 3):
         r(clnet.tensor(np.zeros((n, 2), np.float32), dev), clnet.tensor(np.zeros(n, np.int32), dev))
     assert calls == [((3, 2), False), ((5, 2), False), ((5, 2), True), ((3, 2), False)]
+
+
+def test_a_replayed_step_still_checks_each_batch_of_labels(dev, rng):
+    from clnet.graph import StepReplayer
+    model = small_net(dev, 1)
+    opt, loss_fn = make_optimizer("sgd", model), nn.CrossEntropyLoss()
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    replayer = StepReplayer(step)
+    for xb, yb in batches(rng, 3, 4):  # eager, captured, replayed
+        replayer(clnet.tensor(xb, dev), clnet.tensor(yb, dev))
+    assert replayer.graph is not None
+    xb, yb = batches(rng, 1, 4)[0]
+    yb[2] = 7  # 7 classes: labels 0..6
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 6\] for 7 classes, got values in \[\d, 7\]"):
+        replayer(clnet.tensor(xb, dev), clnet.tensor(yb, dev))

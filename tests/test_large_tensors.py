@@ -253,6 +253,23 @@ def test_refusals(dev, rng, limit):
         F.max_pool2d(x, 3, 2, 1)
 
 
+def test_what_is_never_split_is_refused_before_it_launches(dev, rng, limit):
+    """Whatever the batch: one image's im2col columns (here 3*3*3 x 20*20 = 10800 elements) and a dense layer's
+    weights (60 x 100) are never split, and Winograd does not take a layer whose one image's transforms pass the limit
+    (im2col runs it instead)."""
+    x = clnet.tensor(rng.standard_normal((1, 3, 20, 20)), dev)
+    w = clnet.tensor(rng.standard_normal((4, 3, 3, 3)), dev)
+    with no_launch(), pytest.raises(TooLarge, match=r"conv2d: .*column buffer of 10800 elements per image.*5000"):
+        F.conv2d(x, w, padding=1)
+    x = clnet.tensor(rng.standard_normal((2, 100)), dev)
+    w = clnet.tensor(rng.standard_normal((60, 100)), dev)
+    with no_launch(), pytest.raises(TooLarge, match=r"weight of shape \(60, 100\) has 6000 elements.*5000"):
+        F.linear(x, w)
+    from clnet import shapes, winograd
+    s = shapes.conv_shape("conv2d", (1, 16, 24, 24), (16, 16, 3, 3), (1, 1), (1, 1), (2, 2), (1, 1), 1)
+    assert winograd.supported(s) and not winograd.image_fits(s)  # 4*4*16 x 12*12 tiles = 36864 > 5000
+
+
 def test_allocation_past_the_device_limit(dev):
     """A tensor larger than one buffer may be is refused with clnet's out-of-memory error, naming its shape."""
     n = dev.cl_device.max_mem_alloc_size // 4 + 1

@@ -130,7 +130,10 @@ def test_a_tensor_past_the_largest_buffer_gets_a_batch_whose_share_fits(dev):
     from clnet.tensor import empty
     limit = dev.cl_device.max_mem_alloc_size
     row = limit // 100 // 4 + 1024  # floats per batch item: 100 items are a little more than one buffer holds
+    held = pool(dev).allocated_bytes
     with pytest.raises(clnet.OutOfMemory, match="allocates at once") as info:
-        empty((100, row), dev)  # refused before anything is allocated
+        empty((100, row), dev)
+    assert pool(dev).allocated_bytes == held  # refused before anything was allocated
     fits = info.value.fitting_batch(100)
+    # that many rows fit one buffer, even where the pool's rounding of their size would not
     assert 90 < fits < 100 and fits * row * 4 <= limit, fits

@@ -474,3 +474,21 @@ def test_evaluate_replays_its_forward_and_gives_the_eager_figures(dev, monkeypat
     assert len(replays) == 7 - 2  # 7 batches of 8 (the first eager, the second captured) and one of 5, eager
     assert eager["loss"] == replayed["loss"] and eager["accuracy"] == replayed["accuracy"]
     np.testing.assert_array_equal(eager["confusion"], replayed["confusion"])
+
+
+def test_evaluate_runs_a_forward_that_reads_back_eagerly(dev):
+    class Peeking(nn.Module):  # reads a value back in its forward (a print, a log): a replay could not repeat that
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(784, 10)
+
+        def forward(self, x):
+            out = self.fc(x.flatten(1))
+            self.seen = float(out.sum())
+            return out
+    clnet.manual_seed(2)
+    m = Peeking().to(dev)
+    test = synthetic(30, seed=6)
+    a, b = train.evaluate(m, test, batch=8), train.evaluate(m, test, batch=8, graphs=False)
+    assert (a["loss"], a["accuracy"]) == (b["loss"], b["accuracy"])
+    np.testing.assert_array_equal(a["confusion"], b["confusion"])

@@ -415,12 +415,31 @@ def test_a_second_run_does_not_spend_the_first_run_budget_again(dev, monkeypatch
     for _ in range(2):
         tune.tune_first("model A", (1, 1, 2, 2), dev, None, said.append)
     assert calls == [("model A", (1, 1, 2, 2))] and "an earlier run spent" in said[1]
+    mark, = [k for k in tuning.own_entries(dev) if k.startswith(tuning.FIRST_RUN_MARK)]
     tuning.forget()  # a new process reads the mark from the cache file
     tune.tune_first("model A", (1, 1, 2, 2), dev, None, said.append)
     tune.tune_first("model A", (1, 1, 2, 2), dev, True, said.append)
     tune.tune_first("model A", (2, 1, 2, 2), dev, None, said.append)
     tune.tune_first("model B", (1, 1, 2, 2), dev, None, said.append)
     assert calls[1:] == [("model A", (1, 1, 2, 2)), ("model A", (2, 1, 2, 2)), ("model B", (1, 1, 2, 2))]
+    # the mark is the user's cache's: one in a shipped table (no shipped table holds any) does not stop tuning
+    table = cache_dir / "table.json"
+    table.write_text(json.dumps(dict(cache_version=tuning.CACHE_VERSION,
+                                     devices={tuning.family_key(tuning.device_key(dev)): {mark: True}})))
+    monkeypatch.setattr(tuning, "SHIPPED_TABLE", str(table))
+    monkeypatch.setenv("CLNET_CACHE_DIR", str(cache_dir / "fresh"))
+    tuning.forget()
+    tune.tune_first("model A", (1, 1, 2, 2), dev, None, said.append)
+    assert len(calls) == 5
+
+
+def test_the_shipped_table_holds_no_run_of_anybody(dev):
+    """No first-run marks (a run's, not a device's) and only entries of this cache version."""
+    with open(tuning.SHIPPED_TABLE) as f:
+        table = json.load(f)
+    assert table["cache_version"] == tuning.CACHE_VERSION
+    marks = [k for found in table["devices"].values() for k in found if k.startswith(tuning.FIRST_RUN_MARK)]
+    assert not marks, marks
 
 
 def test_the_shipped_table_fills_what_the_cache_lacks(dev, cache_dir, tmp_path, monkeypatch):
@@ -456,9 +475,9 @@ def test_the_budget_stops_a_site_between_candidate_builds(dev, cache_dir):
 
     def run(choice):
         built.append(choice)
-        time.sleep(0.15)
+        time.sleep(0.3)
         return clnet.tensor(np.ones(8, np.float32), dev)
     sites = {"first": (["a", "b", "c"], run), "second": (["a", "b"], run)}
-    report = tune.tune_sites(dev, sites, budget_s=0.4, repeats=1)
+    report = tune.tune_sites(dev, sites, budget_s=0.8, repeats=1)
     assert "b" in built and "c" not in built and len(built) <= 4  # the default runs twice, "b" once or twice
     assert report["left"] == ["first", "second"] and not report["tuned"] and tuning.entries(dev) == {}
