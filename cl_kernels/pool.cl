@@ -3,8 +3,10 @@
 // atomics are needed and results are deterministic.
 //   maxpool2d_fwd  y = max over the window (padding never wins; a NaN is the max, as in PyTorch); idx = the
 //                  argmax's offset y*W + x in its plane, the first one on ties (as PyTorch)
-//   maxpool2d_fwd_planes  the same, CPU-shaped: one work-item per plane, looping over its rows without a division
-//                  per element, the running maximum kept by selects rather than branches
+//   maxpool2d_fwd_grid  the same, CPU-shaped: a work-item per output in a 3-D launch (x, y, plane), so no division
+//                  per element and PoCL vectorises along x; the running maximum kept by selects, a NaN found by a
+//                  flag and its window scanned again only then (one work-item per plane, as the backward runs, took
+//                  2x as long on PoCL; a NaN test inside the select, 2-3x)
 //   maxpool2d_bwd  dx = sum of dy over the windows whose argmax is this element
 //   maxpool2d_bwd_planes  the same, CPU-shaped: one work-item per plane zeroes it and adds each window's dy at its
 //                  argmax, in window order (the plane is its own: no atomics, deterministic)
@@ -40,37 +42,42 @@ __kernel void maxpool2d_fwd(__global const float* restrict x, POOL_GEOMETRY, __g
     idx[e] = arg;
 }
 
-__kernel void maxpool2d_fwd_planes(__global const float* restrict x, POOL_GEOMETRY, __global float* restrict y,
-                                   __global int* restrict idx) {
-    const int nc = get_global_id(0);
-    if (nc >= NC) return;
+__kernel void maxpool2d_fwd_grid(__global const float* restrict x, POOL_GEOMETRY, __global float* restrict y,
+                                 __global int* restrict idx) {
+    const int ox = get_global_id(0), oy = get_global_id(1), nc = get_global_id(2);
+    if (ox >= OW || oy >= OH || nc >= NC) return;
+    const int y0 = oy * SH - PH, x0 = ox * SW - PW;
+    const int ky0 = max(0, -y0), ky1 = min(KH, H - y0), kx0 = max(0, -x0), kx1 = min(KW, W - x0);
     __global const float* plane = x + nc * H * W;
-    for (int oy = 0, y0 = -PH; oy < OH; oy++, y0 += SH) {
-        const int ky0 = y0 < 0 ? -y0 : 0, ky1 = H - y0 < KH ? H - y0 : KH;
-        __global float* out = y + (nc * OH + oy) * OW;
-        __global int* arg_out = idx + (nc * OH + oy) * OW;
-        for (int ox = 0, x0 = -PW; ox < OW; ox++, x0 += SW) {
-            const int kx0 = x0 < 0 ? -x0 : 0, kx1 = W - x0 < KW ? W - x0 : KW;
-            if (ky0 >= ky1 || kx0 >= kx1) {  // all padding (MaxPool2d's checks rule it out): as maxpool2d_fwd
-                out[ox] = -INFINITY;
-                arg_out[ox] = -1;
-                continue;
-            }
-            int arg = (y0 + ky0) * W + x0 + kx0;  // the window's first element (padding never wins)
-            float best = plane[arg];
-            for (int ky = ky0; ky < ky1; ky++)
-                for (int kx = kx0; kx < kx1; kx++) {
-                    const int off = (y0 + ky) * W + x0 + kx;
-                    const float v = plane[off];
-                    // strictly: the first maximum wins ties; a NaN wins (PyTorch: the last NaN)
-                    const bool better = v > best || isnan(v);
-                    best = better ? v : best;
-                    arg = better ? off : arg;
-                }
-            out[ox] = best;
-            arg_out[ox] = arg;
-        }
+    const int o = (nc * OH + oy) * OW + ox;
+    if (ky0 >= ky1 || kx0 >= kx1) {  // all padding (MaxPool2d's checks rule it out): as maxpool2d_fwd
+        y[o] = -INFINITY;
+        idx[o] = -1;
+        return;
     }
+    int arg = (y0 + ky0) * W + x0 + kx0;  // the window's first element (padding never wins)
+    float best = plane[arg];
+    int nan = 0;
+    for (int ky = ky0; ky < ky1; ky++)
+        for (int kx = kx0; kx < kx1; kx++) {
+            const int off = (y0 + ky) * W + x0 + kx;
+            const float v = plane[off];
+            const bool better = v > best;  // strictly: the first maximum wins ties
+            best = better ? v : best;
+            arg = better ? off : arg;
+            nan |= v != v;  // not in the select above: there it made PoCL's loop 2-3x slower
+        }
+    if (nan)  // rare: the window's last NaN wins, as in PyTorch
+        for (int ky = ky0; ky < ky1; ky++)
+            for (int kx = kx0; kx < kx1; kx++) {
+                const int off = (y0 + ky) * W + x0 + kx;
+                if (isnan(plane[off])) {
+                    best = plane[off];
+                    arg = off;
+                }
+            }
+    y[o] = best;
+    idx[o] = arg;
 }
 
 __kernel void maxpool2d_bwd(__global const float* restrict dy, __global const int* restrict idx, POOL_GEOMETRY,

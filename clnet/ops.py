@@ -472,21 +472,26 @@ def cross_entropy(logits, labels):
 
 def _pool_launch(kern, per, head, tail, x_shape, out_hw, geometry, what):
     """A pooling kernel: its tensors `head`, the geometry, its tensors `tail`; a work-item per output element (per
-    "out"), input element ("in") or plane ("plane"). Past kernels.INDEX_LIMIT, a launch per run of planes."""
+    "out"; "grid": in a 3-D launch of (x, y, plane)), input element ("in") or plane ("plane"). Past
+    kernels.INDEX_LIMIT, a launch per run of planes."""
     N, C, H, W = x_shape
     planes, HW, OHW = N * C, H * W, out_hw[0] * out_hw[1]
     dev = head[0].device
     k, s, p = geometry
     window = (k[0], k[1], s[0], s[1], p[0], p[1], out_hw[0], out_hw[1])
+    def launch(count, head, tail):
+        if per == "grid":
+            kernels.launch(dev, kern, (out_hw[1], out_hw[0], count), None, *head, count, H, W, *window, *tail,
+                           what=what)
+        else:
+            n = count * (OHW if per == "out" else HW if per == "in" else 1)
+            _flat_launch(dev, kern, n, *head, count, H, W, *window, *tail, what=what)
     if planes * max(HW, OHW) <= kernels.INDEX_LIMIT:
-        n = planes * (OHW if per == "out" else HW if per == "in" else 1)
-        _flat_launch(dev, kern, n, *head, planes, H, W, *window, *tail, what=what)
+        launch(planes, head, tail)
         return
     for start, count in chunks(dev, what, x_shape, planes, [HW, OHW], unit="plane"):
-        head_c, tail_c = ([t.region(start * (t.size // planes), (count * (t.size // planes),)) for t in ts]
-                          for ts in (head, tail))
-        n = count * (OHW if per == "out" else HW if per == "in" else 1)
-        _flat_launch(dev, kern, n, *head_c, count, H, W, *window, *tail_c, what=what)
+        launch(count, *([t.region(start * (t.size // planes), (count * (t.size // planes),)) for t in ts]
+                        for ts in (head, tail)))
 
 
 class MaxPool2d(Function):
@@ -498,8 +503,8 @@ class MaxPool2d(Function):
         idx = empty(out_shape, x.device, np.int32)
         if not tuning.cpu_shaped(x.device):
             kern, per = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd"), "out"
-        else:  # one work-item per plane
-            kern, per = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_planes"), "plane"
+        else:
+            kern, per = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_grid"), "grid"
         _pool_launch(kern, per, (x,), (y, idx), x.shape, out_shape[2:], self.geometry, "max pooling")
         self.save(idx)
         return y
