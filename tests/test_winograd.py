@@ -195,9 +195,10 @@ def check_backward_weights(dev, rng, N, C, H, W, O, padding, m=2, r=3):
     winograd.conv2d_backward_weights(clnet.tensor(x, dev), clnet.tensor(dy, dev), s, dw, m=m)
     # += semantics: subtract the starting values in float64, so the comparison is of the gradient alone
     got = dw.numpy().astype(np.float64) - dw0
-    if rdw.size >= 16:
+    if rdw.size >= 16 and N * s.OH * s.OW >= 16:
         assert_close(got, rdw, "grad weights", tol=TOL_DW[a])
-    else:  # the terms: each channel's |x| times the largest |dy|, and dw0, at whose size dw0 + gradient rounds
+    else:  # few results, or each a sum of few terms (a 1x1 output: one product, far below dw0 for some seeds, so
+        # dw0 + gradient rounds at dw0's size). The terms: each channel's |x| times the largest |dy|, and dw0
         tdw = np.abs(x).sum(axis=(0, 2, 3))[None, :, None, None] * np.abs(dy).max() + np.abs(dw0)
         assert_close_to_terms(got, rdw, tdw, "grad weights", tol=TOL_TERMS[a])
 
