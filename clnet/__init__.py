@@ -16,4 +16,4 @@ from .version import __version__
 
 __all__ = ["CaptureError", "Device", "DeviceNotFound", "Graph", "OutOfMemory", "Parameter", "Tensor", "autotune",
            "cat", "data", "device", "evaluate", "fit", "is_grad_enabled", "list_devices", "manual_seed", "nn",
-           "no_grad", "onnx", "optim", "reset_transfer_stats", "tensor", "transfer_stats", "__version__"]
+           "no_grad", "onnx", "optim", "reset_transfer_stats", "tensor", "TooLarge", "transfer_stats", "__version__"]

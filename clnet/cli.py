@@ -268,9 +268,8 @@ def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
         extra = "".join(f" {flag}" + (f" {shlex.quote(str(v))}" if v != "" else "") for flag, v in again
                         if flag is not None and v is not None)
         echo(f"stopped at epoch {result['epoch'] + 1}, step {result['step']}; checkpoint written to "
-                   f"{result['checkpoint']}. Continue with: {f'mpiexec -n {world.size} ' if world else ''}"
-                   f"clnet train {model} --resume "
-                   f"{shlex.quote(result['checkpoint'])}{extra}")
+             f"{result['checkpoint']}. Continue with: {f'mpiexec -n {world.size} ' if world else ''}"
+             f"clnet train {model} --resume {shlex.quote(result['checkpoint'])}{extra}")
         return
     hist = result["epochs"]
     if world is not None and world.rank != 0:

@@ -62,7 +62,6 @@ except ImportError as e:  # mpi4py is optional: clnet runs on one device without
 import pyopencl as cl
 
 from . import devices as device_mod
-from .tensor import _stats as _transfer_stats
 from .autograd import register_post_accumulate_grad_hook
 from .graph import refuse_in_capture
 from .nn.module import Module
@@ -268,14 +267,9 @@ def tune_on_rank0(tune, dev):
 
 # -- data parallelism ------------------------------------------------------------------------------------------------
 def _read_async(t, out):
-    """Queue a copy of device tensor t into the host array out; the event. Counted as tensor.py counts its copies,
-    and through the parent buffer as tensor.py copies a region (Tensor has no non-blocking read yet)."""
+    """Queue a copy of device tensor t into the host array out; the event."""
     refuse_in_capture("DataParallel's all-reduce (gradients read back to the host for MPI)")
-    buf, offset = t.storage.whole()
-    ev = cl.enqueue_copy(t.device.queue, out, buf, src_offset=offset, is_blocking=False)
-    _transfer_stats["device_to_host_bytes"] += out.nbytes
-    _transfer_stats["device_to_host_count"] += 1
-    return ev
+    return t.read_into(out)
 
 
 class _Bucket:

@@ -46,6 +46,7 @@ def _event_free_enqueue():
 
 
 _enqueue_raw = _event_free_enqueue()
+_STATUS_NAMES = {v: k for k, v in vars(cl.status_code).items() if isinstance(v, int)}
 
 
 class CaptureError(RuntimeError):
@@ -116,12 +117,12 @@ class Graph:
         self._items.append((clone, global_size, local_size, live, clone.int_ptr, dims, sizes, local))
         self.launches += 1
 
-    def record_copy(self, dst, src, nbytes):
+    def record_copy(self, dst, src, copy):
+        """A device copy from src into dst, which copy() enqueues again."""
         self._note(dst.storage)
         self._note(src.storage)
         self._bind_queue(dst.device)
-        queue, d, s = dst.device.queue, dst.buffer, src.buffer
-        self._items.append(lambda: cl.enqueue_copy(queue, d, s, byte_count=nbytes))
+        self._items.append(copy)
 
     def record_action(self, action):
         self._items.append(action)
@@ -183,22 +184,14 @@ class Graph:
         kernels.launch_count += self.launches
 
     def _failed_launch(self, item, status):
-        """A launch the event-free enqueue refused: enqueue it again through pyopencl, which raises its own error
-        (out of resources, an invalid argument) as the eager path would see it; the steps after it are not enqueued."""
-        clone, gsize, lsize = item[:3]
-        try:
-            cl.enqueue_nd_range_kernel(self._queue, clone, gsize, lsize)
-        except cl.Error as e:
-            if getattr(e, "code", None) in kernels._ALLOCATION_FAILURES:
-                dev = self._device
-                raise kernels.OutOfMemory(f"clnet: out of memory on {dev.name} while replaying a captured step "
-                                          f"({clone.function_name}, global size {gsize}; {kernels.memory_note(dev)}): "
-                                          "use a smaller batch", dev) from e
-            raise kernels.KernelError(f"clnet: a replayed launch of {clone.function_name} (global size {gsize}) "
-                                      f"failed: {e}") from e
-        raise kernels.KernelError(f"clnet: a replayed launch of {clone.function_name} (global size {gsize}) failed "
-                                  f"with OpenCL status {status}, then succeeded through pyopencl; its step is "
-                                  "incomplete")
+        """A launch the driver refused (its OpenCL status): the steps after it are not enqueued."""
+        clone, gsize = item[0], item[1]
+        what = f"a replayed launch of {clone.function_name} (global size {gsize})"
+        if status in kernels._ALLOCATION_FAILURES:
+            dev = self._device
+            raise kernels.OutOfMemory(f"clnet: out of memory on {dev.name} in {what}; {kernels.memory_note(dev)}: "
+                                      "use a smaller batch", dev)
+        raise kernels.KernelError(f"clnet: {what} failed with OpenCL status {_STATUS_NAMES.get(status, status)}")
 
     def __del__(self):
         try:

@@ -136,11 +136,11 @@ class Sum(Function):
         lsize = _pow2_group(x.device)
         k = _elementwise(x.device, "reduce_sum", dict(LSIZE=lsize))
         n = x.size
-        if n > kernels.INDEX_LIMIT:  # a launch per chunk, each adding its sum to out
-            for start, count in chunks(x.device, "sum", x.shape, n, [1], unit="element"):
-                kernels.launch(x.device, k, (lsize,), (lsize,), x.region(start, (count,)), out, float(scale), count,
-                               what="sum")
-                k = _elementwise(x.device, "reduce_sum", dict(LSIZE=lsize, ACCUMULATE=True))
+        if n > kernels.INDEX_LIMIT:  # a launch per chunk; those after the first add their sums to out
+            adding = _elementwise(x.device, "reduce_sum", dict(LSIZE=lsize, ACCUMULATE=True))
+            for i, (start, count) in enumerate(chunks(x.device, "sum", x.shape, n, [1], unit="element")):
+                kernels.launch(x.device, adding if i else k, (lsize,), (lsize,), x.region(start, (count,)), out,
+                               float(scale), count, what="sum")
             return out
         kernels.launch(x.device, k, (lsize,), (lsize,), x, out, float(scale), n, what="sum")
         return out

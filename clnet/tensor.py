@@ -148,8 +148,8 @@ class _Region:
         self.size = nbytes
 
     def whole(self):
-        """(buffer, byte offset) for host copies: the parent's buffer at this region's offset, so that a host copy
-        never depends on how a driver keeps sub-buffers in step with their parent."""
+        """(buffer, byte offset) for copies: the parent's buffer at this region's offset, so that no copy depends on
+        how a driver keeps sub-buffers in step with their parent."""
         return self.parent.buffer, self.offset
 
 
@@ -344,10 +344,15 @@ class Tensor:
         if other.size != self.size or other.dtype != self.dtype:
             raise ValueError(f"cannot copy a tensor of shape {other.shape} into one of shape {self.shape}")
         if self.size:
-            cl.enqueue_copy(self.device.queue, self.buffer, other.buffer, byte_count=self.nbytes)
+            (dst, dst_offset), (src, src_offset) = self.storage.whole(), other.storage.whole()
+            queue, nbytes = self.device.queue, self.nbytes
+
+            def copy():
+                cl.enqueue_copy(queue, dst, src, byte_count=nbytes, dst_offset=dst_offset, src_offset=src_offset)
+            copy()
             graph = kernels.recording()
             if graph is not None:
-                graph.record_copy(self, other, self.nbytes)
+                graph.record_copy(self, other, copy)
         return self
 
     def numpy(self):
@@ -356,11 +361,17 @@ class Tensor:
         out = np.empty(self.shape, self.dtype)
         if out.size:
             refuse_in_capture(f"reading a tensor of shape {self.shape} back")
-            buf, offset = self.storage.whole()
-            cl.enqueue_copy(self.device.queue, out, buf, src_offset=offset, is_blocking=True)
-            _stats["device_to_host_bytes"] += out.nbytes
-            _stats["device_to_host_count"] += 1
+            self.read_into(out, blocking=True)
         return out
+
+    def read_into(self, out, blocking=False):
+        """Queue a copy of this tensor into the host array `out` (counted); the event (wait on it before reading out
+        when not blocking)."""
+        buf, offset = self.storage.whole()
+        event = cl.enqueue_copy(self.device.queue, out, buf, src_offset=offset, is_blocking=blocking)
+        _stats["device_to_host_bytes"] += out.nbytes
+        _stats["device_to_host_count"] += 1
+        return event
 
     def write(self, array, blocking=True):
         """Copy a host array of the same size into this tensor.

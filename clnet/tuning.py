@@ -376,8 +376,8 @@ _device_entries = {}
 
 
 def entries(dev):
-    """This device's tuned entries (key -> choice): the cache's own dict (store() adds to it), with the shipped table's
-    entries for keys the cache lacks; empty for a device nobody tuned."""
+    """This device's tuned entries (key -> choice): the user's cache over the shipped table's, merged once per process
+    (store() adds to both this and the cache's own entries); empty for a device nobody tuned."""
     found = _device_entries.get(dev)
     if found is None:
         found = _device_entries[dev] = dict(shipped(dev))

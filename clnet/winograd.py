@@ -81,22 +81,24 @@ def tiles(s, m=2):
     return -(-s.OH // m), -(-s.OW // m)
 
 
-def image_fits(s, m=2):
-    """Whether one image's transformed input and output (V and M) stay within kernels.INDEX_LIMIT elements: chunks
-    are whole images, so a layer whose single image passes it cannot run as Winograd (im2col then runs it)."""
+def _transformed(s, m):
+    """Elements per image of the transformed input V and output M: (V's, M's)."""
     th, tw = tiles(s, m)
     a = m + s.KH - 1
-    return a * a * max(s.C, s.O) * th * tw <= kernels.INDEX_LIMIT
+    return a * a * s.C * th * tw, a * a * s.O * th * tw
+
+
+def image_fits(s, m=2):
+    """Whether one image's V and M each stay within kernels.INDEX_LIMIT elements: chunks are whole images, so a layer
+    whose single image passes it cannot run as Winograd (im2col then runs it)."""
+    return max(_transformed(s, m)) <= kernels.INDEX_LIMIT
 
 
 def chunk(s, dev, m=2):
     """Images per chunk, so that V and M together stay within the im2col column budget (tuning.col_bytes), and
     each within the index limit (kernels.INDEX_LIMIT)."""
-    th, tw = tiles(s, m)
-    a = m + s.KH - 1
-    per_image = a * a * (s.C + s.O) * th * tw * 4
-    return max(1, min(s.N, tuning.col_bytes(dev) // per_image,
-                      kernels.INDEX_LIMIT // (a * a * max(s.C, s.O) * th * tw)))
+    v, mm = _transformed(s, m)
+    return max(1, min(s.N, tuning.col_bytes(dev) // ((v + mm) * 4), kernels.INDEX_LIMIT // max(v, mm)))
 
 
 def _kernel(dev, name, m, r, **defines):

@@ -319,3 +319,19 @@ def test_a_replayed_step_still_checks_each_batch_of_labels(dev, rng):
     yb[2] = 7  # 7 classes: labels 0..6
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 6\] for 7 classes, got values in \[\d, 7\]"):
         replayer(clnet.tensor(xb, dev), clnet.tensor(yb, dev))
+
+
+def test_a_launch_the_driver_refuses_in_a_replay_is_a_clear_error(dev, rng):
+    x = clnet.tensor(rng.standard_normal(37), dev)
+    g = clnet.Graph()
+    with g.capture():
+        y = ops.full_like(x, 2.0) * x
+    g.replay()
+    assert np.array_equal(y.numpy(), 2 * x.numpy())
+    import ctypes
+    clone, gsize, lsize, live, kernel, dims, sizes, local = g._items[0]
+    too_big = (ctypes.c_size_t * dims)(*([1 << 24] * dims))  # more work-items per group than any device allows
+    g._items[0] = (clone, gsize, lsize, live, kernel, dims, sizes, too_big)
+    with pytest.raises(kernels.KernelError, match=r"a replayed launch of \w+ \(global size .*\) failed with OpenCL "
+                                                  r"status INVALID_WORK_GROUP_SIZE"):
+        g.replay()

@@ -142,7 +142,7 @@ def test_batch_norm(dev, rng, limit, kernel_shape, training):
     assert_close(tb.grad.numpy(), rdb, "d bias", tol=1e-4)
 
 
-def test_local_response_norm(dev, rng, limit):
+def test_local_response_norm(dev, rng, limit, kernel_shape):
     x = rng.standard_normal((37, 6, 8, 7))
     t = leaf(dev, x)
     y = F.local_response_norm(t, 3, 1e-2, 0.75, 1.0)

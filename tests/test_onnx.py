@@ -199,12 +199,17 @@ def test_import_matches_onnxruntime(dev, exports, name):
     e = exports.get(name)
     net = connx.load(e["path"], device=dev)
     assert not net.training
+    assert_runs_as_onnxruntime(dev, exports, e, net, name)
+
+
+def assert_runs_as_onnxruntime(dev, exports, e, net, label):
+    """Every output of net on the export's input against ONNX Runtime's, float32 both."""
     with clnet.no_grad():
         ours = outputs(net(clnet.tensor(e["x"], dev)))
     theirs = exports.reference(e)
     assert len(ours) == len(theirs)
     for i, (a, b) in enumerate(zip(ours, theirs)):
-        assert_close(a, b, f"{name} output {i}", tol=1e-5)
+        assert_close(a, b, f"{label} output {i}", tol=1e-5)
 
 
 @needs_torch
@@ -215,10 +220,7 @@ def test_operators_at_other_opsets(dev, exports, opset):
     e = exports.get("operators", opset=opset)
     net = connx.load(e["path"], device=dev)
     assert net.opset == opset
-    with clnet.no_grad():
-        ours = outputs(net(clnet.tensor(e["x"], dev)))
-    for i, (a, b) in enumerate(zip(ours, exports.reference(e))):
-        assert_close(a, b, f"opset {opset} output {i}", tol=1e-5)
+    assert_runs_as_onnxruntime(dev, exports, e, net, f"opset {opset}")
 
 
 @needs_torch
@@ -228,13 +230,7 @@ def test_dynamo_export_imports(dev, exports, name):
     folded by the exporter) runs as ONNX Runtime runs it (every output)."""
     pytest.importorskip("onnxscript", reason="PyTorch's dynamo exporter needs onnxscript")
     e = exports.get(name, dynamo=True)
-    net = connx.load(e["path"], device=dev)
-    with clnet.no_grad():
-        ours = outputs(net(clnet.tensor(e["x"], dev)))
-    theirs = exports.reference(e)
-    assert len(ours) == len(theirs)
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        assert_close(a, b, f"{name} (dynamo exporter) output {i}", tol=1e-5)
+    assert_runs_as_onnxruntime(dev, exports, e, connx.load(e["path"], device=dev), f"{name} (dynamo exporter)")
 
 
 @needs_torch
