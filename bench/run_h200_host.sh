@@ -6,7 +6,9 @@
 #          lenet-wide at batch 64 and 1, alexnet);  train  lenet-wide's batch-1 Fashion-MNIST epoch
 #   tests  the graph and memory tests on NVIDIA's OpenCL;  cost  bench/replay_cost.py
 #   faults bench/out_of_memory.py, `clnet bench` at a batch that does not fit, bench/large_tensors.py
-#   large  bench/large_tensors.py alone;  subbuf  bench/subbuffer_check.py
+#   large  bench/large_tensors.py alone (a crash prints its Python stack);  subbuf  bench/subbuffer_check.py
+#   bigbuf bench/big_buffer_check.py (fills and device copies at offsets past 8 GiB, no sub-buffers)
+#   fitcost bench/fit_cost.py: fit's step at batch 1 against the loader alone and the bare replay
 #   table  alexnet tuned further, the table rebuilt from the cache here, and alexnet's first run on empty caches again
 #   zoo    each of MODELS tuned (TUNE_S seconds) and benchmarked against PyTorch
 # Carries .whl and .data. Files in $OUT: h200-host.log, bench-h200.json (every bench record by name), tuning-v2.json
@@ -66,7 +68,14 @@ for job in ${JOBS:-first tune bench train tests}; do
       timed timeout 120 python3 bench/replay_cost.py --device gpu --model lenet:64 --model lenet-wide:1 \
         --json "$OUT/replay-cost.json" ;;
     large)
-      timed timeout 150 python3 bench/large_tensors.py --device gpu ;;
+      timed timeout 150 python3 -X faulthandler bench/large_tensors.py --device gpu ;;
+    bigbuf)
+      timed timeout 120 python3 bench/big_buffer_check.py --device gpu ;;
+    fitcost)
+      for spec in ${FITS:-lenet-wide:1 lenet:64}; do
+        timed timeout 150 python3 bench/fit_cost.py --device gpu --model "${spec%:*}" --batch "${spec#*:}" \
+          --steps 3000 --json "$OUT/fit-cost-${spec%:*}-b${spec#*:}.json"
+      done ;;
     subbuf)
       timed timeout 120 python3 bench/subbuffer_check.py --device gpu ;;
     table)
@@ -78,7 +87,7 @@ for job in ${JOBS:-first tune bench train tests}; do
     faults)
       timed timeout 120 python3 bench/out_of_memory.py --device gpu --model resnet50 --batch 2048 --then 64
       timed timeout 120 python3 -m clnet.cli bench resnet50 --batch 2048 --device gpu --no-tune 2>&1 | tail -3
-      timed timeout 150 python3 bench/large_tensors.py --device gpu ;;
+      timed timeout 150 python3 -X faulthandler bench/large_tensors.py --device gpu ;;
     zoo)
       for m in ${MODELS:-googlenet resnet18 resnet50 vgg-a overfeat}; do
         late "zoo $m" && continue
