@@ -108,7 +108,7 @@ __kernel void conv2d_fwd_direct(__global const float* restrict x, __global const
     for (int b = 0; b < OB; b++) {
         if (b < nb) {
 #if RELU
-            out[b * OH * OW] = acc[b] > 0.0f ? acc[b] : 0.0f;
+            out[b * OH * OW] = acc[b] < 0.0f ? 0.0f : acc[b];  // NaN stays NaN
 #else
             out[b * OH * OW] = acc[b];
 #endif
@@ -220,7 +220,7 @@ __kernel void conv2d_fwd_direct_rows(__global const float* restrict x, __global 
         for (int l = 0; l < PX; l++) {
             if (l >= count) break;
 #if RELU
-            acc[l] = acc[l] > (OVEC)(0.0f) ? acc[l] : (OVEC)(0.0f);
+            acc[l] = acc[l] < (OVEC)(0.0f) ? (OVEC)(0.0f) : acc[l];  // NaN stays NaN
 #endif
             CHANNELS(STORE_CHANNEL, out + ox0 + l, acc[l], nb);
         }

@@ -12,7 +12,7 @@
 // Defines:
 //   A_SPLIT, B_SPLIT, C_SPLIT  0/1: column split in use for that operand
 //   BIAS      0 none, 1 one value per row m, 2 one value per column n (bias pointer advanced by b*bias_bs)
-//   RELU      0/1: apply max(0, x) last
+//   RELU      0/1: apply ReLU last (NaN kept)
 #ifndef CLNET_GEMM_COMMON_H
 #define CLNET_GEMM_COMMON_H
 #include "common.h"
@@ -71,7 +71,7 @@ inline float epilogue(float acc, const float alpha, const float beta, __global c
     v += bias[bias_idx];
 #endif
 #if RELU
-    v = fmax(v, 0.0f);
+    v = v < 0.0f ? 0.0f : v;  // not fmax: NaN stays NaN, as in PyTorch's ReLU
 #endif
     return v;
 }

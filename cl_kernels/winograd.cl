@@ -216,7 +216,7 @@ __kernel void winograd_output(__global const float* restrict M, __global const f
         for (int l = 0; l < WINO_M; l++) {
             if (ox + l >= OW) break;
             float v = out[WINO_M * k + l] + b;
-            if (RELU) v = fmax(v, 0.0f);
+            if (RELU) v = v < 0.0f ? 0.0f : v;  // not fmax: NaN stays NaN
             plane[(oy + k) * OW + ox + l] = v;
         }
     }

@@ -224,27 +224,42 @@ def check_global_batch(batch, size):
 class Loader:
     """Batches of one epoch on the device, double-buffered.
 
-    A background thread gathers and normalises the next host batches while the device works.  Taking a batch queues
-    its upload as a non-blocking copy on the device's in-order queue into one of two buffer pairs (slot i % 2), so a
-    loop that takes batch i + 1 right after enqueueing step i, and only then reads step i's results, keeps the
-    device fed: the copy runs behind step i and before step i + 1 without the host waiting.  Step i - 1, the last
-    user of the other slot, is already ahead of it in the queue.  ``wait_s`` is the time the loop waited for the
-    host side: the stall.
+    A background thread gathers and normalises the next host batches while the device works.  Small batches come in
+    blocks of up to BLOCK_BYTES (at batch 1 a hand-off between threads and two host copies per batch cost more than
+    the step itself): the thread gathers a block's batches at once, the block is uploaded in one non-blocking copy,
+    and each batch is then copied out of it on the device.  Larger batches are uploaded one at a time, each straight
+    into the tensors it is delivered in.  Either way the copies are queued on the device's in-order queue into one of
+    two buffer pairs (slot i % 2), so a loop that takes batch i + 1 right after enqueueing step i, and only then reads
+    step i's results, keeps the device fed: the copy runs behind step i and before step i + 1 without the host
+    waiting.  Step i - 1, the last user of the other slot, is already ahead of it in the queue.  ``wait_s`` is the
+    time the loop waited for the host side: the stall.
 
     Iterating yields (x, y, labels): the batch's device tensors and its labels on the host.
+
+    ``into(x_shape, y_shape)``: tensors (x, y) to deliver a batch of those shapes into instead of the loader's own
+    slots, or None; a captured training step's static inputs (`graph.StepReplayer.inputs`), which a loop replays
+    right after taking the batch.
 
     ``shard=(rank, size)``: each batch is rank's contiguous share (`share`) of the global batch of that size, the
     batches taken in the order one process takes them; a share can be empty (a last batch smaller than size).
     """
 
-    def __init__(self, data, batch, device, order, start=0, prefetch=2, shard=None):
+    BLOCK_BYTES = 4 << 20
+    MAX_BLOCK = 256  # batches a block holds at most
+
+    def __init__(self, data, batch, device, order, start=0, prefetch=2, shard=None, into=None):
         self.data, self.batch, self.device = data, int(batch), device
         self.order = order
         self.shard = shard
+        self.into = into
         self.starts = list(range(start * self.batch, len(order), self.batch))
         self.prefetch = prefetch
         self.wait_s = 0.0
         self._slots = {}
+        images = getattr(data, "images", None)
+        example = 4 * (int(np.prod(images.shape[1:])) + 1) if images is not None else None
+        self.per_block = 1 if example is None or shard is not None else \
+            max(1, min(self.MAX_BLOCK, self.BLOCK_BYTES // (example * self.batch)))
 
     def __len__(self):
         return len(self.starts)
@@ -260,24 +275,50 @@ class Loader:
             return False
 
         try:
-            for s in self.starts:
-                indices = self.order[s:s + self.batch]
+            for b in range(0, len(self.starts), self.per_block):
+                runs = [self.order[s:s + self.batch] for s in self.starts[b:b + self.per_block]]
                 if self.shard is not None:
-                    a, b = share(len(indices), *self.shard)
-                    indices = indices[a:b]
-                if not deliver(self.data.batch(indices)):
+                    runs = [r[slice(*share(len(r), *self.shard))] for r in runs]
+                x, y = self.data.batch(np.concatenate(runs) if len(runs) > 1 else runs[0])
+                if not deliver((x, y, [len(r) for r in runs])):
                     return
             deliver(None)  # a blocking put here would hang the consumer's join when it stops at the last batch
         except BaseException as e:  # handed to the consumer, which re-raises it
             deliver(e)
 
-    def _upload(self, i, x, y):
-        """Queue copies of x, y into device buffers of slot i % 2; the host arrays stay alive with the events."""
-        key = (i % 2, len(y))
+    def _destination(self, i, x_shape, y_shape):
+        """The tensors batch i goes into: `into`'s for its shapes, else slot i % 2's."""
+        dest = self.into(x_shape, y_shape) if self.into is not None else None
+        if dest is not None:
+            return dest
+        key = (i % 2, x_shape, y_shape)
+        if key not in self._slots:
+            self._slots[key] = (Tensor(x_shape, np.float32, self.device), Tensor(y_shape, np.int32, self.device))
+        return self._slots[key]
+
+    def _batches(self, b, x, y, sizes):
+        """Block b's batches (x, y, labels), each copied into its tensors as it is taken (so after the step before
+        it has been queued). The host arrays stay alive with their uploads' events."""
+        if len(sizes) == 1:
+            tx, ty = self._destination(b, x.shape, y.shape)
+            yield tx.write(x, blocking=False), ty.write(y, blocking=False), y
+            return
+        key = ("block", b % 2, x.shape)
         if key not in self._slots:
             self._slots[key] = (Tensor(x.shape, np.float32, self.device), Tensor(y.shape, np.int32, self.device))
-        tx, ty = self._slots[key]
-        return tx.write(x, blocking=False), ty.write(y, blocking=False)
+        bx, by = self._slots[key]
+        bx.write(x, blocking=False)
+        by.write(y, blocking=False)
+        at, example = 0, int(np.prod(x.shape[1:]))
+        for j, n in enumerate(sizes):
+            labels = y[at:at + n]
+            tx, ty = self._destination(b * self.per_block + j, (n,) + x.shape[1:], labels.shape)
+            tx.copy_from(bx, offset=at * example)
+            ty.copy_from(by, offset=at)
+            if n:
+                ty.value_range = (int(labels.min()), int(labels.max()))
+            yield tx, ty, labels
+            at += n
 
     def __iter__(self):
         out, stop = queue.Queue(maxsize=self.prefetch), threading.Event()
@@ -293,14 +334,13 @@ class Loader:
             return item
 
         try:
-            i = 0
+            b = 0
             while True:
                 item = take()
                 if item is None:
                     return
-                x, y = self._upload(i, *item)
-                i += 1
-                yield x, y, item[1]
+                yield from self._batches(b, *item)
+                b += 1
         finally:
             stop.set()
             worker.join()

@@ -29,23 +29,39 @@ import pyopencl as cl
 from . import kernels
 
 
-def _event_free_enqueue():
-    """clEnqueueNDRangeKernel of the OpenCL library pyopencl itself links (looked up through its extension module, so
-    the handles it made go to the implementation that made them), called through ctypes with no event: pyopencl's
-    enqueue makes an Event object per launch, which a replay never waits on. None where it cannot be found (replay
-    then enqueues through pyopencl)."""
+def _event_free(name, argtypes):
+    """The OpenCL entry point `name` of the library pyopencl itself links (looked up through its extension module, so
+    the handles it made go to the implementation that made them), to be called through ctypes with no event:
+    pyopencl's enqueues make an Event object each, which the callers of these never wait on (NVIDIA's driver takes
+    about 7 us more per launch with one). Called holding the GIL (PyDLL): a call takes microseconds, and releasing
+    and taking the GIL back around each one hands it to the data loader's thread in the middle of a replay. None where
+    it cannot be found (pyopencl's enqueue is used then)."""
     try:
-        fn = ctypes.CDLL(cl._cl.__file__).clEnqueueNDRangeKernel
+        fn = getattr(ctypes.PyDLL(cl._cl.__file__), name)
     except (OSError, AttributeError):
         return None
     fn.restype = ctypes.c_int32
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p,
-                   ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint32,
-                   ctypes.c_void_p, ctypes.c_void_p]
+    fn.argtypes = argtypes
     return fn
 
 
-_enqueue_raw = _event_free_enqueue()
+_size_p = ctypes.POINTER(ctypes.c_size_t)
+_enqueue_raw = _event_free("clEnqueueNDRangeKernel", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
+                                                      ctypes.c_void_p, _size_p, _size_p, ctypes.c_uint32,
+                                                      ctypes.c_void_p, ctypes.c_void_p])
+_copy_raw = _event_free("clEnqueueCopyBuffer", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                                ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint32, ctypes.c_void_p,
+                                                ctypes.c_void_p])
+
+
+def copy_buffer(queue, dst, src, nbytes, dst_offset=0, src_offset=0):
+    """Queue a device copy of nbytes from src at src_offset into dst at dst_offset, without an event. A copy the
+    driver refuses is made again through pyopencl, whose error then names the failure."""
+    if _copy_raw is None or _copy_raw(queue.int_ptr, src.int_ptr, dst.int_ptr, src_offset, dst_offset, nbytes, 0,
+                                      None, None):
+        cl.enqueue_copy(queue, dst, src, byte_count=nbytes, dst_offset=dst_offset, src_offset=src_offset)
+
+
 _STATUS_NAMES = {v: k for k, v in vars(cl.status_code).items() if isinstance(v, int)}
 
 
@@ -64,7 +80,7 @@ class Graph:
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
         self._taken = []  # (pool, creation number, buffer, size): freed during capture, out of the pool until we go
         self.launches = 0
-        # enqueue without events through ctypes (see _event_free_enqueue); False: through pyopencl
+        # enqueue without events through ctypes (see _event_free); False: through pyopencl
         self.event_free = _enqueue_raw is not None
         self.captured = False
         self.failed = False  # its capture raised: nothing to replay
@@ -89,10 +105,10 @@ class Graph:
         self._seal()
 
     def _note(self, storage):
-        buf = storage.buffer
-        if hasattr(storage, "parent"):  # a sub-buffer: keep it (and so its parent) alive
+        if hasattr(storage, "parent"):  # a sub-buffer or window: keep it (and so its parent) alive
             self._regions[id(storage)] = storage
             return
+        buf = storage.buffer
         entry = self._seen.get(id(buf))
         if entry is None:
             self._seen[id(buf)] = (buf, storage.pool, [weakref.ref(storage)])
@@ -223,14 +239,23 @@ class StepReplayer:
         self.key = None  # the batch shape that has the graph
         self.graph = None  # (graph, static x, static y, outputs)
 
+    def inputs(self, x_shape, y_shape):
+        """The static inputs (x, y) of the graph for batches of these shapes, or None: a loader delivers batches
+        straight into them (data.Loader's `into`), which saves the copies here."""
+        if self.graph is not None and (tuple(x_shape), tuple(y_shape)) == self.key:
+            return self.graph[1], self.graph[2]
+        return None
+
     def __call__(self, x, y):
         key, previous = (x.shape, y.shape), self.previous
         self.previous = key
         if self.graph is not None and key == self.key:
             graph, sx, sy, out = self.graph
-            sx.copy_from(x)
-            sy.copy_from(y)
-            sy.value_range = y.value_range  # what the replayed loss checks, as an eager step's would
+            if x is not sx:
+                sx.copy_from(x)
+            if y is not sy:
+                sy.copy_from(y)
+                sy.value_range = y.value_range  # what the replayed loss checks, as an eager step's would
             graph.replay()
             return out
         if not self.enabled or self.graph is not None or key != previous:

@@ -29,7 +29,8 @@ class KernelError(RuntimeError):
 
 
 # Elements one launch may index: the kernels' indices and sizes are 32-bit ints. An op over a larger tensor splits
-# its launches into runs that each fit (tensor.chunks), or refuses before it launches (tensor.TooLarge). Below 2**31
+# its launches into runs that each fit (tensor.chunks; each run's part of a large tensor a window, which a launch
+# runs on a copy of: tensor._Window), or refuses before it launches (tensor.TooLarge). Below 2**31
 # by a margin for the indices a work-item forms just past the end (a float4's last lanes, a padded work-group).
 # Tests set it to a few thousand, to run the split paths on small tensors.
 INDEX_LIMIT = 2**31 - 2**16
@@ -327,6 +328,10 @@ def own_clone(k, args):
     return clone
 
 
+class NeedsStaging(Exception):
+    """Raised by a window of a tensor past INDEX_LIMIT (tensor._Window) where a kernel argument wants a buffer."""
+
+
 def launch(dev, k, global_size, local_size, *args, what=""):
     """Enqueue kernel k (a Kernel from `kernel`); global_size is rounded up to a multiple of local_size."""
     global launch_count
@@ -342,6 +347,10 @@ def launch(dev, k, global_size, local_size, *args, what=""):
     try:
         try:
             ev = enqueue()
+        except NeedsStaging:  # a window of a tensor past INDEX_LIMIT, found before anything was queued
+            from .tensor import staged_launch
+            staged_launch(dev, k, global_size, local_size, args, what)
+            return None
         except cl.Error as e:
             if getattr(e, "code", None) not in _ALLOCATION_FAILURES:
                 raise

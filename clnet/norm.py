@@ -97,7 +97,7 @@ def _image_runs(dev, N, C, P, what):
 
 
 def _cut(args, images, n0, nb):
-    """args with each tensor of `images` (N, C, ...) cut to its images n0 .. n0 + nb - 1 (a sub-buffer)."""
+    """args with each tensor of `images` (N, C, ...) cut to its images n0 .. n0 + nb - 1 (`Tensor.region`)."""
     return tuple(t.region(n0 * (t.size // t.shape[0]), (nb,) + t.shape[1:]) if any(t is i for i in images) else t
                  for t in args)
 
@@ -143,7 +143,7 @@ def _reduce(dev, gpu_kernel, planes_kernel, width, N, C, P, inputs, what):
 
 def _elementwise(dev, name, N, C, P, *args, what, images):
     """An element-wise pass: UNROLL elements per work-item, or, CPU-shaped, cb channels' planes of one image per
-    work-item. Past kernels.INDEX_LIMIT, a pass per run of images over sub-buffers of the (N, C, P) tensors, those
+    work-item. Past kernels.INDEX_LIMIT, a pass per run of images over regions of the (N, C, P) tensors, those
     in `images`."""
     if N * C * P > kernels.INDEX_LIMIT:
         for n0, nb in _image_runs(dev, N, C, P, what):

@@ -1042,11 +1042,16 @@ def _export_record(w, cls, inputs, options, out, batch_names):
             span = d * (k - 1) + 1
             pads.append(p if (size + 2 * p - span) // st + 1 == o else max(0, (o - 1) * st + span - size - p))
         args = [xn, w.name(inputs[1])] + ([w.name(inputs[2])] if inputs[2] is not None else [])
-        done(w.node("Conv", args, result, kernel_shape=[s.KH, s.KW], strides=[s.SH, s.SW],
-                    pads=[s.PH, s.PW, pads[0], pads[1]], dilations=[s.DH, s.DW], group=s.G))
+        y = done(w.node("Conv", args, None if options.get("relu") else result, kernel_shape=[s.KH, s.KW],
+                        strides=[s.SH, s.SW], pads=[s.PH, s.PW, pads[0], pads[1]], dilations=[s.DH, s.DW],
+                        group=s.G))
+        if options.get("relu"):  # a ReLU that nn.Sequential fused into the convolution
+            done(w.node("Relu", [y], result))
     elif name == "Linear":
         args = [xn, w.name(inputs[1])] + ([w.name(inputs[2])] if inputs[2] is not None else [])
-        done(w.node("Gemm", args, result, transB=1))
+        y = done(w.node("Gemm", args, None if options.get("relu") else result, transB=1))
+        if options.get("relu"):
+            done(w.node("Relu", [y], result))
     elif name == "Activation":
         kind = options["kind"]
         if kind == "relu6":

@@ -28,7 +28,7 @@ def _flat_launch(dev, k, n, *args, what=""):
 
 def _map(dev, k, n, vw, *args, what=""):
     """An element-wise kernel over n elements, vw per work-item. Past kernels.INDEX_LIMIT it runs in chunks: each
-    tensor argument of n elements becomes the chunk's sub-buffer, and the integer argument n the chunk's count (the
+    tensor argument of n elements becomes the chunk's region (a window: `Tensor.region`), and the integer argument n the chunk's count (the
     flat kernels' other arguments are floats, Live values and one-element tensors)."""
     if n > kernels.INDEX_LIMIT:
         for start, count in chunks(dev, what, (n,), n, [1], unit="element", multiple=VW):
@@ -264,7 +264,7 @@ class Cat(Function):
 
 def _copy2d(src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what):
     """dst[dst_off + r*dst_ld + c] = src[src_off + r*src_ld + c] for r < rows, c < cols. Past kernels.INDEX_LIMIT,
-    in blocks of rows (or, for rows longer than the limit, pieces of one row), each over sub-buffers that start at
+    in blocks of rows (or, for rows longer than the limit, pieces of one row), each over regions that start at
     the aligned element before the block's first and end past its last, the few elements between passed as offsets."""
     if not rows or not cols:  # an empty input of cat: nothing to copy (a launch of no work-items is an error)
         return
@@ -554,17 +554,29 @@ def _param_grads(fn, *shapes):
     return targets, tuple(returned)
 
 
-class Conv2d(Function):
-    """y = conv(x, w) + b for a shapes.ConvShape s; each pass by its tuned (or default) algorithm (conv.py)."""
-    __slots__ = ("shape", "what")
+def _relu_grad(y, dy, what):
+    """The upstream gradient through a ReLU fused into the op that made y (nn.Sequential's fusion)."""
+    dx = empty(y.shape, y.device)
+    _map(y.device, _elementwise(y.device, "act_bwd", dict(ACT=ACTIVATIONS["relu"])), y.size, VW, y, dy, dx, y.size,
+         what=what + " (its ReLU)")
+    return dx
 
-    def forward(self, x, w, b, s, what):
-        self.shape, self.what = s, what
-        self.save(x, w)
-        return conv.conv2d_forward(x, w, b, s, what=what)
+
+class Conv2d(Function):
+    """y = conv(x, w) + b for a shapes.ConvShape s, then ReLU if relu (fused: nn.Sequential asks for it); each pass
+    by its tuned (or default) algorithm (conv.py)."""
+    __slots__ = ("shape", "what", "relu")
+
+    def forward(self, x, w, b, s, what, relu=False):
+        self.shape, self.what, self.relu = s, what, relu
+        y = conv.conv2d_forward(x, w, b, s, relu=relu, what=what)
+        self.save(x, w, *((y,) if relu else ()))
+        return y
 
     def backward(self, dy):
-        x, w = self.saved
+        x, w = self.saved[:2]
+        if self.relu:
+            dy = _relu_grad(self.saved[2], dy, self.what + " backward")
         (dw, db), fresh = _param_grads(self, w.shape, (w.shape[0],))
         dx = conv.conv2d_backward(x, w, dy, self.shape, dw, db, need_dx=self.needs[0],
                                   what=self.what + " backward")
@@ -572,16 +584,19 @@ class Conv2d(Function):
 
 
 class Linear(Function):
-    """y = x w^T + b for x (N, I), w (O, I)."""
-    __slots__ = ("what",)
+    """y = x w^T + b for x (N, I), w (O, I), then ReLU if relu (fused, as Conv2d's)."""
+    __slots__ = ("what", "relu")
 
-    def forward(self, x, w, b, what):
-        self.what = what
-        self.save(x, w)
-        return conv.linear_forward(x, w, b, what=what)
+    def forward(self, x, w, b, what, relu=False):
+        self.what, self.relu = what, relu
+        y = conv.linear_forward(x, w, b, relu=relu, what=what)
+        self.save(x, w, *((y,) if relu else ()))
+        return y
 
     def backward(self, dy):
-        x, w = self.saved
+        x, w = self.saved[:2]
+        if self.relu:
+            dy = _relu_grad(self.saved[2], dy, self.what + " backward")
         (dw, db), fresh = _param_grads(self, w.shape, (w.shape[0],))
         dx = conv.linear_backward(x, w, dy, dw, db, need_dx=self.needs[0], what=self.what + " backward")
         return (dx,) + fresh

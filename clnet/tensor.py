@@ -6,7 +6,7 @@ import numpy as np
 import pyopencl as cl
 
 from . import kernels
-from .graph import refuse_in_capture
+from .graph import copy_buffer, refuse_in_capture
 from .devices import Device
 from .devices import device as _device
 
@@ -141,7 +141,7 @@ class _Region:
     __slots__ = ("buffer", "size", "parent", "offset")
 
     def __init__(self, parent, offset_bytes, nbytes):
-        if type(parent) is _Region:
+        if hasattr(parent, "parent"):
             parent, offset_bytes = parent.parent, parent.offset + offset_bytes
         self.parent, self.offset = parent, offset_bytes
         self.buffer = parent.buffer.get_sub_region(offset_bytes, nbytes)
@@ -151,6 +151,46 @@ class _Region:
         """(buffer, byte offset) for copies: the parent's buffer at this region's offset, so that no copy depends on
         how a driver keeps sub-buffers in step with their parent."""
         return self.parent.buffer, self.offset
+
+
+class _Window:
+    """Part of a tensor past kernels.INDEX_LIMIT elements, the share of one launch of an op that splits its launches:
+    the parent's buffer and an offset, no sub-buffer. NVIDIA's driver (580) mishandles sub-buffers of buffers past
+    8 GiB (writes through them failed, and releasing kernels that named them crashed the process), so copies read
+    and write a window through its parent, and a launch given one runs on a copy of it (`staged_launch`)."""
+    __slots__ = ("size", "parent", "offset")
+
+    def __init__(self, parent, offset_bytes, nbytes):
+        if hasattr(parent, "parent"):
+            parent, offset_bytes = parent.parent, parent.offset + offset_bytes
+        self.parent, self.offset, self.size = parent, offset_bytes, nbytes
+
+    @property
+    def buffer(self):
+        raise kernels.NeedsStaging
+
+    def whole(self):
+        return self.parent.buffer, self.offset
+
+
+def staged_launch(dev, k, global_size, local_size, args, what):
+    """kernels.launch of arguments among which are windows: each distinct window is copied into a tensor of its own
+    before the launch and back after it (a window a kernel only reads comes back unchanged)."""
+    temps, staged = {}, []
+    for a in args:
+        st = getattr(a, "storage", None)
+        if type(st) is _Window:
+            key = (id(st.parent), st.offset, st.size)
+            if key not in temps:
+                for (p, o, n), _ in temps.items():
+                    if p == key[0] and o < key[1] + key[2] and key[1] < o + n:
+                        raise AssertionError(f"internal: {what} was given overlapping windows of one tensor")
+                temps[key] = (a, Tensor(a.shape, a.dtype, dev).copy_from(a))
+            a = temps[key][1]
+        staged.append(a)
+    kernels.launch(dev, k, global_size, local_size, *staged, what=what)
+    for window, temp in temps.values():
+        window.copy_from(temp)
 
 
 _FLOAT32, _INT32 = np.dtype(np.float32), np.dtype(np.int32)
@@ -339,16 +379,20 @@ class Tensor:
         return ops.product(self, -1.0)
 
     # -- host copies (counted) -----------------------------------------------------------------------------------
-    def copy_from(self, other):
-        """Device-to-device copy of a tensor of the same size (queued; no host memory involved)."""
-        if other.size != self.size or other.dtype != self.dtype:
-            raise ValueError(f"cannot copy a tensor of shape {other.shape} into one of shape {self.shape}")
+    def copy_from(self, other, offset=None):
+        """Device-to-device copy of a tensor of the same size, or, given `offset`, of this tensor's size from that
+        element of a larger one (queued, without an event; no host memory involved)."""
+        if (other.size != self.size if offset is None else not 0 <= offset <= other.size - self.size) \
+                or other.dtype != self.dtype:
+            raise ValueError(f"cannot copy a tensor of shape {other.shape}" + (
+                f" from element {offset}" if offset is not None else "") + f" into one of shape {self.shape}")
         if self.size:
             (dst, dst_offset), (src, src_offset) = self.storage.whole(), other.storage.whole()
             queue, nbytes = self.device.queue, self.nbytes
+            src_offset += (offset or 0) * self.dtype.itemsize
 
             def copy():
-                cl.enqueue_copy(queue, dst, src, byte_count=nbytes, dst_offset=dst_offset, src_offset=src_offset)
+                copy_buffer(queue, dst, src, nbytes, dst_offset, src_offset)
             copy()
             graph = kernels.recording()
             if graph is not None:
@@ -398,10 +442,13 @@ class Tensor:
         return self
 
     def region(self, offset, shape):
-        """A tensor of `shape` over elements [offset, offset + size) of this one's memory, as an OpenCL sub-buffer:
-        kernels see an ordinary buffer. offset * itemsize must be a multiple of `region_alignment(device)`."""
-        return Tensor(shape, self.dtype, self.device, _storage=_Region(self.storage, offset * self.dtype.itemsize,
-                                                                      max(math.prod(shape), 1) * self.dtype.itemsize))
+        """A tensor of `shape` over elements [offset, offset + size) of this one's memory. Of a tensor within
+        kernels.INDEX_LIMIT elements, an OpenCL sub-buffer: kernels see an ordinary buffer, and offset * itemsize must
+        be a multiple of `region_alignment(device)`. Of a larger one, a window (`_Window`) that copies and launches
+        stage through the parent's buffer."""
+        kind = _Window if type(self.storage) is _Window or self.size > kernels.INDEX_LIMIT else _Region
+        return Tensor(shape, self.dtype, self.device, _storage=kind(self.storage, offset * self.dtype.itemsize,
+                                                                   max(math.prod(shape), 1) * self.dtype.itemsize))
 
     def item(self):
         if self.size != 1:

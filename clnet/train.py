@@ -95,7 +95,6 @@ def evaluate(model, dataset, batch=256, device=None, graphs=True):
     if world is not None:
         a, b = data_mod.share(len(order), world.rank, world.size)
         order = order[a:b]
-    loader = data_mod.Loader(dataset, batch, dev, order)
     confusion = None
     total_loss, correct, seen = 0.0, 0, 0
 
@@ -104,6 +103,7 @@ def evaluate(model, dataset, batch=256, device=None, graphs=True):
             out = model(x)
             return out, loss_fn(out, y)
     replayer = StepReplayer(forward, enabled=graphs and world is None and not _has_hooks(model))  # as in fit
+    loader = data_mod.Loader(dataset, batch, dev, order, into=replayer.inputs)
     try:
         it = iter(loader)
         item = next(it, None)
@@ -298,10 +298,11 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
         while epoch < epochs and not (flag.set or result["stopped"]):
             order = data_mod.epoch_order(len(train_data), config["seed"], epoch)
             loader = data_mod.Loader(train_data, batch, dev, order, start=step,
-                                     shard=(rank, ranks) if world is not None else None)
+                                     shard=(rank, ranks) if world is not None else None, into=replayer.inputs)
             t_epoch = time.perf_counter()
             bar = click.progressbar(length=steps_per_epoch, label=f"epoch {epoch + 1}/{epochs}",
-                                    item_show_func=lambda s: s, file=None) if progress else None
+                                    item_show_func=lambda s: s, file=None,
+                                    update_min_steps=_StepFigures.READ_EVERY) if progress else None
             if bar is not None:
                 bar.__enter__()
                 bar.update(step)

@@ -39,6 +39,24 @@ def leaf(dev, array):
     return clnet.tensor(array.astype(np.float32), dev, requires_grad=True)
 
 
+def test_a_region_of_a_tensor_past_the_limit_is_a_window_that_launches_stage(dev, rng, limit):
+    """No sub-buffer of a tensor past the limit reaches a kernel (NVIDIA's driver crashed releasing kernels that
+    named sub-buffers of a buffer past 8 GiB): its region is a window, and a launch given one runs on a copy, which
+    comes back into the parent, the elements around it untouched."""
+    a = rng.standard_normal(3 * 5000 + 7).astype(np.float32)
+    big = clnet.tensor(a, dev)
+    part = big.region(5003, (4001,))
+    with pytest.raises(kernels.NeedsStaging):
+        part.storage.buffer
+    ops.fill(part, 2.5)  # a launch on the window alone
+    expect = a.copy()
+    expect[5003:9004] = 2.5
+    assert np.array_equal(big.numpy(), expect)
+    assert np.array_equal(part.numpy(), expect[5003:9004])
+    small = clnet.tensor(a[:4000], dev)
+    assert hasattr(small.region(1024, (64,)).storage.buffer, "int_ptr")  # within the limit: a sub-buffer
+
+
 def test_copies(dev, rng, limit):
     a = rng.standard_normal(7001).astype(np.float32)
     t = clnet.tensor(a, dev)

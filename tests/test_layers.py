@@ -285,3 +285,55 @@ def test_cross_entropy_metrics_count_correct_predictions(dev, rng):
     assert correct == (logits.argmax(axis=1) == labels).sum()
     assert value == float(loss)
     assert abs(value - ref.cross_entropy(logits, labels)[0]) < 1e-5
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+def test_sequential_fuses_relu_into_the_conv2d_and_linear_before_it(dev, rng, hooked, kernel_shape):
+    """Conv2d + ReLU and Linear + ReLU in a Sequential run as one op each (no ReLU launch of their own), forward and
+    backward against float64 NumPy; a hook on the ReLU keeps it a layer of its own, with the same results. A NaN in
+    the input stays NaN through the fused ReLU, as in PyTorch."""
+    from clnet import kernels
+    N, C, H, W, O, F = 2, 3, 7, 9, 5, 6
+    model = nn.Sequential(nn.Conv2d(C, O, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(O * H * W, F), nn.ReLU(),
+                          nn.Linear(F, 4)).to(dev)
+    if hooked:
+        model[1].register_forward_hook(lambda m, args, out: None)
+    x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    names = []
+    launch = kernels.launch
+
+    def spy(d, k, *args, **kw):
+        names.append(k.name)
+        return launch(d, k, *args, **kw)
+    xt = clnet.tensor(x, dev, requires_grad=True)
+    kernels.launch = spy
+    try:
+        y = model(xt)
+    finally:
+        kernels.launch = launch
+    assert names.count("act_fwd") == (1 if hooked else 0), names
+    conv_w, conv_b = model[0].weight.numpy(), model[0].bias.numpy()
+    (w1, b1), (w2, b2) = [(model[i].weight.numpy(), model[i].bias.numpy()) for i in (3, 5)]
+    z0 = ref.conv2d(x, conv_w, conv_b, (1, 1), (1, 1), (2, 2), (1, 1), 1)
+    a0 = np.maximum(z0, 0).reshape(N, -1)
+    z1 = ref.linear(a0, w1, b1)
+    a1 = np.maximum(z1, 0)
+    expect = ref.linear(a1, w2, b2)
+    assert_close(y.numpy(), expect, "forward")
+    dy = rng.standard_normal(expect.shape).astype(np.float32)
+    y.backward(clnet.tensor(dy, dev))
+    _, da1, dw2, db2 = ref.linear(a1, w2, b2, dy)
+    dz1 = da1 * (z1 > 0)
+    _, da0, dw1, db1 = ref.linear(a0, w1, b1, dz1)
+    dz0 = da0.reshape(z0.shape) * (z0 > 0)
+    _, dx, dcw, dcb = ref.conv2d(x, conv_w, conv_b, (1, 1), (1, 1), (2, 2), (1, 1), 1, dz0)
+    for got, want, name in ((xt.grad, dx, "dx"), (model[0].weight.grad, dcw, "conv dw"),
+                            (model[0].bias.grad, dcb, "conv db"), (model[3].weight.grad, dw1, "linear dw"),
+                            (model[3].bias.grad, db1, "linear db"), (model[5].weight.grad, dw2, "last dw"),
+                            (model[5].bias.grad, db2, "last db")):
+        assert_close(got.numpy(), want, name, tol=1e-4)
+    x[1, 2, 3, 4] = np.nan
+    with clnet.no_grad():
+        out = model[:2](clnet.tensor(x, dev)).numpy()
+    expect = np.maximum(ref.conv2d(x, conv_w, conv_b, (1, 1), (1, 1), (2, 2), (1, 1), 1), 0)
+    assert np.array_equal(np.isnan(out), np.isnan(expect)) and np.isnan(out).sum() == O * 9

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 import clnet
-from clnet import checkpoint, cli, data, models, nn, optim, train
+from clnet import checkpoint, cli, data, models, nn, ops, optim, train
+from clnet.tensor import empty
 
 
 def fashion_available():
@@ -130,31 +131,59 @@ def test_load_from_data_dir_and_clnet_data(tmp_path, monkeypatch, rng):
 
 
 # -- loader -----------------------------------------------------------------------------------------------------------
-def test_loader_feeds_every_example_once_and_counts_copies(dev):
+@pytest.mark.parametrize("per_block", [1, 2, 4])
+def test_loader_feeds_every_example_once_and_counts_copies(dev, monkeypatch, per_block):
+    """Batches of 16 from 50 examples, uploaded a batch at a time or in blocks of 2 or 4 batches (two host copies a
+    block); each batch is read back only after the next ones were taken, so a copy queued too early would show."""
+    monkeypatch.setattr(data.Loader, "BLOCK_BYTES", per_block * 16 * (28 * 28 + 1) * 4)
     ds = synthetic(50)
     order = data.epoch_order(len(ds), seed=3, epoch=1)
     assert not np.array_equal(order, data.epoch_order(len(ds), seed=3, epoch=2))
     np.testing.assert_array_equal(order, data.epoch_order(len(ds), seed=3, epoch=1))
     clnet.reset_transfer_stats()
     loader = data.Loader(ds, 16, dev, order)
-    seen = []
+    assert loader.per_block == per_block
+    seen, copies = [], []
     for x, y, labels in loader:
         assert x.shape == (len(labels), 1, 28, 28) and y.value_range == (labels.min(), labels.max())
         seen.append(labels)
-        expected_x, _ = ds.batch(order[sum(map(len, seen)) - len(labels):sum(map(len, seen))])
-        np.testing.assert_array_equal(x.numpy(), expected_x)
-        np.testing.assert_array_equal(y.numpy(), labels)
+        copies.append((ops.product(x, 1.0), empty(y.shape, dev, np.int32).copy_from(y)))  # read after the loop
     assert [len(s) for s in seen] == [16, 16, 16, 2]
     np.testing.assert_array_equal(np.concatenate(seen), ds.labels[order])
+    at = 0
+    for (x, y), labels in zip(copies, seen):
+        np.testing.assert_array_equal(x.numpy(), ds.batch(order[at:at + len(labels)])[0])
+        np.testing.assert_array_equal(y.numpy(), labels)
+        at += len(labels)
     stats = clnet.transfer_stats()
-    assert stats["host_to_device_count"] == 2 * 4
+    assert stats["host_to_device_count"] == 2 * -(-4 // per_block)
     assert stats["host_to_device_bytes"] == 50 * 28 * 28 * 4 + 50 * 4
 
 
-def test_loader_measures_the_wait_for_data(dev):
+@pytest.mark.parametrize("per_block", [1, 4])
+def test_loader_delivers_into_the_tensors_it_is_given(dev, monkeypatch, per_block):
+    """`into` names tensors for batches of some shapes (a captured step's static inputs): those batches land there,
+    the last, smaller batch in the loader's own tensors."""
+    monkeypatch.setattr(data.Loader, "BLOCK_BYTES", per_block * 16 * (28 * 28 + 1) * 4)
+    ds = synthetic(50)
+    order = data.epoch_order(len(ds), seed=1, epoch=0)
+    tx, ty = clnet.tensor(np.zeros((16, 1, 28, 28), np.float32), dev), clnet.tensor(np.zeros(16, np.int32), dev)
+    loader = data.Loader(ds, 16, dev, order, into=lambda xs, ys: (tx, ty) if xs == tx.shape else None)
+    at = 0
+    for x, y, labels in loader:
+        assert (x is tx and y is ty) == (len(labels) == 16)
+        np.testing.assert_array_equal(x.numpy(), ds.batch(order[at:at + len(labels)])[0])
+        np.testing.assert_array_equal(y.numpy(), labels)
+        assert y.value_range == (labels.min(), labels.max())
+        at += len(labels)
+    assert at == 50
+
+
+def test_loader_measures_the_wait_for_data(dev, monkeypatch):
     """wait_s is the time the consumer waited: a slow data set makes it about the data's time, a slow consumer
-    (the device busy) makes it close to nothing."""
+    (the device busy) makes it close to nothing. (A batch per gathering, so that each batch is slow.)"""
     import time
+    monkeypatch.setattr(data.Loader, "BLOCK_BYTES", 1)
 
     class Slow(data.Dataset):
         def batch(self, indices):
@@ -189,11 +218,14 @@ def test_lenet_learns_fashion_mnist_subset(dev):
     assert record["train_loss"] < 1.2, record
     assert record["stall_fraction"] == pytest.approx(record["data_wait_s"] / record["seconds"])
     assert record["stall_fraction"] < 0.5  # the loader prepares the next batch while the device computes
-    # per training step: the batch's two uploads; per 16 steps one read of their (loss, correct) pairs; per test
-    # batch: the two uploads, the logits (for the confusion counts) and the loss; nothing else
+    # per block of batches (data.Loader): two uploads; per 16 steps one read of their (loss, correct) pairs; per
+    # test batch: the logits (for the confusion counts) and the loss; nothing else
     stats = clnet.transfer_stats()
     eval_batches = -(-1000 // 256)
-    assert stats["host_to_device_count"] == 2 * (200 + eval_batches)
+    blocks = [-(-n // data.Loader(d, b, dev, []).per_block) for n, d, b in ((200, train_data, 32),
+                                                                            (eval_batches, test_data, 256))]
+    assert blocks[0] > 1
+    assert stats["host_to_device_count"] == 2 * sum(blocks)
     assert stats["device_to_host_count"] == -(-200 // train._StepFigures.READ_EVERY) + 2 * eval_batches
     assert result["first_step_s"] > 0
 
@@ -258,7 +290,9 @@ def test_resume_keeps_optimizer_state_and_buffers(dev, tmp_path, kind):
         assert full.state_dict()["bn1.num_batches_tracked"] == 8
 
 
-def test_ctrl_c_finishes_the_step_and_writes_a_checkpoint(dev, tmp_path):
+def test_ctrl_c_finishes_the_step_and_writes_a_checkpoint(dev, tmp_path, monkeypatch):
+    monkeypatch.setattr(data.Loader, "BLOCK_BYTES", 1)  # a batch per call of Dataset.batch, so the 4th is a step's
+
     class Interrupting(data.Dataset):
         calls = 0
 
@@ -362,9 +396,11 @@ def test_train_command_without_data_says_how_to_get_it(tmp_path):
     assert "train-images-idx3-ubyte" in r.output and "--data-dir" in r.output and "Traceback" not in r.output
 
 
-def test_divergence_stops_training_and_keeps_the_last_good_checkpoint(dev, tmp_path):
+def test_divergence_stops_training_and_keeps_the_last_good_checkpoint(dev, tmp_path, monkeypatch):
     """A non-finite loss stops fit at once with a message naming the step; the checkpoint of the last finished epoch
     stays as it was (nothing non-finite is written)."""
+    monkeypatch.setattr(data.Loader, "BLOCK_BYTES", 1)  # a batch per call of Dataset.batch
+
     class Poisoned(data.Dataset):  # the 14th batch (the 4th of epoch 2) holds a NaN
         calls = 0
 

@@ -56,8 +56,9 @@ class Conv2d(Module):
         s = self.conv_shape(input_shape)
         return (s.N, s.O, s.OH, s.OW)
 
-    def forward(self, x):
-        return ops.Conv2d.apply(x, self.weight, self.bias, s=self.conv_shape(x.shape), what=repr(self))
+    def forward(self, x, relu=False):
+        """relu: a ReLU fused after the bias (nn.Sequential passes it for a ReLU that follows)."""
+        return ops.Conv2d.apply(x, self.weight, self.bias, s=self.conv_shape(x.shape), what=repr(self), relu=relu)
 
 
 class Linear(Module):
@@ -81,9 +82,10 @@ class Linear(Module):
                              f"{tuple(input_shape)}{hint}")
         return (input_shape[0], self.out_features)
 
-    def forward(self, x):
+    def forward(self, x, relu=False):
+        """relu: a ReLU fused after the bias (nn.Sequential passes it for a ReLU that follows)."""
         self.output_shape(x.shape)
-        return ops.Linear.apply(x, self.weight, self.bias, what=repr(self))
+        return ops.Linear.apply(x, self.weight, self.bias, what=repr(self), relu=relu)
 
 
 class _Pool2d(Module):

@@ -321,12 +321,30 @@ class Sequential(Module):
             if all(m.keeps_shape or type(m).output_shape is not Module.output_shape for m in self.modules()):
                 self.output_shape(shape)  # a misfit anywhere in the chain is named before any kernel runs
             d["_checked_input"] = shape
-        for name, layer in self._modules.items():
+        fused = None  # the ReLU just fused into the layer before it
+        for name, layer, relu_next in self._fusions():
+            if layer is fused:
+                continue
             try:
-                x = layer(x)
+                x = layer(x, relu=True) if relu_next else layer(x)
             except ValueError as e:  # say where in the chain the shapes stopped fitting
                 raise ValueError(f"layer {name}: {e}") from None
+            fused = relu_next
         return x
+
+    def _fusions(self):
+        """(name, layer, the ReLU after it when that ReLU runs fused into it, else None) for each layer. A ReLU
+        right after a Conv2d or Linear becomes their kernels' epilogue, saving its launches and a pass over the
+        activations; it stays a layer of its own where a hook watches either (the benchmark's per-layer times)."""
+        from .layers import Conv2d, Linear, ReLU  # (they build on this module)
+        layers = list(self._modules.items())
+        out = []
+        for i, (name, layer) in enumerate(layers):
+            nxt = layers[i + 1][1] if i + 1 < len(layers) else None
+            fuse = (type(layer) in (Conv2d, Linear) and type(nxt) is ReLU
+                    and not any(m._forward_hooks or m._forward_pre_hooks for m in (layer, nxt)))
+            out.append((name, layer, nxt if fuse else None))
+        return out
 
 
 class ModuleList(Module):
