@@ -1,6 +1,7 @@
 """Where a replayed step's time goes on the host. Times a captured training step (forward, cross-entropy, backward,
-SGD with momentum) enqueued through pyopencl (an Event object per launch) and without events through ctypes (what
-clnet.Graph does where it finds the OpenCL loader), three ways:
+SGD with momentum) enqueued through pyopencl (an Event object per launch), without events through ctypes (what
+clnet.Graph does where it finds the OpenCL loader; ctypes releases the GIL around each call), and the same holding
+the GIL (ctypes.PyDLL), each three ways:
 
 - enqueue: the host's time in `replay()` alone (the queue finished before and after, outside the timing);
 - step: `replay()` then `finish()`, per step, as `clnet bench` times it;
@@ -8,6 +9,8 @@ clnet.Graph does where it finds the OpenCL loader), three ways:
 
 On the H200 (h200-v14b) enqueue, step and loop were equal with pyopencl's enqueue, and clFlush every K launches
 changed nothing: the step is the host's enqueue time, about 14 us a launch, with the device idle between kernels.
+Holding the GIL was tried in clnet itself after v15 and its replays were slower in that run (h200-v15b): this
+measures the two side by side.
 
     python3 bench/replay_cost.py --device gpu --model lenet:64 --model lenet-wide:1 --json out.json
 """
@@ -18,6 +21,7 @@ import time
 import click
 
 import clnet
+from clnet import graph
 from graph_replay import zoo_training
 
 
@@ -67,16 +71,19 @@ def main(device_spec, specs, json_path):
     for spec in specs:
         name, batch = spec.split(":")
         g = captured_step(name, int(batch), dev)
-        for event_free in (False, True, False, True):
-            g.event_free = event_free
+        released = graph._enqueue_raw
+        held = graph.event_free("clEnqueueNDRangeKernel", graph.ENQUEUE_ARGS, hold_gil=True)
+        for how in ("pyopencl", "event-free", "GIL held", "pyopencl", "event-free", "GIL held"):
+            g.event_free = how != "pyopencl"
+            graph._enqueue_raw = held if how == "GIL held" else released
             timings(g, dev, repeats=5, loop=5)  # warm
-            how = "event-free" if event_free else "pyopencl"
             r = out.setdefault(f"{spec} {how}", [])
             r.append(dict(timings(g, dev), launches=g.launches))
             r = r[-1]
             print(f"{spec:14s} {how:10s}: enqueue {r['enqueue_ms']:.3f} ms, step {r['step_ms']:.3f} ms, "
                   f"loop {r['loop_ms']:.3f} ms per step ({g.launches} launches, "
                   f"{r['enqueue_ms'] / g.launches * 1e3:.1f} us each)", flush=True)
+        graph._enqueue_raw = released
     if json_path:
         with open(json_path, "w") as f:
             json.dump(out, f, indent=1)

@@ -29,15 +29,15 @@ import pyopencl as cl
 from . import kernels
 
 
-def _event_free(name, argtypes):
+def event_free(name, argtypes, hold_gil=False):
     """The OpenCL entry point `name` of the library pyopencl itself links (looked up through its extension module, so
     the handles it made go to the implementation that made them), to be called through ctypes with no event:
     pyopencl's enqueues make an Event object each, which the callers of these never wait on (NVIDIA's driver takes
-    about 7 us more per launch with one). Called holding the GIL (PyDLL): a call takes microseconds, and releasing
-    and taking the GIL back around each one hands it to the data loader's thread in the middle of a replay. None where
-    it cannot be found (pyopencl's enqueue is used then)."""
+    about 7 us more per launch with one). hold_gil: call it without releasing the GIL (ctypes.PyDLL), which
+    bench/replay_cost.py measures against releasing it. None where it cannot be found (pyopencl's enqueue is used
+    then)."""
     try:
-        fn = getattr(ctypes.PyDLL(cl._cl.__file__), name)
+        fn = getattr((ctypes.PyDLL if hold_gil else ctypes.CDLL)(cl._cl.__file__), name)
     except (OSError, AttributeError):
         return None
     fn.restype = ctypes.c_int32
@@ -46,12 +46,12 @@ def _event_free(name, argtypes):
 
 
 _size_p = ctypes.POINTER(ctypes.c_size_t)
-_enqueue_raw = _event_free("clEnqueueNDRangeKernel", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
-                                                      ctypes.c_void_p, _size_p, _size_p, ctypes.c_uint32,
-                                                      ctypes.c_void_p, ctypes.c_void_p])
-_copy_raw = _event_free("clEnqueueCopyBuffer", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
-                                                ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint32, ctypes.c_void_p,
-                                                ctypes.c_void_p])
+ENQUEUE_ARGS = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, _size_p, _size_p,
+                ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p]
+_enqueue_raw = event_free("clEnqueueNDRangeKernel", ENQUEUE_ARGS)
+_copy_raw = event_free("clEnqueueCopyBuffer", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                               ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint32, ctypes.c_void_p,
+                                               ctypes.c_void_p])
 
 
 def copy_buffer(queue, dst, src, nbytes, dst_offset=0, src_offset=0):
@@ -80,7 +80,7 @@ class Graph:
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
         self._taken = []  # (pool, creation number, buffer, size): freed during capture, out of the pool until we go
         self.launches = 0
-        # enqueue without events through ctypes (see _event_free); False: through pyopencl
+        # enqueue without events through ctypes (see event_free); False: through pyopencl
         self.event_free = _enqueue_raw is not None
         self.captured = False
         self.failed = False  # its capture raised: nothing to replay

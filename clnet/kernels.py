@@ -13,6 +13,7 @@ While a `clnet.Graph` captures, each launch is also recorded with a clone of the
 enqueues. A scalar that changes from step to step travels as a `Live` argument (set again at every enqueue, eager or
 replayed), and the host work that updates it runs through `per_step`, which a replay repeats in order.
 """
+import atexit
 import os
 import statistics
 import sys
@@ -191,9 +192,17 @@ def kernel(dev, filename, name, defines=None):
 
 
 def forget_arguments():
-    """Drops every kept argument set (their buffers are about to be released)."""
+    """Drops every kept argument set (their buffers are about to be released). The clones go before the buffers
+    their arguments name (a clone's cache key holds those): a kernel argument does not keep a buffer alive, and
+    NVIDIA's driver (580) crashed releasing clones whose sub-buffer arguments were gone. At exit too, before the
+    interpreter tears its objects down in no particular order."""
     for k in _kernels.values():
+        keys = list(k.clones)
         k.clones.clear()
+        del keys
+
+
+atexit.register(forget_arguments)
 
 
 class Profiler:

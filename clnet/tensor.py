@@ -442,13 +442,16 @@ class Tensor:
         return self
 
     def region(self, offset, shape):
-        """A tensor of `shape` over elements [offset, offset + size) of this one's memory. Of a tensor within
-        kernels.INDEX_LIMIT elements, an OpenCL sub-buffer: kernels see an ordinary buffer, and offset * itemsize must
-        be a multiple of `region_alignment(device)`. Of a larger one, a window (`_Window`) that copies and launches
+        """A tensor of `shape` over elements [offset, offset + size) of this one's memory: an OpenCL sub-buffer,
+        which kernels see as an ordinary buffer, where it starts at a multiple of `region_alignment(device)` bytes
+        in a tensor within kernels.INDEX_LIMIT elements; otherwise a window (`_Window`), which copies and launches
         stage through the parent's buffer."""
-        kind = _Window if type(self.storage) is _Window or self.size > kernels.INDEX_LIMIT else _Region
-        return Tensor(shape, self.dtype, self.device, _storage=kind(self.storage, offset * self.dtype.itemsize,
-                                                                   max(math.prod(shape), 1) * self.dtype.itemsize))
+        nbytes = offset * self.dtype.itemsize
+        window = (type(self.storage) is _Window or self.size > kernels.INDEX_LIMIT
+                  or (getattr(self.storage, "offset", 0) + nbytes) % region_alignment(self.device))
+        kind = _Window if window else _Region
+        return Tensor(shape, self.dtype, self.device,
+                      _storage=kind(self.storage, nbytes, max(math.prod(shape), 1) * self.dtype.itemsize))
 
     def item(self):
         if self.size != 1:
@@ -525,22 +528,20 @@ class TooLarge(ValueError):
 
 def chunks(dev, what, shape, count, unit_sizes, unit="image", multiple=1):
     """Runs [(start, n)] of whole units covering `count` of them (images, planes, rows), for an op whose tensors
-    are too large for one launch: each tensor of each run (unit_sizes: its elements per unit, 4-byte elements) holds
-    at most kernels.INDEX_LIMIT elements and starts where a sub-buffer may (`region_alignment`), at a multiple of
-    `multiple` elements too. TooLarge, naming `what`, `shape` and the fix, when not even one aligned run fits."""
+    are too large for one launch: each tensor of each run (unit_sizes: its elements per unit) holds at most
+    kernels.INDEX_LIMIT elements and starts at a multiple of `multiple` elements. Each run's part of a tensor is its
+    `region` (a window where it is not a sub-buffer). TooLarge, naming `what`, `shape` and the fix, when not even
+    one run fits."""
     limit = kernels.INDEX_LIMIT
-    align = region_alignment(dev) // 4
     step = 1
     for u in unit_sizes:
-        for m in (align, multiple):
-            step = math.lcm(step, m // math.gcd(u, m))
+        step = math.lcm(step, multiple // math.gcd(u, multiple))
     per = limit // max(max(unit_sizes), 1) // step * step
     if per == 0:
         biggest = max(unit_sizes) * step
         raise TooLarge(f"{what}: a tensor of shape {tuple(shape)} has more than {limit} elements (kernels.INDEX_LIMIT: "
-                       f"what one launch indexes with 32-bit integers), and runs of whole {unit}s that start where "
-                       f"{dev.name} allows a sub-buffer take {biggest} elements at least; use smaller {unit}s "
-                       f"(at most {limit // step} elements each)")
+                       f"what one launch indexes with 32-bit integers), and its smallest run of whole {unit}s takes "
+                       f"{biggest} elements; use smaller {unit}s (at most {limit // step} elements each)")
     return [(s, min(per, count - s)) for s in range(0, count, per)]
 
 
