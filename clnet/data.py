@@ -309,16 +309,16 @@ class Loader:
         bx, by = self._slots[key]
         bx.write(x, blocking=False)
         by.write(y, blocking=False)
-        at, example = 0, int(np.prod(x.shape[1:]))
-        for j, n in enumerate(sizes):
+        starts = np.cumsum([0] + list(sizes[:-1]))
+        lows, highs = np.minimum.reduceat(y, starts).tolist(), np.maximum.reduceat(y, starts).tolist()
+        example = int(np.prod(x.shape[1:]))
+        for j, (at, n) in enumerate(zip(starts.tolist(), sizes)):
             labels = y[at:at + n]
             tx, ty = self._destination(b * self.per_block + j, (n,) + x.shape[1:], labels.shape)
             tx.copy_from(bx, offset=at * example)
             ty.copy_from(by, offset=at)
-            if n:
-                ty.value_range = (int(labels.min()), int(labels.max()))
+            ty.value_range = (lows[j], highs[j])
             yield tx, ty, labels
-            at += n
 
     def __iter__(self):
         out, stop = queue.Queue(maxsize=self.prefetch), threading.Event()

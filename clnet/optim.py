@@ -206,9 +206,14 @@ class SGD(Optimizer):
         buf = state.get("momentum_buffer", grad)
         lr, weight_decay = self._live
 
+        seen = [None]
+
         def hyper():  # read at every step, replayed ones too, so a changed param_groups[0]["lr"] takes effect
             group = self.param_groups[0]
-            lr.value, weight_decay.value = np.float32(group["lr"]), np.float32(group["weight_decay"])
+            now = (group["lr"], group["weight_decay"])
+            if now != seen[0]:
+                seen[0] = now
+                lr.value, weight_decay.value = np.float32(now[0]), np.float32(now[1])
         kernels.per_step(hyper)
         ops.sgd_step(data, grad, buf, lr, h["momentum"], weight_decay, h["nesterov"])
 

@@ -216,6 +216,7 @@ class Tensor:
 
     def __init__(self, shape, dtype=np.float32, device=None, _storage=None, _host=None):
         self.shape = shape = tuple(int(s) for s in shape)
+        self.size = math.prod(shape)  # read several times per launch: kept, not recomputed
         # every op makes tensors: the common dtypes skip np.dtype()'s parsing
         self.dtype = dtype = _FLOAT32 if dtype is np.float32 else (_INT32 if dtype is np.int32 else np.dtype(dtype))
         if dtype not in DTYPES:
@@ -241,10 +242,6 @@ class Tensor:
             raise RuntimeError(f"clnet: a tensor of shape {self.shape} is not on a device yet: move its module with "
                                ".to(device) (or call it once on an input, which moves it)")
         return self.storage.buffer
-
-    @property
-    def size(self):
-        return math.prod(self.shape)
 
     def numel(self):
         return self.size
