@@ -273,7 +273,10 @@ class Module:
 
 
 class Sequential(Module):
-    """Modules applied in order."""
+    """Modules applied in order. A ReLU right after a Conv2d or Linear runs fused into that layer's kernels unless
+    `fuse_relu` is False (on the class or on one instance)."""
+
+    fuse_relu = True
 
     def __init__(self, *layers):
         super().__init__()
@@ -341,7 +344,7 @@ class Sequential(Module):
         out = []
         for i, (name, layer) in enumerate(layers):
             nxt = layers[i + 1][1] if i + 1 < len(layers) else None
-            fuse = (type(layer) in (Conv2d, Linear) and type(nxt) is ReLU
+            fuse = (self.fuse_relu and type(layer) in (Conv2d, Linear) and type(nxt) is ReLU
                     and not any(m._forward_hooks or m._forward_pre_hooks for m in (layer, nxt)))
             out.append((name, layer, nxt if fuse else None))
         return out
