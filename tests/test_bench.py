@@ -4,13 +4,14 @@ import json
 import re
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 import clnet
 from clnet import bench, kernels, models, nn
 from clnet.cli import main
 
-from conftest import HAVE_TORCH, needs_torch
+from conftest import HAVE_TORCH, needs_torch, no_launch
 
 
 def run(args):
@@ -149,3 +150,34 @@ def test_branched_model_rows_and_agreement(tmp_path, dev):
     assert "grad layer1.0.bn1.weight" in agreement and not any("running" in k for k in agreement)
     assert max(v["clnet_vs_fp64"] for v in agreement.values()) < 1e-4
     assert not bench.disagreements(agreement, bench.AGREEMENT_TOLERANCE)
+
+
+@pytest.mark.parametrize("args, option", [
+    (["bench", "lenet", "--batch", "0"], "--batch"),
+    (["bench", "lenet", "--batch", "-3"], "--batch"),
+    (["bench", "lenet", "--iterations", "0"], "--iterations"),
+    (["train", "lenet", "--lr", "-1"], "--lr"),
+    (["train", "lenet", "--epochs", "0"], "--epochs"),
+    (["train", "lenet", "--momentum", "-0.5"], "--momentum"),
+    (["train", "lenet", "--test-subset", "0"], "--test-subset"),
+    (["tune", "lenet", "--batch", "0"], "--batch"),
+    (["tune", "lenet", "--budget", "0"], "--budget"),
+])
+def test_commands_refuse_bad_options_in_one_line(args, option):
+    """A misused option is refused where it was typed: exit status 2, a line naming the option, no traceback, no
+    device work."""
+    with no_launch():
+        r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, r.output
+    assert f"Invalid value for '{option}'" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_a_batch_past_the_devices_largest_allocation_is_one_line(dev):
+    """`clnet bench lenet --batch 200000` on a CPU: its first activation passes the largest buffer the device
+    allocates; one line that says which batch should fit, exit status 1."""
+    limit = dev.cl_device.max_mem_alloc_size
+    batch = int(limit // (20 * 24 * 24 * 4)) + 1000  # the first convolution's output just past that
+    r = CliRunner().invoke(main, ["bench", "lenet", "--batch", str(batch), "--device", str(dev.index),
+                                  "--iterations", "1"])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert "use a smaller batch" in r.output and "should fit" in r.output, r.output
