@@ -34,6 +34,9 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
     The kernel, tile shape and split-K factor come from tuning.choose, keyed by the sizes and the operands' layouts."""
     dev = C.device
     alpha, beta = float(alpha), float(beta)  # float parameters: an int would be set as int32 bits
+    if batch == 1 and (M == 1 or K == 1) and not (a.split or b.split or c.split) and not tuning.cpu_shaped(dev):
+        _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, what)
+        return
     key = gemm_key(M, N, K, batch, a, b, c)
 
     def run(choice):  # returns what it computed, for the autotuner to check each candidate against the default
@@ -46,6 +49,22 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
                                                           _kfast_b(b) and not b.split), run,
                            lambda cached: tuning.valid_gemm(dev, cached, M, N, K, batch, b.split))
     run(choice)
+
+
+def _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, what):
+    """One row of C (M == 1) or a depth of one (K == 1) on a GPU: a dense layer's products at batch 1, one launch
+    each, no tile or split-K to choose (gemv.cl); the sums are no longer than the tiled kernels'. CPUs keep
+    gemm_block, which streams a weight matrix 3-6x faster on PoCL than these kernels' one output per work-item."""
+    epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
+    if K == 1:
+        k = kernels.kernel(dev, "gemv.cl", "gemm_rank1", epilogue)
+        kernels.launch(dev, k, (N, M), None, M, N, alpha, beta, A, a.off, a.rs, B, b.off, b.cs, C, c.off, c.rs, c.cs,
+                       bias, what=what)
+        return
+    LN, LK, KS = tuning.gemv_shape(dev, k_fast=b.rs == 1, n_fast=b.cs == 1)
+    k = kernels.kernel(dev, "gemv.cl", "gemv", dict(LN=LN, LK=LK, KS=KS, **epilogue))
+    kernels.launch(dev, k, (-(-N // LN) * LN, LK), (LN, LK), N, K, alpha, beta, A, a.off, a.cs, B, b.off, b.rs, b.cs,
+                   C, c.off, c.cs, bias, what=what)
 
 
 def gemm_key(M, N, K, batch, a, b, c):

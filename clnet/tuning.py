@@ -87,6 +87,15 @@ def fits(dev, cfg):
     return local_bytes(cfg) <= dev.local_mem_size and threads <= dev.max_work_group_size
 
 
+def gemv_shape(dev, k_fast, n_fast):
+    """(LN, LK, KS) of gemv.cl's product of one row on a GPU: consecutive work-items along B's contiguous axis, k where
+    its k stride is 1 (a dense layer's forward), n where its n stride is 1 (its input gradient). KS: 64-term stages,
+    as short as the tiled kernels' runs."""
+    if k_fast:
+        return 4, 64, 64
+    return (32, 8, 64) if n_fast else (16, 16, 64)
+
+
 def cpu_shaped(dev):
     """Whether dev runs the CPU-shaped data-movement kernels (a row or plane per work-item, loops inside) rather than
     the GPU-shaped ones (an element per work-item)."""

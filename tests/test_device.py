@@ -279,3 +279,47 @@ def test_deep_products_stay_accurate(dev, rng, cache_dir):
         C = clnet.tensor(np.zeros((M, N), np.float32), dev)
         gemm.gemm(M, N, K, At, a, Bt, b, C, c)
         assert_close(C.numpy(), expected, f"C by {tuning.describe(choice)}", tol=1e-6)
+
+
+SKINNY_CASES = [(1, 1, 7), (1, 3, 64), (1, 33, 2049), (1, 257, 130), (1, 120, 4100),  # one row: gemv
+                (1, 5, 1), (5, 1, 1), (130, 257, 1), (33, 7, 1)]                         # depth one: rank-1
+
+
+@pytest.mark.parametrize("M,N,K", SKINNY_CASES)
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("bias_mode,beta,relu", [(2, 0.0, False), (1, 2.0, True), (0, 1.0, False)])
+def test_one_row_and_depth_one_products(dev, rng, kernel_shape, M, N, K, trans_a, trans_b, bias_mode, beta, relu):
+    """Products of one row (a dense layer's forward and input gradient at batch 1) and of depth one (its weight
+    gradient, accumulating) take one launch of gemv.cl in every layout, against float64, with the epilogue's bias
+    (per row or per column), beta and ReLU; the GPU's work-group reductions run here too (kernel_shape)."""
+    from clnet import kernels
+    A = rng.standard_normal((K, M) if trans_a else (M, K)).astype(np.float32)
+    B = rng.standard_normal((N, K) if trans_b else (K, N)).astype(np.float32)
+    C0 = rng.standard_normal((M, N)).astype(np.float32)
+    bias = rng.standard_normal(M if bias_mode == 1 else N).astype(np.float32)
+    a = Mat(rs=1, cs=M) if trans_a else Mat(rs=K, cs=1)
+    b = Mat(rs=1, cs=K) if trans_b else Mat(rs=N, cs=1)
+    C = clnet.tensor(C0, dev)
+    tA, tB, tbias = clnet.tensor(A, dev), clnet.tensor(B, dev), clnet.tensor(bias, dev)
+    names = []
+    launch = kernels.launch
+
+    def spy(d, k, *args, **kw):
+        names.append(k.name)
+        return launch(d, k, *args, **kw)
+    kernels.launch = spy
+    try:
+        gemm.gemm(M, N, K, tA, a, tB, b, C, Mat(rs=N, cs=1), alpha=0.5, beta=beta,
+                  bias=tbias if bias_mode else None, bias_mode=bias_mode, relu=relu)
+    finally:
+        kernels.launch = launch
+    from clnet import tuning
+    if not tuning.cpu_shaped(dev):  # CPUs keep their GEMM kernel (gemm.gemm); GPU-shaped runs check gemv.cl here
+        assert names == ["gemv" if M == 1 and K > 1 else "gemm_rank1"], names
+    A64, B64 = (A.T if trans_a else A).astype(np.float64), (B.T if trans_b else B).astype(np.float64)
+    b64 = (bias[:, None] if bias_mode == 1 else bias[None, :]) if bias_mode else 0.0
+    expected = 0.5 * A64 @ B64 + beta * C0 + b64
+    if relu:
+        expected = np.maximum(expected, 0)
+    terms = 0.5 * np.abs(A64) @ np.abs(B64) + abs(beta) * np.abs(C0) + np.abs(b64)
+    assert_close_to_terms(C.numpy(), expected, terms, "C", tol=1e-6)
