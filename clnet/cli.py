@@ -53,7 +53,7 @@ def devices():
 @click.argument("model")
 @click.option("--device", "device_spec", default="auto", show_default=True, help="gpu, cpu, an index, or a name")
 @click.option("--batch", type=click.IntRange(min=1), default=None, help="batch size [default: the model's paper batch]")
-@click.option("--budget", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
+@click.option("--budget", type=click.FloatRange(min=0), default=600.0, show_default=True,
               help="seconds after which no new shape is started (the rest keep their defaults)")
 @click.option("--retune", is_flag=True, help="time shapes again even if the cache has them")
 @click.option("--less-accurate", is_flag=True,

@@ -226,7 +226,8 @@ class Loader:
 
     A background thread gathers and normalises the next host batches while the device works.  Small batches come in
     blocks of up to BLOCK_BYTES (at batch 1 a hand-off between threads and two host copies per batch cost more than
-    the step itself): the thread gathers a block's batches at once, the block is uploaded in one non-blocking copy,
+    the step itself), where the data set is a `Dataset` whose `batch` is not overridden: the thread gathers a block's
+    batches at once, the block is uploaded in one non-blocking copy,
     and each batch is then copied out of it on the device.  Larger batches are uploaded one at a time, each straight
     into the tensors it is delivered in.  Either way the copies are queued on the device's in-order queue into one of
     two buffer pairs (slot i % 2), so a loop that takes batch i + 1 right after enqueueing step i, and only then reads
@@ -256,7 +257,9 @@ class Loader:
         self.prefetch = prefetch
         self.wait_s = 0.0
         self._slots = {}
-        images = getattr(data, "images", None)
+        # Blocks only where Dataset.batch is clnet's own: a subclass's batch() (augmentation, its own statistics)
+        # sees the batches it always saw.
+        images = getattr(data, "images", None) if type(data).batch is Dataset.batch else None
         example = 4 * (int(np.prod(images.shape[1:])) + 1) if images is not None else None
         self.per_block = 1 if example is None or shard is not None else \
             max(1, min(self.MAX_BLOCK, self.BLOCK_BYTES // (example * self.batch)))
@@ -300,7 +303,7 @@ class Loader:
         """Block b's batches (x, y, labels), each copied into its tensors as it is taken (so after the step before
         it has been queued). The host arrays stay alive with their uploads' events."""
         if len(sizes) == 1:
-            tx, ty = self._destination(b, x.shape, y.shape)
+            tx, ty = self._destination(b * self.per_block, x.shape, y.shape)
             yield tx.write(x, blocking=False), ty.write(y, blocking=False), y
             return
         key = ("block", b % 2, x.shape)

@@ -186,6 +186,7 @@ class SGD(Optimizer):
         self.state_names = ("momentum_buffer",) if momentum else ()
         super().__init__(params, **hyper)
         self._live = kernels.Live(None), kernels.Live(None)  # lr, weight decay: set by each step's host action
+        self._live_set = None  # the (lr, weight decay) they hold: every step's action, eager or replayed, sets both
 
     def _check(self, h):
         if h["lr"] <= 0 or h["momentum"] < 0 or h["weight_decay"] < 0:
@@ -206,13 +207,11 @@ class SGD(Optimizer):
         buf = state.get("momentum_buffer", grad)
         lr, weight_decay = self._live
 
-        seen = [None]
-
         def hyper():  # read at every step, replayed ones too, so a changed param_groups[0]["lr"] takes effect
             group = self.param_groups[0]
             now = (group["lr"], group["weight_decay"])
-            if now != seen[0]:
-                seen[0] = now
+            if now != self._live_set:
+                self._live_set = now
                 lr.value, weight_decay.value = np.float32(now[0]), np.float32(now[1])
         kernels.per_step(hyper)
         ops.sgd_step(data, grad, buf, lr, h["momentum"], weight_decay, h["nesterov"])

@@ -183,8 +183,10 @@ def staged_launch(dev, k, global_size, local_size, args, what):
             key = (id(st.parent), st.offset, st.size)
             if key not in temps:
                 for (p, o, n), _ in temps.items():
-                    if p == key[0] and o < key[1] + key[2] and key[1] < o + n:
-                        raise AssertionError(f"internal: {what} was given overlapping windows of one tensor")
+                    if p == key[0] and o < key[1] + key[2] and key[1] < o + n:  # copied back, one would undo the other
+                        raise ValueError(f"{what or k.name}: two of its arguments are overlapping parts of one tensor "
+                                         f"of more than {kernels.INDEX_LIMIT} elements (kernels.INDEX_LIMIT); copy "
+                                         "one of them into a tensor of its own first")
                 temps[key] = (a, Tensor(a.shape, a.dtype, dev).copy_from(a))
             a = temps[key][1]
         staged.append(a)
@@ -523,13 +525,16 @@ class TooLarge(ValueError):
     launches anything."""
 
 
+WINDOW_RUN = 2**28  # elements a split run covers at most: its windows are staged through copies of that size (1 GiB)
+
+
 def chunks(dev, what, shape, count, unit_sizes, unit="image", multiple=1):
     """Runs [(start, n)] of whole units covering `count` of them (images, planes, rows), for an op whose tensors
     are too large for one launch: each tensor of each run (unit_sizes: its elements per unit) holds at most
-    kernels.INDEX_LIMIT elements and starts at a multiple of `multiple` elements. Each run's part of a tensor is its
-    `region` (a window where it is not a sub-buffer). TooLarge, naming `what`, `shape` and the fix, when not even
-    one run fits."""
-    limit = kernels.INDEX_LIMIT
+    kernels.INDEX_LIMIT (and WINDOW_RUN) elements and starts at a multiple of `multiple` elements. Each run's part of
+    a tensor is its `region` (a window where it is not a sub-buffer). TooLarge, naming `what`, `shape` and the fix,
+    when not even one run fits."""
+    limit = min(kernels.INDEX_LIMIT, max(WINDOW_RUN, max(unit_sizes)))  # a unit past WINDOW_RUN: one unit a run
     step = 1
     for u in unit_sizes:
         step = math.lcm(step, multiple // math.gcd(u, multiple))

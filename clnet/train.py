@@ -73,8 +73,9 @@ class _StepFigures:
             return
         values = self.ring.numpy().reshape(self.READ_EVERY, self.stride)
         pending, self.pending = self.pending, []
-        for (at_step, at_epoch, n), (loss, correct) in zip(pending, values[:, :2]):
-            self.count(at_step, at_epoch, n, float(loss) * n, int(correct))
+        for i, ((at_step, at_epoch, n), (loss, correct)) in enumerate(zip(pending, values[:, :2])):
+            self.count(at_step, at_epoch, n, float(loss) * n, int(correct),
+                       shown=len(pending) if i + 1 == len(pending) else 0)  # the progress bar moves once a read
 
 
 def _has_hooks(model):
@@ -276,8 +277,9 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
                             and type(optimizer) in (optim.SGD, optim.Adam, optim.AdamW)
                             and not _has_hooks(model))
 
-    def count(at_step, at_epoch, n, s_loss, s_correct):
-        """Add a finished step's figures (summed loss, correct count) to the epoch's."""
+    def count(at_step, at_epoch, n, s_loss, s_correct, shown=1):
+        """Add a finished step's figures (summed loss, correct count) to the epoch's; move the progress bar by
+        `shown` steps."""
         if not np.isfinite(s_loss):  # stop before any checkpoint holds the non-finite weights
             lr = getattr(optimizer, "lr", None)
             raise Diverged(f"training diverged: the loss of step {at_step} (epoch {at_epoch}) is {s_loss / n}; "
@@ -287,9 +289,9 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
         sums["loss"] += s_loss
         sums["correct"] += s_correct
         sums["seen"] += n
-        if bar is not None:
+        if bar is not None and shown:
             elapsed = sums["seconds"] + time.perf_counter() - t_epoch
-            bar.update(1, f"loss {sums['loss'] / sums['seen']:.4f} acc {sums['correct'] / sums['seen']:.4f} "
+            bar.update(shown, f"loss {sums['loss'] / sums['seen']:.4f} acc {sums['correct'] / sums['seen']:.4f} "
                           f"{sums['seen'] / elapsed:.0f} img/s")
 
     figures = _StepFigures(dev, count)
@@ -301,8 +303,7 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
                                      shard=(rank, ranks) if world is not None else None, into=replayer.inputs)
             t_epoch = time.perf_counter()
             bar = click.progressbar(length=steps_per_epoch, label=f"epoch {epoch + 1}/{epochs}",
-                                    item_show_func=lambda s: s, file=None,
-                                    update_min_steps=_StepFigures.READ_EVERY) if progress else None
+                                    item_show_func=lambda s: s, file=None) if progress else None
             if bar is not None:
                 bar.__enter__()
                 bar.update(step)

@@ -161,7 +161,7 @@ def test_branched_model_rows_and_agreement(tmp_path, dev):
     (["train", "lenet", "--momentum", "-0.5"], "--momentum"),
     (["train", "lenet", "--test-subset", "0"], "--test-subset"),
     (["tune", "lenet", "--batch", "0"], "--batch"),
-    (["tune", "lenet", "--budget", "0"], "--budget"),
+    (["tune", "lenet", "--budget", "-1"], "--budget"),
 ])
 def test_commands_refuse_bad_options_in_one_line(args, option):
     """A misused option is refused where it was typed: exit status 2, a line naming the option, no traceback, no

@@ -114,6 +114,39 @@ def test_replay_is_bit_identical_to_eager_steps(dev, rng, name, event_free):
     assert graph.launches > 10
 
 
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_a_replay_steps_at_the_learning_rate_set_now(dev, rng, name):
+    """The learning rate a replay uses is param_groups[0]["lr"] at that replay, whatever eager steps (an epoch's
+    smaller last batch) ran at in between: a replay after lr went 0.1 -> 0.5 (an eager step) -> 0.1 moves the weights
+    by 0.1 x the gradient, as an eager step at 0.1 would."""
+    clnet.manual_seed(0)
+    lin = nn.Linear(3, 2).to(dev)
+    opt = optim.SGD(lin.parameters(), lr=0.1) if name == "sgd" else optim.Adam(lin.parameters(), lr=0.1)
+    x = clnet.tensor(rng.standard_normal((4, 3)).astype(np.float32), dev)
+
+    def step():
+        opt.zero_grad()
+        lin(x).sum().backward()
+        opt.step()
+    step()
+    g = clnet.Graph()
+    with g.capture():
+        step()
+    opt.param_groups[0]["lr"] = 0.5
+    step()
+    opt.param_groups[0]["lr"] = 0.1
+    twin = nn.Linear(3, 2).to(dev)  # the same state, stepped eagerly at 0.1
+    twin.load_state_dict(lin.state_dict())
+    twin_opt = optim.SGD(twin.parameters(), lr=0.1) if name == "sgd" else optim.Adam(twin.parameters(), lr=0.1)
+    twin_opt.load_state_dict(opt.state_dict())
+    twin_opt.zero_grad()
+    twin(x).sum().backward()
+    twin_opt.step()
+    g.replay()
+    np.testing.assert_array_equal(lin.weight.numpy(), twin.weight.numpy())
+    np.testing.assert_array_equal(lin.bias.numpy(), twin.bias.numpy())
+
+
 def test_dropout_draws_a_fresh_mask_at_every_replay(dev, rng):
     x = clnet.tensor(np.abs(rng.standard_normal((4, 301))).astype(np.float32) + 1, dev)
     drop = nn.Dropout(0.5)

@@ -55,6 +55,9 @@ def test_a_region_of_a_tensor_past_the_limit_is_a_window_that_launches_stage(dev
     assert np.array_equal(part.numpy(), expect[5003:9004])
     small = clnet.tensor(a[:4000], dev)
     assert hasattr(small.region(1024, (64,)).storage.buffer, "int_ptr")  # within the limit: a sub-buffer
+    with pytest.raises(ValueError, match="overlapping parts of one tensor.*copy one of them"):
+        ops.add(big.region(0, (4000,)), big.region(128, (4000,)))  # refused before anything is queued
+    assert np.array_equal(big.numpy(), expect)
 
 
 def test_copies(dev, rng, limit):

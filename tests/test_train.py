@@ -133,22 +133,30 @@ def test_load_from_data_dir_and_clnet_data(tmp_path, monkeypatch, rng):
 # -- loader -----------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("per_block", [1, 2, 4])
 def test_loader_feeds_every_example_once_and_counts_copies(dev, monkeypatch, per_block):
-    """Batches of 16 from 50 examples, uploaded a batch at a time or in blocks of 2 or 4 batches (two host copies a
-    block); each batch is read back only after the next ones were taken, so a copy queued too early would show."""
+    """Batches of 16 from 80 examples, uploaded a batch at a time or in blocks of 2 or 4 batches (two host copies a
+    block; with 4, a last block of one batch, which takes the one-batch path); each batch is read back only after the
+    next ones were taken (a copy queued too early would show), and its tensors stay as they were until the batch
+    after the next is taken (the loader's two slots). The last, smaller batch: test_loader_delivers_into_..."""
     monkeypatch.setattr(data.Loader, "BLOCK_BYTES", per_block * 16 * (28 * 28 + 1) * 4)
-    ds = synthetic(50)
+    ds = synthetic(80)
     order = data.epoch_order(len(ds), seed=3, epoch=1)
     assert not np.array_equal(order, data.epoch_order(len(ds), seed=3, epoch=2))
     np.testing.assert_array_equal(order, data.epoch_order(len(ds), seed=3, epoch=1))
     clnet.reset_transfer_stats()
     loader = data.Loader(ds, 16, dev, order)
     assert loader.per_block == per_block
-    seen, copies = [], []
+    seen, copies, previous = [], [], None
     for x, y, labels in loader:
         assert x.shape == (len(labels), 1, 28, 28) and y.value_range == (labels.min(), labels.max())
+        if previous is not None:  # the batch before this one is still whole in its own tensors
+            px, py, plabels, pexpected = previous
+            np.testing.assert_array_equal(px.numpy(), pexpected)
+            np.testing.assert_array_equal(py.numpy(), plabels)
+        at = sum(map(len, seen))
+        previous = (x, y, labels, ds.batch(order[at:at + len(labels)])[0])
         seen.append(labels)
         copies.append((ops.product(x, 1.0), empty(y.shape, dev, np.int32).copy_from(y)))  # read after the loop
-    assert [len(s) for s in seen] == [16, 16, 16, 2]
+    assert [len(s) for s in seen] == [16, 16, 16, 16, 16]
     np.testing.assert_array_equal(np.concatenate(seen), ds.labels[order])
     at = 0
     for (x, y), labels in zip(copies, seen):
@@ -156,8 +164,10 @@ def test_loader_feeds_every_example_once_and_counts_copies(dev, monkeypatch, per
         np.testing.assert_array_equal(y.numpy(), labels)
         at += len(labels)
     stats = clnet.transfer_stats()
-    assert stats["host_to_device_count"] == 2 * -(-4 // per_block)
-    assert stats["host_to_device_bytes"] == 50 * 28 * 28 * 4 + 50 * 4
+    reads = 2 * (len(seen) - 1)  # the checks of the batch before each
+    assert stats["host_to_device_count"] == 2 * -(-5 // per_block)
+    assert stats["host_to_device_bytes"] == 80 * 28 * 28 * 4 + 80 * 4
+    assert stats["device_to_host_count"] == reads + 2 * len(seen)
 
 
 @pytest.mark.parametrize("per_block", [1, 4])
@@ -179,11 +189,10 @@ def test_loader_delivers_into_the_tensors_it_is_given(dev, monkeypatch, per_bloc
     assert at == 50
 
 
-def test_loader_measures_the_wait_for_data(dev, monkeypatch):
+def test_loader_measures_the_wait_for_data(dev):
     """wait_s is the time the consumer waited: a slow data set makes it about the data's time, a slow consumer
-    (the device busy) makes it close to nothing. (A batch per gathering, so that each batch is slow.)"""
+    (the device busy) makes it close to nothing. (A subclass's batch() is called once per batch.)"""
     import time
-    monkeypatch.setattr(data.Loader, "BLOCK_BYTES", 1)
 
     class Slow(data.Dataset):
         def batch(self, indices):
@@ -290,10 +299,8 @@ def test_resume_keeps_optimizer_state_and_buffers(dev, tmp_path, kind):
         assert full.state_dict()["bn1.num_batches_tracked"] == 8
 
 
-def test_ctrl_c_finishes_the_step_and_writes_a_checkpoint(dev, tmp_path, monkeypatch):
-    monkeypatch.setattr(data.Loader, "BLOCK_BYTES", 1)  # a batch per call of Dataset.batch, so the 4th is a step's
-
-    class Interrupting(data.Dataset):
+def test_ctrl_c_finishes_the_step_and_writes_a_checkpoint(dev, tmp_path):
+    class Interrupting(data.Dataset):  # its own batch(): the loader calls it once per batch
         calls = 0
 
         def batch(self, indices):  # runs in the loader's thread; the signal goes to the main thread
@@ -396,11 +403,9 @@ def test_train_command_without_data_says_how_to_get_it(tmp_path):
     assert "train-images-idx3-ubyte" in r.output and "--data-dir" in r.output and "Traceback" not in r.output
 
 
-def test_divergence_stops_training_and_keeps_the_last_good_checkpoint(dev, tmp_path, monkeypatch):
+def test_divergence_stops_training_and_keeps_the_last_good_checkpoint(dev, tmp_path):
     """A non-finite loss stops fit at once with a message naming the step; the checkpoint of the last finished epoch
     stays as it was (nothing non-finite is written)."""
-    monkeypatch.setattr(data.Loader, "BLOCK_BYTES", 1)  # a batch per call of Dataset.batch
-
     class Poisoned(data.Dataset):  # the 14th batch (the 4th of epoch 2) holds a NaN
         calls = 0
 
