@@ -12,7 +12,7 @@ import numpy as np
 
 from . import autograd, conv, kernels, norm, tuning
 from .autograd import Function
-from .tensor import WINDOW_RUN, Tensor, chunks, empty, region_alignment, tensor, too_large
+from .tensor import Tensor, chunks, empty, region_alignment, run_limit, tensor, too_large
 
 
 def grad_recorded():
@@ -274,7 +274,7 @@ def _copy2d(src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what):
         kernels.launch(dev, k, (cols, rows), None, src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what=what)
         return
     align = region_alignment(dev) // 4
-    span = min(kernels.INDEX_LIMIT, WINDOW_RUN) - align  # elements a block may cover past its aligned start
+    span = run_limit() - align  # elements a block may cover past its aligned start
     if span < 1:
         raise too_large(what, dst.shape, "raise kernels.INDEX_LIMIT")
     ld = max(src_ld, dst_ld, 1)

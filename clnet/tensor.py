@@ -528,13 +528,18 @@ class TooLarge(ValueError):
 WINDOW_RUN = 2**28  # elements a split run covers at most: its windows are staged through copies of that size (1 GiB)
 
 
+def run_limit():
+    """Elements one run of a split op may cover: kernels.INDEX_LIMIT, and WINDOW_RUN for the staging copies."""
+    return min(kernels.INDEX_LIMIT, WINDOW_RUN)
+
+
 def chunks(dev, what, shape, count, unit_sizes, unit="image", multiple=1):
     """Runs [(start, n)] of whole units covering `count` of them (images, planes, rows), for an op whose tensors
     are too large for one launch: each tensor of each run (unit_sizes: its elements per unit) holds at most
     kernels.INDEX_LIMIT (and WINDOW_RUN) elements and starts at a multiple of `multiple` elements. Each run's part of
     a tensor is its `region` (a window where it is not a sub-buffer). TooLarge, naming `what`, `shape` and the fix,
     when not even one run fits."""
-    limit = min(kernels.INDEX_LIMIT, max(WINDOW_RUN, max(unit_sizes)))  # a unit past WINDOW_RUN: one unit a run
+    limit = max(run_limit(), min(kernels.INDEX_LIMIT, max(unit_sizes)))  # a unit past WINDOW_RUN: one unit a run
     step = 1
     for u in unit_sizes:
         step = math.lcm(step, multiple // math.gcd(u, multiple))

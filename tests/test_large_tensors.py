@@ -60,6 +60,32 @@ def test_a_region_of_a_tensor_past_the_limit_is_a_window_that_launches_stage(dev
     assert np.array_equal(big.numpy(), expect)
 
 
+def test_runs_stay_within_the_staging_size(dev, rng, limit, monkeypatch):
+    """Runs of a split op cover at most tensor.WINDOW_RUN elements (the size of its staging copies) where that is
+    below the index limit: every launch's tensors within it, and the results those of one launch."""
+    import importlib
+    monkeypatch.setattr(importlib.import_module("clnet.tensor"), "WINDOW_RUN", 1500)  # (clnet.tensor is a function)
+    launch = kernels.launch
+
+    def small(dev_, k, global_size, local_size, *args, what=""):
+        for a in args:
+            if isinstance(a, clnet.Tensor) and a.size > 1:
+                assert a.size <= 1500, f"{what or k.name}: a tensor of shape {a.shape} past the staging size"
+        return launch(dev_, k, global_size, local_size, *args, what=what)
+    monkeypatch.setattr(kernels, "launch", small)
+    x = rng.standard_normal((5, 7, 13, 15))  # 6825 elements, past the limit of 5000: runs of at most 1500
+    t = leaf(dev, x)
+    y = F.relu(t)
+    dy = rng.standard_normal(x.shape)
+    y.backward(clnet.tensor(dy.astype(np.float32), dev))
+    assert_close(y.numpy(), np.maximum(x, 0), "relu")
+    assert_close(t.grad.numpy(), dy * (x > 0), "relu backward")
+    p = F.max_pool2d(clnet.tensor(x.astype(np.float32), dev), 2)
+    assert_close(p.numpy(), ref.maxpool2d(x, (2, 2), (2, 2), (0, 0), False), "max pooling")
+    c = clnet.cat([clnet.tensor(x.astype(np.float32), dev)] * 2, dim=1)
+    assert_close(c.numpy(), np.concatenate([x, x], axis=1), "cat")
+
+
 def test_copies(dev, rng, limit):
     a = rng.standard_normal(7001).astype(np.float32)
     t = clnet.tensor(a, dev)
