@@ -12,11 +12,18 @@
 //                  argmax, in window order (the plane is its own: no atomics, deterministic)
 //   avgpool2d_fwd  y = sum / divisor; divisor counts padding when COUNT_PAD (windows clipped to the padded input)
 //   avgpool2d_bwd  dx = sum over covering windows of dy / divisor
-// Defines: COUNT_PAD 0/1 (avgpool only).
+// Defines: COUNT_PAD 0/1 (avgpool only); WIN_KH, WIN_KW (maxpool2d_fwd_grid only): the window's size, set by the
+// host where no padding and no ceil mode put a window past the input's edge (0: sizes and bounds at run time).
 #include "common.h"
 
 #ifndef COUNT_PAD
 #define COUNT_PAD 1  // AvgPool2d count_include_pad
+#endif
+#ifndef WIN_KH
+#define WIN_KH 0  // maxpool2d_fwd_grid's window height fixed at build (0: at run time)
+#endif
+#ifndef WIN_KW
+#define WIN_KW 0  // and its width
 #endif
 
 #define POOL_GEOMETRY \
@@ -46,15 +53,20 @@ __kernel void maxpool2d_fwd_grid(__global const float* restrict x, POOL_GEOMETRY
                                  __global int* restrict idx) {
     const int ox = get_global_id(0), oy = get_global_id(1), nc = get_global_id(2);
     if (ox >= OW || oy >= OH || nc >= NC) return;
+    const int o = (nc * OH + oy) * OW + ox;
+    __global const float* plane = x + nc * H * W;
+#if WIN_KH  // every window inside the input, of a size fixed at build: constant loops, no bounds
+    const int y0 = oy * SH, x0 = ox * SW;
+    const int ky0 = 0, ky1 = WIN_KH, kx0 = 0, kx1 = WIN_KW;
+#else
     const int y0 = oy * SH - PH, x0 = ox * SW - PW;
     const int ky0 = max(0, -y0), ky1 = min(KH, H - y0), kx0 = max(0, -x0), kx1 = min(KW, W - x0);
-    __global const float* plane = x + nc * H * W;
-    const int o = (nc * OH + oy) * OW + ox;
     if (ky0 >= ky1 || kx0 >= kx1) {  // all padding (MaxPool2d's checks rule it out): as maxpool2d_fwd
         y[o] = -INFINITY;
         idx[o] = -1;
         return;
     }
+#endif
     int arg = (y0 + ky0) * W + x0 + kx0;  // the window's first element (padding never wins)
     float best = plane[arg];
     int nan = 0;

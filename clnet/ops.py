@@ -503,8 +503,12 @@ class MaxPool2d(Function):
         idx = empty(out_shape, x.device, np.int32)
         if not tuning.cpu_shaped(x.device):
             kern, per = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd"), "out"
-        else:
-            kern, per = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_grid"), "grid"
+        else:  # windows all inside the input (no padding, none past the edge): their size fixed at build
+            OH, OW = out_shape[2:]
+            inside = tuple(p) == (0, 0) and (OH - 1) * s[0] + k[0] <= x.shape[2] and (OW - 1) * s[1] + k[1] <= x.shape[3]
+            kern = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_grid",
+                                  dict(WIN_KH=k[0], WIN_KW=k[1]) if inside else None)
+            per = "grid"
         _pool_launch(kern, per, (x,), (y, idx), x.shape, out_shape[2:], self.geometry, "max pooling")
         self.save(idx)
         return y
