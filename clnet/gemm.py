@@ -56,6 +56,7 @@ def _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, 
     each, no tile or split-K to choose (gemv.cl); the sums are no longer than the tiled kernels'. CPUs keep
     gemm_block, which streams a weight matrix 3-6x faster on PoCL than these kernels' one output per work-item."""
     epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
+    tuning.note_used(f"gemv {M}x{N}x{K}", "rank-1" if K == 1 else "gemv")
     if K == 1:
         k = kernels.kernel(dev, "gemv.cl", "gemm_rank1", epilogue)
         kernels.launch(dev, k, (N, M), None, M, N, alpha, beta, A, a.off, a.rs, B, b.off, b.cs, C, c.off, c.rs, c.cs,

@@ -495,9 +495,14 @@ def choose(dev, key, default, candidates=None, run=None, valid=None):
         choice = _defaults.get((dev, key))
         if choice is None:
             choice = _defaults[(dev, key)] = default()
-    if used is not None:
-        used.setdefault(kernels.profiler.tag if kernels.profiler else None, {})[key] = describe(choice)
+    note_used(key, describe(choice))
     return choice
+
+
+def note_used(key, description):
+    """What ran at a site, for the benchmark's kernel column (`used`), tuned or not."""
+    if used is not None:
+        used.setdefault(kernels.profiler.tag if kernels.profiler else None, {})[key] = description
 
 
 def col_bytes(dev):
