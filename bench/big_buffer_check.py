@@ -7,6 +7,8 @@ offset, which v14c showed to work). Each check prints PASS/FAIL and its time:
   d2d-out every block copied device to device into a small buffer (source offset), read back;
   d2d-in  a small buffer holding -(i + 1) copied into every block (destination offset), read through the parent;
   sub     one sub-buffer of the last block, copied out device to device;
+  sub-writes  every block written from the host through a sub-buffer of its own, read through the parent (on
+          NVIDIA 580 this took 90 s and ended in CL_OUT_OF_RESOURCES: h200-v14c, then as bench/subbuffer_check.py);
   fill    each block filled in place (clEnqueueFillBuffer at its offset): last, since on NVIDIA 580 it left the
           queue invalid (h200-v15), which ends the script.
 
@@ -20,6 +22,7 @@ import numpy as np
 import pyopencl as cl
 
 import clnet
+from clnet.tensor import region_alignment
 
 failures = []
 
@@ -72,11 +75,17 @@ def main(device_spec, n, block):
 
     t0 = time.perf_counter()
     s, c = starts[-1]
-    align = dev.cl_device.mem_base_addr_align // 8
-    base = s // (align // 4) * (align // 4)
+    align = region_alignment(dev) // 4
+    base = s // align * align
     sub = big.get_sub_region(base * 4, (s + c - base) * 4)
     cl.enqueue_copy(q, small, sub, byte_count=c * 4, src_offset=(s - base) * 4)
     check("sub", [] if probes_ok(small, 0, s, c, -len(starts)) else [len(starts) - 1], t0)
+
+    t0 = time.perf_counter()
+    for i, (s, c) in enumerate(starts):  # blocks start at multiples of 2**26 floats: where sub-buffers may
+        host[:c] = 1000 + i
+        cl.enqueue_copy(q, big.get_sub_region(s * 4, c * 4), host[:c], is_blocking=True)
+    check("sub-writes", [i for i, (s, c) in enumerate(starts) if not probes_ok(big, s, s, c, 1000 + i)], t0)
 
     t0 = time.perf_counter()
     for i, (s, c) in enumerate(starts):

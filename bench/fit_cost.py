@@ -17,7 +17,7 @@ import numpy as np
 
 import clnet
 from clnet import data, models
-from graph_replay import zoo_training
+from replay_cost import captured_step
 
 
 def dataset(name, steps, batch):
@@ -54,13 +54,7 @@ def main(device_spec, name, batch, steps, repeats, json_path):
         dev.synchronize()
         return (time.perf_counter() - t0) / steps * 1e3
 
-    train_step, batch_of = zoo_training(name, dev)
-    x, y = batch_of(batch)
-    for _ in range(3):
-        train_step(x, y)
-    g = clnet.Graph()
-    with g.capture():
-        train_step(x, y)
+    g = captured_step(name, batch, dev)
 
     def replay_ms():
         dev.synchronize()

@@ -6,8 +6,8 @@
 #          lenet-wide at batch 64 and 1, alexnet);  train  lenet-wide's batch-1 Fashion-MNIST epoch
 #   tests  the graph, memory, large-tensor, training and layer tests on NVIDIA's OpenCL;  cost  bench/replay_cost.py
 #   faults bench/out_of_memory.py, `clnet bench` at a batch that does not fit, bench/large_tensors.py
-#   large  bench/large_tensors.py alone (a crash prints its Python stack);  subbuf  bench/subbuffer_check.py
-#   bigbuf bench/big_buffer_check.py (fills and device copies at offsets past 8 GiB, no sub-buffers)
+#   large  bench/large_tensors.py alone (a crash prints its Python stack)
+#   bigbuf bench/big_buffer_check.py (device copies, sub-buffers and fills at offsets past 8 GiB)
 #   fitcost bench/fit_cost.py: fit's step at batch 1 against the loader alone and the bare replay
 #   table  alexnet tuned further, the table rebuilt from the cache here, and alexnet's first run on empty caches again
 #   zoo    each of MODELS tuned (TUNE_S seconds) and benchmarked against PyTorch
@@ -76,8 +76,6 @@ for job in ${JOBS:-first tune bench train tests}; do
         timed timeout 150 python3 bench/fit_cost.py --device gpu --model "${spec%:*}" --batch "${spec#*:}" \
           --steps 3000 --json "$OUT/fit-cost-${spec%:*}-b${spec#*:}.json"
       done ;;
-    subbuf)
-      timed timeout 120 python3 bench/subbuffer_check.py --device gpu ;;
     table)
       timed timeout 200 python3 -m clnet.cli tune alexnet --device gpu --budget ${TUNE_S:-120} 2>&1 | tail -1
       keep_cache

@@ -51,7 +51,7 @@ def _conv_algorithm(dev, kind, s, run):
                          lambda cached: cached in options)
 
 
-def _image_runs(s, dev, what):
+def _image_runs(s, what):
     """Runs of images [(n0, nimg)] of a layer whose input or output passes kernels.INDEX_LIMIT elements, each run's
     x and y within it (a run is a layer of batch nimg, run as any other: its own algorithm choice, its own im2col
     chunks), or [] when the whole batch fits one pass. TooLarge when not even one image's column buffer fits."""
@@ -66,12 +66,12 @@ def _image_runs(s, dev, what):
                        "integers (kernels.INDEX_LIMIT): use smaller images or fewer channels")
     if s.N * max(x_image, y_image) <= limit:
         return []
-    return chunks(dev, what, (s.N, s.C, s.H, s.W), s.N, [x_image, y_image])
+    return chunks(what, (s.N, s.C, s.H, s.W), s.N, [x_image, y_image])
 
 
 def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):
     """y = conv(x, w) + bias (ReLU), by the algorithm tuned (or defaulted) for this shape."""
-    runs = _image_runs(s, x.device, what)
+    runs = _image_runs(s, what)
     if runs:
         return _by_images_forward(x, w, bias, s, relu, what, runs)
 
@@ -142,7 +142,7 @@ def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward"):
     Each gradient uses the algorithm tuned (or defaulted) for this shape; when both use im2col they share one lowering
     of x."""
     dev = x.device
-    runs = _image_runs(s, dev, what)
+    runs = _image_runs(s, what)
     if runs:
         return _by_images_backward(x, w, dy, s, dw, db, need_dx, what, runs)
 
@@ -234,7 +234,7 @@ def _row_runs(x, O, what):
                        "one launch indexes with 32-bit integers (kernels.INDEX_LIMIT): use fewer features")
     if N * max(I, O) <= kernels.INDEX_LIMIT:
         return []
-    return chunks(x.device, what, x.shape, N, [I, O], unit="row")
+    return chunks(what, x.shape, N, [I, O], unit="row")
 
 
 def linear_forward(x, w, bias, relu=False, what="Linear"):

@@ -53,10 +53,11 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
 
 def _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, what):
     """One row of C (M == 1) or a depth of one (K == 1) on a GPU: a dense layer's products at batch 1, one launch
-    each, no tile or split-K to choose (gemv.cl); the sums are no longer than the tiled kernels'. CPUs keep
-    gemm_block, which streams a weight matrix 3-6x faster on PoCL than these kernels' one output per work-item."""
+    each, no tile or split-K to choose (gemv.cl; its sums run in 64-term stages). CPUs keep gemm_block, which
+    streamed lenet-wide's 2048 x 2048 weight several times faster on PoCL (bench/gemv_cpu_ab.py)."""
     epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
-    tuning.note_used(f"gemv {M}x{N}x{K}", "rank-1" if K == 1 else "gemv")
+    if tuning.used is not None:
+        tuning.note_used(f"gemv {M}x{N}x{K}", "rank-1" if K == 1 else "gemv")
     if K == 1:
         k = kernels.kernel(dev, "gemv.cl", "gemm_rank1", epilogue)
         kernels.launch(dev, k, (N, M), None, M, N, alpha, beta, A, a.off, a.rs, B, b.off, b.cs, C, c.off, c.rs, c.cs,

@@ -91,11 +91,6 @@ def _runs(dev, N, C, P, lsize):
     return -(-N * P // chunk), chunk
 
 
-def _image_runs(dev, N, C, P, what):
-    """Runs of images [(n0, nb)] for a tensor (N, C, P) past kernels.INDEX_LIMIT elements, each within it."""
-    return chunks(dev, what, (N, C, P), N, [C * P])
-
-
 def _cut(args, images, n0, nb):
     """args with each tensor of `images` (N, C, ...) cut to its images n0 .. n0 + nb - 1 (`Tensor.region`)."""
     return tuple(t.region(n0 * (t.size // t.shape[0]), (nb,) + t.shape[1:]) if any(t is i for i in images) else t
@@ -111,16 +106,14 @@ def _reduce(dev, gpu_kernel, planes_kernel, width, N, C, P, inputs, what):
     passes merge records of any counts)."""
     if N * C * P > kernels.INDEX_LIMIT:
         parts = []
-        for n0, nb in _image_runs(dev, N, C, P, what):
+        for n0, nb in chunks(what, (N, C, P), N, [C * P]):
             part, _, lsize = _reduce(dev, gpu_kernel, planes_kernel, width, nb, C, P,
                                      _cut(inputs, [t for t in inputs if t.ndim > 1], n0, nb), what)
             parts.append(part)
         runs = sum(part.shape[0] for part in parts)
-        gathered = empty((runs, C, width), dev)
-        copy, at = kernels.kernel(dev, "elementwise.cl", "copy2d"), 0
+        gathered, at = empty((runs, C, width), dev), 0
         for part in parts:
-            kernels.launch(dev, copy, (part.size, 1), None, part, 0, part.size, gathered, at, part.size, 1,
-                           part.size, what=what + " (gathering runs)")
+            gathered.region(at, part.shape).copy_from(part)
             at += part.size
         return gathered, runs, lsize
     lsize = _lsize(dev)
@@ -146,7 +139,7 @@ def _elementwise(dev, name, N, C, P, *args, what, images):
     work-item. Past kernels.INDEX_LIMIT, a pass per run of images over regions of the (N, C, P) tensors, those
     in `images`."""
     if N * C * P > kernels.INDEX_LIMIT:
-        for n0, nb in _image_runs(dev, N, C, P, what):
+        for n0, nb in chunks(what, (N, C, P), N, [C * P]):
             _elementwise(dev, name, nb, C, P, *_cut(args, images, n0, nb), what=what, images=())
         return
     lsize = _lsize(dev)
@@ -317,7 +310,7 @@ def _lrn_launch(name, x, N, C, P, tensors, scalars, what):
     kernels.INDEX_LIMIT, a launch per run of images."""
     dev = x.device
     if N * C * P > kernels.INDEX_LIMIT:
-        for n0, nb in _image_runs(dev, N, C, P, what):
+        for n0, nb in chunks(what, (N, C, P), N, [C * P]):
             _lrn_launch(name, x, nb, C, P, _cut(tensors, tensors, n0, nb), scalars, what)
         return
     if tuning.cpu_shaped(dev):

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import autograd, conv, kernels, norm, tuning
 from .autograd import Function
-from .tensor import Tensor, chunks, empty, region_alignment, run_limit, tensor, too_large
+from .tensor import Tensor, chunks, empty, run_limit, tensor, too_large
 
 
 def grad_recorded():
@@ -28,10 +28,10 @@ def _flat_launch(dev, k, n, *args, what=""):
 
 def _map(dev, k, n, vw, *args, what=""):
     """An element-wise kernel over n elements, vw per work-item. Past kernels.INDEX_LIMIT it runs in chunks: each
-    tensor argument of n elements becomes the chunk's region (a window: `Tensor.region`), and the integer argument n the chunk's count (the
-    flat kernels' other arguments are floats, Live values and one-element tensors)."""
+    tensor argument of n elements becomes the chunk's region (a window: `Tensor.region`), and the integer argument n
+    the chunk's count (the flat kernels' other arguments are floats, Live values and one-element tensors)."""
     if n > kernels.INDEX_LIMIT:
-        for start, count in chunks(dev, what, (n,), n, [1], unit="element", multiple=VW):
+        for start, count in chunks(what, (n,), n, [1], unit="element", multiple=VW):
             part = tuple(a.region(start, (count,)) if isinstance(a, Tensor) and a.size == n else
                          (count if type(a) is int and a == n else a) for a in args)
             kernels.launch(dev, k, (-(-count // vw),), None, *part, what=what)
@@ -138,7 +138,7 @@ class Sum(Function):
         n = x.size
         if n > kernels.INDEX_LIMIT:  # a launch per chunk; those after the first add their sums to out
             adding = _elementwise(x.device, "reduce_sum", dict(LSIZE=lsize, ACCUMULATE=True))
-            for i, (start, count) in enumerate(chunks(x.device, "sum", x.shape, n, [1], unit="element")):
+            for i, (start, count) in enumerate(chunks("sum", x.shape, n, [1], unit="element")):
                 kernels.launch(x.device, adding if i else k, (lsize,), (lsize,), x.region(start, (count,)), out,
                                float(scale), count, what="sum")
             return out
@@ -264,8 +264,8 @@ class Cat(Function):
 
 def _copy2d(src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what):
     """dst[dst_off + r*dst_ld + c] = src[src_off + r*src_ld + c] for r < rows, c < cols. Past kernels.INDEX_LIMIT,
-    in blocks of rows (or, for rows longer than the limit, pieces of one row), each over regions that start at
-    the aligned element before the block's first and end past its last, the few elements between passed as offsets."""
+    in blocks of rows (or, for rows longer than a run, pieces of one row), each over the regions from the block's
+    first element to past its last."""
     if not rows or not cols:  # an empty input of cat: nothing to copy (a launch of no work-items is an error)
         return
     dev = dst.device
@@ -273,26 +273,15 @@ def _copy2d(src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what):
     if max(src.size, dst.size) <= kernels.INDEX_LIMIT:
         kernels.launch(dev, k, (cols, rows), None, src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what=what)
         return
-    align = region_alignment(dev) // 4
-    span = run_limit() - align  # elements a block may cover past its aligned start
-    if span < 1:
-        raise too_large(what, dst.shape, "raise kernels.INDEX_LIMIT")
-    ld = max(src_ld, dst_ld, 1)
-    if ld <= span:  # cols <= ld: a block of whole rows
-        step_r, step_c = span // ld, cols
-    else:
-        step_r, step_c = 1, span
+    span, ld = run_limit(), max(src_ld, dst_ld, 1)  # elements a block's region may cover
+    step_r, step_c = (span // ld, cols) if ld <= span else (1, span)  # whole rows (cols <= ld), or pieces of one
     for r0 in range(0, rows, step_r):
         nr = min(step_r, rows - r0)
         for c0 in range(0, cols, step_c):
             nc = min(step_c, cols - c0)
-            views = []
-            for t, off, tld in ((src, src_off, src_ld), (dst, dst_off, dst_ld)):
-                first = off + r0 * tld + c0
-                base = first // align * align
-                views += [t.region(base, (first - base + (nr - 1) * tld + nc,)), first - base]
-            kernels.launch(dev, k, (nc, nr), None, views[0], views[1], src_ld, views[2], views[3], dst_ld, nr, nc,
-                           what=what)
+            s, d = (t.region(off + r0 * tld + c0, ((nr - 1) * tld + nc,))
+                    for t, off, tld in ((src, src_off, src_ld), (dst, dst_off, dst_ld)))
+            kernels.launch(dev, k, (nc, nr), None, s, 0, src_ld, d, 0, dst_ld, nr, nc, what=what)
 
 
 def cat(tensors, dim=0):
@@ -337,11 +326,16 @@ class Activation(Function):
         return y
 
     def backward(self, dy):
-        y, = self.saved
-        dx = empty(y.shape, y.device)
-        k = _elementwise(y.device, "act_bwd", dict(ACT=ACTIVATIONS[self.kind]))
-        _map(y.device, k, y.size, VW, y, dy, dx, y.size, what=self.kind + " backward")
-        return dx
+        return _activation_grad(self.kind, self.saved[0], dy, self.kind + " backward")
+
+
+def _activation_grad(kind, y, dy, what):
+    """d loss / d x of y = f(x), from the saved output y: an Activation's backward, and a ReLU's fused into the Conv2d
+    or Linear that made y (nn.Sequential's fusion)."""
+    dx = empty(y.shape, y.device)
+    _map(y.device, _elementwise(y.device, "act_bwd", dict(ACT=ACTIVATIONS[kind])), y.size, VW, y, dy, dx, y.size,
+         what=what)
+    return dx
 
 
 class Dropout(Function):
@@ -392,7 +386,7 @@ def _softmax_launch(k, tensors, outer, C, inner, what):
     if outer * row <= kernels.INDEX_LIMIT:
         _flat_launch(dev, k, outer * inner, *tensors, outer, C, inner, what=what)
         return
-    for start, count in chunks(dev, what, tensors[0].shape, outer, [row], unit="row before the softmax dimension"):
+    for start, count in chunks(what, tensors[0].shape, outer, [row], unit="row before the softmax dimension"):
         part = tuple(t.region(start * row, (count * row,)) for t in tensors)
         _flat_launch(dev, k, count * inner, *part, count, C, inner, what=what)
 
@@ -414,7 +408,7 @@ class CrossEntropy(Function):
         lsize = _pow2_group(dev)
         if logits.size > kernels.INDEX_LIMIT:  # a launch per run of rows, each adding to loss and metrics
             k = kernels.kernel(dev, "softmax.cl", "cross_entropy_part", dict(LSIZE=lsize))
-            for start, count in chunks(dev, "cross_entropy", logits.shape, N, [C, 1], unit="row"):
+            for start, count in chunks("cross_entropy", logits.shape, N, [C, 1], unit="row"):
                 kernels.launch(dev, k, (lsize,), (lsize,), logits.region(start * C, (count, C)),
                                labels.region(start, (count,)), count, C, 1.0 / N, int(start == 0),
                                grad.region(start * C, (count, C)), loss, metrics, what="cross-entropy")
@@ -489,7 +483,7 @@ def _pool_launch(kern, per, head, tail, x_shape, out_hw, geometry, what):
     if planes * max(HW, OHW) <= kernels.INDEX_LIMIT:
         launch(planes, head, tail)
         return
-    for start, count in chunks(dev, what, x_shape, planes, [HW, OHW], unit="plane"):
+    for start, count in chunks(what, x_shape, planes, [HW, OHW], unit="plane"):
         launch(count, *([t.region(start * (t.size // planes), (count * (t.size // planes),)) for t in ts]
                         for ts in (head, tail)))
 
@@ -505,7 +499,8 @@ class MaxPool2d(Function):
             kern, per = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd"), "out"
         else:  # windows all inside the input (no padding, none past the edge): their size fixed at build
             OH, OW = out_shape[2:]
-            inside = tuple(p) == (0, 0) and (OH - 1) * s[0] + k[0] <= x.shape[2] and (OW - 1) * s[1] + k[1] <= x.shape[3]
+            inside = (tuple(p) == (0, 0) and (OH - 1) * s[0] + k[0] <= x.shape[2]
+                      and (OW - 1) * s[1] + k[1] <= x.shape[3])
             kern = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_grid",
                                   dict(WIN_KH=k[0], WIN_KW=k[1]) if inside else None)
             per = "grid"
@@ -558,14 +553,6 @@ def _param_grads(fn, *shapes):
     return targets, tuple(returned)
 
 
-def _relu_grad(y, dy, what):
-    """The upstream gradient through a ReLU fused into the op that made y (nn.Sequential's fusion)."""
-    dx = empty(y.shape, y.device)
-    _map(y.device, _elementwise(y.device, "act_bwd", dict(ACT=ACTIVATIONS["relu"])), y.size, VW, y, dy, dx, y.size,
-         what=what + " (its ReLU)")
-    return dx
-
-
 class Conv2d(Function):
     """y = conv(x, w) + b for a shapes.ConvShape s, then ReLU if relu (fused: nn.Sequential asks for it); each pass
     by its tuned (or default) algorithm (conv.py)."""
@@ -580,7 +567,7 @@ class Conv2d(Function):
     def backward(self, dy):
         x, w = self.saved[:2]
         if self.relu:
-            dy = _relu_grad(self.saved[2], dy, self.what + " backward")
+            dy = _activation_grad("relu", self.saved[2], dy, self.what + " backward (its ReLU)")
         (dw, db), fresh = _param_grads(self, w.shape, (w.shape[0],))
         dx = conv.conv2d_backward(x, w, dy, self.shape, dw, db, need_dx=self.needs[0],
                                   what=self.what + " backward")
@@ -600,7 +587,7 @@ class Linear(Function):
     def backward(self, dy):
         x, w = self.saved[:2]
         if self.relu:
-            dy = _relu_grad(self.saved[2], dy, self.what + " backward")
+            dy = _activation_grad("relu", self.saved[2], dy, self.what + " backward (its ReLU)")
         (dw, db), fresh = _param_grads(self, w.shape, (w.shape[0],))
         dx = conv.linear_backward(x, w, dy, dw, db, need_dx=self.needs[0], what=self.what + " backward")
         return (dx,) + fresh

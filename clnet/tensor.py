@@ -135,29 +135,13 @@ class _Storage:
             pass
 
 
-class _Region:
-    """A sub-buffer over part of another tensor's storage (which it keeps alive); never pooled itself. A region of a
-    region is one of its parent (OpenCL has no sub-buffers of sub-buffers)."""
-    __slots__ = ("buffer", "size", "parent", "offset")
-
-    def __init__(self, parent, offset_bytes, nbytes):
-        if hasattr(parent, "parent"):
-            parent, offset_bytes = parent.parent, parent.offset + offset_bytes
-        self.parent, self.offset = parent, offset_bytes
-        self.buffer = parent.buffer.get_sub_region(offset_bytes, nbytes)
-        self.size = nbytes
-
-    def whole(self):
-        """(buffer, byte offset) for copies: the parent's buffer at this region's offset, so that no copy depends on
-        how a driver keeps sub-buffers in step with their parent."""
-        return self.parent.buffer, self.offset
-
-
 class _Window:
-    """Part of a tensor past kernels.INDEX_LIMIT elements, the share of one launch of an op that splits its launches:
-    the parent's buffer and an offset, no sub-buffer. NVIDIA's driver (580) mishandles sub-buffers of buffers past
-    8 GiB (writes through them failed, and releasing kernels that named them crashed the process), so copies read
-    and write a window through its parent, and a launch given one runs on a copy of it (`staged_launch`)."""
+    """Part of another tensor's storage (which it keeps alive), with no buffer of its own: the parent's buffer and an
+    offset, which copies use (`whole`), so that no copy depends on how a driver keeps sub-buffers in step with their
+    parent. Kernels need a buffer: a launch given a window runs on a copy of it (`staged_launch`). Regions of tensors
+    past kernels.INDEX_LIMIT are windows, since NVIDIA's driver (580) mishandles sub-buffers of buffers past 8 GiB
+    (writes through them failed, and releasing kernels that named them crashed the process); so are regions at
+    offsets a sub-buffer cannot start at. A region of a region is one of its parent."""
     __slots__ = ("size", "parent", "offset")
 
     def __init__(self, parent, offset_bytes, nbytes):
@@ -171,6 +155,15 @@ class _Window:
 
     def whole(self):
         return self.parent.buffer, self.offset
+
+
+class _Region(_Window):
+    """A window that is also an OpenCL sub-buffer, which kernels take as an ordinary buffer; never pooled itself."""
+    __slots__ = ("buffer",)
+
+    def __init__(self, parent, offset_bytes, nbytes):
+        super().__init__(parent, offset_bytes, nbytes)
+        self.buffer = self.parent.buffer.get_sub_region(self.offset, nbytes)
 
 
 def staged_launch(dev, k, global_size, local_size, args, what):
@@ -389,13 +382,10 @@ class Tensor:
             (dst, dst_offset), (src, src_offset) = self.storage.whole(), other.storage.whole()
             queue, nbytes = self.device.queue, self.nbytes
             src_offset += (offset or 0) * self.dtype.itemsize
-
-            def copy():
-                copy_buffer(queue, dst, src, nbytes, dst_offset, src_offset)
-            copy()
+            copy_buffer(queue, dst, src, nbytes, dst_offset, src_offset)
             graph = kernels.recording()
             if graph is not None:
-                graph.record_copy(self, other, copy)
+                graph.record_copy(self, other, lambda: copy_buffer(queue, dst, src, nbytes, dst_offset, src_offset))
         return self
 
     def numpy(self):
@@ -533,7 +523,7 @@ def run_limit():
     return min(kernels.INDEX_LIMIT, WINDOW_RUN)
 
 
-def chunks(dev, what, shape, count, unit_sizes, unit="image", multiple=1):
+def chunks(what, shape, count, unit_sizes, unit="image", multiple=1):
     """Runs [(start, n)] of whole units covering `count` of them (images, planes, rows), for an op whose tensors
     are too large for one launch: each tensor of each run (unit_sizes: its elements per unit) holds at most
     kernels.INDEX_LIMIT (and WINDOW_RUN) elements and starts at a multiple of `multiple` elements. Each run's part of

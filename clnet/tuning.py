@@ -495,7 +495,8 @@ def choose(dev, key, default, candidates=None, run=None, valid=None):
         choice = _defaults.get((dev, key))
         if choice is None:
             choice = _defaults[(dev, key)] = default()
-    note_used(key, describe(choice))
+    if used is not None:  # (describe builds a string: not on every launch)
+        note_used(key, describe(choice))
     return choice
 
 

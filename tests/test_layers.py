@@ -332,6 +332,12 @@ def test_sequential_fuses_relu_into_the_conv2d_and_linear_before_it(dev, rng, ho
                             (model[3].bias.grad, db1, "linear db"), (model[5].weight.grad, dw2, "last dw"),
                             (model[5].bias.grad, db2, "last db")):
         assert_close(got.numpy(), want, name, tol=1e-4)
+    model.fuse_relu = False  # the same layers run apart: the same bits
+    xu = clnet.tensor(x, dev, requires_grad=True)
+    yu = model(xu)
+    yu.backward(clnet.tensor(dy, dev))
+    assert np.array_equal(yu.numpy(), y.numpy()) and np.array_equal(xu.grad.numpy(), xt.grad.numpy())
+    model.fuse_relu = True
     x[1, 2, 3, 4] = np.nan
     with clnet.no_grad():
         out = model[:2](clnet.tensor(x, dev)).numpy()

@@ -324,30 +324,24 @@ class Sequential(Module):
             if all(m.keeps_shape or type(m).output_shape is not Module.output_shape for m in self.modules()):
                 self.output_shape(shape)  # a misfit anywhere in the chain is named before any kernel runs
             d["_checked_input"] = shape
-        fused = None  # the ReLU just fused into the layer before it
-        for name, layer, relu_next in self._fusions():
-            if layer is fused:
-                continue
+        layers = list(self._modules.items())
+        i = 0
+        while i < len(layers):
+            name, layer = layers[i]
+            fuse = i + 1 < len(layers) and self._fuses(layer, layers[i + 1][1])
             try:
-                x = layer(x, relu=True) if relu_next else layer(x)
+                x = layer(x, relu=True) if fuse else layer(x)
             except ValueError as e:  # say where in the chain the shapes stopped fitting
                 raise ValueError(f"layer {name}: {e}") from None
-            fused = relu_next
+            i += 2 if fuse else 1  # a fused ReLU ran in the layer before it
         return x
 
-    def _fusions(self):
-        """(name, layer, the ReLU after it when that ReLU runs fused into it, else None) for each layer. A ReLU
-        right after a Conv2d or Linear becomes their kernels' epilogue, saving its launches and a pass over the
-        activations; it stays a layer of its own where a hook watches either (the benchmark's per-layer times)."""
+    def _fuses(self, layer, nxt):
+        """Whether the ReLU nxt runs inside layer, a Conv2d or Linear (their kernels' epilogue: its launch and a pass
+        over the activations saved); not where a hook watches either (the benchmark's per-layer times)."""
         from .layers import Conv2d, Linear, ReLU  # (they build on this module)
-        layers = list(self._modules.items())
-        out = []
-        for i, (name, layer) in enumerate(layers):
-            nxt = layers[i + 1][1] if i + 1 < len(layers) else None
-            fuse = (self.fuse_relu and type(layer) in (Conv2d, Linear) and type(nxt) is ReLU
-                    and not any(m._forward_hooks or m._forward_pre_hooks for m in (layer, nxt)))
-            out.append((name, layer, nxt if fuse else None))
-        return out
+        return (self.fuse_relu and type(layer) in (Conv2d, Linear) and type(nxt) is ReLU
+                and not any(m._forward_hooks or m._forward_pre_hooks for m in (layer, nxt)))
 
 
 class ModuleList(Module):
