@@ -20,7 +20,7 @@ def _col2im(col, s, n0, nimg, dx):
     if not tuning.cpu_shaped(dx.device):
         k, size = kernels.kernel(dx.device, "im2col.cl", "col2im"), (nimg * s.C * s.H * s.W,)
     else:
-        k, size = kernels.kernel(dx.device, "im2col.cl", "col2im_planes"), (s.C, nimg)
+        k, size = kernels.kernel(dx.device, "im2col.cl", "col2im_planes"), (nimg, s.C)
     kernels.launch(dx.device, k, size, None, col, *s.geometry(nimg), dx, n0 * s.C * s.H * s.W, what="col2im")
 
 
