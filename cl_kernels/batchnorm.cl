@@ -20,7 +20,7 @@
 //             run into partial (two floats per record), as batchnorm_stats
 //   batchnorm_grad_sums_planes  the same, plane-shaped, as batchnorm_stats_planes
 //   batchnorm_grad_finish  adds each channel's runs in order: dbias += sum dy, dweight += sum dy * xhat (when not
-//             NULL), and, when gmean is not NULL, gmean[c] = sum dy / n, gmean[C + c] = sum dy * xhat / n
+//             NULL; with add 0 they are written, not added to, and not read), and, when gmean is not NULL, gmean[c] = sum dy / n, gmean[C + c] = sum dy * xhat / n
 //   batchnorm_dx  dx = weight * invstd * (dy - gmean[c] - xhat * gmean[C + c]), xhat = (x - mean) * invstd; as
 //             batchnorm_apply
 //   batchnorm_dx_planes  the same, CPU-shaped, as batchnorm_apply_planes
@@ -354,7 +354,7 @@ __kernel void batchnorm_grad_sums_planes(__global const float* restrict dy, __gl
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
 void batchnorm_grad_finish(__global const float* restrict partial, const int runs, const int C, const float count,
                            __global const float* restrict invstd, __global float* restrict dweight,
-                           __global float* restrict dbias, __global float* restrict gmean) {
+                           __global float* restrict dbias, __global float* restrict gmean, const int add) {
     const int c = get_group_id(0), lid = get_local_id(0);
     __local float2 part[LSIZE];
     float2 acc = (float2)(0.0f);
@@ -367,8 +367,8 @@ void batchnorm_grad_finish(__global const float* restrict partial, const int run
     }
     if (lid != 0) return;
     const float sum_dy = part[0].x, sum_dy_xhat = part[0].y * invstd[c];
-    if (dbias) dbias[c] += sum_dy;
-    if (dweight) dweight[c] += sum_dy_xhat;
+    if (dbias) dbias[c] = add ? dbias[c] + sum_dy : sum_dy;
+    if (dweight) dweight[c] = add ? dweight[c] + sum_dy_xhat : sum_dy_xhat;
     if (gmean) {
         gmean[c] = sum_dy / count;
         gmean[C + c] = sum_dy_xhat / count;

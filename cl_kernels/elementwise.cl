@@ -14,7 +14,8 @@
 //   reduce_sum  out[0] = scale * sum of x: one work-group of LSIZE, pairwise tree over per-item partial sums; with
 //             ACCUMULATE, out[0] += that (a tensor past clnet's index limit is summed a chunk per launch)
 //   dropout_fwd  mask = (hash(seed, i) >= p) / (1 - p); y = x * mask
-//   bias_grad db[c] += sum over n and p of dy[n, c, p] for dy (N, C, P); one work-group of LSIZE per channel.
+//   bias_grad db[c] += sum over n and p of dy[n, c, p] for dy (N, C, P) (add 0: db[c] = that sum, db not read); one
+//             work-group of LSIZE per channel.
 //             With PARTIAL, work-group (c, s) sums only the s-th run of `chunk` (n, p) pairs and stores it in
 //             db[s*C + c]: a first pass for large N*P, whose (S, C) result a plain pass then adds up in order.
 //   bias_grad_planes  the same, CPU-shaped: one work-item per channel sums each of its N planes in eight lanes
@@ -188,7 +189,7 @@ __kernel void dropout_fwd(__global const float* restrict x, __global float* rest
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
 void bias_grad(__global const float* restrict dy, __global float* restrict db, const int N, const int C, const int P,
-               const int chunk) {
+               const int chunk, const int add) {
     const int c = get_group_id(0);
     const int lid = get_local_id(0);
     __local float part[LSIZE];
@@ -211,7 +212,7 @@ void bias_grad(__global const float* restrict dy, __global float* restrict db, c
 #if PARTIAL
     if (lid == 0) db[get_group_id(1) * C + c] = part[0];
 #else
-    if (lid == 0) db[c] += part[0];
+    if (lid == 0) db[c] = add ? db[c] + part[0] : part[0];
 #endif
 }
 
@@ -219,7 +220,7 @@ void bias_grad(__global const float* restrict dy, __global float* restrict db, c
 typedef float8 __attribute__((aligned(4))) float8_unaligned;
 
 __kernel void bias_grad_planes(__global const float* restrict dy, __global float* restrict db, const int N,
-                               const int C, const int P) {
+                               const int C, const int P, const int add) {
     const int c = get_global_id(0);
     if (c >= C) return;
     const int P8 = P & ~7;
@@ -232,5 +233,5 @@ __kernel void bias_grad_planes(__global const float* restrict dy, __global float
         for (int p = P8; p < P; p++) s += plane[p];
         total += s;
     }
-    db[c] += total;
+    db[c] = add ? db[c] + total : total;
 }

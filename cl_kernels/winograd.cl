@@ -19,7 +19,8 @@
 //   winograd_grad_output   dy (N, O, OH, OW), images from element dy_off on -> Z (a*a, P, O): Z[xi][p][o] =
 //                          (A dY A^T)[xi] for the m x m tile dY of dy, read as zero past OH, OW (those outputs were
 //                          never produced, so they carry no gradient).
-//   winograd_grad_weights  Mhat (a*a, O, C) -> dw (O, C, r, r) += G^T Mhat[.][o][c] G (a x a -> r x r).
+//   winograd_grad_weights  Mhat (a*a, O, C) -> dw (O, C, r, r) += G^T Mhat[.][o][c] G (a x a -> r x r); add 0 writes
+//                          dw instead, without reading it.
 // Work-items: one per (p, c) for the input transforms, per (p, o) for the output transform, per (o, p) for the
 // output-gradient transform, per (o, c) for the weight transforms. winograd_input and winograd_output run p fastest:
 // neighbouring work-items read or write neighbouring tiles of one plane of x or y, and neighbouring elements of V or M.
@@ -243,7 +244,7 @@ __kernel void winograd_grad_output(__global const float* restrict dy, const int 
 }
 
 __kernel void winograd_grad_weights(__global const float* restrict Mhat, const int O, const int C,
-                                    __global float* restrict dw) {
+                                    __global float* restrict dw, const int add) {
     const int e = get_global_id(0);
     if (e >= O * C) return;
     const int oc = O * C;
@@ -251,5 +252,6 @@ __kernel void winograd_grad_weights(__global const float* restrict Mhat, const i
     for (int xi = 0; xi < WAA; xi++) m[xi] = Mhat[xi * oc + e];
     float g[WINO_R * WINO_R];
     SANDWICH(G, 1, WINO_R, WINO_R, WA, m, g);  // G^T, G stored (a x r)
-    for (int k = 0; k < WINO_R * WINO_R; k++) dw[e * WINO_R * WINO_R + k] += g[k];
+    __global float* out = dw + e * WINO_R * WINO_R;
+    for (int k = 0; k < WINO_R * WINO_R; k++) out[k] = add ? out[k] + g[k] : g[k];
 }

@@ -7,8 +7,9 @@ in reverse topological order, hands each its output's gradient (summed over ever
 accumulates (+=) what reaches a leaf into the leaf's `.grad`. Every op's inputs and saved tensors are released as
 soon as its backward has run, so the graph holds device memory for one step only.
 
-A backward that produces a leaf's gradient by a matrix product can write straight into the leaf's `.grad` with
-`beta = 1` (`Function.grad_sink`): a parameter's weight gradient costs no extra pass to accumulate.
+A backward that produces a leaf's gradient by a matrix product can write straight into the leaf's `.grad`
+(`Function.grad_sink`): with `beta = 1` it costs no extra pass to accumulate, and after zero_grad (which only marks
+each `.grad` as zero) `beta = 0` overwrites it without reading it.
 
 `register_post_accumulate_grad_hook(leaf, hook)` (PyTorch's name; also a Tensor method) calls ``hook(leaf)`` during
 backward as soon as the last op that feeds the leaf has run its backward: its `.grad` is complete (queued on the
@@ -84,15 +85,21 @@ class Function:
             self.saved = tensors
 
     def grad_sink(self, i):
-        """The `.grad` of input i when it is a leaf that wants a gradient (allocated as zeros on first use), so that
-        backward can accumulate into it directly and return None for it; else None (backward returns a new tensor)."""
+        """(The .grad of input i, beta) when input i is a leaf that wants a gradient, so that backward can write into
+        it directly and return None for it: beta 1 adds to what it holds, beta 0 overwrites it (a new .grad, or one
+        that zero_grad marked as zero; the caller must then write every element). (None, 1.0) otherwise (backward
+        returns a new tensor)."""
         t = self.inputs[i]
         if t is None or isinstance(t, Function):
-            return None
-        if t.grad is None:
-            from .ops import zeros
-            t.grad = zeros(t.shape, t.device)
-        return t.grad
+            return None, 1.0
+        if t._grad is None:
+            from .tensor import empty
+            t.grad = empty(t.shape, t.device)
+            return t._grad, 0.0
+        if t._grad_zeroed:
+            t._grad_zeroed = False
+            return t._grad, 0.0
+        return t._grad, 1.0
 
     def forward(self, *inputs, **options):
         raise NotImplementedError

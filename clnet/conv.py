@@ -96,14 +96,16 @@ def _by_images_forward(x, w, bias, s, relu, what, runs):
     return y
 
 
-def _by_images_backward(x, w, dy, s, dw, db, need_dx, what, runs):
-    """conv2d_backward of each run of images: dw and db gather every run's share, dx is written a slice a run."""
+def _by_images_backward(x, w, dy, s, dw, db, need_dx, what, runs, betas):
+    """conv2d_backward of each run of images: dw and db gather every run's share (the first run with betas, the rest
+    adding), dx is written a slice a run."""
     dx = empty(x.shape, x.device) if need_dx else None
     x_image, y_image = s.C * s.H * s.W, s.O * s.OH * s.OW
     for n0, nimg in runs:
         shape = (nimg,) + x.shape[1:]
         part = conv2d_backward(x.region(n0 * x_image, shape), w, dy.region(n0 * y_image, (nimg,) + dy.shape[1:]),
-                               dataclasses.replace(s, N=nimg), dw, db, need_dx, what)
+                               dataclasses.replace(s, N=nimg), dw, db, need_dx, what, betas)
+        betas = (1.0, 1.0)  # the later runs add to the first's
         if need_dx:
             dx.region(n0 * x_image, shape).copy_from(part)
     return dx
@@ -137,20 +139,22 @@ def _conv2d_forward_im2col(x, w, bias, s, relu, what):
     return y
 
 
-def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward"):
-    """Adds d loss / d w into dw (and d loss / d bias into db), each unless None; returns d loss / d x (or None).
-    Each gradient uses the algorithm tuned (or defaulted) for this shape; when both use im2col they share one lowering
-    of x."""
+def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward", betas=(1.0, 1.0)):
+    """Adds d loss / d w into dw (and d loss / d bias into db), each unless None, or overwrites it where its beta
+    (betas: dw's, db's) is 0; returns d loss / d x (or None). Each gradient uses the algorithm tuned (or defaulted)
+    for this shape; when both use im2col they share one lowering of x."""
     dev = x.device
     runs = _image_runs(s, what)
     if runs:
-        return _by_images_backward(x, w, dy, s, dw, db, need_dx, what, runs)
+        return _by_images_backward(x, w, dy, s, dw, db, need_dx, what, runs, betas)
+    dw_beta, db_beta = betas
 
     def weights(algorithm):  # returns dw, for the autotuner to check each candidate against the default
         if algorithm in WINOGRAD_TILE:
-            winograd.conv2d_backward_weights(x, dy, s, dw, what=what + " (weights)", m=WINOGRAD_TILE[algorithm])
+            winograd.conv2d_backward_weights(x, dy, s, dw, what=what + " (weights)", m=WINOGRAD_TILE[algorithm],
+                                             beta=dw_beta)
         else:
-            _conv2d_backward_im2col(x, w, dy, s, dw, False, what)
+            _conv2d_backward_im2col(x, w, dy, s, dw, False, what, dw_beta)
         return dw
 
     def data(algorithm):
@@ -161,17 +165,17 @@ def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward"):
     w_alg = _conv_algorithm(dev, "conv2d_bwd_weights", s, weights) if dw is not None else None
     x_alg = _conv_algorithm(dev, "conv2d_bwd_data", s, data) if need_dx else None
     if db is not None:
-        bias_grad(dy, db, s.N, s.O, s.OH * s.OW)
+        bias_grad(dy, db, s.N, s.O, s.OH * s.OW, db_beta)
     if w_alg in ("im2col", None) and x_alg in ("im2col", None):
-        return _conv2d_backward_im2col(x, w, dy, s, dw, need_dx, what) if w_alg or x_alg else None
+        return _conv2d_backward_im2col(x, w, dy, s, dw, need_dx, what, dw_beta) if w_alg or x_alg else None
     if w_alg is not None:
         weights(w_alg)
     return data(x_alg) if need_dx else None
 
 
-def _conv2d_backward_im2col(x, w, dy, s, dw, need_dx, what):
-    """dw += the weight gradient (unless dw is None); returns dx (if need_dx): im2col + GEMM, one lowering of x per
-    chunk of images serving both."""
+def _conv2d_backward_im2col(x, w, dy, s, dw, need_dx, what, dw_beta=1.0):
+    """dw += the weight gradient (unless dw is None; dw_beta 0: dw = it); returns dx (if need_dx): im2col + GEMM, one
+    lowering of x per chunk of images serving both."""
     dev = x.device
     Og, Cg, KK, OHW = s.O // s.G, s.C // s.G, s.KH * s.KW, s.OH * s.OW
     chunk = _col_chunk(s, dev)
@@ -186,7 +190,8 @@ def _conv2d_backward_im2col(x, w, dy, s, dw, need_dx, what):
             _im2col(x, s, n0, nimg, col)
             # dw_g (Og, Cg*KK) += dy_g (Og, NP) @ col_g^T (NP, Cg*KK)
             gemm(Og, Cg * KK, NP, dy, dy_cols, col, Mat(bs=Cg * KK * NP, rs=1, cs=NP), dw,
-                 Mat(bs=Og * Cg * KK, rs=Cg * KK, cs=1), beta=1.0, batch=s.G, what=what + " (weights)")
+                 Mat(bs=Og * Cg * KK, rs=Cg * KK, cs=1), beta=dw_beta if n0 == 0 else 1.0, batch=s.G,
+                 what=what + " (weights)")
         if not need_dx:
             continue
         w_t = Mat(bs=Og * Cg * KK, rs=1, cs=Cg * KK)  # w_g^T: (Cg*KK, Og)
@@ -202,14 +207,14 @@ def _conv2d_backward_im2col(x, w, dy, s, dw, need_dx, what):
     return dx
 
 
-def bias_grad(dy, db, N, C, P):
-    """db += sum of dy (N, C, P) over N and P. Few channels over many pixels (a first layer) would leave most of a GPU
-    idle with a work-group per channel, so there each channel's sum is cut into runs first, then added in order. CPUs
-    take a channel per work-item (bias_grad_planes)."""
+def bias_grad(dy, db, N, C, P, beta=1.0):
+    """db += sum of dy (N, C, P) over N and P (beta 0: db = that sum, db not read). Few channels over many pixels (a
+    first layer) would leave most of a GPU idle with a work-group per channel, so there each channel's sum is cut into
+    runs first, then added in order. CPUs take a channel per work-item (bias_grad_planes)."""
     dev = dy.device
     if tuning.cpu_shaped(dev):
         k = kernels.kernel(dev, "elementwise.cl", "bias_grad_planes")
-        kernels.launch(dev, k, (C,), None, dy, db, N, C, P, what="bias gradient")
+        kernels.launch(dev, k, (C,), None, dy, db, N, C, P, int(beta != 0.0), what="bias gradient")
         return
     lsize = 256 if dev.max_work_group_size >= 256 else 1 << (dev.max_work_group_size.bit_length() - 1)
     runs = tuning.reduction_runs(dev, N * P, C, lsize)
@@ -217,10 +222,11 @@ def bias_grad(dy, db, N, C, P):
         chunk = -(-N * P // runs)
         part = empty((runs, C), dev)
         k = kernels.kernel(dev, "elementwise.cl", "bias_grad", dict(LSIZE=lsize, PARTIAL=1))
-        kernels.launch(dev, k, (C * lsize, runs), (lsize, 1), dy, part, N, C, P, chunk, what="bias gradient (runs)")
+        kernels.launch(dev, k, (C * lsize, runs), (lsize, 1), dy, part, N, C, P, chunk, 1,
+                       what="bias gradient (runs)")
         dy, N, P = part, runs, 1
     k = kernels.kernel(dev, "elementwise.cl", "bias_grad", dict(LSIZE=lsize))
-    kernels.launch(dev, k, (C * lsize,), (lsize,), dy, db, N, C, P, 0, what="bias gradient")
+    kernels.launch(dev, k, (C * lsize,), (lsize,), dy, db, N, C, P, 0, int(beta != 0.0), what="bias gradient")
 
 
 # ---- dense ---------------------------------------------------------------------------------------------------------
@@ -253,7 +259,9 @@ def linear_forward(x, w, bias, relu=False, what="Linear"):
     return y
 
 
-def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward"):
+def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", betas=(1.0, 1.0)):
+    """Adds d loss / d w into dw and d loss / d b into db (each unless None; overwrites it where its beta in betas is
+    0); returns d loss / d x when need_dx."""
     N, I = x.shape
     O = w.shape[0]
     runs = _row_runs(x, O, what)
@@ -261,15 +269,16 @@ def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward"):
         dx = empty((N, I), x.device) if need_dx else None
         for n0, rows in runs:
             part = linear_backward(x.region(n0 * I, (rows, I)), w, dy.region(n0 * O, (rows, O)), dw, db, need_dx,
-                                   what)
+                                   what, betas)
+            betas = (1.0, 1.0)  # the later runs add to the first's
             if need_dx:
                 dx.region(n0 * I, part.shape).copy_from(part)
         return dx
     if dw is not None:
-        gemm(O, I, N, dy, Mat(rs=1, cs=O), x, Mat(rs=I, cs=1), dw, Mat(rs=I, cs=1), beta=1.0,
+        gemm(O, I, N, dy, Mat(rs=1, cs=O), x, Mat(rs=I, cs=1), dw, Mat(rs=I, cs=1), beta=betas[0],
              what=what + " (weights)")
     if db is not None:
-        bias_grad(dy, db, N, O, 1)
+        bias_grad(dy, db, N, O, 1, betas[1])
     if not need_dx:
         return None
     dx = empty((N, I), x.device)

@@ -237,17 +237,19 @@ def batch_norm_eval_forward(x, weight, bias, running_mean, running_var, eps):
     return y
 
 
-def _grad_sums(dy, x, mean, invstd, dweight, dbias, gmean, what):
-    """dbias += sum dy, dweight += sum dy * xhat (each when not None); gmean (2, C), when not None, gets their means."""
+def _grad_sums(dy, x, mean, invstd, dweight, dbias, gmean, what, beta):
+    """dbias += sum dy, dweight += sum dy * xhat (each when not None; beta 0: written, not added to); gmean (2, C),
+    when not None, gets their means."""
     dev = x.device
     N, C, P = _geometry(x, what)
     part, runs, lsize = _reduce(dev, "batchnorm_grad_sums", "batchnorm_grad_sums_planes", 2, N, C, P, (dy, x, mean),
                                 what=f"{what} sums {tuple(x.shape)}")
     kernels.launch(dev, _bn_kernel(dev, "batchnorm_grad_finish", lsize), (C * lsize,), (lsize,), part, runs, C,
-                   float(N * P), invstd, dweight, dbias, gmean, what=f"{what} sums (merging {runs} runs)")
+                   float(N * P), invstd, dweight, dbias, gmean, int(beta != 0.0),
+                   what=f"{what} sums (merging {runs} runs)")
 
 
-def batch_norm_backward(dy, x, weight, mean, invstd, need_dx, dweight, dbias):
+def batch_norm_backward(dy, x, weight, mean, invstd, need_dx, dweight, dbias, beta=1.0):
     """Backward of batch_norm_train_forward (statistics of the batch, so they depend on x).
 
     Parameters
@@ -259,6 +261,7 @@ def batch_norm_backward(dy, x, weight, mean, invstd, need_dx, dweight, dbias):
     need_dx : bool
     dweight, dbias : Tensor (C,) or None
         Parameter gradients, accumulated into: ``dbias += sum dy``, ``dweight += sum dy * xhat``.
+    beta : 1.0 to add into dweight and dbias, 0.0 to overwrite them
 
     Returns
     -------
@@ -273,7 +276,7 @@ def batch_norm_backward(dy, x, weight, mean, invstd, need_dx, dweight, dbias):
     if not need_dx and dweight is None and dbias is None:
         return None
     gmean = empty((2, C), x.device) if need_dx else None
-    _grad_sums(dy, x, mean, invstd, dweight, dbias, gmean, what)
+    _grad_sums(dy, x, mean, invstd, dweight, dbias, gmean, what, beta)
     if not need_dx:
         return None
     dx = empty(x.shape, x.device)
@@ -282,9 +285,10 @@ def batch_norm_backward(dy, x, weight, mean, invstd, need_dx, dweight, dbias):
     return dx
 
 
-def batch_norm_eval_backward(dy, x, weight, running_mean, running_var, eps, need_dx, dweight, dbias):
+def batch_norm_eval_backward(dy, x, weight, running_mean, running_var, eps, need_dx, dweight, dbias, beta=1.0):
     """Backward of batch_norm_eval_forward: the statistics are constants, so dx = dy * weight * invstd, and
-    ``dbias += sum dy``, ``dweight += sum dy * xhat`` with xhat from the running statistics (each when not None).
+    ``dbias += sum dy``, ``dweight += sum dy * xhat`` with xhat from the running statistics (each when not None; beta
+    0: written instead).
     Returns dx, or None unless need_dx."""
     what = "batch norm (evaluation) backward"
     N, C, P = _geometry(x, what)
@@ -296,7 +300,7 @@ def batch_norm_eval_backward(dy, x, weight, running_mean, running_var, eps, need
         return None
     invstd = _eval_invstd(running_var, eps, C)
     if dweight is not None or dbias is not None:
-        _grad_sums(dy, x, running_mean, invstd, dweight, dbias, None, what)
+        _grad_sums(dy, x, running_mean, invstd, dweight, dbias, None, what, beta)
     if not need_dx:
         return None
     dx = empty(x.shape, x.device)

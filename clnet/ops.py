@@ -77,12 +77,15 @@ def mul(a, b):
 
 
 def accumulate(leaf, g):
-    """leaf.grad += g (leaf.grad made as a copy of g the first time)."""
-    if leaf.grad is None:
+    """leaf.grad += g (leaf.grad made as a copy of g the first time, or copied over when zero_grad marked it)."""
+    if leaf._grad is None:
         leaf.grad = empty(leaf.shape, leaf.device).copy_from(g)
         return
-    if leaf.grad.shape != leaf.shape:
-        raise RuntimeError(f"clnet: the .grad of a tensor of shape {leaf.shape} has shape {leaf.grad.shape}")
+    if leaf._grad.shape != leaf.shape:
+        raise RuntimeError(f"clnet: the .grad of a tensor of shape {leaf.shape} has shape {leaf._grad.shape}")
+    if leaf._grad_zeroed:
+        leaf.grad = leaf._grad.copy_from(g)
+        return
     _map(leaf.device, _elementwise(leaf.device, "accumulate"), g.size, VW, leaf.grad, g, g.size,
          what="gradient accumulation")
 
@@ -541,16 +544,29 @@ class AvgPool2d(Function):
 # ---- convolution and dense -----------------------------------------------------------------------------------------
 
 def _param_grads(fn, *shapes):
-    """Where backward adds the gradients of inputs 1, 2, ... (weights, bias; `shapes` theirs): straight into a leaf's
-    .grad (kernels accumulate with +=), or into a new zero tensor that backward returns; None where none is wanted.
-    Returns (targets, returned) with returned aligned to those inputs."""
-    targets, returned = [], []
+    """Where backward writes the gradients of inputs 1, 2, ... (weights, bias; `shapes` theirs), and how: straight into
+    a leaf's .grad, or into a new tensor that backward returns; None where none is wanted. Returns (targets, betas,
+    returned) with returned aligned to those inputs: beta 1 adds to what the target holds, beta 0 overwrites it."""
+    targets, betas, returned = [], [], []
     for i, shape in enumerate(shapes, 1):
-        sink = fn.grad_sink(i) if fn.needs[i] else None
-        own = zeros(shape, fn.out_device) if fn.needs[i] and sink is None else None
+        sink, beta = fn.grad_sink(i) if fn.needs[i] else (None, 1.0)
+        own = empty(shape, fn.out_device) if fn.needs[i] and sink is None else None
         targets.append(sink if sink is not None else own)
+        betas.append(0.0 if own is not None else beta)
         returned.append(own)
-    return targets, tuple(returned)
+    return targets, betas, tuple(returned)
+
+
+def _one_beta(targets, betas):
+    """One beta for a kernel that writes every target the same way: 0 when each target present may be overwritten,
+    else 1, the targets of beta 0 filled with zeros first (a new gradient beside one that adds)."""
+    present = [(t, b) for t, b in zip(targets, betas) if t is not None]
+    if all(b == 0.0 for _, b in present):
+        return 0.0
+    for t, b in present:
+        if b == 0.0:
+            fill(t, 0.0)
+    return 1.0
 
 
 class Conv2d(Function):
@@ -568,9 +584,9 @@ class Conv2d(Function):
         x, w = self.saved[:2]
         if self.relu:
             dy = _activation_grad("relu", self.saved[2], dy, self.what + " backward (its ReLU)")
-        (dw, db), fresh = _param_grads(self, w.shape, (w.shape[0],))
+        (dw, db), betas, fresh = _param_grads(self, w.shape, (w.shape[0],))
         dx = conv.conv2d_backward(x, w, dy, self.shape, dw, db, need_dx=self.needs[0],
-                                  what=self.what + " backward")
+                                  what=self.what + " backward", betas=betas)
         return (dx,) + fresh
 
 
@@ -588,8 +604,8 @@ class Linear(Function):
         x, w = self.saved[:2]
         if self.relu:
             dy = _activation_grad("relu", self.saved[2], dy, self.what + " backward (its ReLU)")
-        (dw, db), fresh = _param_grads(self, w.shape, (w.shape[0],))
-        dx = conv.linear_backward(x, w, dy, dw, db, need_dx=self.needs[0], what=self.what + " backward")
+        (dw, db), betas, fresh = _param_grads(self, w.shape, (w.shape[0],))
+        dx = conv.linear_backward(x, w, dy, dw, db, need_dx=self.needs[0], what=self.what + " backward", betas=betas)
         return (dx,) + fresh
 
 
@@ -607,8 +623,8 @@ class BatchNormTrain(Function):
     def backward(self, dy):
         x, weight, mean, invstd = self.saved
         C = x.shape[1]
-        (dw, db), fresh = _param_grads(self, (C,), (C,))
-        dx = norm.batch_norm_backward(dy, x, weight, mean, invstd, self.needs[0], dw, db)
+        (dw, db), betas, fresh = _param_grads(self, (C,), (C,))
+        dx = norm.batch_norm_backward(dy, x, weight, mean, invstd, self.needs[0], dw, db, _one_beta((dw, db), betas))
         return (dx,) + fresh
 
 
@@ -622,8 +638,9 @@ class BatchNormEval(BatchNormTrain):
     def backward(self, dy):
         x, weight, running_mean, running_var, eps = self.saved
         C = x.shape[1]
-        (dw, db), fresh = _param_grads(self, (C,), (C,))
-        dx = norm.batch_norm_eval_backward(dy, x, weight, running_mean, running_var, eps, self.needs[0], dw, db)
+        (dw, db), betas, fresh = _param_grads(self, (C,), (C,))
+        dx = norm.batch_norm_eval_backward(dy, x, weight, running_mean, running_var, eps, self.needs[0], dw, db,
+                                           _one_beta((dw, db), betas))
         return (dx,) + fresh
 
 

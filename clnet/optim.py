@@ -54,7 +54,7 @@ class Optimizer:
 
     def _flatten(self):
         """(Re)builds the flat buffers when the parameters are new or were moved; copies their values in."""
-        if self._layout is not None and all(p.storage is s and p.grad is g for p, (s, g) in
+        if self._layout is not None and all(p.storage is s and p._grad is g for p, (s, g) in
                                             zip(self.params, self._layout)):
             return
         if any(p.storage is None for p in self.params):
@@ -95,17 +95,28 @@ class Optimizer:
                 self._load_state(pending)
 
     def zero_grad(self, set_to_none=False):
-        """Zeroes every gradient in one fill (they stay allocated: set_to_none is accepted and ignored)."""
+        """Marks every gradient as zero, writing nothing: the next backward overwrites each instead of adding to it,
+        and any other read of a .grad fills it with zeros first (the gradients stay allocated in the optimizer's flat
+        buffer: set_to_none is accepted and ignored)."""
         if not self.params:
             return
         self._flatten()
-        ops.fill(self._flat[1], 0.0)
+        for p in self.params:
+            p._mark_grad_zero()
 
     def step(self):
         if not self.params:
             return
         self._flatten()
         data, grad, state = self._flat
+        unwritten = [p for p in self.params if p._grad_zeroed]  # no backward reached them since zero_grad
+        if len(unwritten) == len(self.params):
+            ops.fill(grad, 0.0)
+            for p in unwritten:
+                p._grad_zeroed = False
+        else:
+            for p in unwritten:
+                p.grad  # noqa: B018 -- reading a .grad marked zero fills it
         self._update(data, grad, state)
 
     def _update(self, data, grad, state):

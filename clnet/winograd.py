@@ -192,7 +192,7 @@ def conv2d_backward_data(w, dy, s, what="Conv2d backward", m=2):
                      what + " (data)")
 
 
-def conv2d_backward_weights(x, dy, s, dw, what="Conv2d backward (weights)", m=2):
+def conv2d_backward_weights(x, dy, s, dw, what="Conv2d backward (weights)", m=2, beta=1.0):
     """Adds d loss / d w into dw, for the forward shape s (where supported(s, m) holds), by Winograd F(m x m, r x r).
 
     Parameters
@@ -203,6 +203,7 @@ def conv2d_backward_weights(x, dy, s, dw, what="Conv2d backward (weights)", m=2)
     dw : Tensor (O, C, r, r); the gradient is added to what it holds (+= semantics, deterministic: no atomics)
     what : the name error messages give the operation
     m : the output tile side
+    beta : 1.0 adds into dw, 0.0 overwrites it
     """
     _check(s, m, what)
     r = s.KH
@@ -234,4 +235,4 @@ def conv2d_backward_weights(x, dy, s, dw, what="Conv2d backward (weights)", m=2)
              Mat(bs=s.O * s.C, rs=s.C, cs=1), beta=0.0 if n0 == 0 else 1.0, batch=a * a,
              what=what + " (Winograd products)")
     kernels.launch(dev, _kernel(dev, "winograd_grad_weights", m, r), (s.O * s.C,), None, Mhat, s.O, s.C, dw,
-                   what=what + " (Winograd weight transform)")
+                   int(beta != 0.0), what=what + " (Winograd weight transform)")

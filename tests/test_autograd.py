@@ -165,3 +165,70 @@ def test_computed_tensor_plus_a_function_of_it(dev, rng):
     y.backward()
     a64 = a.astype(np.float64)
     assert_close(leaf_x.grad.numpy(), 2.0 * (1.0 + 3.0 * (a64 > 0)), "d(x + 3 relu(x))/dx")
+
+
+class _ZeroGradNet:
+    """A 3x3 convolution, batch norm, a dense layer applied twice (one parameter, two uses), a head and a dense layer
+    left unused (the last), in clnet or PyTorch."""
+
+    @staticmethod
+    def build(lib, eval_norm):
+        nn_ = lib.nn
+        layers = nn_.Sequential(nn_.Conv2d(2, 3, 3, padding=1), nn_.BatchNorm2d(3), nn_.Linear(12, 12),
+                                nn_.Linear(12, 4), nn_.Linear(4, 4))  # run by forward(), the last not at all
+        if eval_norm:
+            layers[1].eval()
+        return layers
+
+    @staticmethod
+    def forward(lib, layers, x):
+        conv, bn, shared, head = layers[0], layers[1], layers[2], layers[3]
+        h = lib.nn.functional.max_pool2d(bn(lib.nn.functional.relu(conv(x))), 2).reshape(x.shape[0], 12)
+        return head(shared(shared(h)))
+
+
+@pytest.mark.parametrize("algorithm", ["im2col", "winograd"])
+@pytest.mark.parametrize("eval_norm", [False, True], ids=["bn-train", "bn-eval"])
+def test_zero_grad_marks_gradients_that_backward_then_overwrites(dev, rng, monkeypatch, kernel_shape, algorithm,
+                                                                 eval_norm):
+    """zero_grad writes nothing: the next backward's kernels overwrite each .grad (conv weights by im2col or
+    Winograd, biases, batch norm, a dense layer used twice, which adds its second use), so NaN left in the gradients
+    beforehand never shows; a parameter no backward reached reads as zeros, and SGD treats it so; without zero_grad,
+    gradients add up. Against PyTorch in float64."""
+    torch = pytest.importorskip("torch")
+    from clnet import optim, tuning
+    monkeypatch.setattr(tuning, "conv_default", lambda d, s, options: algorithm if algorithm in options else "im2col")
+    tuning.forget()
+    clnet.manual_seed(int(rng.integers(1 << 30)))
+    ours = _ZeroGradNet.build(clnet, eval_norm).to(dev)
+    theirs = _ZeroGradNet.build(torch, eval_norm)
+    theirs.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ours.state_dict().items()})
+    theirs.double()
+    opt = optim.SGD(ours.parameters(), lr=0.1, weight_decay=0.5)
+    params = dict(ours.named_parameters())
+
+    def step(x, dy, zero):
+        if zero:
+            opt.zero_grad()
+            theirs.zero_grad(set_to_none=False)
+        _ZeroGradNet.forward(clnet, ours, clnet.tensor(x, dev)).backward(clnet.tensor(dy, dev))
+        _ZeroGradNet.forward(torch, theirs, torch.from_numpy(x.astype(np.float64))).backward(
+            torch.from_numpy(dy.astype(np.float64)))
+
+    def batch():
+        return (rng.standard_normal((3, 2, 4, 4)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32))
+
+    step(*batch(), zero=True)
+    for p in params.values():
+        p.grad.write(np.full(p.shape, np.nan, np.float32))
+    step(*batch(), zero=True)
+    step(*batch(), zero=False)  # adds
+    for k, p in params.items():
+        want = theirs.get_parameter(k).grad
+        want = np.zeros(p.shape) if want is None else want.numpy()
+        assert_close(p.grad.numpy(), want, "grad " + k, tol=1e-5)
+    opt.zero_grad()
+    before = params["4.weight"].numpy().astype(np.float64)
+    opt.step()  # every gradient still marked zero: weight decay alone moves the weights
+    assert_close(params["4.weight"].numpy(), before * (1 - 0.1 * 0.5), "unused weight after a step", tol=1e-6)
+    assert not params["0.weight"].grad.numpy().any()

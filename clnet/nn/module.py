@@ -162,11 +162,10 @@ class Module:
         return self
 
     def zero_grad(self):
-        """Sets every parameter's gradient to zero (kept allocated: an optimizer's flat buffers stay in place)."""
-        from ..ops import fill
+        """Sets every parameter's gradient to zero (kept allocated: an optimizer's flat buffers stay in place), as
+        Optimizer.zero_grad does: marked, not written."""
         for p in self.parameters():
-            if p.grad is not None:
-                fill(p.grad, 0.0)
+            p._mark_grad_zero()
 
     # -- weights -------------------------------------------------------------------------------------------------
     def _state_items(self):
