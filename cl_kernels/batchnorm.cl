@@ -20,7 +20,8 @@
 //             run into partial (two floats per record), as batchnorm_stats
 //   batchnorm_grad_sums_planes  the same, plane-shaped, as batchnorm_stats_planes
 //   batchnorm_grad_finish  adds each channel's runs in order: dbias += sum dy, dweight += sum dy * xhat (when not
-//             NULL; with add 0 they are written, not added to, and not read), and, when gmean is not NULL, gmean[c] = sum dy / n, gmean[C + c] = sum dy * xhat / n
+//             NULL; with add 0 they are written, not added to, and not read), and, when gmean is not NULL,
+//             gmean[c] = sum dy / n, gmean[C + c] = sum dy * xhat / n
 //   batchnorm_dx  dx = weight * invstd * (dy - gmean[c] - xhat * gmean[C + c]), xhat = (x - mean) * invstd; as
 //             batchnorm_apply
 //   batchnorm_dx_planes  the same, CPU-shaped, as batchnorm_apply_planes

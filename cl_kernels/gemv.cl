@@ -1,7 +1,7 @@
 // Products with one row of C or a depth of one: a dense layer at batch 1, where a tiled product (gemm.cl,
 // gemm_cpu.cl) computes a whole tile to keep one row of it, and split-K adds a second launch.
 //   gemv        C(0, n) = epilogue(alpha * sum_k A(0, k) B(k, n))   (M == 1: the layer's output, its input gradient)
-//   gemm_rank1  C(m, n) = epilogue(alpha * A(m, 0) B(0, n))         (K == 1: its weight gradient, beta 1 accumulating)
+//   gemm_rank1  C(m, n) = epilogue(alpha * A(m, 0) B(0, n))         (K == 1: its weight gradient; beta 0 or 1)
 // One product (batch 1), operands without column splits; addressing and epilogue as gemm_common.h (the host passes
 // each operand's offset and the strides it uses).
 //

@@ -13,7 +13,7 @@
 //                               no atomics, and the result is deterministic). Its grid is (image, channel) so that
 //                               neighbouring work-items read neighbouring runs of col, and each window row's range
 //                               inside the plane is found once, leaving a branch-free loop: lenet b64's second
-//                               layer 2.3-3.9 -> 0.54 ms on PoCL (bench/NOTES.md, v16).
+//                               layer 2.3-3.9 -> 0.54-0.8 ms on PoCL (bench/NOTES.md, v16).
 // All sizes are arguments; no defines.
 #include "common.h"
 

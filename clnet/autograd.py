@@ -92,6 +92,8 @@ class Function:
         t = self.inputs[i]
         if t is None or isinstance(t, Function):
             return None, 1.0
+        if kernels.capturing is not None:
+            kernels.capturing.note_grad(t)
         if t._grad is None:
             from .tensor import empty
             t.grad = empty(t.shape, t.device)

@@ -79,6 +79,7 @@ class Graph:
         self._regions = {}  # id -> sub-buffer storage a launch touched, kept alive (it keeps its parent alive)
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
         self._taken = []  # (pool, creation number, buffer, size): freed during capture, out of the pool until we go
+        self._grads = {}  # id -> leaf whose .grad the step writes or reads (note_grad)
         self.launches = 0
         # enqueue without events through ctypes (see event_free); False: through pyopencl
         self.event_free = _enqueue_raw is not None
@@ -98,7 +99,7 @@ class Graph:
             yield self
         except BaseException:  # a half-recorded step must never replay: forget it, hold nothing
             kernels.capturing = None
-            self._items, self._seen, self._regions, self.launches = [], {}, {}, 0
+            self._items, self._seen, self._regions, self._grads, self.launches = [], {}, {}, {}, 0
             self.failed = True
             raise
         kernels.capturing = None
@@ -143,6 +144,12 @@ class Graph:
     def record_action(self, action):
         self._items.append(action)
 
+    def note_grad(self, leaf):
+        """The step writes or reads leaf's .grad. zero_grad only marks a .grad (Tensor.grad), and a replay does not
+        look at marks: one made since the capture (an eager zero_grad) is filled before a replay, since the recorded
+        kernels may add to that memory or read it."""
+        self._grads[id(leaf)] = leaf
+
     def _bind_queue(self, dev):
         if self._queue is None:
             self._queue, self._device = dev.queue, dev
@@ -162,6 +169,7 @@ class Graph:
                 raise CaptureError("internal: a buffer the capture used is neither alive nor in the pool")
             self._taken.append((p,) + entry)
         self._seen.clear()
+        self._grads = tuple(self._grads.values())
         self.captured = True
 
     # -- replay ----------------------------------------------------------------------------------------------------
@@ -174,6 +182,9 @@ class Graph:
                                "replay() before capture(): record the step first with `with graph.capture():`")
         if kernels.capturing is not None:
             raise CaptureError("replay() inside another Graph's capture: graphs do not nest")
+        for t in self._grads:
+            if t._grad_zeroed:
+                t.grad  # noqa: B018 -- marked by an eager zero_grad since: reading it fills it (see note_grad)
         queue = self._queue
         if self.event_free:
             raw, handle = _enqueue_raw, queue.int_ptr

@@ -78,6 +78,8 @@ def mul(a, b):
 
 def accumulate(leaf, g):
     """leaf.grad += g (leaf.grad made as a copy of g the first time, or copied over when zero_grad marked it)."""
+    if kernels.capturing is not None:
+        kernels.capturing.note_grad(leaf)
     if leaf._grad is None:
         leaf.grad = empty(leaf.shape, leaf.device).copy_from(g)
         return

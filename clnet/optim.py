@@ -1,9 +1,10 @@
 """Optimizers (SGD, Adam, AdamW) with PyTorch's arguments and updates, run as kernels on the device.
 
 On its first use an optimizer moves every parameter, its gradient and its state (momentum, Adam's moments) into one
-flat buffer each (a parameter's memory and its .grad become sub-buffers of those), so that `step` is one launch and
-`zero_grad` one fill, whatever the number of parameters: for a small network the launches, not the arithmetic, are
-the cost of an update. The parameters keep their identity; only their memory moves.
+flat buffer each (a parameter's memory and its .grad become sub-buffers of those), so that `step` is one launch
+whatever the number of parameters: for a small network the launches, not the arithmetic, are the cost of an update.
+`zero_grad` launches nothing: it marks the gradients zero (Tensor.grad), and the next backward overwrites them.
+The parameters keep their identity; only their memory moves.
 
 `state_dict()` follows PyTorch's shape: {"state": {index: {name: array}}, "param_groups": [{hyperparameters}]}.
 """
@@ -109,6 +110,9 @@ class Optimizer:
             return
         self._flatten()
         data, grad, state = self._flat
+        if kernels.capturing is not None:  # the update reads every gradient
+            for p in self.params:
+                kernels.capturing.note_grad(p)
         unwritten = [p for p in self.params if p._grad_zeroed]  # no backward reached them since zero_grad
         if len(unwritten) == len(self.params):
             ops.fill(grad, 0.0)

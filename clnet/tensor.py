@@ -266,6 +266,8 @@ class Tensor:
         if self._grad_zeroed:
             from .ops import fill
             self._grad_zeroed = False
+            if kernels.capturing is not None:
+                kernels.capturing.note_grad(self)
             fill(self._grad, 0.0)
         return self._grad
 
@@ -277,6 +279,8 @@ class Tensor:
         """What zero_grad does to each parameter: its .grad (if any) reads as zeros from now on."""
         if self._grad is not None:
             self._grad_zeroed = True
+            if kernels.capturing is not None:
+                kernels.capturing.note_grad(self)
 
     # -- placement -----------------------------------------------------------------------------------------------
     def _place(self, dev):

@@ -101,8 +101,8 @@ class _Reference:
     """The default's output for one site, against which every candidate is checked before it is timed.
 
     A run may write into tensors it was given rather than new ones (a product into C, with beta = 1 adding to it; a
-    weight gradient added into .grad), so what those held is kept, and put back before each candidate runs: every
-    candidate then computes from the same state as the default did."""
+    weight gradient added into .grad, or written over it), so what those held is kept, and put back before each
+    candidate runs: every candidate then computes from the same state as the default did."""
 
     def __init__(self, dev, run, choice):
         self.dev = dev

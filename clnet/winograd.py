@@ -193,14 +193,15 @@ def conv2d_backward_data(w, dy, s, what="Conv2d backward", m=2):
 
 
 def conv2d_backward_weights(x, dy, s, dw, what="Conv2d backward (weights)", m=2, beta=1.0):
-    """Adds d loss / d w into dw, for the forward shape s (where supported(s, m) holds), by Winograd F(m x m, r x r).
+    """Adds d loss / d w into dw (beta 1) or writes it there (beta 0), for the forward shape s (where supported(s, m)
+    holds), by Winograd F(m x m, r x r).
 
     Parameters
     ----------
     x : Tensor (N, C, H, W), the forward's input
     dy : Tensor (N, O, OH, OW), d loss / d y
     s : shapes.ConvShape of the forward (s.PH, s.PW the top and left paddings; s.OH, s.OW imply the others)
-    dw : Tensor (O, C, r, r); the gradient is added to what it holds (+= semantics, deterministic: no atomics)
+    dw : Tensor (O, C, r, r); the gradient is added to what it holds, or overwrites it (deterministic: no atomics)
     what : the name error messages give the operation
     m : the output tile side
     beta : 1.0 adds into dw, 0.0 overwrites it

@@ -8,6 +8,8 @@ import clnet
 from clnet import kernels, nn, ops, optim
 from clnet.tensor import pool
 
+from conftest import assert_close
+
 
 def small_net(dev, seed):
     clnet.manual_seed(seed)
@@ -368,3 +370,40 @@ def test_a_launch_the_driver_refuses_in_a_replay_is_a_clear_error(dev, rng):
     with pytest.raises(kernels.KernelError, match=r"a replayed launch of \w+ \(global size .*\) failed with OpenCL "
                                                   r"status INVALID_WORK_GROUP_SIZE"):
         g.replay()
+
+
+@pytest.mark.parametrize("zero_inside", [True, False], ids=["zero_grad-captured", "zero_grad-eager"])
+def test_an_eager_zero_grad_between_replays_is_honoured(dev, rng, zero_inside):
+    """zero_grad only marks gradients, and a replay fills what an eager zero_grad marked since its capture (its
+    recorded kernels may add to them). So eager zero_grad, then a replay of forward and backward, gives that batch's
+    gradients alone: neither zeros nor a sum with the last replay's, whether or not the capture held a zero_grad."""
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Flatten(), nn.Linear(3 * 5 * 5, 4)).to(dev)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = nn.CrossEntropyLoss()
+    x = clnet.tensor(np.zeros((2, 2, 7, 7), np.float32), dev)
+    y = clnet.tensor(np.zeros(2, np.int32), dev)
+    opt.zero_grad()  # lays out the flat buffers (and marks the gradients)
+
+    def step():
+        if zero_inside:
+            opt.zero_grad()
+        loss_fn(model(x), y).backward()
+
+    g = clnet.Graph()
+    if not zero_inside:
+        loss_fn(model(x), y).backward()  # gradients written, marks gone: the capture below records kernels that add
+    with g.capture():
+        step()
+    for images, labels in batches(rng, 3, 2):
+        images = images[:, :, :7, :7]
+        labels = labels % 4
+        opt.zero_grad()
+        x.write(images)
+        y.write(labels)
+        g.replay()
+        got = [p.grad.numpy() for p in model.parameters()]
+        opt.zero_grad()
+        loss_fn(model(clnet.tensor(images, dev)), labels).backward()  # eager, the same weights (no step)
+        for i, p in enumerate(model.parameters()):
+            assert_close(got[i], p.grad.numpy(), f"replayed gradient {i}", tol=1e-6)
+            assert np.abs(got[i]).max() > 0

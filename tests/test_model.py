@@ -140,7 +140,8 @@ def test_sgd_matches_reference(dev, rng, momentum, weight_decay, nesterov):
 
 def test_sgd_updates_every_parameter_in_one_launch(dev, rng):
     """Parameters of odd sizes (not multiples of the sub-buffer alignment) share one flat buffer per role: step and
-    zero_grad are one launch and none (it marks the gradients zero; a read fills them), and every parameter still
+    zero_grad are one launch and none (it marks the gradients zero; a read fills them; a step that no backward came
+    before fills them too), and every parameter still
     follows the reference, with momentum carried over."""
     from clnet import kernels
     model = nn.Sequential(nn.Linear(7, 5), nn.Linear(5, 3), nn.Linear(3, 1)).to(dev)

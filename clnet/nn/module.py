@@ -162,8 +162,8 @@ class Module:
         return self
 
     def zero_grad(self):
-        """Sets every parameter's gradient to zero (kept allocated: an optimizer's flat buffers stay in place), as
-        Optimizer.zero_grad does: marked, not written."""
+        """Sets every parameter's gradient that exists to zero (kept allocated: an optimizer's flat buffers stay in
+        place), as Optimizer.zero_grad does: marked, not written."""
         for p in self.parameters():
             p._mark_grad_zero()
 
