@@ -10,14 +10,29 @@
 //   maxpool2d_bwd  dx = sum of dy over the windows whose argmax is this element
 //   maxpool2d_bwd_planes  the same, CPU-shaped: one work-item per plane zeroes it and adds each window's dy at its
 //                  argmax, in window order (the plane is its own: no atomics, deterministic)
+//   RELU 1 (max pooling): y = max(0, the window's max), which is the max of the ReLU'd window (ReLU is monotonic:
+//                  they commute exactly; nn.Sequential runs ReLU then MaxPool2d so), and the backward kernels take y
+//                  after idx and pass dy only where y > 0 (a NaN's gradient passes, as act_bwd's)
 //   avgpool2d_fwd  y = sum / divisor; divisor counts padding when COUNT_PAD (windows clipped to the padded input)
 //   avgpool2d_bwd  dx = sum over covering windows of dy / divisor
-// Defines: COUNT_PAD 0/1 (avgpool only); WIN_KH, WIN_KW (maxpool2d_fwd_grid only): the window's size, set by the
+// Defines: RELU 0/1 (maxpool only); COUNT_PAD 0/1 (avgpool only); WIN_KH, WIN_KW (maxpool2d_fwd_grid only): the window's size, set by the
 // host where no padding and no ceil mode put a window past the input's edge (0: sizes and bounds at run time).
 #include "common.h"
 
 #ifndef COUNT_PAD
 #define COUNT_PAD 1  // AvgPool2d count_include_pad
+#endif
+#ifndef RELU
+#define RELU 0  // max pooling of a ReLU's output: the ReLU applied after the max, its gradient in the backward
+#endif
+#if RELU
+#define RELU_Y , __global const float* restrict y  // the forward's output, after idx in the backward's arguments
+#define RELU_GRAD(g, o) (y[o] <= 0.0f ? 0.0f : (g))
+#define RELU_OUT(v) ((v) < 0.0f ? 0.0f : (v))  // NaN stays NaN
+#else
+#define RELU_Y
+#define RELU_GRAD(g, o) (g)
+#define RELU_OUT(v) (v)
 #endif
 #ifndef WIN_KH
 #define WIN_KH 0  // maxpool2d_fwd_grid's window height fixed at build (0: at run time)
@@ -45,7 +60,7 @@ __kernel void maxpool2d_fwd(__global const float* restrict x, POOL_GEOMETRY, __g
             const float v = plane[off];
             if (v > best || isnan(v) || arg < 0) { best = v; arg = off; }  // NaN wins, as in PyTorch
         }
-    y[e] = best;
+    y[e] = RELU_OUT(best);
     idx[e] = arg;
 }
 
@@ -88,12 +103,12 @@ __kernel void maxpool2d_fwd_grid(__global const float* restrict x, POOL_GEOMETRY
                     arg = off;
                 }
             }
-    y[o] = best;
+    y[o] = RELU_OUT(best);
     idx[o] = arg;
 }
 
-__kernel void maxpool2d_bwd(__global const float* restrict dy, __global const int* restrict idx, POOL_GEOMETRY,
-                            __global float* restrict dx) {
+__kernel void maxpool2d_bwd(__global const float* restrict dy, __global const int* restrict idx RELU_Y,
+                            POOL_GEOMETRY, __global float* restrict dx) {
     const int e = get_global_id(0);
     if (e >= NC * H * W) return;
     const int xx = e % W, yy = (e / W) % H, nc = e / (W * H);
@@ -104,12 +119,12 @@ __kernel void maxpool2d_bwd(__global const float* restrict dy, __global const in
     for (int oy = oy_lo; oy <= oy_hi; oy++)
         for (int ox = ox_lo; ox <= ox_hi; ox++) {
             const int o = (nc * OH + oy) * OW + ox;
-            if (idx[o] == off) sum += dy[o];
+            if (idx[o] == off) sum += RELU_GRAD(dy[o], o);
         }
     dx[e] = sum;
 }
 
-__kernel void maxpool2d_bwd_planes(__global const float* restrict dy, __global const int* restrict idx,
+__kernel void maxpool2d_bwd_planes(__global const float* restrict dy, __global const int* restrict idx RELU_Y,
                                    POOL_GEOMETRY, __global float* restrict dx) {
     const int nc = get_global_id(0);
     if (nc >= NC) return;
@@ -117,7 +132,10 @@ __kernel void maxpool2d_bwd_planes(__global const float* restrict dy, __global c
     for (int e = 0; e < H * W; e++) plane[e] = 0.0f;
     __global const float* g = dy + nc * OH * OW;
     __global const int* at = idx + nc * OH * OW;
-    for (int o = 0; o < OH * OW; o++) plane[at[o]] += g[o];
+#if RELU
+    y += nc * OH * OW;
+#endif
+    for (int o = 0; o < OH * OW; o++) plane[at[o]] += RELU_GRAD(g[o], o);
 }
 
 inline float avg_divisor(const int y0, const int x0, const int H, const int W, const int KH, const int KW,

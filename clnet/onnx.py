@@ -1067,7 +1067,10 @@ def _export_record(w, cls, inputs, options, out, batch_names):
                      ceil_mode=int(floor != tuple(options["out_shape"][2:])))
         if name == "AvgPool2d":
             attrs["count_include_pad"] = int(options["count_include_pad"])
-        done(w.node("MaxPool" if name == "MaxPool2d" else "AveragePool", [xn], result, **attrs))
+        relu = options.get("relu")  # a ReLU that nn.Sequential moved into the max pooling after it
+        y = done(w.node("MaxPool" if name == "MaxPool2d" else "AveragePool", [xn], None if relu else result, **attrs))
+        if relu:
+            done(w.node("Relu", [y], result))
     elif name == "BatchNormEval":
         C = x.shape[1]
         weight = w.name(inputs[1]) if inputs[1] is not None else w.constant(np.ones(C, np.float32))

@@ -494,34 +494,40 @@ def _pool_launch(kern, per, head, tail, x_shape, out_hw, geometry, what):
 
 
 class MaxPool2d(Function):
-    __slots__ = ("geometry", "in_shape")
+    """Max pooling; with relu, of a ReLU's output (nn.Sequential moves a ReLU before the pooling after it: ReLU is
+    monotonic, so it commutes with the max exactly), the ReLU applied to the pooled output and its gradient taken in
+    the pooling's backward: a pass over the larger input and a launch saved each way."""
+    __slots__ = ("geometry", "in_shape", "relu")
 
-    def forward(self, x, out_shape, k, s, p):
-        self.geometry, self.in_shape = (k, s, p), x.shape
+    def forward(self, x, out_shape, k, s, p, relu=False):
+        self.geometry, self.in_shape, self.relu = (k, s, p), x.shape, relu
         y = empty(out_shape, x.device)
         idx = empty(out_shape, x.device, np.int32)
+        defines = dict(RELU=1) if relu else {}
         if not tuning.cpu_shaped(x.device):
-            kern, per = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd"), "out"
+            kern, per = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd", defines or None), "out"
         else:  # windows all inside the input (no padding, none past the edge): their size fixed at build
             OH, OW = out_shape[2:]
             inside = (tuple(p) == (0, 0) and (OH - 1) * s[0] + k[0] <= x.shape[2]
                       and (OW - 1) * s[1] + k[1] <= x.shape[3])
-            kern = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_grid",
-                                  dict(WIN_KH=k[0], WIN_KW=k[1]) if inside else None)
+            if inside:
+                defines.update(WIN_KH=k[0], WIN_KW=k[1])
+            kern = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_grid", defines or None)
             per = "grid"
         _pool_launch(kern, per, (x,), (y, idx), x.shape, out_shape[2:], self.geometry, "max pooling")
-        self.save(idx)
+        self.save(*((idx, y) if relu else (idx,)))
         return y
 
     def backward(self, dy):
-        idx, = self.saved
+        head = (dy,) + self.saved  # dy, idx, and y when the ReLU is in here
         x_shape = self.in_shape
         dx = empty(x_shape, dy.device)
+        defines = dict(RELU=1) if self.relu else None
         if not tuning.cpu_shaped(dy.device):
-            kern, per = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd"), "in"
+            kern, per = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd", defines), "in"
         else:  # one work-item per plane: scatter without a search per element
-            kern, per = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd_planes"), "plane"
-        _pool_launch(kern, per, (dy, idx), (dx,), x_shape, dy.shape[2:], self.geometry, "max pooling backward")
+            kern, per = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd_planes", defines), "plane"
+        _pool_launch(kern, per, head, (dx,), x_shape, dy.shape[2:], self.geometry, "max pooling backward")
         return dx
 
 

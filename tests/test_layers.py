@@ -287,6 +287,62 @@ def test_cross_entropy_metrics_count_correct_predictions(dev, rng):
     assert abs(value - ref.cross_entropy(logits, labels)[0]) < 1e-5
 
 
+@pytest.mark.parametrize("pool", [(2, 2, 0, False), (3, 2, 1, True)], ids=["2x2", "3x3-s2-pad1-ceil"])
+def test_sequential_runs_a_relu_before_max_pooling_inside_the_pooling(dev, rng, kernel_shape, pool):
+    """Conv2d, ReLU, MaxPool2d: the ReLU runs after the max inside the pooling (they commute), so neither direction
+    launches a ReLU kernel; forward and every gradient against float64 NumPy (ReLU, then pooling, as written), and
+    bit for bit what the layers give run apart (windows that are all negative included), a NaN kept as NaN."""
+    from clnet import kernels
+    k, st, pad, ceil = pool
+    N, C, H, W, O = 2, 3, 9, 8, 4
+    model = nn.Sequential(nn.Conv2d(C, O, 3, padding=1), nn.ReLU(), nn.MaxPool2d(k, st, pad, ceil_mode=ceil),
+                          nn.Flatten()).to(dev)
+    bias = model[0].bias.numpy()
+    bias[0] = -100.0  # channel 0: every window negative, so the ReLU gives 0 and no gradient passes
+    model[0].bias.write(bias)
+    x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    names = []
+    launch = kernels.launch
+
+    def spy(d, kern, *args, **kw):
+        names.append(kern.name)
+        return launch(d, kern, *args, **kw)
+    xt = clnet.tensor(x, dev, requires_grad=True)
+    kernels.launch = spy
+    try:
+        y = model(xt)
+        dy = rng.standard_normal(y.shape).astype(np.float32)
+        y.backward(clnet.tensor(dy, dev))
+    finally:
+        kernels.launch = launch
+    assert "act_fwd" not in names and "act_bwd" not in names, names
+    w, b = model[0].weight.numpy(), model[0].bias.numpy()
+    z = ref.conv2d(x, w, b, (1, 1), (1, 1), (2, 2), (1, 1), 1)
+    pooled, da = ref.maxpool2d(np.maximum(z, 0), (k, k), (st, st), (pad, pad), ceil,
+                               dy.reshape(model[2].output_shape(z.shape)))
+    assert_close(y.numpy(), pooled.reshape(N, -1), "forward")
+    assert (z[:, 0] < 0).all()
+    _, dx, dw, db = ref.conv2d(x, w, b, (1, 1), (1, 1), (2, 2), (1, 1), 1, da * (z > 0))
+    for got, want, name in ((xt.grad, dx, "dx"), (model[0].weight.grad, dw, "conv dw"), (model[0].bias.grad, db,
+                                                                                           "conv db")):
+        assert_close(got.numpy(), want, name, tol=1e-4)
+    fused_grads = [p.grad.numpy() for p in model.parameters()]
+    model.zero_grad()
+    model.fuse_relu = False
+    xu = clnet.tensor(x, dev, requires_grad=True)
+    yu = model(xu)
+    yu.backward(clnet.tensor(dy, dev))
+    assert np.array_equal(yu.numpy(), y.numpy()) and np.array_equal(xu.grad.numpy(), xt.grad.numpy())
+    assert all(np.array_equal(p.grad.numpy(), g) for p, g in zip(model.parameters(), fused_grads))
+    model.fuse_relu = True
+    x[1, 2, 3, 4] = np.nan
+    with clnet.no_grad():
+        fused = model(clnet.tensor(x, dev)).numpy()
+        model.fuse_relu = False
+        apart = model(clnet.tensor(x, dev)).numpy()
+    assert np.isnan(fused).any() and np.array_equal(np.isnan(fused), np.isnan(apart))
+
+
 @pytest.mark.parametrize("hooked", [False, True])
 def test_sequential_fuses_relu_into_the_conv2d_and_linear_before_it(dev, rng, hooked, kernel_shape):
     """Conv2d + ReLU and Linear + ReLU in a Sequential run as one op each (no ReLU launch of their own), forward and

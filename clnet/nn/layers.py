@@ -104,9 +104,10 @@ class _Pool2d(Module):
 
 
 class MaxPool2d(_Pool2d):
-    def forward(self, x):
+    def forward(self, x, relu=False):
+        """relu: x is what a ReLU would get, applied here after the max (nn.Sequential asks for it)."""
         return ops.MaxPool2d.apply(x, out_shape=self.output_shape(x.shape), k=self.kernel_size, s=self.stride,
-                                   p=self.padding)
+                                   p=self.padding, relu=relu)
 
 
 class AvgPool2d(_Pool2d):

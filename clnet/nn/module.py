@@ -272,8 +272,8 @@ class Module:
 
 
 class Sequential(Module):
-    """Modules applied in order. A ReLU right after a Conv2d or Linear runs fused into that layer's kernels unless
-    `fuse_relu` is False (on the class or on one instance)."""
+    """Modules applied in order. A ReLU right before a MaxPool2d runs inside the pooling, one right after a Conv2d or
+    Linear inside that layer's kernels, unless `fuse_relu` is False (on the class or on one instance)."""
 
     fuse_relu = True
 
@@ -323,24 +323,36 @@ class Sequential(Module):
             if all(m.keeps_shape or type(m).output_shape is not Module.output_shape for m in self.modules()):
                 self.output_shape(shape)  # a misfit anywhere in the chain is named before any kernel runs
             d["_checked_input"] = shape
-        layers = list(self._modules.items())
+        layers, names = list(self._modules.values()), list(self._modules)
         i = 0
         while i < len(layers):
-            name, layer = layers[i]
-            fuse = i + 1 < len(layers) and self._fuses(layer, layers[i + 1][1])
+            fused = self._fused_relu(*(layers[i:i + 3] + [None, None])[:3])
+            at = i + 1 if fused == "into the pooling" else i  # the layer that runs (a fused ReLU runs inside it)
             try:
-                x = layer(x, relu=True) if fuse else layer(x)
+                x = layers[at](x, relu=True) if fused else layers[at](x)
             except ValueError as e:  # say where in the chain the shapes stopped fitting
-                raise ValueError(f"layer {name}: {e}") from None
-            i += 2 if fuse else 1  # a fused ReLU ran in the layer before it
+                raise ValueError(f"layer {names[at]}: {e}") from None
+            i += 2 if fused else 1
         return x
 
-    def _fuses(self, layer, nxt):
-        """Whether the ReLU nxt runs inside layer, a Conv2d or Linear (their kernels' epilogue: its launch and a pass
-        over the activations saved); not where a hook watches either (the benchmark's per-layer times)."""
-        from .layers import Conv2d, Linear, ReLU  # (they build on this module)
-        return (self.fuse_relu and type(layer) in (Conv2d, Linear) and type(nxt) is ReLU
-                and not any(m._forward_hooks or m._forward_pre_hooks for m in (layer, nxt)))
+    def _fused_relu(self, layer, nxt, after):
+        """How a ReLU runs fused here: "into the pooling" when layer is a ReLU and nxt a MaxPool2d (ReLU commutes
+        with the max, so the pooling applies it to its smaller output and takes its gradient in its own backward);
+        "into the layer" when nxt is a ReLU that layer, a Conv2d or Linear, applies in its kernels' epilogue (unless
+        a MaxPool2d after takes it); None otherwise, and wherever a hook watches (the benchmark's per-layer times)."""
+        from .layers import Conv2d, Linear, MaxPool2d, ReLU  # (they build on this module)
+
+        def bare(*ms):
+            return not any(m._forward_hooks or m._forward_pre_hooks for m in ms)
+        if not self.fuse_relu or nxt is None:
+            return None
+        if type(layer) is ReLU and type(nxt) is MaxPool2d and bare(layer, nxt):
+            return "into the pooling"
+        if type(layer) in (Conv2d, Linear) and type(nxt) is ReLU and bare(layer, nxt):
+            if type(after) is MaxPool2d and bare(after):
+                return None  # the pooling takes the ReLU
+            return "into the layer"
+        return None
 
 
 class ModuleList(Module):
