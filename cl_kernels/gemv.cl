@@ -2,6 +2,8 @@
 // gemm_cpu.cl) computes a whole tile to keep one row of it, and split-K adds a second launch.
 //   gemv        C(0, n) = epilogue(alpha * sum_k A(0, k) B(k, n))   (M == 1: the layer's output, its input gradient)
 //   gemm_rank1  C(m, n) = epilogue(alpha * A(m, 0) B(0, n))         (K == 1: its weight gradient; beta 0 or 1)
+//               with ROWSUM, also D(m) (+)= alpha * A(m, 0): A's sum over its one column (the bias gradient), added
+//               to D when d_add, else written
 // One product (batch 1), operands without column splits; addressing and epilogue as gemm_common.h (the host passes
 // each operand's offset and the strides it uses).
 //
@@ -14,6 +16,20 @@
 // 2048 x 2048 weight 3-6x slower than gemm_block, which CPUs keep.
 //
 // Defines (besides gemm_common.h's BIAS and RELU):
+//   ROWSUM  gemm_rank1 only: 1 writes A's row sums into D as well
+//   A_MASK  1: A's elements are read through a ReLU's gradient, as zero where amask (the ReLU's output, one value per
+//           element of A's one column or row) is <= 0 (a NaN passes, as act_bwd's): a ReLU fused into a dense layer
+//           costs no launch of its own in the layer's backward
+#ifndef A_MASK
+#define A_MASK 0
+#endif
+#if A_MASK
+#define MASKED(v, i) (amask[i] <= 0.0f ? 0.0f : (v))
+#define A_MASK_ARG , __global const float* restrict amask
+#else
+#define MASKED(v, i) (v)
+#define A_MASK_ARG
+#endif
 //   LN  outputs per work-group (a power of two)
 //   LK  work-items per output, along k (a power of two; LN * LK <= 256)
 //   KS  terms per stage of a work-item's sum
@@ -38,7 +54,7 @@ void gemv(const int N, const int K, const float alpha, const float beta,
           __global const float* restrict A, const int a_off, const int a_cs,
           __global const float* restrict B, const int b_off, const int b_rs, const int b_cs,
           __global float* C, const int c_off, const int c_cs,
-          __global const float* restrict bias) {
+          __global const float* restrict bias A_MASK_ARG) {
     const int i = get_local_id(0), j = get_local_id(1);
     const int n = get_group_id(0) * LN + i;
     float total = 0.0f;
@@ -48,7 +64,7 @@ void gemv(const int N, const int K, const float alpha, const float beta,
         for (int k0 = j; k0 < K; k0 += KS * LK) {
             const int end = min(K, k0 + KS * LK);
             float stage = 0.0f;
-            for (int k = k0; k < end; k += LK) stage += a[k * a_cs] * b[k * b_rs];
+            for (int k = k0; k < end; k += LK) stage += MASKED(a[k * a_cs], k) * b[k * b_rs];
             total += stage;
         }
     }
@@ -71,10 +87,17 @@ __kernel void gemm_rank1(const int M, const int N, const float alpha, const floa
                          __global const float* restrict A, const int a_off, const int a_rs,
                          __global const float* restrict B, const int b_off, const int b_cs,
                          __global float* C, const int c_off, const int c_rs, const int c_cs,
-                         __global const float* restrict bias) {
+                         __global const float* restrict bias
+#if ROWSUM
+                         , __global float* restrict D, const int d_add
+#endif
+                         A_MASK_ARG) {
     const int n = get_global_id(0), m = get_global_id(1);
     if (n >= N || m >= M) return;
     const int ci = m * c_rs + n * c_cs;
-    C[c_off + ci] = epilogue(A[a_off + m * a_rs] * B[b_off + n * b_cs], alpha, beta, C + c_off, ci, bias,
-                             BIAS == 1 ? m : n);
+    const float a = MASKED(A[a_off + m * a_rs], m);
+    C[c_off + ci] = epilogue(a * B[b_off + n * b_cs], alpha, beta, C + c_off, ci, bias, BIAS == 1 ? m : n);
+#if ROWSUM
+    if (n == 0) D[m] = d_add ? D[m] + alpha * a : alpha * a;
+#endif
 }

@@ -3,7 +3,7 @@ tuned or defaulted for the shape (im2col + GEMM, Winograd, direct), and the bias
 import dataclasses
 
 from . import direct, kernels, tuning, winograd
-from .gemm import NO_SPLIT, Mat, gemm
+from .gemm import NO_SPLIT, Mat, gemm, skinny
 from .tensor import TooLarge, chunks, empty
 
 
@@ -259,11 +259,19 @@ def linear_forward(x, w, bias, relu=False, what="Linear"):
     return y
 
 
-def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", betas=(1.0, 1.0)):
+def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", betas=(1.0, 1.0), relu_y=None):
     """Adds d loss / d w into dw and d loss / d b into db (each unless None; overwrites it where its beta in betas is
-    0); returns d loss / d x when need_dx."""
+    0); returns d loss / d x when need_dx. relu_y: the forward's output where it ended in a fused ReLU, whose
+    gradient dy is first taken through: inside the products at batch 1 on a GPU (every product there is one gemv.cl
+    launch reading dy once), else by a pass of its own."""
     N, I = x.shape
     O = w.shape[0]
+    a, b, c = Mat(rs=1, cs=O), Mat(rs=I, cs=1), Mat(rs=I, cs=1)  # the weight gradient's operands
+    mask_inside = (relu_y is not None and N == 1 and (dw is not None or db is None)
+                   and skinny(x.device, O, N, 1, a, b, c) and skinny(x.device, N, O, 1, Mat(rs=O, cs=1), b, c))
+    if relu_y is not None and not mask_inside:
+        from .ops import _activation_grad  # (ops builds on this module)
+        dy, relu_y = _activation_grad("relu", relu_y, dy, what + " (its ReLU)"), None
     runs = _row_runs(x, O, what)
     if runs:
         dx = empty((N, I), x.device) if need_dx else None
@@ -274,13 +282,16 @@ def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", beta
             if need_dx:
                 dx.region(n0 * I, part.shape).copy_from(part)
         return dx
+    # at batch 1 on a GPU the weight gradient is a rank-1 launch, which writes the bias gradient (dy itself) too
+    db_in_dw = dw is not None and db is not None and N == 1 and skinny(x.device, O, N, 1, a, b, c)
     if dw is not None:
-        gemm(O, I, N, dy, Mat(rs=1, cs=O), x, Mat(rs=I, cs=1), dw, Mat(rs=I, cs=1), beta=betas[0],
-             what=what + " (weights)")
-    if db is not None:
+        gemm(O, I, N, dy, a, x, b, dw, c, beta=betas[0], what=what + " (weights)",
+             rowsum=db if db_in_dw else None, rowsum_beta=betas[1], a_mask=relu_y)
+    if db is not None and not db_in_dw:
         bias_grad(dy, db, N, O, 1, betas[1])
     if not need_dx:
         return None
     dx = empty((N, I), x.device)
-    gemm(N, I, O, dy, Mat(rs=O, cs=1), w, Mat(rs=I, cs=1), dx, Mat(rs=I, cs=1), what=what + " (data)")
+    gemm(N, I, O, dy, Mat(rs=O, cs=1), w, Mat(rs=I, cs=1), dx, Mat(rs=I, cs=1), what=what + " (data)",
+         a_mask=relu_y)
     return dx

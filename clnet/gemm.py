@@ -27,15 +27,29 @@ class Mat:
         return (self.off, self.bs, self.rs, self.cs, self.cdiv, self.cso)
 
 
+def skinny(dev, M, K, batch, a, b, c):
+    """Whether a product runs as one launch of gemv.cl (a GPU's dense layer at batch 1: one row, or a depth of one)."""
+    return batch == 1 and (M == 1 or K == 1) and not (a.split or b.split or c.split) and not tuning.cpu_shaped(dev)
+
+
 def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bias_mode=0, bias_bs=0, relu=False,
-         what="matrix product"):
-    """C = act(alpha * A @ B + beta * C + bias) for `batch` products laid out as the Mats a, b, c describe.
+         what="matrix product", rowsum=None, rowsum_beta=1.0, a_mask=None):
+    """C = act(alpha * A @ B + beta * C + bias) for `batch` products laid out as the Mats a, b, c describe; with
+    rowsum (a vector of M), also rowsum = alpha * A's row sums (+ rowsum when rowsum_beta is 1), only for a rank-1
+    product that skinny() runs (a dense layer's bias gradient at batch 1, in its weight gradient's launch); with
+    a_mask, A taken as zero where a_mask <= 0 (a fused ReLU's gradient: a_mask holds one value per element of A's one
+    row or column), only where skinny() runs the product.
 
     The kernel, tile shape and split-K factor come from tuning.choose, keyed by the sizes and the operands' layouts."""
     dev = C.device
     alpha, beta = float(alpha), float(beta)  # float parameters: an int would be set as int32 bits
-    if batch == 1 and (M == 1 or K == 1) and not (a.split or b.split or c.split) and not tuning.cpu_shaped(dev):
-        _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, what)
+    if rowsum is not None and not (K == 1 and skinny(dev, M, K, batch, a, b, c)):
+        raise ValueError("internal: gemm's rowsum is only for a rank-1 product that runs in one gemv.cl launch")
+    if a_mask is not None and not skinny(dev, M, K, batch, a, b, c):
+        raise ValueError("internal: gemm's a_mask is only for a product that runs in one gemv.cl launch")
+    if skinny(dev, M, K, batch, a, b, c):
+        _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, what, rowsum, rowsum_beta,
+                a_mask)
         return
     key = gemm_key(M, N, K, batch, a, b, c)
 
@@ -51,22 +65,25 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
     run(choice)
 
 
-def _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, what):
+def _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, what, rowsum=None, rowsum_beta=1.0,
+            a_mask=None):
     """One row of C (M == 1) or a depth of one (K == 1) on a GPU: a dense layer's products at batch 1, one launch
     each, no tile or split-K to choose (gemv.cl; its sums run in 64-term stages). CPUs keep gemm_block, which
     streamed lenet-wide's 2048 x 2048 weight several times faster on PoCL (bench/gemv_cpu_ab.py)."""
-    epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
+    epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu, **({"A_MASK": 1} if a_mask else {}))
+    mask = (a_mask,) if a_mask is not None else ()
     if tuning.used is not None:
         tuning.note_used(f"gemv {M}x{N}x{K}", "rank-1" if K == 1 else "gemv")
     if K == 1:
-        k = kernels.kernel(dev, "gemv.cl", "gemm_rank1", epilogue)
+        extra = (rowsum, int(rowsum_beta != 0.0)) if rowsum is not None else ()
+        k = kernels.kernel(dev, "gemv.cl", "gemm_rank1", dict(epilogue, ROWSUM=1) if extra else epilogue)
         kernels.launch(dev, k, (N, M), None, M, N, alpha, beta, A, a.off, a.rs, B, b.off, b.cs, C, c.off, c.rs, c.cs,
-                       bias, what=what)
+                       bias, *extra, *mask, what=what)
         return
     LN, LK, KS = tuning.gemv_shape(dev, k_fast=b.rs == 1, n_fast=b.cs == 1)
     k = kernels.kernel(dev, "gemv.cl", "gemv", dict(LN=LN, LK=LK, KS=KS, **epilogue))
     kernels.launch(dev, k, (-(-N // LN) * LN, LK), (LN, LK), N, K, alpha, beta, A, a.off, a.cs, B, b.off, b.rs, b.cs,
-                   C, c.off, c.cs, bias, what=what)
+                   C, c.off, c.cs, bias, *mask, what=what)
 
 
 def gemm_key(M, N, K, batch, a, b, c):

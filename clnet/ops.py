@@ -610,10 +610,9 @@ class Linear(Function):
 
     def backward(self, dy):
         x, w = self.saved[:2]
-        if self.relu:
-            dy = _activation_grad("relu", self.saved[2], dy, self.what + " backward (its ReLU)")
         (dw, db), betas, fresh = _param_grads(self, w.shape, (w.shape[0],))
-        dx = conv.linear_backward(x, w, dy, dw, db, need_dx=self.needs[0], what=self.what + " backward", betas=betas)
+        dx = conv.linear_backward(x, w, dy, dw, db, need_dx=self.needs[0], what=self.what + " backward", betas=betas,
+                                  relu_y=self.saved[2] if self.relu else None)
         return (dx,) + fresh
 
 

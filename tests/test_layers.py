@@ -99,8 +99,11 @@ def test_gradients_accumulate(dev, rng):
     assert_close(x.grad.numpy(), 2 * once_x.astype(np.float64), "accumulated input grad")
 
 
-@pytest.mark.parametrize("N,I,O", [(1, 1, 1), (3, 31, 33), (65, 17, 5), (8, 800, 500)])
-def test_linear(dev, rng, N, I, O):
+@pytest.mark.parametrize("N,I,O", [(1, 1, 1), (1, 37, 19), (3, 31, 33), (65, 17, 5), (8, 800, 500)])
+def test_linear(dev, rng, kernel_shape, N, I, O):
+    """Forward and every gradient against float64; after zero_grad (NaN left in the gradients) a backward that
+    overwrites them, then one that adds; in both kernel shapes (at batch 1 the GPU shape's rank-1 weight gradient
+    writes the bias gradient in the same launch)."""
     layer = nn.Linear(I, O)
     x = rng.standard_normal((N, I)).astype(np.float32)
     y, dy, dx = run_layer(layer, dev, x, rng=rng)
@@ -109,6 +112,17 @@ def test_linear(dev, rng, N, I, O):
     assert_close(dx, rdx, "grad input")
     assert_close(layer.weight.grad.numpy(), rdw, "grad weight")
     assert_close(layer.bias.grad.numpy(), rdb, "grad bias")
+    for p in (layer.weight, layer.bias):  # zero_grad's marks: the next backward overwrites, NaN never shows
+        p.grad.write(np.full(p.shape, np.nan, np.float32))
+    layer.zero_grad()
+    dy2 = rng.standard_normal(dy.shape).astype(np.float32)
+    layer(clnet.tensor(x, dev)).backward(clnet.tensor(dy2, dev))
+    _, _, rdw2, rdb2 = ref.linear(x, layer.weight.numpy(), layer.bias.numpy(), dy2)
+    assert_close(layer.weight.grad.numpy(), rdw2, "grad weight after zero_grad")
+    assert_close(layer.bias.grad.numpy(), rdb2, "grad bias after zero_grad")
+    layer(clnet.tensor(x, dev)).backward(clnet.tensor(dy, dev))  # no zero_grad: adds
+    assert_close(layer.weight.grad.numpy(), rdw + rdw2, "grad weight, two backwards")
+    assert_close(layer.bias.grad.numpy(), rdb + rdb2, "grad bias, two backwards")
 
 
 POOL_CASES = [
@@ -343,13 +357,15 @@ def test_sequential_runs_a_relu_before_max_pooling_inside_the_pooling(dev, rng, 
     assert np.isnan(fused).any() and np.array_equal(np.isnan(fused), np.isnan(apart))
 
 
+@pytest.mark.parametrize("N", [2, 1])
 @pytest.mark.parametrize("hooked", [False, True])
-def test_sequential_fuses_relu_into_the_conv2d_and_linear_before_it(dev, rng, hooked, kernel_shape):
-    """Conv2d + ReLU and Linear + ReLU in a Sequential run as one op each (no ReLU launch of their own), forward and
-    backward against float64 NumPy; a hook on the ReLU keeps it a layer of its own, with the same results. A NaN in
-    the input stays NaN through the fused ReLU, as in PyTorch."""
-    from clnet import kernels
-    N, C, H, W, O, F = 2, 3, 7, 9, 5, 6
+def test_sequential_fuses_relu_into_the_conv2d_and_linear_before_it(dev, rng, hooked, kernel_shape, N):
+    """Conv2d + ReLU and Linear + ReLU in a Sequential run as one op each (no ReLU launch of their own; at batch 1
+    in the GPU shape the Linear's ReLU gradient is taken inside its gemv.cl products), forward and backward against
+    float64 NumPy; a hook on the ReLU keeps it a layer of its own, with the same results. A NaN in the input stays NaN
+    through the fused ReLU, as in PyTorch."""
+    from clnet import kernels, tuning
+    C, H, W, O, F = 3, 7, 9, 5, 6
     model = nn.Sequential(nn.Conv2d(C, O, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(O * H * W, F), nn.ReLU(),
                           nn.Linear(F, 4)).to(dev)
     if hooked:
@@ -377,7 +393,14 @@ def test_sequential_fuses_relu_into_the_conv2d_and_linear_before_it(dev, rng, ho
     expect = ref.linear(a1, w2, b2)
     assert_close(y.numpy(), expect, "forward")
     dy = rng.standard_normal(expect.shape).astype(np.float32)
-    y.backward(clnet.tensor(dy, dev))
+    names.clear()
+    kernels.launch = spy
+    try:
+        y.backward(clnet.tensor(dy, dev))
+    finally:
+        kernels.launch = launch
+    masked_inside = N == 1 and not tuning.cpu_shaped(dev)  # the Linear's ReLU (a hook watches only the first)
+    assert names.count("act_bwd") == (1 if masked_inside else 2), names
     _, da1, dw2, db2 = ref.linear(a1, w2, b2, dy)
     dz1 = da1 * (z1 > 0)
     _, da0, dw1, db1 = ref.linear(a0, w1, b1, dz1)
@@ -394,7 +417,7 @@ def test_sequential_fuses_relu_into_the_conv2d_and_linear_before_it(dev, rng, ho
     yu.backward(clnet.tensor(dy, dev))
     assert np.array_equal(yu.numpy(), y.numpy()) and np.array_equal(xu.grad.numpy(), xt.grad.numpy())
     model.fuse_relu = True
-    x[1, 2, 3, 4] = np.nan
+    x[-1, 2, 3, 4] = np.nan
     with clnet.no_grad():
         out = model[:2](clnet.tensor(x, dev)).numpy()
     expect = np.maximum(ref.conv2d(x, conv_w, conv_b, (1, 1), (1, 1), (2, 2), (1, 1), 1), 0)

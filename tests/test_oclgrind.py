@@ -127,6 +127,11 @@ def _linear(clnet, dev, rng):
         y = F.relu(F.linear(x, w, b))
         _close(y.numpy(), np.maximum(x.numpy() @ w.numpy().T + b.numpy(), 0), "linear")
         _backward(clnet, y, rng)
+    # a fused ReLU at batch 1: its gradient inside the products, the bias gradient in the rank-1 launch (GPU shape)
+    model = clnet.nn.Sequential(clnet.nn.Linear(7, 9), clnet.nn.ReLU(), clnet.nn.Linear(9, 4)).to(dev)
+    x = _param(clnet, dev, rng, 1, 7)
+    _backward(clnet, model(x), rng)
+    assert np.all(np.isfinite(x.grad.numpy())) and np.all(np.isfinite(model[0].bias.grad.numpy()))
 
 
 def _conv_cases(clnet, dev, rng, cases, algorithm, shapes=("own", "other")):
