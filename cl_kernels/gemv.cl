@@ -16,10 +16,13 @@
 // 2048 x 2048 weight 3-6x slower than gemm_block, which CPUs keep.
 //
 // Defines (besides gemm_common.h's BIAS and RELU):
-//   ROWSUM  gemm_rank1 only: 1 writes A's row sums into D as well
+//   ROWSUM  gemm_rank1 only: 1 writes alpha times A's row sums (after A_MASK) into D as well
 //   A_MASK  1: A's elements are read through a ReLU's gradient, as zero where amask (the ReLU's output, one value per
 //           element of A's one column or row) is <= 0 (a NaN passes, as act_bwd's): a ReLU fused into a dense layer
 //           costs no launch of its own in the layer's backward
+#ifndef ROWSUM
+#define ROWSUM 0
+#endif
 #ifndef A_MASK
 #define A_MASK 0
 #endif

@@ -15,8 +15,9 @@
 //                  after idx and pass dy only where y > 0 (a NaN's gradient passes, as act_bwd's)
 //   avgpool2d_fwd  y = sum / divisor; divisor counts padding when COUNT_PAD (windows clipped to the padded input)
 //   avgpool2d_bwd  dx = sum over covering windows of dy / divisor
-// Defines: RELU 0/1 (maxpool only); COUNT_PAD 0/1 (avgpool only); WIN_KH, WIN_KW (maxpool2d_fwd_grid only): the window's size, set by the
-// host where no padding and no ceil mode put a window past the input's edge (0: sizes and bounds at run time).
+// Defines: RELU 0/1 (maxpool only); COUNT_PAD 0/1 (avgpool only); WIN_KH, WIN_KW (maxpool2d_fwd_grid only): the
+// window's size, set by the host where no padding and no ceil mode put a window past the input's edge (0: sizes and
+// bounds at run time).
 #include "common.h"
 
 #ifndef COUNT_PAD

@@ -263,7 +263,7 @@ def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", beta
     """Adds d loss / d w into dw and d loss / d b into db (each unless None; overwrites it where its beta in betas is
     0); returns d loss / d x when need_dx. relu_y: the forward's output where it ended in a fused ReLU, whose
     gradient dy is first taken through: inside the products at batch 1 on a GPU (every product there is one gemv.cl
-    launch reading dy once), else by a pass of its own."""
+    launch reading dy once; not when only the bias gradient is wanted), else by a pass of its own."""
     N, I = x.shape
     O = w.shape[0]
     a, b, c = Mat(rs=1, cs=O), Mat(rs=I, cs=1), Mat(rs=I, cs=1)  # the weight gradient's operands

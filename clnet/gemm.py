@@ -35,7 +35,7 @@ def skinny(dev, M, K, batch, a, b, c):
 def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bias_mode=0, bias_bs=0, relu=False,
          what="matrix product", rowsum=None, rowsum_beta=1.0, a_mask=None):
     """C = act(alpha * A @ B + beta * C + bias) for `batch` products laid out as the Mats a, b, c describe; with
-    rowsum (a vector of M), also rowsum = alpha * A's row sums (+ rowsum when rowsum_beta is 1), only for a rank-1
+    rowsum (a vector of M), also rowsum = alpha * A's row sums (+ rowsum unless rowsum_beta is 0), only for a rank-1
     product that skinny() runs (a dense layer's bias gradient at batch 1, in its weight gradient's launch); with
     a_mask, A taken as zero where a_mask <= 0 (a fused ReLU's gradient: a_mask holds one value per element of A's one
     row or column), only where skinny() runs the product.
@@ -70,7 +70,9 @@ def _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, 
     """One row of C (M == 1) or a depth of one (K == 1) on a GPU: a dense layer's products at batch 1, one launch
     each, no tile or split-K to choose (gemv.cl; its sums run in 64-term stages). CPUs keep gemm_block, which
     streamed lenet-wide's 2048 x 2048 weight several times faster on PoCL (bench/gemv_cpu_ab.py)."""
-    epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu, **({"A_MASK": 1} if a_mask else {}))
+    epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
+    if a_mask is not None:
+        epilogue["A_MASK"] = 1
     mask = (a_mask,) if a_mask is not None else ()
     if tuning.used is not None:
         tuning.note_used(f"gemv {M}x{N}x{K}", "rank-1" if K == 1 else "gemv")

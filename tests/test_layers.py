@@ -301,6 +301,22 @@ def test_cross_entropy_metrics_count_correct_predictions(dev, rng):
     assert abs(value - ref.cross_entropy(logits, labels)[0]) < 1e-5
 
 
+def test_a_fused_relu_at_batch_1_with_a_frozen_weight(dev, rng, kernel_shape):
+    """Linear + ReLU at batch 1 whose weight is frozen: only the bias gradient is wanted there, so the ReLU's gradient
+    takes its own pass (the GPU shape's products take it inside only when they run); against float64 NumPy."""
+    model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3)).to(dev)
+    model[0].weight.requires_grad_(False)
+    x = rng.standard_normal((1, 5)).astype(np.float32)
+    y = model(clnet.tensor(x, dev))
+    dy = rng.standard_normal((1, 3)).astype(np.float32)
+    y.backward(clnet.tensor(dy, dev))
+    (w1, b1), (w2, b2) = [(model[i].weight.numpy(), model[i].bias.numpy()) for i in (0, 2)]
+    z = ref.linear(x, w1, b1)
+    _, da, _, _ = ref.linear(np.maximum(z, 0), w2, b2, dy)
+    assert model[0].weight.grad is None
+    assert_close(model[0].bias.grad.numpy(), (da * (z > 0)).sum(axis=0), "bias gradient", tol=1e-5)
+
+
 @pytest.mark.parametrize("pool", [(2, 2, 0, False), (3, 2, 1, True)], ids=["2x2", "3x3-s2-pad1-ceil"])
 def test_sequential_runs_a_relu_before_max_pooling_inside_the_pooling(dev, rng, kernel_shape, pool):
     """Conv2d, ReLU, MaxPool2d: the ReLU runs after the max inside the pooling (they commute), so neither direction
@@ -344,8 +360,14 @@ def test_sequential_runs_a_relu_before_max_pooling_inside_the_pooling(dev, rng, 
     model.zero_grad()
     model.fuse_relu = False
     xu = clnet.tensor(x, dev, requires_grad=True)
-    yu = model(xu)
-    yu.backward(clnet.tensor(dy, dev))
+    fused_launches, names[:] = len(names), []
+    kernels.launch = spy
+    try:
+        yu = model(xu)
+        yu.backward(clnet.tensor(dy, dev))
+    finally:
+        kernels.launch = launch
+    assert len(names) == fused_launches + 2, names  # apart, the ReLU is a launch each way
     assert np.array_equal(yu.numpy(), y.numpy()) and np.array_equal(xu.grad.numpy(), xt.grad.numpy())
     assert all(np.array_equal(p.grad.numpy(), g) for p, g in zip(model.parameters(), fused_grads))
     model.fuse_relu = True
