@@ -226,7 +226,7 @@ def test_zero_grad_marks_gradients_that_backward_then_overwrites(dev, rng, monke
     for k, p in params.items():
         want = theirs.get_parameter(k).grad
         want = np.zeros(p.shape) if want is None else want.numpy()
-        assert_close(p.grad.numpy(), want, "grad " + k, tol=1e-5)
+        assert_close(p.grad.numpy(), want, "grad " + k, tol=1e-4)  # batch norm at batch 3 cancels; a lost write is O(1)
     opt.zero_grad()
     before = params["4.weight"].numpy().astype(np.float64)
     opt.step()  # every gradient still marked zero: weight decay alone moves the weights
