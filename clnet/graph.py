@@ -169,7 +169,6 @@ class Graph:
                 raise CaptureError("internal: a buffer the capture used is neither alive nor in the pool")
             self._taken.append((p,) + entry)
         self._seen.clear()
-        self._grads = tuple(self._grads.values())
         self.captured = True
 
     # -- replay ----------------------------------------------------------------------------------------------------
@@ -182,7 +181,7 @@ class Graph:
                                "replay() before capture(): record the step first with `with graph.capture():`")
         if kernels.capturing is not None:
             raise CaptureError("replay() inside another Graph's capture: graphs do not nest")
-        for t in self._grads:
+        for t in self._grads.values():
             if t._grad_zeroed:
                 t.grad  # noqa: B018 -- marked by an eager zero_grad since: reading it fills it (see note_grad)
         queue = self._queue

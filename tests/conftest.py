@@ -95,6 +95,22 @@ needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installe
 
 
 @contextlib.contextmanager
+def launched():
+    """The names of the kernels launched inside the block, in order (a list filled as they launch)."""
+    from clnet import kernels
+    names, saved = [], kernels.launch
+
+    def spy(dev, k, *args, **kwargs):
+        names.append(k.name)
+        return saved(dev, k, *args, **kwargs)
+    kernels.launch = spy
+    try:
+        yield names
+    finally:
+        kernels.launch = saved
+
+
+@contextlib.contextmanager
 def no_launch():
     """Fails the test if any kernel is launched inside the block (bad input must be refused before device work)."""
     from clnet import kernels

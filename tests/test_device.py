@@ -9,7 +9,7 @@ from clnet import devices as device_mod
 from clnet import gemm, ops
 from clnet.gemm import Mat
 
-from conftest import assert_close, assert_close_to_terms
+from conftest import assert_close, assert_close_to_terms, launched
 
 
 def test_devices_listed():
@@ -292,7 +292,6 @@ def test_one_row_and_depth_one_products(dev, rng, kernel_shape, M, N, K, trans_a
     """Products of one row (a dense layer's forward and input gradient at batch 1) and of depth one (its weight
     gradient, accumulating) take one launch of gemv.cl in every layout, against float64, with the epilogue's bias
     (per row or per column), beta and ReLU; the GPU's work-group reductions run here too (kernel_shape)."""
-    from clnet import kernels
     A = rng.standard_normal((K, M) if trans_a else (M, K)).astype(np.float32)
     B = rng.standard_normal((N, K) if trans_b else (K, N)).astype(np.float32)
     C0 = rng.standard_normal((M, N)).astype(np.float32)
@@ -301,18 +300,9 @@ def test_one_row_and_depth_one_products(dev, rng, kernel_shape, M, N, K, trans_a
     b = Mat(rs=1, cs=K) if trans_b else Mat(rs=N, cs=1)
     C = clnet.tensor(C0, dev)
     tA, tB, tbias = clnet.tensor(A, dev), clnet.tensor(B, dev), clnet.tensor(bias, dev)
-    names = []
-    launch = kernels.launch
-
-    def spy(d, k, *args, **kw):
-        names.append(k.name)
-        return launch(d, k, *args, **kw)
-    kernels.launch = spy
-    try:
+    with launched() as names:
         gemm.gemm(M, N, K, tA, a, tB, b, C, Mat(rs=N, cs=1), alpha=0.5, beta=beta,
                   bias=tbias if bias_mode else None, bias_mode=bias_mode, relu=relu)
-    finally:
-        kernels.launch = launch
     from clnet import tuning
     if not tuning.cpu_shaped(dev):  # CPUs keep their GEMM kernel (gemm.gemm); GPU-shaped runs check gemv.cl here
         assert names == ["gemv" if M == 1 and K > 1 else "gemm_rank1"], names

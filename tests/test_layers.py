@@ -6,7 +6,7 @@ import clnet
 from clnet import conv, nn
 
 import reference as ref
-from conftest import assert_close, needs_torch
+from conftest import assert_close, launched, needs_torch
 
 
 def run_layer(layer, dev, x, dy_fn=None, rng=None):
@@ -322,7 +322,6 @@ def test_sequential_runs_a_relu_before_max_pooling_inside_the_pooling(dev, rng, 
     """Conv2d, ReLU, MaxPool2d: the ReLU runs after the max inside the pooling (they commute), so neither direction
     launches a ReLU kernel; forward and every gradient against float64 NumPy (ReLU, then pooling, as written), and
     bit for bit what the layers give run apart (windows that are all negative included), a NaN kept as NaN."""
-    from clnet import kernels
     k, st, pad, ceil = pool
     N, C, H, W, O = 2, 3, 9, 8, 4
     model = nn.Sequential(nn.Conv2d(C, O, 3, padding=1), nn.ReLU(), nn.MaxPool2d(k, st, pad, ceil_mode=ceil),
@@ -331,20 +330,11 @@ def test_sequential_runs_a_relu_before_max_pooling_inside_the_pooling(dev, rng, 
     bias[0] = -100.0  # channel 0: every window negative, so the ReLU gives 0 and no gradient passes
     model[0].bias.write(bias)
     x = rng.standard_normal((N, C, H, W)).astype(np.float32)
-    names = []
-    launch = kernels.launch
-
-    def spy(d, kern, *args, **kw):
-        names.append(kern.name)
-        return launch(d, kern, *args, **kw)
     xt = clnet.tensor(x, dev, requires_grad=True)
-    kernels.launch = spy
-    try:
+    with launched() as names:
         y = model(xt)
         dy = rng.standard_normal(y.shape).astype(np.float32)
         y.backward(clnet.tensor(dy, dev))
-    finally:
-        kernels.launch = launch
     assert "act_fwd" not in names and "act_bwd" not in names, names
     w, b = model[0].weight.numpy(), model[0].bias.numpy()
     z = ref.conv2d(x, w, b, (1, 1), (1, 1), (2, 2), (1, 1), 1)
@@ -360,14 +350,10 @@ def test_sequential_runs_a_relu_before_max_pooling_inside_the_pooling(dev, rng, 
     model.zero_grad()
     model.fuse_relu = False
     xu = clnet.tensor(x, dev, requires_grad=True)
-    fused_launches, names[:] = len(names), []
-    kernels.launch = spy
-    try:
+    with launched() as apart:
         yu = model(xu)
         yu.backward(clnet.tensor(dy, dev))
-    finally:
-        kernels.launch = launch
-    assert len(names) == fused_launches + 2, names  # apart, the ReLU is a launch each way
+    assert len(apart) == len(names) + 2, apart  # apart, the ReLU is a launch each way
     assert np.array_equal(yu.numpy(), y.numpy()) and np.array_equal(xu.grad.numpy(), xt.grad.numpy())
     assert all(np.array_equal(p.grad.numpy(), g) for p, g in zip(model.parameters(), fused_grads))
     model.fuse_relu = True
@@ -386,25 +372,16 @@ def test_sequential_fuses_relu_into_the_conv2d_and_linear_before_it(dev, rng, ho
     in the GPU shape the Linear's ReLU gradient is taken inside its gemv.cl products), forward and backward against
     float64 NumPy; a hook on the ReLU keeps it a layer of its own, with the same results. A NaN in the input stays NaN
     through the fused ReLU, as in PyTorch."""
-    from clnet import kernels, tuning
+    from clnet import tuning
     C, H, W, O, F = 3, 7, 9, 5, 6
     model = nn.Sequential(nn.Conv2d(C, O, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(O * H * W, F), nn.ReLU(),
                           nn.Linear(F, 4)).to(dev)
     if hooked:
         model[1].register_forward_hook(lambda m, args, out: None)
     x = rng.standard_normal((N, C, H, W)).astype(np.float32)
-    names = []
-    launch = kernels.launch
-
-    def spy(d, k, *args, **kw):
-        names.append(k.name)
-        return launch(d, k, *args, **kw)
     xt = clnet.tensor(x, dev, requires_grad=True)
-    kernels.launch = spy
-    try:
+    with launched() as names:
         y = model(xt)
-    finally:
-        kernels.launch = launch
     assert names.count("act_fwd") == (1 if hooked else 0), names
     conv_w, conv_b = model[0].weight.numpy(), model[0].bias.numpy()
     (w1, b1), (w2, b2) = [(model[i].weight.numpy(), model[i].bias.numpy()) for i in (3, 5)]
@@ -415,12 +392,8 @@ def test_sequential_fuses_relu_into_the_conv2d_and_linear_before_it(dev, rng, ho
     expect = ref.linear(a1, w2, b2)
     assert_close(y.numpy(), expect, "forward")
     dy = rng.standard_normal(expect.shape).astype(np.float32)
-    names.clear()
-    kernels.launch = spy
-    try:
+    with launched() as names:
         y.backward(clnet.tensor(dy, dev))
-    finally:
-        kernels.launch = launch
     masked_inside = N == 1 and not tuning.cpu_shaped(dev)  # the Linear's ReLU (a hook watches only the first)
     assert names.count("act_bwd") == (1 if masked_inside else 2), names
     _, da1, dw2, db2 = ref.linear(a1, w2, b2, dy)
