@@ -4,7 +4,7 @@
 #   first  first runs with empty caches (`clnet bench lenet` and `clnet bench alexnet`, each then run again)
 #   tune   the small zoo models tuned;  bench  their iterations against PyTorch eager and as CUDA graphs (lenet and
 #          lenet-wide at batch 64 and 1, alexnet);  train  lenet-wide's batch-1 Fashion-MNIST epoch
-#   tests  the graph, memory, large-tensor, training and layer tests on NVIDIA's OpenCL;  cost  bench/replay_cost.py
+#   tests  the graph, memory, large-tensor, training, layer, gemv and zero_grad tests on NVIDIA's OpenCL;  cost  bench/replay_cost.py
 #   faults bench/out_of_memory.py, `clnet bench` at a batch that does not fit, bench/large_tensors.py
 #   large  bench/large_tensors.py alone (a crash prints its Python stack)
 #   bigbuf bench/big_buffer_check.py (device copies, sub-buffers and fills at offsets past 8 GiB)
@@ -96,8 +96,10 @@ for job in ${JOBS:-first tune bench train tests}; do
     tests)  # bit-identical replays, transfers, memory on NVIDIA's OpenCL
       CLNET_TEST_DEVICES=nvidia timed timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_graph.py \
         tests/test_memory.py tests/test_large_tensors.py tests/test_train.py 2>&1 | tail -6
-      CLNET_TEST_DEVICES=nvidia timed timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_layers.py \
-        -k "fuses or conv2d or linear" 2>&1 | tail -4 ;;
+      CLNET_TEST_DEVICES=nvidia timed timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_layers.py \
+        -k "fuses or conv2d or linear or pool" 2>&1 | tail -4
+      CLNET_TEST_DEVICES=nvidia timed timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_device.py \
+        tests/test_autograd.py -k "one_row or gemm_layouts or zero_grad" 2>&1 | tail -4 ;;
   esac
 done
 } 2>&1 | tee "$LOG"
