@@ -5,7 +5,9 @@ the GIL (ctypes.PyDLL), each three ways:
 
 - enqueue: the host's time in `replay()` alone (the queue finished before and after, outside the timing);
 - step: `replay()` then `finish()`, per step, as `clnet bench` times it;
-- loop: 50 replays back to back, finished once at the end, per step (a training loop's steady rate).
+- loop: 50 replays back to back, finished once at the end, per step (a training loop's steady rate);
+- long: --long-loop replays back to back (fit_cost.py's replay row runs 3000), per step, pyopencl's enqueue and
+  event-free only: on the H200 (h200-v17) lenet b64 ran 0.26 ms a step in 50-step loops but 0.43 in fit_cost's.
 
 On the H200 (h200-v14b) enqueue, step and loop were equal with pyopencl's enqueue, and clFlush every K launches
 changed nothing: the step is the host's enqueue time, about 14 us a launch, with the device idle between kernels.
@@ -37,7 +39,7 @@ def captured_step(name, batch, dev):
     return g
 
 
-def timings(g, dev, repeats=50, loop=50):
+def timings(g, dev, repeats=50, loop=50, long_loop=0):
     enq, step, per_loop = [], [], []
     for _ in range(repeats):
         dev.synchronize()
@@ -57,14 +59,23 @@ def timings(g, dev, repeats=50, loop=50):
         dev.synchronize()
         per_loop.append((time.perf_counter() - t0) / loop)
     ms = lambda v: statistics.median(v) * 1e3  # noqa: E731
-    return dict(enqueue_ms=ms(enq), step_ms=ms(step), loop_ms=ms(per_loop))
+    out = dict(enqueue_ms=ms(enq), step_ms=ms(step), loop_ms=ms(per_loop))
+    if long_loop:
+        dev.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(long_loop):
+            g.replay()
+        dev.synchronize()
+        out["long_ms"] = (time.perf_counter() - t0) / long_loop * 1e3
+    return out
 
 
 @click.command()
 @click.option("--device", "device_spec", default="auto")
 @click.option("--model", "specs", multiple=True, default=["lenet:64", "lenet-wide:1"], help="NAME:BATCH")
+@click.option("--long-loop", type=int, default=0, help="also time this many replays back to back")
 @click.option("--json", "json_path", default=None)
-def main(device_spec, specs, json_path):
+def main(device_spec, specs, long_loop, json_path):
     dev = clnet.device(device_spec)
     print(f"{dev.name} ({dev.platform_name}, driver {dev.driver_version})")
     out = {}
@@ -78,10 +89,11 @@ def main(device_spec, specs, json_path):
             graph._enqueue_raw = held if how == "GIL held" else released
             timings(g, dev, repeats=5, loop=5)  # warm
             r = out.setdefault(f"{spec} {how}", [])
-            r.append(dict(timings(g, dev), launches=g.launches))
+            r.append(dict(timings(g, dev, long_loop=0 if how == "GIL held" else long_loop), launches=g.launches))
             r = r[-1]
+            long = f", long {r['long_ms']:.3f}" if "long_ms" in r else ""
             print(f"{spec:14s} {how:10s}: enqueue {r['enqueue_ms']:.3f} ms, step {r['step_ms']:.3f} ms, "
-                  f"loop {r['loop_ms']:.3f} ms per step ({g.launches} launches, "
+                  f"loop {r['loop_ms']:.3f}{long} ms per step ({g.launches} launches, "
                   f"{r['enqueue_ms'] / g.launches * 1e3:.1f} us each)", flush=True)
         graph._enqueue_raw = released
     if json_path:

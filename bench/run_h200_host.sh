@@ -65,8 +65,11 @@ for job in ${JOBS:-first tune bench train tests}; do
         --dataset fashion-mnist --data-dir .data --device gpu --log "$OUT/train-lenet-wide-b1.json" 2>&1 \
         | grep -v "^\s*$" | tail -8 ;;
     cost)
-      timed timeout 120 python3 bench/replay_cost.py --device gpu --model lenet:64 --model lenet-wide:1 \
-        --json "$OUT/replay-cost.json" ;;
+      nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,utilization.gpu --format=csv -lms 250 \
+        >"$OUT/clocks-cost.csv" & local_smi=$!
+      timed timeout 150 python3 bench/replay_cost.py --device gpu --model lenet:64 --model lenet-wide:1 \
+        --long-loop ${LONG_LOOP:-0} --json "$OUT/replay-cost.json"
+      kill $local_smi ;;
     large)
       timed timeout 150 python3 -X faulthandler bench/large_tensors.py --device gpu ;;
     bigbuf)
