@@ -262,8 +262,8 @@ def linear_forward(x, w, bias, relu=False, what="Linear"):
 def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", betas=(1.0, 1.0), relu_y=None):
     """Adds d loss / d w into dw and d loss / d b into db (each unless None; overwrites it where its beta in betas is
     0); returns d loss / d x when need_dx. relu_y: the forward's output where it ended in a fused ReLU, whose
-    gradient dy is first taken through: inside the products at batch 1 on a GPU (every product there is one gemv.cl
-    launch reading dy once; not when only the bias gradient is wanted), else by a pass of its own."""
+    gradient dy is first taken through: inside the products at batch 1 where gemm.skinny runs them (gemv.cl on a GPU,
+    gemv_cpu.cl on a CPU: each reads dy once; not when only the bias gradient is wanted), else by a pass of its own."""
     N, I = x.shape
     O = w.shape[0]
     a, b, c = Mat(rs=1, cs=O), Mat(rs=I, cs=1), Mat(rs=I, cs=1)  # the weight gradient's operands
@@ -282,7 +282,7 @@ def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", beta
             if need_dx:
                 dx.region(n0 * I, part.shape).copy_from(part)
         return dx
-    # at batch 1 on a GPU the weight gradient is a rank-1 launch, which writes the bias gradient (dy itself) too
+    # at batch 1 the weight gradient is a rank-1 launch, which writes the bias gradient (dy itself) too
     db_in_dw = dw is not None and db is not None and N == 1 and skinny(x.device, O, N, 1, a, b, c)
     if dw is not None:
         gemm(O, I, N, dy, a, x, b, dw, c, beta=betas[0], what=what + " (weights)",

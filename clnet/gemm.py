@@ -28,8 +28,16 @@ class Mat:
 
 
 def skinny(dev, M, K, batch, a, b, c):
-    """Whether a product runs as one launch of gemv.cl (a GPU's dense layer at batch 1: one row, or a depth of one)."""
-    return batch == 1 and (M == 1 or K == 1) and not (a.split or b.split or c.split) and not tuning.cpu_shaped(dev)
+    """Whether a product runs as a dense layer's batch-1 product (one row, or a depth of one): one launch of gemv.cl
+    on a GPU; on a CPU gemv_cpu.cl's row-streaming kernels, where A's k, C's n and B's k or n strides are 1 (a dense
+    layer's own layouts: other layouts keep gemm_block)."""
+    if batch != 1 or not (M == 1 or K == 1) or a.split or b.split or c.split:
+        return False
+    if not tuning.cpu_shaped(dev):
+        return True
+    if K == 1:
+        return b.cs == 1 and c.cs == 1
+    return a.cs == 1 and c.cs == 1 and (b.rs == 1 or b.cs == 1)
 
 
 def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bias_mode=0, bias_bs=0, relu=False,
@@ -67,17 +75,21 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
 
 def _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, what, rowsum=None, rowsum_beta=1.0,
             a_mask=None):
-    """One row of C (M == 1) or a depth of one (K == 1) on a GPU: a dense layer's products at batch 1, one launch
-    each, no tile or split-K to choose (gemv.cl; its sums run in 64-term stages). CPUs keep gemm_block, which
-    streamed lenet-wide's 2048 x 2048 weight several times faster on PoCL (bench/gemv_cpu_ab.py)."""
+    """One row of C (M == 1) or a depth of one (K == 1): a dense layer's products at batch 1, with no tile or split-K
+    to choose. GPUs: one gemv.cl launch each (its sums in 64-term stages). CPUs: gemv_cpu.cl, which streams B's rows
+    (lenet-wide's 2048 x 2048 layer on PoCL: forward, input and weight gradients 1.0-1.25, 2.2-2.8 and 1.3-2.3 ms
+    through gemm_block, 0.75-1.04, 0.95-1.14 and 0.92-1.21 ms; NOTES v17)."""
     epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
     if a_mask is not None:
         epilogue["A_MASK"] = 1
     mask = (a_mask,) if a_mask is not None else ()
     if tuning.used is not None:
         tuning.note_used(f"gemv {M}x{N}x{K}", "rank-1" if K == 1 else "gemv")
+    extra = (rowsum, int(rowsum_beta != 0.0)) if rowsum is not None else ()
+    if tuning.cpu_shaped(dev):
+        _skinny_cpu(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, epilogue, mask, extra, what)
+        return
     if K == 1:
-        extra = (rowsum, int(rowsum_beta != 0.0)) if rowsum is not None else ()
         k = kernels.kernel(dev, "gemv.cl", "gemm_rank1", dict(epilogue, ROWSUM=1) if extra else epilogue)
         kernels.launch(dev, k, (N, M), None, M, N, alpha, beta, A, a.off, a.rs, B, b.off, b.cs, C, c.off, c.rs, c.cs,
                        bias, *extra, *mask, what=what)
@@ -86,6 +98,32 @@ def _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, 
     k = kernels.kernel(dev, "gemv.cl", "gemv", dict(LN=LN, LK=LK, KS=KS, **epilogue))
     kernels.launch(dev, k, (-(-N // LN) * LN, LK), (LN, LK), N, K, alpha, beta, A, a.off, a.cs, B, b.off, b.rs, b.cs,
                    C, c.off, c.cs, bias, *mask, what=what)
+
+
+GEMV_CPU_ROWS = 16  # gemv_dot's outputs per work-item (a multiple of 4)
+
+
+def _skinny_cpu(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, epilogue, mask, extra, what):
+    """gemv_cpu.cl: the rank-1 product a row of C per work-item; one row of C from B's k-contiguous rows as dot
+    products (one launch), or from its n-contiguous rows as P partial rows, each a slice of k, then their ordered sum
+    (two launches; P about four per core, each slice at least 128 rows)."""
+    if K == 1:
+        k = kernels.kernel(dev, "gemv_cpu.cl", "rank1_rows", dict(epilogue, ROWSUM=1) if extra else epilogue)
+        kernels.launch(dev, k, (M,), (1,), M, N, alpha, beta, A, a.off, a.rs, B, b.off, C, c.off, c.rs, bias,
+                       *extra, *mask, what=what)
+    elif b.rs == 1:
+        k = kernels.kernel(dev, "gemv_cpu.cl", "gemv_dot", dict(epilogue, ROWS=GEMV_CPU_ROWS))
+        kernels.launch(dev, k, (-(-N // GEMV_CPU_ROWS),), (1,), N, K, alpha, beta, A, a.off, B, b.off, b.cs, C, c.off,
+                       bias, *mask, what=what)
+    else:
+        parts = max(1, min(4 * dev.compute_units, K // 128))
+        kc = -(-K // parts)
+        parts = -(-K // kc)
+        part = empty((parts * N,), dev)
+        k = kernels.kernel(dev, "gemv_cpu.cl", "gemv_axpy", dict(A_MASK=1) if mask else {})
+        kernels.launch(dev, k, (parts,), (1,), N, K, kc, A, a.off, B, b.off, b.rs, part, *mask, what=what)
+        k = kernels.kernel(dev, "gemv_cpu.cl", "gemv_sum", dict(BIAS=epilogue["BIAS"], RELU=epilogue["RELU"]))
+        kernels.launch(dev, k, (N,), None, N, parts, alpha, beta, part, C, c.off, bias, what=what)
 
 
 def gemm_key(M, N, K, batch, a, b, c):

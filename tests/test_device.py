@@ -290,8 +290,9 @@ SKINNY_CASES = [(1, 1, 7), (1, 3, 64), (1, 33, 2049), (1, 257, 130), (1, 120, 41
 @pytest.mark.parametrize("bias_mode,beta,relu", [(2, 0.0, False), (1, 2.0, True), (0, 1.0, False)])
 def test_one_row_and_depth_one_products(dev, rng, kernel_shape, M, N, K, trans_a, trans_b, bias_mode, beta, relu):
     """Products of one row (a dense layer's forward and input gradient at batch 1) and of depth one (its weight
-    gradient, accumulating) take one launch of gemv.cl in every layout, against float64, with the epilogue's bias
-    (per row or per column), beta and ReLU; the GPU's work-group reductions run here too (kernel_shape)."""
+    gradient, accumulating) take one launch of gemv.cl in every layout (gemv_cpu.cl's one or two on a CPU), against
+    float64, with the epilogue's bias (per row or per column), beta and ReLU; the GPU's work-group reductions run
+    here too (kernel_shape)."""
     A = rng.standard_normal((K, M) if trans_a else (M, K)).astype(np.float32)
     B = rng.standard_normal((N, K) if trans_b else (K, N)).astype(np.float32)
     C0 = rng.standard_normal((M, N)).astype(np.float32)
@@ -304,8 +305,10 @@ def test_one_row_and_depth_one_products(dev, rng, kernel_shape, M, N, K, trans_a
         gemm.gemm(M, N, K, tA, a, tB, b, C, Mat(rs=N, cs=1), alpha=0.5, beta=beta,
                   bias=tbias if bias_mode else None, bias_mode=bias_mode, relu=relu)
     from clnet import tuning
-    if not tuning.cpu_shaped(dev):  # CPUs keep their GEMM kernel (gemm.gemm); GPU-shaped runs check gemv.cl here
+    if not tuning.cpu_shaped(dev):
         assert names == ["gemv" if M == 1 and K > 1 else "gemm_rank1"], names
+    else:  # gemv_cpu.cl: B's rows as dot products where its k stride is 1, else as partial rows and their sum
+        assert names == (["rank1_rows"] if K == 1 else ["gemv_dot"] if b.rs == 1 else ["gemv_axpy", "gemv_sum"]), names
     A64, B64 = (A.T if trans_a else A).astype(np.float64), (B.T if trans_b else B).astype(np.float64)
     b64 = (bias[:, None] if bias_mode == 1 else bias[None, :]) if bias_mode else 0.0
     expected = 0.5 * A64 @ B64 + beta * C0 + b64

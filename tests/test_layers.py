@@ -102,8 +102,8 @@ def test_gradients_accumulate(dev, rng):
 @pytest.mark.parametrize("N,I,O", [(1, 1, 1), (1, 37, 19), (3, 31, 33), (65, 17, 5), (8, 800, 500)])
 def test_linear(dev, rng, kernel_shape, N, I, O):
     """Forward and every gradient against float64; after zero_grad (NaN left in the gradients) a backward that
-    overwrites them, then one that adds; in both kernel shapes (at batch 1 the GPU shape's rank-1 weight gradient
-    writes the bias gradient in the same launch)."""
+    overwrites them, then one that adds; in both kernel shapes (at batch 1 the rank-1 weight gradient writes the
+    bias gradient in the same launch)."""
     layer = nn.Linear(I, O)
     x = rng.standard_normal((N, I)).astype(np.float32)
     y, dy, dx = run_layer(layer, dev, x, rng=rng)
@@ -120,8 +120,8 @@ def test_linear(dev, rng, kernel_shape, N, I, O):
     with launched() as names:
         y2.backward(clnet.tensor(dy2, dev))
     from clnet import tuning
-    if N == 1 and not tuning.cpu_shaped(dev):  # the GPU shape: weight and bias gradients in one rank-1 launch
-        assert names == ["gemm_rank1"], names
+    if N == 1:  # weight and bias gradients in one rank-1 launch
+        assert names == ["rank1_rows" if tuning.cpu_shaped(dev) else "gemm_rank1"], names
     _, _, rdw2, rdb2 = ref.linear(x, layer.weight.numpy(), layer.bias.numpy(), dy2)
     assert_close(layer.weight.grad.numpy(), rdw2, "grad weight after zero_grad")
     assert_close(layer.bias.grad.numpy(), rdb2, "grad bias after zero_grad")
@@ -374,10 +374,9 @@ def test_sequential_runs_a_relu_before_max_pooling_inside_the_pooling(dev, rng, 
 @pytest.mark.parametrize("hooked", [False, True])
 def test_sequential_fuses_relu_into_the_conv2d_and_linear_before_it(dev, rng, hooked, kernel_shape, N):
     """Conv2d + ReLU and Linear + ReLU in a Sequential run as one op each (no ReLU launch of their own; at batch 1
-    in the GPU shape the Linear's ReLU gradient is taken inside its gemv.cl products), forward and backward against
+    the Linear's ReLU gradient is taken inside its gemv.cl or gemv_cpu.cl products), forward and backward against
     float64 NumPy; a hook on the ReLU keeps it a layer of its own, with the same results. A NaN in the input stays NaN
     through the fused ReLU, as in PyTorch."""
-    from clnet import tuning
     C, H, W, O, F = 3, 7, 9, 5, 6
     model = nn.Sequential(nn.Conv2d(C, O, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(O * H * W, F), nn.ReLU(),
                           nn.Linear(F, 4)).to(dev)
@@ -399,7 +398,7 @@ def test_sequential_fuses_relu_into_the_conv2d_and_linear_before_it(dev, rng, ho
     dy = rng.standard_normal(expect.shape).astype(np.float32)
     with launched() as names:
         y.backward(clnet.tensor(dy, dev))
-    masked_inside = N == 1 and not tuning.cpu_shaped(dev)  # the Linear's ReLU (a hook watches only the first)
+    masked_inside = N == 1  # the Linear's ReLU (a hook watches only the first)
     assert names.count("act_bwd") == (1 if masked_inside else 2), names
     _, da1, dw2, db2 = ref.linear(a1, w2, b2, dy)
     dz1 = da1 * (z1 > 0)
