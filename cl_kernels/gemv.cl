@@ -13,7 +13,7 @@
 // added in a fixed tree order, so results repeat bit for bit (LK == 1: no local memory and no barrier). The host
 // picks LN and LK so that consecutive work-items read consecutive addresses of B: LK across k where B's k stride is
 // 1, LN across n where its n stride is 1 (tuning.gemv_shape). GPUs only: on PoCL one output per work-item streamed a
-// 2048 x 2048 weight 3-6x slower than gemm_block, which CPUs keep.
+// 2048 x 2048 weight 3-6x slower than gemm_block; CPUs run gemv_cpu.cl.
 //
 // Defines (besides gemm_common.h's BIAS and RELU):
 //   ROWSUM  gemm_rank1 only: 1 writes alpha times A's row sums (after A_MASK) into D as well

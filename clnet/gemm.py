@@ -77,8 +77,8 @@ def _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, 
             a_mask=None):
     """One row of C (M == 1) or a depth of one (K == 1): a dense layer's products at batch 1, with no tile or split-K
     to choose. GPUs: one gemv.cl launch each (its sums in 64-term stages). CPUs: gemv_cpu.cl, which streams B's rows
-    (lenet-wide's 2048 x 2048 layer on PoCL: forward, input and weight gradients 1.0-1.25, 2.2-2.8 and 1.3-2.3 ms
-    through gemm_block, 0.75-1.04, 0.95-1.14 and 0.92-1.21 ms; NOTES v17)."""
+    (lenet-wide's 2048 x 2048 layer on PoCL, weights from memory: forward, input and weight gradients 2.09, 3.22 and
+    1.82 ms through gemm_block, 1.54, 1.21 and 1.24 ms; bench/gemv_cpu_ab.py)."""
     epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
     if a_mask is not None:
         epilogue["A_MASK"] = 1
