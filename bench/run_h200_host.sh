@@ -4,7 +4,8 @@
 #   first  first runs with empty caches (`clnet bench lenet` and `clnet bench alexnet`, each then run again)
 #   tune   the small zoo models tuned;  bench  their iterations against PyTorch eager and as CUDA graphs (lenet and
 #          lenet-wide at batch 64 and 1, alexnet);  train  lenet-wide's batch-1 Fashion-MNIST epoch
-#   tests  the graph, memory, large-tensor, training, layer, gemv and zero_grad tests on NVIDIA's OpenCL;  cost  bench/replay_cost.py
+#   tests  the graph, memory, large-tensor, training, layer, gemv and zero_grad tests on NVIDIA's OpenCL
+#   cost   bench/replay_cost.py (LONG_LOOP: also that many replays back to back), the GPU's clocks sampled
 #   faults bench/out_of_memory.py, `clnet bench` at a batch that does not fit, bench/large_tensors.py
 #   large  bench/large_tensors.py alone (a crash prints its Python stack)
 #   bigbuf bench/big_buffer_check.py (device copies, sub-buffers and fills at offsets past 8 GiB)
@@ -66,10 +67,10 @@ for job in ${JOBS:-first tune bench train tests}; do
         | grep -v "^\s*$" | tail -8 ;;
     cost)
       nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,utilization.gpu --format=csv -lms 250 \
-        >"$OUT/clocks-cost.csv" & local_smi=$!
+        >"$OUT/clocks-cost.csv" & smi_pid=$!
       timed timeout 150 python3 bench/replay_cost.py --device gpu --model lenet:64 --model lenet-wide:1 \
         --long-loop ${LONG_LOOP:-0} --json "$OUT/replay-cost.json"
-      kill $local_smi ;;
+      kill $smi_pid ;;
     large)
       timed timeout 150 python3 -X faulthandler bench/large_tensors.py --device gpu ;;
     bigbuf)
