@@ -15,28 +15,11 @@
 // 1, LN across n where its n stride is 1 (tuning.gemv_shape). GPUs only: on PoCL one output per work-item streamed a
 // 2048 x 2048 weight 3-6x slower than gemm_block; CPUs run gemv_cpu.cl.
 //
-// Defines (besides gemm_common.h's BIAS and RELU):
-//   ROWSUM  gemm_rank1 only: 1 writes alpha times A's row sums (after A_MASK) into D as well
-//   A_MASK  1: A's elements are read through a ReLU's gradient, as zero where amask (the ReLU's output, one value per
-//           element of A's one column or row) is <= 0 (a NaN passes, as act_bwd's): a ReLU fused into a dense layer
-//           costs no launch of its own in the layer's backward
-#ifndef ROWSUM
-#define ROWSUM 0
-#endif
-#ifndef A_MASK
-#define A_MASK 0
-#endif
-#if A_MASK
-#define MASKED(v, i) (amask[i] <= 0.0f ? 0.0f : (v))
-#define A_MASK_ARG , __global const float* restrict amask
-#else
-#define MASKED(v, i) (v)
-#define A_MASK_ARG
-#endif
+// Defines (besides gemm_common.h's BIAS and RELU, gemv_common.h's ROWSUM and A_MASK):
 //   LN  outputs per work-group (a power of two)
 //   LK  work-items per output, along k (a power of two; LN * LK <= 256)
 //   KS  terms per stage of a work-item's sum
-#include "gemm_common.h"
+#include "gemv_common.h"
 
 #ifndef LN
 #define LN 4        // outputs per work-group
@@ -90,11 +73,7 @@ __kernel void gemm_rank1(const int M, const int N, const float alpha, const floa
                          __global const float* restrict A, const int a_off, const int a_rs,
                          __global const float* restrict B, const int b_off, const int b_cs,
                          __global float* C, const int c_off, const int c_rs, const int c_cs,
-                         __global const float* restrict bias
-#if ROWSUM
-                         , __global float* restrict D, const int d_add
-#endif
-                         A_MASK_ARG) {
+                         __global const float* restrict bias ROWSUM_ARGS A_MASK_ARG) {
     const int n = get_global_id(0), m = get_global_id(1);
     if (n >= N || m >= M) return;
     const int ci = m * c_rs + n * c_cs;

@@ -12,29 +12,17 @@
 // Each float8 lane of gemv_dot sums its terms in stages of 64 (then added to the lane's total), as gemm_block's
 // two-level sums: float32 error grows with the stage and stage-count lengths, not K.
 //
-// Defines (besides gemm_common.h's BIAS and RELU):
+// Defines (besides gemm_common.h's BIAS and RELU, gemv_common.h's ROWSUM and A_MASK):
 //   ROWS    gemv_dot: outputs per work-item (fewer work-groups: PoCL pays for each)
-//   ROWSUM  rank1_rows: 1 writes alpha times A's values into D as well
-//   A_MASK  1: A's elements read as zero where amask (a ReLU's output, one per element of A) is <= 0 (NaN passes)
-#include "gemm_common.h"
+#include "gemv_common.h"
 
 #ifndef ROWS
 #define ROWS 16
 #endif
-#ifndef ROWSUM
-#define ROWSUM 0
-#endif
-#ifndef A_MASK
-#define A_MASK 0
-#endif
 #if A_MASK
-#define A_MASK_ARG , __global const float* restrict amask
-#define MASK1(v, i) (amask[i] <= 0.0f ? 0.0f : (v))
-#define MASK8(v, i) select((v), (float8)(0.0f), vload8(0, amask + (i)) <= (float8)(0.0f))
+#define MASKED8(v, i) select((v), (float8)(0.0f), vload8(0, amask + (i)) <= (float8)(0.0f))
 #else
-#define A_MASK_ARG
-#define MASK1(v, i) (v)
-#define MASK8(v, i) (v)
+#define MASKED8(v, i) (v)
 #endif
 
 #define STAGE 64  // float8 steps per stage of gemv_dot's sums
@@ -61,7 +49,7 @@ void gemv_dot(const int N, const int K, const float alpha, const float beta,
             const int end = min(K8, k0 + 8 * STAGE);
             float8 s0 = (float8)(0.0f), s1 = s0, s2 = s0, s3 = s0;
             for (int k = k0; k < end; k += 8) {
-                const float8 av = MASK8(vload8(0, a + k), k);
+                const float8 av = MASKED8(vload8(0, a + k), k);
                 s0 += av * vload8(0, b0 + k);
                 s1 += av * vload8(0, b1 + k);
                 s2 += av * vload8(0, b2 + k);
@@ -74,7 +62,7 @@ void gemv_dot(const int N, const int K, const float alpha, const float beta,
         __global const float* bs[4] = {b0, b1, b2, b3};
         for (int r = 0; r < 4; r++) {
             float tail = 0.0f;
-            for (int k = K8; k < K; k++) tail += MASK1(a[k], k) * bs[r][k];
+            for (int k = K8; k < K; k++) tail += MASKED(a[k], k) * bs[r][k];
             const float4 t4 = t[r].lo + t[r].hi;
             sums[r] = ((t4.x + t4.y) + (t4.z + t4.w)) + tail;
         }
@@ -97,8 +85,8 @@ void gemv_axpy(const int N, const int K, const int kc,
     for (int n = 0; n < N; n++) out[n] = 0.0f;
     int k = k0;
     for (; k + 4 <= k1; k += 4) {
-        const float a0 = MASK1(a[k], k), a1 = MASK1(a[k + 1], k + 1);
-        const float a2 = MASK1(a[k + 2], k + 2), a3 = MASK1(a[k + 3], k + 3);
+        const float a0 = MASKED(a[k], k), a1 = MASKED(a[k + 1], k + 1);
+        const float a2 = MASKED(a[k + 2], k + 2), a3 = MASKED(a[k + 3], k + 3);
         __global const float* b0 = B + b_off + k * b_rs;
         __global const float* b1 = b0 + b_rs;
         __global const float* b2 = b1 + b_rs;
@@ -111,7 +99,7 @@ void gemv_axpy(const int N, const int K, const int kc,
         for (int n = N8; n < N; n++) out[n] += (a0 * b0[n] + a1 * b1[n]) + (a2 * b2[n] + a3 * b3[n]);
     }
     for (; k < k1; k++) {
-        const float ak = MASK1(a[k], k);
+        const float ak = MASKED(a[k], k);
         __global const float* bk = B + b_off + k * b_rs;
         for (int n = 0; n < N; n++) out[n] += ak * bk[n];
     }
@@ -133,14 +121,10 @@ void rank1_rows(const int M, const int N, const float alpha, const float beta,
                 __global const float* restrict A, const int a_off, const int a_rs,
                 __global const float* restrict B, const int b_off,
                 __global float* C, const int c_off, const int c_rs,
-                __global const float* restrict bias
-#if ROWSUM
-                , __global float* restrict D, const int d_add
-#endif
-                A_MASK_ARG) {
+                __global const float* restrict bias ROWSUM_ARGS A_MASK_ARG) {
     const int m = get_global_id(0);
     if (m >= M) return;
-    const float a = MASK1(A[a_off + m * a_rs], m);
+    const float a = MASKED(A[a_off + m * a_rs], m);
     __global const float* b = B + b_off;
     __global float* c = C + c_off + m * c_rs;
     const int N8 = N & ~7;

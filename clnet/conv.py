@@ -267,8 +267,8 @@ def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", beta
     N, I = x.shape
     O = w.shape[0]
     a, b, c = Mat(rs=1, cs=O), Mat(rs=I, cs=1), Mat(rs=I, cs=1)  # the weight gradient's operands
-    mask_inside = (relu_y is not None and N == 1 and (dw is not None or db is None)
-                   and skinny(x.device, O, N, 1, a, b, c) and skinny(x.device, N, O, 1, Mat(rs=O, cs=1), b, c))
+    rank1 = N == 1 and skinny(x.device, O, N, 1, a, b, c)  # (then the data gradient's one row is skinny too)
+    mask_inside = relu_y is not None and rank1 and (dw is not None or db is None)
     if relu_y is not None and not mask_inside:
         from .ops import _activation_grad  # (ops builds on this module)
         dy, relu_y = _activation_grad("relu", relu_y, dy, what + " (its ReLU)"), None
@@ -283,7 +283,7 @@ def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", beta
                 dx.region(n0 * I, part.shape).copy_from(part)
         return dx
     # at batch 1 the weight gradient is a rank-1 launch, which writes the bias gradient (dy itself) too
-    db_in_dw = dw is not None and db is not None and N == 1 and skinny(x.device, O, N, 1, a, b, c)
+    db_in_dw = dw is not None and db is not None and rank1
     if dw is not None:
         gemm(O, I, N, dy, a, x, b, dw, c, beta=betas[0], what=what + " (weights)",
              rowsum=db if db_in_dw else None, rowsum_beta=betas[1], a_mask=relu_y)

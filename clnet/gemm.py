@@ -51,11 +51,12 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
     The kernel, tile shape and split-K factor come from tuning.choose, keyed by the sizes and the operands' layouts."""
     dev = C.device
     alpha, beta = float(alpha), float(beta)  # float parameters: an int would be set as int32 bits
-    if rowsum is not None and not (K == 1 and skinny(dev, M, K, batch, a, b, c)):
-        raise ValueError("internal: gemm's rowsum is only for a rank-1 product that runs in one gemv.cl launch")
-    if a_mask is not None and not skinny(dev, M, K, batch, a, b, c):
-        raise ValueError("internal: gemm's a_mask is only for a product that runs in one gemv.cl launch")
-    if skinny(dev, M, K, batch, a, b, c):
+    thin = skinny(dev, M, K, batch, a, b, c)
+    if rowsum is not None and not (K == 1 and thin):
+        raise ValueError("internal: gemm's rowsum is only for a rank-1 product that skinny() runs")
+    if a_mask is not None and not thin:
+        raise ValueError("internal: gemm's a_mask is only for a product that skinny() runs")
+    if thin:
         _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, what, rowsum, rowsum_beta,
                 a_mask)
         return

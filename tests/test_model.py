@@ -352,8 +352,9 @@ def test_resnet8_matches_its_torch_twin(dev, rng):
     twin = models.build("resnet8", lib=torch).double()
     state = randomised_state(model, rng)
     model.load_state_dict(state)
-    twin.load_state_dict({k: torch.tensor(v) if v.dtype.kind == "i" else torch.tensor(v, dtype=torch.float64)
-                          for k, v in state.items()})
+    twin_state = {k: torch.tensor(v) if v.dtype.kind == "i" else torch.tensor(v, dtype=torch.float64)
+                  for k, v in state.items()}
+    twin.load_state_dict(twin_state)
     assert list(model.state_dict()) == list(twin.state_dict())
     nearest = []  # the smallest |input| of each ReLU call in the twin
     hooks = [m.register_forward_pre_hook(lambda m, args: nearest.append(args[0].abs().min().item()))
@@ -367,8 +368,7 @@ def test_resnet8_matches_its_torch_twin(dev, rng):
             break
     for h in hooks:
         h.remove()
-    twin.load_state_dict({k: torch.tensor(v) if v.dtype.kind == "i" else torch.tensor(v, dtype=torch.float64)
-                          for k, v in state.items()})  # the draws' forwards moved its running statistics
+    twin.load_state_dict(twin_state)  # the draws' forwards moved its running statistics
     labels = rng.integers(0, 10, 2)
 
     xt = clnet.tensor(x, dev, requires_grad=True)

@@ -1,0 +1,30 @@
+// What the batch-1 product kernels share (gemv.cl for GPUs, gemv_cpu.cl for CPUs), besides gemm_common.h:
+//   ROWSUM  the rank-1 kernels: 1 also writes alpha times A's values (after A_MASK) into D, added to D when d_add:
+//           A's sum over its one column, a dense layer's bias gradient in its weight gradient's launch
+//   A_MASK  1: A's elements are read through a ReLU's gradient, as zero where amask (the ReLU's output, one value per
+//           element of A's one column or row) is <= 0 (a NaN passes, as act_bwd's): a ReLU fused into a dense layer
+//           costs no launch of its own in the layer's backward. MASKED(v, i): element i of A, value v, masked.
+#ifndef CLNET_GEMV_COMMON_H
+#define CLNET_GEMV_COMMON_H
+#include "gemm_common.h"
+
+#ifndef ROWSUM
+#define ROWSUM 0
+#endif
+#ifndef A_MASK
+#define A_MASK 0
+#endif
+#if A_MASK
+#define MASKED(v, i) (amask[i] <= 0.0f ? 0.0f : (v))
+#define A_MASK_ARG , __global const float* restrict amask
+#else
+#define MASKED(v, i) (v)
+#define A_MASK_ARG
+#endif
+#if ROWSUM
+#define ROWSUM_ARGS , __global float* restrict D, const int d_add
+#else
+#define ROWSUM_ARGS
+#endif
+
+#endif
