@@ -1,4 +1,5 @@
 """clnet: a portable neural-network engine whose kernels are OpenCL C; every buffer stays on the device."""
+from .errors import Error
 from .devices import Device, DeviceNotFound, device, list_devices  # registers vendor libraries at first use
 from .rng import manual_seed
 from .tensor import Parameter, Tensor, TooLarge, reset_transfer_stats, tensor, transfer_stats
@@ -14,6 +15,7 @@ from . import onnx  # noqa: E402  (clnet.onnx; the onnx package itself is import
 
 from .version import __version__
 
-__all__ = ["CaptureError", "Device", "DeviceNotFound", "Graph", "OutOfMemory", "Parameter", "Tensor", "autotune",
-           "cat", "data", "device", "evaluate", "fit", "is_grad_enabled", "list_devices", "manual_seed", "nn",
-           "no_grad", "onnx", "optim", "reset_transfer_stats", "tensor", "TooLarge", "transfer_stats", "__version__"]
+__all__ = ["CaptureError", "Device", "DeviceNotFound", "Error", "Graph", "OutOfMemory", "Parameter",
+           "Tensor", "autotune", "cat", "data", "device", "evaluate", "fit", "is_grad_enabled",
+           "list_devices", "manual_seed", "nn", "no_grad", "onnx", "optim", "reset_transfer_stats",
+           "tensor", "TooLarge", "transfer_stats", "__version__"]

@@ -12,12 +12,13 @@ import numpy as np
 
 from . import rng
 from .files import write_atomically
+from .errors import Error
 
 FORMAT = "clnet-checkpoint"
 VERSION = 2  # 2: buffers (batch norm) in the model, optimizer state keyed by parameter and name
 
 
-class CheckpointError(ValueError):
+class CheckpointError(Error, ValueError):
     """A checkpoint that cannot be read, or that does not fit the model or run it is loaded into."""
 
 

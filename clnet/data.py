@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from .tensor import Tensor
+from .errors import Error
 
 # IDX element types by their code in the third magic byte; multi-byte types are big-endian.
 IDX_DTYPES = {0x08: np.dtype(np.uint8), 0x09: np.dtype(np.int8), 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
@@ -29,11 +30,11 @@ CLASSES = {"mnist": tuple(str(i) for i in range(10)),
 DATASETS = tuple(NORMALISATION)
 
 
-class IDXError(ValueError):
+class IDXError(Error, ValueError):
     """A file that is not a valid IDX file; the message names the file and what is wrong."""
 
 
-class DataNotFound(FileNotFoundError):
+class DataNotFound(Error, FileNotFoundError):
     """The data set's files are in none of the places searched; the message says which files and how to get them."""
 
 

@@ -20,6 +20,7 @@ import pyopencl as cl  # importing it queries no platform: the loader reads OCL_
 import pyopencl.characterize
 
 from .files import write_atomically
+from .errors import Error
 
 SYSTEM_VENDOR_DIR = "/etc/OpenCL/vendors"
 # Vendor libraries that implement the ICD interface, by the file names their drivers install.
@@ -105,7 +106,7 @@ def _ldconfig_paths():
     return paths
 
 
-class DeviceNotFound(RuntimeError):
+class DeviceNotFound(Error, RuntimeError):
     pass
 
 

@@ -27,6 +27,7 @@ import weakref
 import pyopencl as cl
 
 from . import kernels
+from .errors import Error
 
 
 def event_free(name, argtypes, hold_gil=False):
@@ -65,7 +66,7 @@ def copy_buffer(queue, dst, src, nbytes, dst_offset=0, src_offset=0):
 _STATUS_NAMES = {v: k for k, v in vars(cl.status_code).items() if isinstance(v, int)}
 
 
-class CaptureError(RuntimeError):
+class CaptureError(Error, RuntimeError):
     """Something inside `Graph.capture()` that a replay could not repeat."""
 
 

@@ -23,9 +23,10 @@ from importlib import resources
 
 import numpy as np
 import pyopencl as cl
+from .errors import Error
 
 
-class KernelError(RuntimeError):
+class KernelError(Error, RuntimeError):
     pass
 
 
@@ -37,7 +38,7 @@ class KernelError(RuntimeError):
 INDEX_LIMIT = 2**31 - 2**16
 
 
-class OutOfMemory(MemoryError):
+class OutOfMemory(Error, MemoryError):
     """The device has no memory left for a tensor or a launch, even after the pool released its cached buffers.
     `fitting_batch(batch)` estimates the largest batch that would fit, from what clnet held when it ran out."""
 

@@ -34,12 +34,13 @@ from .nn.module import Module
 from .shapes import conv_shape
 from .tensor import Parameter, Tensor
 from .tensor import tensor as _to_device
+from .errors import Error
 
 INSTALL_HINT = "pip install 'clnet[onnx]'"
 EXPORT_OPSET = 17
 
 
-class OnnxImportError(ValueError):
+class OnnxImportError(Error, ValueError):
     """An ONNX file clnet cannot read or run: names the file, and the node, operator type and opset where one is at
     fault."""
 

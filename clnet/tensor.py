@@ -9,6 +9,7 @@ from . import kernels
 from .graph import copy_buffer, refuse_in_capture
 from .devices import Device
 from .devices import device as _device
+from .errors import Error
 
 _stats = dict(host_to_device_bytes=0, host_to_device_count=0, device_to_host_bytes=0, device_to_host_count=0)
 
@@ -536,7 +537,7 @@ def region_alignment(dev):
     return max(dev.cl_device.mem_base_addr_align // 8, 4)
 
 
-class TooLarge(ValueError):
+class TooLarge(Error, ValueError):
     """An op that cannot split a tensor past kernels.INDEX_LIMIT elements into launches that fit; raised before it
     launches anything."""
 

@@ -24,6 +24,7 @@ from .devices import device as _device
 from .files import write_atomically
 from .graph import CaptureError, StepReplayer
 from .tensor import empty, region_alignment
+from .errors import Error
 
 
 def mpi_world():
@@ -36,7 +37,7 @@ def mpi_world():
     return world if world.size > 1 else None
 
 
-class Diverged(ArithmeticError):
+class Diverged(Error, ArithmeticError):
     """Training produced a loss that is not finite; nothing was saved from that step on."""
 
 
