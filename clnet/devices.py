@@ -11,15 +11,15 @@ import glob
 import hashlib
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
+import warnings
 
 import pyopencl as cl  # importing it queries no platform: the loader reads OCL_ICD_VENDORS at the first query
 import pyopencl.characterize
 
-from .files import write_atomically
+from .files import UnsafeFolder, open_folder, write_atomically
 from .errors import Error
 
 SYSTEM_VENDOR_DIR = "/etc/OpenCL/vendors"
@@ -55,7 +55,10 @@ def _find_unregistered_libraries():
     does not exist (pip's Intel ICD file) registers nothing.
     """
     vendor_dir = os.environ.get("OCL_ICD_VENDORS", SYSTEM_VENDOR_DIR)
-    search = [(d, "on LD_LIBRARY_PATH") for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    # absolute: an ICD file names the library by the path written in it, which the loader would otherwise read from
+    # whatever folder a later process runs in
+    search = [(os.path.abspath(d), "on LD_LIBRARY_PATH") for d in os.environ.get("LD_LIBRARY_PATH", "").split(":")
+              if d]
     search += [(d, "in a usual library directory") for d in LIBRARY_DIRS]
     cached = _ldconfig_paths()
 
@@ -91,11 +94,21 @@ def _find_unregistered_libraries():
     return vendor_dir, found
 
 
+# The system's ldconfig, by absolute path: one found on PATH could be anybody's program.
+LDCONFIG = ("/sbin/ldconfig", "/usr/sbin/ldconfig", "/usr/bin/ldconfig")
+
+
 def _ldconfig_paths():
-    """Library name -> paths from the dynamic linker's cache, for libraries outside the usual directories."""
+    """Library name -> paths from the dynamic linker's cache, for libraries outside the usual directories (none
+    where the system has no ldconfig: libraries are then looked for in the directories searched above)."""
+    program = next((p for p in LDCONFIG if os.access(p, os.X_OK)), None)
+    if program is None:
+        return {}
     try:
-        text = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.SubprocessError):
+        text = subprocess.run([program, "-p"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        warnings.warn(f"clnet: `{program} -p` failed ({e}); OpenCL libraries known only to the dynamic linker's "
+                      "cache are not registered")
         return {}
     paths = {}
     for line in text.splitlines():
@@ -129,51 +142,47 @@ def icd_root():
 
 
 def _refuse(path, why):
+    """UnsafeICDDirectory for PATH (the registration directory or a folder on the way to it), with the remedy: icd/
+    and below hold nothing but the registration, so they can be removed and made afresh; a folder above (clnet/
+    holds the tuning cache too) is the user's to fix."""
+    ours = os.path.realpath(icd_root())
+    if path == ours or path.startswith(ours + os.sep):
+        fix = f"Remove it (`rm -r {path}`; clnet makes it afresh, private to you)"
+    elif "written by" in why:
+        fix = f"Make it private (`chmod go-w {path}`)"
+    else:
+        fix = "Use a directory of your own"
     raise UnsafeICDDirectory(
         f"clnet will not register OpenCL libraries in {path}: it {why}, so another user could add a library that "
-        f"this process would load. Remove it (`rm -r {path}`; clnet makes it afresh, private to you), or set "
-        "XDG_CACHE_HOME to a directory of your own, or CLNET_NO_ICD_SEARCH=1 to skip registering libraries.")
+        f"this process would load. {fix}, or set XDG_CACHE_HOME to a directory of your own, or CLNET_NO_ICD_SEARCH=1 "
+        "to skip registering libraries.")
 
 
-def _check_private(path, strict=True):
-    """Refuse PATH unless it is a real directory (not a link), owned by this user, and writable by nobody else
-    (strict) or at least not by everyone (not strict: a parent that a umask of 002 left group-writable; the
-    directories clnet makes below it are 0700, so the group cannot enter them)."""
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        _refuse(path, "is not a directory (a link or a file stands there)")
-    if st.st_uid != os.getuid():
-        _refuse(path, f"belongs to user id {st.st_uid}, not to you ({os.getuid()})")
-    if st.st_mode & (0o022 if strict else 0o002):
-        _refuse(path, f"can be written by {'others' if st.st_mode & 0o002 else 'its group'} "
-                      f"(mode {stat.S_IMODE(st.st_mode):o})")
-
-
-def _private_dir(path, strict=True):
-    """PATH, created with mode 0700 if absent, after checking that only this user can write it."""
+def _checked_folder(path, create):
+    """PATH with every link resolved, after checking that nobody but this user (and root) can change any folder on
+    the way to it (files.open_folder with every_ancestor): the loader resolves the path again later, by name, so a
+    folder on the way that another user could rename or replace would let them swap the directory read. Folders
+    made on the way are 0700."""
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    _check_private(path, strict)
-    return path
+        fd, real = open_folder(path, create=create, mode=0o700, every_ancestor=True)
+    except UnsafeFolder as e:
+        _refuse(e.path, e.why)
+    os.close(fd)
+    return real
 
 
 def _registration_dir(digest):
-    """A directory only this user can write, for one set of ICD files: icd_root()/<digest>, checked at each level
-    clnet makes, else (no writable cache directory: a read-only home) a fresh private temporary directory, removed
-    at exit."""
-    root = icd_root()
+    """A directory only this user can write, for one set of ICD files: icd_root()/<digest>, with no folder on the way
+    that another user could change (XDG_CACHE_HOME, clnet/ and icd/ included), else (no writable cache directory:
+    a read-only home) a fresh private temporary directory, removed at exit, checked the same way."""
     try:
-        os.makedirs(os.path.dirname(os.path.dirname(root)), exist_ok=True)  # the user's cache directory itself
-        _private_dir(os.path.dirname(root), strict=False)  # clnet/, shared with the tuning cache
-        return _private_dir(os.path.join(_private_dir(root), digest))
+        return _checked_folder(os.path.join(icd_root(), digest), create=True)
     except UnsafeICDDirectory:
         raise
     except OSError:
         temporary = tempfile.mkdtemp(prefix="clnet-icd-")  # mode 0700, a name nobody can guess
         atexit.register(shutil.rmtree, temporary, ignore_errors=True)
-        return temporary
+        return _checked_folder(temporary, create=False)
 
 
 def register_vendor_libraries():
@@ -309,8 +318,11 @@ def _all_cl_devices():
     for p in platforms:
         try:
             devices.extend(p.get_devices())
-        except cl.Error:
-            continue
+        except cl.Error as e:
+            if getattr(e, "code", None) == cl.status_code.DEVICE_NOT_FOUND:
+                continue  # a platform whose driver sees no device of its own (a GPU driver on a machine without one)
+            warnings.warn(f"clnet: skipping the OpenCL platform {p.name.strip()!r}: listing its devices failed "
+                          f"({e}); its driver may need reinstalling")
     return sorted(devices, key=is_simulator)
 
 

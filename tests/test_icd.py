@@ -50,26 +50,38 @@ def test_registration_goes_into_a_private_directory(one_library):
 
 @pytest.mark.parametrize("level,mode,why", [("icd", 0o777, "can be written by others"),
                                             ("icd", 0o770, "can be written by its group"),
-                                            ("clnet", 0o777, "can be written by others")])
+                                            ("clnet", 0o777, "can be written by others"),
+                                            ("clnet", 0o775, "can be written by its group"),
+                                            ("cache", 0o777, "can be written by others"),
+                                            ("cache", 0o775, "can be written by its group"),
+                                            ("above", 0o757, "can be written by others")])
 def test_a_directory_others_can_write_is_refused(one_library, level, mode, why):
-    made = one_library if level == "icd" else one_library.parent
-    made.mkdir(parents=True)
+    """Every folder on the way is refused if anyone else can write it, XDG_CACHE_HOME and the folders above it
+    included: the loader resolves the path again by name, and whoever can rename an entry on the way can swap the
+    directory it reads (a umask of 002's group-writable clnet/ too)."""
+    made = dict(icd=one_library, clnet=one_library.parent, cache=one_library.parent.parent,
+                above=one_library.parent.parent.parent)[level]
+    made.mkdir(parents=True, exist_ok=True)
     os.chmod(made, mode)
     before = os.environ["OCL_ICD_VENDORS"]
     with pytest.raises(device_mod.UnsafeICDDirectory, match=why) as e:
         device_mod.register_vendor_libraries()
     assert str(made) in str(e.value) and "CLNET_NO_ICD_SEARCH" in str(e.value)
+    assert ("rm -r" in str(e.value)) == (level == "icd") and "\n" not in str(e.value)
     assert isinstance(e.value, clnet.DeviceNotFound)  # commands report it as they report a missing device
-    assert [p for p in made.rglob("*")] == [] and os.environ["OCL_ICD_VENDORS"] == before  # nothing written, used
-    assert device_mod.registered_libraries == []
+    assert [p for p in made.rglob("*.icd")] == []  # nothing written
+    assert os.environ["OCL_ICD_VENDORS"] == before and device_mod.registered_libraries == []  # nor used
+    os.chmod(made, 0o700)
 
 
-def test_a_group_writable_cache_directory_is_accepted(one_library):
-    """A umask of 002 leaves ~/.cache/clnet (made by the tuning cache) group-writable; the directories clnet makes
-    below it for the registration are 0700 and checked strictly, so the group cannot enter them."""
-    one_library.parent.mkdir(parents=True)
-    os.chmod(one_library.parent, 0o775)
-    assert _mode(os.path.dirname(device_mod.register_vendor_libraries())) == 0o700
+def test_a_sticky_cache_directory_is_accepted(one_library):
+    """World-writable with the sticky bit (as /tmp): nobody can rename or remove what another user owns there, and
+    clnet/ and below, this user's, are checked in turn."""
+    cache = one_library.parent.parent
+    cache.mkdir()
+    os.chmod(cache, 0o1777)
+    new_dir = device_mod.register_vendor_libraries()
+    assert os.path.dirname(new_dir) == str(one_library) and _mode(one_library.parent) == 0o700
 
 
 def test_a_directory_owned_by_someone_else_is_refused(one_library, monkeypatch):
@@ -78,9 +90,9 @@ def test_a_directory_owned_by_someone_else_is_refused(one_library, monkeypatch):
         os.chown(one_library, 65534, 65534)
         refused = one_library
     else:  # elsewhere the process pretends to be another user: its own directories then belong to someone else
-        real = os.getuid()
-        monkeypatch.setattr(device_mod.os, "getuid", lambda: real + 1)
-        refused = one_library.parent
+        real = os.geteuid()
+        monkeypatch.setattr(os, "geteuid", lambda: real + 1)
+        refused = next(p for p in reversed(one_library.parents) if os.stat(p).st_uid == real)  # the first one
     with pytest.raises(device_mod.UnsafeICDDirectory, match="belongs to user id") as e:
         device_mod.register_vendor_libraries()
     assert str(refused) in str(e.value)
@@ -88,14 +100,72 @@ def test_a_directory_owned_by_someone_else_is_refused(one_library, monkeypatch):
     assert list(one_library.iterdir()) == []
 
 
-def test_a_link_in_place_of_the_directory_is_refused(one_library, tmp_path):
-    elsewhere = tmp_path / "someone-elses"
+def test_a_link_of_this_user_is_followed_and_the_loader_gets_the_resolved_path(one_library, tmp_path):
+    """A link in a folder only this user can write (a cache kept on another disk) is followed; the loader is handed
+    the path with every link resolved, so that nothing is resolved again through a link."""
+    elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     one_library.parent.mkdir(parents=True, mode=0o700)
     os.symlink(elsewhere, one_library)
-    with pytest.raises(device_mod.UnsafeICDDirectory, match="not a directory"):
+    new_dir = device_mod.register_vendor_libraries()
+    assert os.path.dirname(new_dir) == str(elsewhere) and os.path.realpath(new_dir) == new_dir
+    assert os.environ["OCL_ICD_VENDORS"] == new_dir
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a link owned by another user can only be made by root")
+def test_another_users_link_in_a_sticky_folder_is_refused(one_library, tmp_path):
+    """In a sticky folder others can write, a link another user made (in place of clnet/) is not followed."""
+    cache, elsewhere = one_library.parent.parent, tmp_path / "someone-elses"
+    elsewhere.mkdir(mode=0o700)
+    cache.mkdir()
+    os.chmod(cache, 0o1777)
+    os.symlink(elsewhere, one_library.parent)
+    os.lchown(one_library.parent, 65534, 65534)
+    with pytest.raises(device_mod.UnsafeICDDirectory, match="is a link in a folder others can write"):
         device_mod.register_vendor_libraries()
     assert list(elsewhere.iterdir()) == []
+
+
+def test_libraries_found_through_relative_search_paths_are_registered_by_absolute_path(one_library, tmp_path,
+                                                                                       monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LD_LIBRARY_PATH", "lib")  # relative: found from tmp_path, the folder this process runs in
+    monkeypatch.setattr(device_mod, "LIBRARY_DIRS", ())
+    new_dir = device_mod.register_vendor_libraries()
+    text, = [open(os.path.join(new_dir, f)).read() for f in os.listdir(new_dir)]
+    assert text == str(tmp_path / "lib" / "libnvidia-opencl.so.1") + "\n"
+
+
+def test_ldconfig_is_run_by_absolute_path(tmp_path, monkeypatch):
+    """An `ldconfig` earlier on PATH (anybody's program) is never run."""
+    fake, marker = tmp_path / "ldconfig", tmp_path / "ran"
+    fake.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ.get('PATH', '')}")
+    device_mod._ldconfig_paths()
+    assert not marker.exists()
+
+
+def test_a_platform_that_fails_to_list_its_devices_is_named(monkeypatch):
+    """No device found on a platform is no news; any other failure is a warning naming the platform, not silence."""
+    import pyopencl as cl
+
+    class Platform:
+        def __init__(self, name, code):
+            self.name, self.code = name, code
+
+        def get_devices(self):
+            raise cl.RuntimeError(cl._cl._ErrorRecord(msg=f"clGetDeviceIDs failed: {self.code}", code=self.code,
+                                                      routine="clGetDeviceIDs"))
+
+    monkeypatch.setattr(device_mod, "_register_once", lambda: None)
+    monkeypatch.setattr(cl, "get_platforms", lambda: [Platform("Quiet", cl.status_code.DEVICE_NOT_FOUND),
+                                                      Platform("Broken", cl.status_code.OUT_OF_HOST_MEMORY)])
+    with pytest.warns(UserWarning) as caught:
+        assert device_mod._all_cl_devices() == []
+    messages = [str(w.message) for w in caught]
+    assert any("'Broken'" in m and "OUT_OF_HOST_MEMORY" in m for m in messages), messages
+    assert not any("Quiet" in m for m in messages), messages
 
 
 def test_without_a_writable_cache_a_fresh_private_directory_is_used(one_library, tmp_path, monkeypatch):
