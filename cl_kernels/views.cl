@@ -1,0 +1,193 @@
+// Views and indexing (clnet/views.py): every op that moves elements without arithmetic, for any element type, and
+// the sums their backward passes need. Tensors are contiguous; a view (a permutation, a slice, an expansion) is
+// described by strides (in elements) from a base element, through strided.h's layouts (`meta`).
+//   strided_copy   dst[dst_base + off(meta, 0, i)] = src[src_base + off(meta, 1, i)] for i < n: permute, slicing,
+//                  expand and repeat (dst contiguous), a slice's backward and cat (dst a window, src contiguous),
+//                  x[...] = tensor (dst a window, src broadcast)
+//   strided_fill   dst[dst_base + off(meta, 0, i)] = value (its bits, as an int) for i < n: x[...] = number
+//   strided_sum    dst[dst_base + off(keep, 0, i)] = sum over r < nred of src[off(keep, 1, i) + off(red, 0, r)]:
+//                  the backward of expand and repeat, which sums the gradient over the broadcast dimensions (float)
+//   index_select_fwd  out (outer, K, inner) = x (outer, D, inner) at index[k] along D (negative indices wrap)
+//   index_select_bwd  dx (outer, D, inner): each element sums dy over the k whose index[k] is its own (a loop over
+//                  the K indices per element: deterministic and atomic-free, O(K) per element)
+//   gather_fwd     out[i] = x[x_base + off(meta, 0, i) + index[i] * dstride], i over index's shape (torch.gather)
+//   gather_bwd     dx[j] = sum of dy[i] over the i whose gather read j: element j loops over index's extent along
+//                  dim (atomic-free); its meta holds x's sizes, index's sizes and index's strides, not coalesced
+//   pad_fwd        out (outer, A, B, C) from x (outer, a, b, c) padded by (pa, pb, pc) before each dimension: value
+//                  outside x (MODE 0, constant; negative pads crop), x's mirror image without the edge (1, reflect),
+//                  x's edge (2, replicate)
+//   pad_bwd        dx (outer, a, b, c) = the sum of dy over the output positions that read each element (reflect and
+//                  replicate; a constant pad's backward is pad_fwd with the pads negated)
+// An index outside [-D, D) reads `oob` (NaN's bits for floats) instead of memory outside x.
+// Defines: ELEM (the element type moved: uint for 4-byte types, whose bits are copied unchanged, uchar for bool),
+// NDIM (strided.h), MODE (pad: 0 constant, 1 reflect, 2 replicate).
+#include "strided.h"
+
+#ifndef ELEM
+#define ELEM uint   // element type: its bits are moved, never converted
+#endif
+#ifndef MODE
+#define MODE 0      // pad mode: 0 constant, 1 reflect, 2 replicate
+#endif
+#if MODE < 0 || MODE > 2
+#error "MODE must be 0 (constant), 1 (reflect) or 2 (replicate)"
+#endif
+
+__kernel void strided_copy(__global ELEM* restrict dst, const int dst_base, __global const ELEM* restrict src,
+                           const int src_base, __global const int* restrict meta, const int n) {
+    const int i = get_global_id(0);
+    if (i < n) dst[dst_base + strided_offset(meta, 0, i)] = src[src_base + strided_offset(meta, 1, i)];
+}
+
+__kernel void strided_fill(__global ELEM* restrict dst, const int dst_base, __global const int* restrict meta,
+                           const int value, const int n) {
+    const int i = get_global_id(0);
+    if (i < n) dst[dst_base + strided_offset(meta, 0, i)] = (ELEM)value;
+}
+
+__kernel void strided_sum(__global float* restrict dst, const int dst_base, __global const float* restrict src,
+                          __global const int* restrict keep, __global const int* restrict red, const int n,
+                          const int nred) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const int from = strided_offset(keep, 1, i);
+    // Blocks of 64 added into the total: the chains of float32 additions stay short for long sums.
+    float total = 0.0f;
+    for (int r0 = 0; r0 < nred; r0 += 64) {
+        const int r1 = min(r0 + 64, nred);
+        float part = 0.0f;
+        for (int r = r0; r < r1; r++) part += src[from + strided_offset(red, 0, r)];
+        total += part;
+    }
+    dst[dst_base + strided_offset(keep, 0, i)] = total;
+}
+
+__kernel void index_select_fwd(__global const ELEM* restrict x, __global const int* restrict index,
+                               __global ELEM* restrict out, const int K, const int D, const int inner, const int n,
+                               const int oob) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const int e = i % inner, ok = i / inner;
+    const int k = ok % K, o = ok / K;
+    int j = index[k];
+    j = j < 0 ? j + D : j;
+    out[i] = (j >= 0 && j < D) ? x[(o * D + j) * inner + e] : (ELEM)oob;
+}
+
+__kernel void index_select_bwd(__global const float* restrict dy, __global const int* restrict index,
+                               __global float* restrict dx, const int K, const int D, const int inner, const int n) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const int e = i % inner, oj = i / inner;
+    const int j = oj % D, o = oj / D;
+    __global const float* row = dy + o * K * inner + e;
+    float total = 0.0f;
+    for (int k = 0; k < K; k++) {
+        const int t = index[k];
+        if (t == j || t + D == j) total += row[k * inner];
+    }
+    dx[i] = total;
+}
+
+__kernel void gather_fwd(__global const ELEM* restrict x, const int x_base, __global const int* restrict index,
+                         __global ELEM* restrict out, __global const int* restrict meta, const int dstride,
+                         const int D, const int n, const int oob) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    int j = index[i];
+    j = j < 0 ? j + D : j;
+    out[i] = (j >= 0 && j < D) ? x[x_base + strided_offset(meta, 0, i) + j * dstride] : (ELEM)oob;
+}
+
+// meta: x's NDIM sizes, index's NDIM sizes, index's NDIM strides (elements; index and dy share them).
+__kernel void gather_bwd(__global const float* restrict dy, __global const int* restrict index,
+                         __global float* restrict dx, __global const int* restrict meta, const int dim, const int n) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    int rest = i, off = 0, t = 0;
+    for (int d = NDIM - 1; d >= 0; d--) {
+        const int c = rest % meta[d];
+        rest /= meta[d];
+        if (d == dim) {
+            t = c;
+        } else {
+            if (c >= meta[NDIM + d]) {  // past index's extent: no gather read this element
+                dx[i] = 0.0f;
+                return;
+            }
+            off += c * meta[2 * NDIM + d];
+        }
+    }
+    const int D = meta[dim], M = meta[NDIM + dim], step = meta[2 * NDIM + dim];
+    float total = 0.0f;
+    for (int m = 0; m < M; m++) {
+        const int s = index[off + m * step];
+        if (s == t || s + D == t) total += dy[off + m * step];
+    }
+    dx[i] = total;
+}
+
+// The input coordinate that output coordinate o reads along a dimension of input size s padded by p before it;
+// -1 outside the input (constant mode only).
+inline int pad_source(const int o, const int s, const int p) {
+    const int j = o - p;
+#if MODE == 0
+    return (j >= 0 && j < s) ? j : -1;
+#elif MODE == 1
+    return j < 0 ? -j : (j >= s ? 2 * (s - 1) - j : j);
+#else
+    return clamp(j, 0, s - 1);
+#endif
+}
+
+__kernel void pad_fwd(__global const ELEM* restrict x, __global ELEM* restrict out, const int A, const int B,
+                      const int C, const int a, const int b, const int c, const int pa, const int pb, const int pc,
+                      const int value, const int n) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const int oc = i % C, ob = (i / C) % B, rest = i / C / B;
+    const int oa = rest % A, outer = rest / A;
+    const int jc = pad_source(oc, c, pc), jb = pad_source(ob, b, pb), ja = pad_source(oa, a, pa);
+    out[i] = (ja < 0 || jb < 0 || jc < 0) ? (ELEM)value : x[((outer * a + ja) * b + jb) * c + jc];
+}
+
+// The output coordinates along one dimension that read input coordinate j: up to three runs [lo[r], hi[r]] (empty
+// where lo > hi). Reflect: j itself, its mirror before the start and its mirror past the end; replicate: one run,
+// which at an edge covers the padding beside it.
+inline void pad_readers(const int j, const int s, const int m, const int p, int* lo, int* hi) {
+#if MODE == 1
+    lo[0] = hi[0] = j + p;
+    lo[1] = hi[1] = (j > 0 && p - j >= 0) ? p - j : -1;
+    lo[2] = hi[2] = (j < s - 1 && p + 2 * (s - 1) - j < m) ? p + 2 * (s - 1) - j : -1;
+    if (lo[1] < 0) hi[1] = -2;
+    if (lo[2] < 0) hi[2] = -2;
+#else
+    lo[0] = j == 0 ? 0 : j + p;
+    hi[0] = j == s - 1 ? m - 1 : j + p;
+    lo[1] = lo[2] = 0;
+    hi[1] = hi[2] = -1;
+#endif
+}
+
+__kernel void pad_bwd(__global const float* restrict dy, __global float* restrict dx, const int A, const int B,
+                      const int C, const int a, const int b, const int c, const int pa, const int pb, const int pc,
+                      const int n) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const int jc = i % c, jb = (i / c) % b, rest = i / c / b;
+    const int ja = rest % a, outer = rest / a;
+    int la[3], ha[3], lb[3], hb[3], lc[3], hc[3];
+    pad_readers(ja, a, A, pa, la, ha);
+    pad_readers(jb, b, B, pb, lb, hb);
+    pad_readers(jc, c, C, pc, lc, hc);
+    float total = 0.0f;
+    for (int ra = 0; ra < 3; ra++)
+        for (int oa = la[ra]; oa <= ha[ra]; oa++)
+            for (int rb = 0; rb < 3; rb++)
+                for (int ob = lb[rb]; ob <= hb[rb]; ob++) {
+                    __global const float* row = dy + ((outer * A + oa) * B + ob) * C;
+                    for (int rc = 0; rc < 3; rc++)
+                        for (int oc = lc[rc]; oc <= hc[rc]; oc++) total += row[oc];
+                }
+    dx[i] = total;
+}
