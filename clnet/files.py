@@ -171,10 +171,13 @@ def write_atomically(path, write, text=False, mode=0o666):
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())
+                written, there = os.fstat(f.fileno()), os.stat(tmp, dir_fd=fd, follow_symlinks=False)
+            if (written.st_dev, written.st_ino) != (there.st_dev, there.st_ino):  # never rename what someone put there
+                raise UnsafeFolder(folder, f"had the temporary file {tmp} replaced while clnet wrote it")
             os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
         except BaseException:
             try:
-                os.unlink(tmp, dir_fd=fd)
+                os.unlink(tmp, dir_fd=fd)  # (a link someone put in its place is removed, not followed)
             except FileNotFoundError:
                 pass
             raise
