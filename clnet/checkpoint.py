@@ -4,7 +4,9 @@ random-stream state and the history so far. Written atomically (files.write_atom
 leaves a broken checkpoint.
 """
 import json
+import math
 import os
+import stat
 import zipfile
 import zlib
 
@@ -42,37 +44,138 @@ NOT_A_CHECKPOINT = ("clnet writes checkpoints with `clnet train --checkpoint FIL
                     "checkpoint=FILE)); pass one of those")
 
 
-def _refuse_other_files(path):
-    """Raise CheckpointError, in words a user can act on, for a PATH that cannot be a checkpoint: missing, a
-    directory, unreadable, empty, or not a zip archive (/etc/passwd, a .npy array, a text file). np.load would
-    otherwise guess the format from the first bytes and answer with its own advice (about unpickling)."""
+def _open_checkpoint(path):
+    """The checkpoint file open for reading, or CheckpointError, in words a user can act on, for a PATH that cannot be
+    a checkpoint: missing, a directory, a FIFO or device (opened without waiting for a writer, then refused),
+    unreadable, empty, or not a zip archive (/etc/passwd, a .npy array, a text file). np.load would otherwise guess
+    the format from the first bytes and answer with its own advice (about unpickling). The caller reads the file it
+    was given, so a path swapped after the check is never read."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(len(ZIP_MAGIC))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError as e:
         raise CheckpointError(f"checkpoint {path}: no such file") from e
     except IsADirectoryError as e:
         raise CheckpointError(f"checkpoint {path} is a directory, not a checkpoint file") from e
     except OSError as e:
         raise CheckpointError(f"checkpoint {path} cannot be read ({e.strerror})") from e
-    if not head:
-        raise CheckpointError(f"checkpoint {path} is empty, not a clnet checkpoint (a write that never finished, or "
-                              f"the wrong file); {NOT_A_CHECKPOINT}")
-    if head != ZIP_MAGIC:
-        kind = "a NumPy array file" if NPY_MAGIC.startswith(head) else "not the archive of arrays clnet writes"
-        raise CheckpointError(f"{path} is not a clnet checkpoint ({kind}); {NOT_A_CHECKPOINT}")
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise CheckpointError(f"checkpoint {path} is a directory, not a checkpoint file")
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+        raise CheckpointError(f"checkpoint {path} is {kind}, not a checkpoint file; {NOT_A_CHECKPOINT}")
+    f = os.fdopen(fd, "rb")
+    try:
+        try:
+            head = f.read(len(ZIP_MAGIC))
+        except OSError as e:
+            raise CheckpointError(f"checkpoint {path} cannot be read ({e.strerror})") from e
+        if not head:
+            raise CheckpointError(f"checkpoint {path} is empty, not a clnet checkpoint (a write that never finished, "
+                                  f"or the wrong file); {NOT_A_CHECKPOINT}")
+        if head != ZIP_MAGIC:
+            kind = "a NumPy array file" if NPY_MAGIC.startswith(head) else "not the archive of arrays clnet writes"
+            raise CheckpointError(f"{path} is not a clnet checkpoint ({kind}); {NOT_A_CHECKPOINT}")
+        f.seek(0)
+        return f
+    except BaseException:
+        f.close()
+        raise
+
+
+def _whole(v, low=0, high=None):
+    """v is an int (not a bool) in [low, high]."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low and (high is None or v <= high)
+
+
+def _number(v, low=0.0, positive=False):
+    """v is a finite real number (not a bool) >= low (> low with positive)."""
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and (v > low if positive else v >= low))
+
+
+def _check_record(path, meta):
+    """CheckpointError naming the first field of the record that has the wrong type or an impossible value: every
+    field fit and the commands use is checked here, before any of it is applied."""
+    def bad(field, value, expected):
+        text = repr(value)
+        raise CheckpointError(f"checkpoint {path} is damaged: its record's {field} is "
+                              f"{text if len(text) <= 60 else text[:57] + '...'}, expected {expected}; "
+                              "use an earlier checkpoint")
+    for key in ("model", "architecture"):
+        if not isinstance(meta[key], str):
+            bad(key, meta[key], "a string")
+    config = meta["config"]
+    if not isinstance(config, dict):
+        bad("config", config, "a mapping of the run's options")
+    for key in ("batch", "train_images"):  # fit writes both; fit refuses a resume whose values differ from its own
+        if key in config and not _whole(config[key], 1):
+            bad(f"config {key}", config[key], "a whole number of at least 1")
+    if "seed" in config and not _whole(config["seed"], -2**63, 2**64 - 1):
+        bad("config seed", config["seed"], "a whole number")
+    for key, positive in (("lr", True), ("momentum", False), ("weight_decay", False)):
+        if key in config and not _number(config[key], positive=positive):
+            bad(f"config {key}", config[key], "a finite number " + ("above 0" if positive else "of at least 0"))
+    for key in ("subset", "test_subset"):
+        if config.get(key) is not None and not _whole(config[key], 1):
+            bad(f"config {key}", config[key], "none or a whole number of at least 1")
+    for key in ("dataset", "optimizer"):
+        if key in config and not isinstance(config[key], str):
+            bad(f"config {key}", config[key], "a name")
+    for key in ("epoch", "step", "global_step"):
+        if not _whole(meta[key], 0, 2**53):
+            bad(key, meta[key], "a whole number of at least 0")
+    if meta["global_step"] < meta["step"]:
+        bad("global_step", meta["global_step"], f"at least the step in the epoch, {meta['step']}")
+    if "batch" not in config or "train_images" not in config:
+        steps_per_epoch = None
+    else:
+        steps_per_epoch = -(-config["train_images"] // config["batch"])
+        if meta["step"] >= steps_per_epoch:
+            bad("step", meta["step"], f"less than the {steps_per_epoch} steps of an epoch "
+                f"({config['train_images']} images in batches of {config['batch']})")
+    if steps_per_epoch is not None and meta["global_step"] != meta["epoch"] * steps_per_epoch + meta["step"]:
+        bad("global_step", meta["global_step"], f"{meta['epoch'] * steps_per_epoch + meta['step']} (epoch "
+            f"{meta['epoch']} of {steps_per_epoch} steps, then step {meta['step']})")
+    history = meta["history"]
+    if not isinstance(history, list) or not all(isinstance(r, dict) for r in history):
+        bad("history", history, "a list of the finished epochs' figures")
+    if len(history) != meta["epoch"]:
+        bad("history", f"{len(history)} epochs", f"one entry for each of the {meta['epoch']} finished epochs")
+    running = meta.get("running", {})
+    if (not isinstance(running, dict) or not set(running) <= set(RUNNING)
+            or not all(_number(v) for v in running.values())):
+        bad("running", running, f"a mapping of {', '.join(RUNNING)} to numbers of at least 0")
+    try:  # on a generator of its own: clnet's random stream changes only when the checkpoint is applied
+        np.random.default_rng().bit_generator.state = meta["rng_state"]
+    except (TypeError, ValueError, KeyError) as e:
+        bad("rng_state", meta["rng_state"], f"the state of NumPy's PCG64 generator ({e})")
+    group = meta["optimizer"]
+    if not isinstance(group, dict) or not isinstance(group.get("type"), str):
+        bad("optimizer", group, "a mapping with the optimizer's type and settings")
+    for key, v in group.items():
+        if key == "type" or isinstance(v, bool):
+            continue
+        values = v if isinstance(v, list) else [v]
+        if not values or not all(_number(x) for x in values):
+            bad(f"optimizer {key}", v, "a finite number of at least 0")
+
+
+RUNNING = ("loss", "correct", "seen", "seconds", "wait")  # the unfinished epoch's sums (train.fit)
 
 
 def load_checkpoint(path):
     """Read a checkpoint into a dict: meta fields, plus ``state_dict`` and ``optimizer_state``. Nothing is applied.
 
-    Raises CheckpointError naming the file when it is missing, damaged or not a clnet checkpoint, in words that
-    name no library (the underlying exception stays chained as its cause).
+    Raises CheckpointError naming the file when it is missing, damaged or not a clnet checkpoint, or when its record
+    holds a field of the wrong type or an impossible value, in words that name no library (the underlying exception
+    stays chained as its cause).
     """
     path = os.fspath(path)
-    _refuse_other_files(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with _open_checkpoint(path) as f, np.load(f, allow_pickle=False) as z:
             if "meta" not in z.files:
                 raise CheckpointError(f"{path} is not a clnet checkpoint (an archive without clnet's record); "
                                       f"{NOT_A_CHECKPOINT}")
@@ -94,23 +197,33 @@ def load_checkpoint(path):
         raise CheckpointError(f"checkpoint {path} has format version {meta.get('version')}; this clnet reads "
                               f"version {VERSION}")
     try:
-        state_dict = {k[len("model/"):]: v for k, v in entries.items() if k.startswith("model/")}
-        state = {}
-        for k, v in entries.items():
-            if k.startswith("optim/"):
-                _, i, name = k.split("/", 2)
-                state.setdefault(int(i), {})[name] = v
-        group = dict(meta["optimizer"])
-        optimizer_state = dict(type=group.pop("type"), state=state, param_groups=[group])
-        for key in ("model", "architecture", "epoch", "step", "global_step", "rng_state", "config", "history"):
+        for key in ("model", "architecture", "epoch", "step", "global_step", "rng_state", "config", "history",
+                    "optimizer"):
             meta[key]
-    except (KeyError, TypeError) as e:
+    except KeyError as e:
         raise CheckpointError(f"checkpoint {path} is damaged: its record lacks {e}") from e
+    _check_record(path, meta)
+    state_dict = {k[len("model/"):]: v for k, v in entries.items() if k.startswith("model/")}
+    state = {}
+    for k, v in entries.items():
+        if k.startswith("optim/"):
+            parts = k.split("/", 2)
+            if len(parts) != 3 or not parts[1].isdigit():
+                raise CheckpointError(f"checkpoint {path} is damaged: {k!r} is not an optimizer state's name")
+            state.setdefault(int(parts[1]), {})[parts[2]] = v
+    group = dict(meta["optimizer"])
+    optimizer_state = dict(type=group.pop("type"), state=state, param_groups=[group])
     return dict(meta, path=path, state_dict=state_dict, optimizer_state=optimizer_state)
 
 
 def check_checkpoint_fits(ckpt, model, model_name=None):
-    """Raise CheckpointError unless the checkpoint was made for this model (name, layers, keys and shapes)."""
+    """Raise CheckpointError unless the checkpoint was made for this model (name, layers, keys, shapes and dtypes)
+    and its weights can be loaded as they are.
+
+    The dtype rule: a weight (a floating entry) takes any real floating array, cast to the model's float32 as
+    PyTorch's load_state_dict casts; an integer buffer (batch norm's count) takes integers that fit it. Complex,
+    boolean, integer-for-a-weight and text arrays are refused (clnet never writes them), as are non-finite weights.
+    """
     where = f"checkpoint {ckpt['path']}"
     if model_name is not None and ckpt["model"] != model_name:
         raise CheckpointError(f"{where} holds a {ckpt['model']!r} model, not {model_name!r}; pass the model it was "
@@ -118,23 +231,49 @@ def check_checkpoint_fits(ckpt, model, model_name=None):
     if ckpt["architecture"] != repr(model):
         raise CheckpointError(f"{where} was made for another architecture:\n{ckpt['architecture']}\n"
                               f"not the model given:\n{model!r}")
-    own = {k: tuple(t.shape) for k, t in model._state_items()}  # shapes only: no weights read back from the device
+    items = dict(model._state_items())
+    own = {k: tuple(t.shape) for k, t in items.items()}  # shapes only: no weights read back from the device
     theirs = {k: tuple(v.shape) for k, v in ckpt["state_dict"].items()}
     if own != theirs:
         raise CheckpointError(f"{where}: its weights {theirs} do not match the model's {own}")
+    for k, a in ckpt["state_dict"].items():
+        _check_array(where, f"weight {k!r}", a, np.dtype(items[k].dtype))
+
+
+def _check_array(where, what, a, dtype):
+    """CheckpointError unless array a may be loaded into an entry of dtype (check_checkpoint_fits's rule)."""
+    if dtype.kind == "f":
+        if a.dtype.kind != "f":
+            raise CheckpointError(f"{where}: {what} is {a.dtype}, not a floating type; clnet loads real floating "
+                                  f"weights only (cast to {dtype})")
+        if not np.isfinite(a).all():
+            raise CheckpointError(f"{where}: {what} holds NaN or infinite values; use an earlier checkpoint")
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if a.dtype.kind not in "iu" or (a.size and (a.min() < info.min or a.max() > info.max)):
+            raise CheckpointError(f"{where}: {what} is {a.dtype}" + (f" with values up to {a.max()}" if
+                                  a.dtype.kind in "iu" else "") + f"; the model's buffer holds {dtype}")
 
 
 def load_into(ckpt, model, optimizer, model_name=None):
-    """Check that ckpt fits, then load its weights, optimizer state and random-stream state."""
+    """Check that ckpt fits, then load its weights, optimizer state and random-stream state.
+
+    Everything is checked before anything is applied: on a CheckpointError the model, the optimizer and the random
+    stream are as they were."""
     check_checkpoint_fits(ckpt, model, model_name)
+    where = f"checkpoint {ckpt['path']}"
+    if optimizer is not None:
+        saved = ckpt["optimizer_state"]["type"]
+        if saved != type(optimizer).__name__:
+            raise CheckpointError(f"{where} holds {saved} state, the run uses {type(optimizer).__name__}; resume "
+                                  f"with the checkpoint's optimizer")
+        for i, entry in ckpt["optimizer_state"]["state"].items():
+            for name, a in entry.items():
+                _check_array(where, f"the optimizer's {name} of parameter {i}", a, np.dtype(np.float32))
     try:
-        model.load_state_dict(ckpt["state_dict"])
-        if optimizer is not None:
-            saved = ckpt["optimizer_state"]["type"]
-            if saved != type(optimizer).__name__:
-                raise CheckpointError(f"checkpoint {ckpt['path']} holds {saved} state, the run uses "
-                                      f"{type(optimizer).__name__}; resume with the checkpoint's optimizer")
+        if optimizer is not None:  # it checks the whole state before it changes anything
             optimizer.load_state_dict(ckpt["optimizer_state"])
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(f"checkpoint {ckpt['path']}: {e}") from e
-    rng.set_state(ckpt["rng_state"])
+        model.load_state_dict(ckpt["state_dict"])  # keys, shapes and values checked above: it cannot fail midway
+    except (KeyError, ValueError, TypeError) as e:
+        raise CheckpointError(f"{where}: {e}") from e
+    rng.set_state(ckpt["rng_state"])  # checked by load_checkpoint

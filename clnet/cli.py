@@ -1,6 +1,9 @@
 """The `clnet` command: devices, bench, tune, train, eval. Commands check what the user typed, call the Python API
 and print; they build no kernels themselves."""
+import json
+import math
 import shlex
+import signal
 import sys
 
 import click
@@ -14,7 +17,7 @@ from .devices import DeviceNotFound
 from .kernels import OutOfMemory
 from .devices import device as _device
 from .files import write_atomically
-from .train import Diverged, evaluate, fit, mpi_world
+from .train import Diverged, FitError, WriteError, check_writable, evaluate, fit, mpi_world
 from .tune import tune_first
 
 
@@ -72,6 +75,10 @@ def tune(model, device_spec, batch, budget, retune, less_accurate):
     except DeviceNotFound as e:
         raise click.ClickException(str(e))
     tuning.allow_less_accurate = less_accurate
+    try:  # before the budget is spent: tuning that cannot be kept is refused at once
+        check_writable(tuning.cache_path(), "tune: the tuning cache")
+    except WriteError as e:
+        raise click.ClickException(f"{e} (set CLNET_CACHE_DIR to a writable folder)") from e
     click.echo(f"tuning {model} on {dev.name}; cache {tuning.cache_path()}", err=True)
     report = tune_mod.tune_model(model, dev, batch, budget_s=budget, retune=retune,
                                  progress=lambda line: click.echo(line, err=True))
@@ -79,6 +86,22 @@ def tune(model, device_spec, batch, budget, retune, less_accurate):
     click.echo(f"{len(report['tuned'])} shapes tuned, {report['cached']} already cached, {len(report['left'])} left "
                f"at their defaults (budget), in {report['seconds']:.1f} s"
                + (f"; median speed-up over the defaults {sorted(gain)[len(gain) // 2]:.2f}x" if gain else ""))
+    lost = _unsaved(tuning.cache_path(), report)
+    if lost:
+        raise click.ClickException(f"tune: {len(lost)} of the {len(report['tuned'])} tuned shapes are not in the cache "
+                                   f"{tuning.cache_path()} (it could not be written); nothing of them is kept: free "
+                                   "some space or set CLNET_CACHE_DIR to a writable folder, and tune again")
+
+
+def _unsaved(path, report):
+    """The keys of report["tuned"] that the cache file on disk does not hold for the report's device: what a failed
+    write (a full disk; tuning.store only warns) left out."""
+    try:
+        with open(path) as f:
+            on_disk = json.load(f).get(report["device"], {})
+    except (OSError, ValueError, AttributeError):
+        on_disk = {}
+    return [k for k in report["tuned"] if k not in on_disk]
 
 
 # -- plotting --------------------------------------------------------------------------------------------------------
@@ -113,11 +136,29 @@ def plot_history(path, history, title=""):
 
 
 # -- commands --------------------------------------------------------------------------------------------------------
-def _load_data(dataset, data_dir, split, subset=None):
+def _load_data(dataset, data_dir, split, subset=None, model=None):
+    """The split as a Dataset, or a one-line error: files missing or damaged, no images, or images of another shape
+    than MODEL takes."""
     try:
-        return data_mod.load(dataset, split, data_dir).subset(subset)
+        found = data_mod.load(dataset, split, data_dir)
     except (data_mod.DataNotFound, data_mod.IDXError) as e:
         raise click.ClickException(str(e)) from e
+    images = data_mod.find_files(dataset, split, data_dir)[0]
+    if len(found) == 0:
+        raise click.ClickException(f"{images} holds no images: the {dataset} {split} set needs at least one; pass "
+                                   "--data-dir with the complete files")
+    if model is not None and tuple(found.images.shape[1:]) != tuple(models.MODELS[model]["input_shape"]):
+        raise click.ClickException(f"{images} holds images of shape {tuple(found.images.shape[1:])}; {model} takes "
+                                   f"{tuple(models.MODELS[model]['input_shape'])}: pass the {dataset} files of that "
+                                   "size")
+    return found.subset(subset)
+
+
+def _finite(ctx, param, value):
+    """click callback: a NaN passes every range test (nan > 0 and nan < 0 are both false), inf passes a minimum."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number", ctx=ctx, param=param)
+    return value
 
 
 def _device_or_fail(spec):
@@ -147,7 +188,8 @@ def _optimizer(name, params, cfg):
     return OPTIMIZERS[name](params, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
 
 
-DEFAULTS = dict(epochs=10, batch=64, lr=0.01, momentum=0.9, weight_decay=0.0, seed=0, subset=None, optimizer="sgd")
+DEFAULTS = dict(epochs=10, batch=64, lr=0.01, momentum=0.9, weight_decay=0.0, seed=0, subset=None, optimizer="sgd",
+                test_subset=None)
 
 
 @click.command("train")
@@ -158,11 +200,14 @@ DEFAULTS = dict(epochs=10, batch=64, lr=0.01, momentum=0.9, weight_decay=0.0, se
               help="Directory of the IDX files (default $CLNET_DATA, else /usr/share/datasets/fashion-mnist).")
 @click.option("--epochs", type=click.IntRange(min=1), default=None, help="Epochs in all (default 10).")
 @click.option("--batch", type=click.IntRange(min=1), default=None, help="Batch size (default 64).")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None, help="Learning rate (default 0.01).")
-@click.option("--momentum", type=click.FloatRange(min=0), default=None, help="SGD momentum (default 0.9).")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None, callback=_finite,
+              help="Learning rate (default 0.01).")
+@click.option("--momentum", type=click.FloatRange(min=0), default=None, callback=_finite,
+              help="SGD momentum (default 0.9).")
 @click.option("--optimizer", "optimizer_name", type=click.Choice(sorted(OPTIMIZERS)), default=None,
               help="sgd (default), adam or adamw (these take --lr and --weight-decay; try --lr 0.001).")
-@click.option("--weight-decay", type=click.FloatRange(min=0), default=None, help="L2 weight decay (default 0).")
+@click.option("--weight-decay", type=click.FloatRange(min=0), default=None, callback=_finite,
+              help="L2 weight decay (default 0).")
 @click.option("--device", "device_spec", default="auto", show_default=True,
               help="auto, gpu, cpu, an index from `clnet devices`, or a name substring.")
 @click.option("--seed", type=int, default=None, help="Seed of initialisation and shuffling (default 0).")
@@ -180,29 +225,41 @@ def train_command(model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
                   seed, checkpoint, resume, subset, test_subset, log_path, tune, plot_path):
     """Train MODEL (lenet, lenet-wide, resnet8) on MNIST or Fashion-MNIST, reporting test accuracy after each epoch.
 
-    Ctrl-C finishes the current step, writes a checkpoint and exits; --resume continues it exactly.
+    Ctrl-C (or SIGTERM) finishes the current step, writes a checkpoint, prints the command that continues the run
+    and exits with 130 (143 for SIGTERM); --resume continues it exactly.
 
     Under `mpiexec -n N` it trains data-parallel, one rank per device: --batch is the global batch (a multiple of N),
     rank 0 tunes, prints and writes; a failing rank stops them all.
     """
     world = mpi_world()
     if world is None:
-        return _train(None, model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name, weight_decay,
-                      device_spec, seed, checkpoint, resume, subset, test_subset, log_path, tune, plot_path)
-    from . import distributed
-    with distributed.stop_all_on_failure():
-        _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name, weight_decay,
-               device_spec, seed, checkpoint, resume, subset, test_subset, log_path, tune, plot_path)
+        status = _train(None, model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name, weight_decay,
+                        device_spec, seed, checkpoint, resume, subset, test_subset, log_path, tune, plot_path)
+    else:
+        from . import distributed
+        with distributed.stop_all_on_failure():  # an interrupted run left it cleanly on every rank: no abort
+            status = _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name,
+                            weight_decay, device_spec, seed, checkpoint, resume, subset, test_subset, log_path, tune,
+                            plot_path)
+    if status:
+        click.get_current_context().exit(status)
 
 
 def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name, weight_decay, device_spec,
            seed, checkpoint, resume, subset, test_subset, log_path, tune, plot_path):
+    """The train command's work; returns the exit status of an interrupted run (128 + the signal), else None."""
     echo = click.echo if world is None or world.rank == 0 else (lambda *a, **k: None)
     _check_model(model)
     if plot_path:
         _pyplot()
+    for path, what in ((log_path, "--log"), (plot_path, "--plot")):
+        if path:
+            try:
+                check_writable(path, what)
+            except WriteError as e:
+                raise click.ClickException(str(e)) from e
     given = dict(epochs=epochs, batch=batch, lr=lr, momentum=momentum, weight_decay=weight_decay, seed=seed,
-                 subset=subset, optimizer=optimizer_name)
+                 subset=subset, optimizer=optimizer_name, test_subset=test_subset)
     ckpt = None
     if resume:
         try:
@@ -213,7 +270,7 @@ def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
             raise click.ClickException(f"checkpoint {resume} holds a {ckpt['model']!r} model, not {model!r}")
         stored = ckpt["config"]
         conflicts = [f"--{k.replace('_', '-')} {given[k]} (checkpoint: {stored.get(k)})" for k in
-                     ("batch", "lr", "momentum", "weight_decay", "seed", "subset", "optimizer")
+                     ("batch", "lr", "momentum", "weight_decay", "seed", "subset", "test_subset", "optimizer")
                      if given[k] is not None and given[k] != stored.get(k)]
         if dataset is not None and dataset != stored.get("dataset"):
             conflicts.append(f"--dataset {dataset} (checkpoint: {stored.get('dataset')})")
@@ -221,12 +278,16 @@ def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
             raise click.ClickException(f"--resume continues the run of {resume} unchanged; these options differ "
                                        f"from it: {', '.join(conflicts)}. Leave them out.")
         dataset = stored.get("dataset")
+        if dataset not in data_mod.DATASETS or stored.get("optimizer", "sgd") not in OPTIMIZERS:
+            raise click.ClickException(f"checkpoint {resume} is damaged: its record's data set {dataset!r} or "
+                                       f"optimizer {stored.get('optimizer')!r} is not one clnet knows")
         given = {k: stored.get(k, DEFAULTS[k]) if k != "epochs" else v for k, v in given.items()}
         checkpoint = checkpoint or resume
     dataset = dataset or "fashion-mnist"
-    cfg = {k: (DEFAULTS[k] if v is None and k != "subset" else v) for k, v in given.items()}
-    train_data = _load_data(dataset, data_dir, "train", cfg["subset"])
-    test_data = _load_data(dataset, data_dir, "test", test_subset)
+    cfg = {k: (DEFAULTS[k] if v is None and k not in ("subset", "test_subset") else v) for k, v in given.items()}
+    test_subset = cfg["test_subset"]
+    train_data = _load_data(dataset, data_dir, "train", cfg["subset"], model)
+    test_data = _load_data(dataset, data_dir, "test", test_subset, model)
     if world is not None:
         try:
             data_mod.check_global_batch(cfg["batch"], world.size)
@@ -255,8 +316,9 @@ def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
                      device=dev, seed=cfg["seed"], checkpoint=checkpoint, resume=ckpt, log=log_path,
                      progress=True, model_name=model, interrupt_checkpoint=f"{model}-{dataset}-interrupted.ckpt",
                      config=dict(dataset=dataset, lr=cfg["lr"], momentum=cfg["momentum"],
-                                 weight_decay=cfg["weight_decay"], subset=cfg["subset"], optimizer=cfg["optimizer"]))
-    except (CheckpointError, Diverged) as e:
+                                 weight_decay=cfg["weight_decay"], subset=cfg["subset"], optimizer=cfg["optimizer"],
+                                 test_subset=test_subset))
+    except (CheckpointError, Diverged, FitError, WriteError) as e:
         raise click.ClickException(str(e)) from e
     except OutOfMemory as e:
         raise click.ClickException(out_of_memory_message(model, cfg["batch"], e)) from None
@@ -270,12 +332,18 @@ def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
         echo(f"stopped at epoch {result['epoch'] + 1}, step {result['step']}; checkpoint written to "
              f"{result['checkpoint']}. Continue with: {f'mpiexec -n {world.size} ' if world else ''}"
              f"clnet train {model} --resume {shlex.quote(result['checkpoint'])}{extra}")
-        return
+        # the shell's convention, 128 + the signal: a scheduler or script sees that the run did not finish
+        return 128 + (result["signal"] or signal.SIGINT)
     hist = result["epochs"]
     if world is not None and world.rank != 0:
         return
     if plot_path and hist:
-        plot_history(plot_path, hist, f"{model} on {dataset}")
+        try:
+            plot_history(plot_path, hist, f"{model} on {dataset}")
+        except OSError as e:
+            raise click.ClickException(f"cannot write the plot {plot_path} ({e.strerror or e}); the training is "
+                                       "done" + (f" and kept in {result['checkpoint']}" if result["checkpoint"] else "")
+                                       + (f", the figures in {log_path}" if log_path else "")) from e
     if hist:
         last = hist[-1]
         best = max(hist, key=lambda r: r.get("test_accuracy", 0.0))
@@ -308,7 +376,7 @@ def eval_command(model, checkpoint, dataset, data_dir, batch, device_spec, test_
     except (CheckpointError, KeyError, ValueError) as e:
         raise click.ClickException(str(e)) from e
     dataset = dataset or ckpt["config"].get("dataset") or "fashion-mnist"
-    test_data = _load_data(dataset, data_dir, "test", test_subset)
+    test_data = _load_data(dataset, data_dir, "test", test_subset, model)
     dev = _device_or_fail(device_spec)
     ev = evaluate(net.to(dev), test_data, batch=batch, device=dev)
     click.echo(f"{model} ({checkpoint}, epoch {ckpt['epoch']}) on the {dataset} test set, {ev['images']} images, "

@@ -5,10 +5,12 @@ Nothing is downloaded: the files come from ``--data-dir``, ``$CLNET_DATA`` or, f
 ``dataset-fashion-mnist`` package.
 """
 import gzip
+import math
 import os
 import queue
 import threading
 import time
+import zlib
 
 import numpy as np
 
@@ -53,7 +55,7 @@ def read_idx(path):
     if compressed:
         try:
             raw = gzip.decompress(raw)
-        except (EOFError, OSError, gzip.BadGzipFile) as e:
+        except (EOFError, OSError, zlib.error) as e:  # zlib.error: a flipped byte in the deflate stream
             raise IDXError(f"{path}: damaged gzip data ({e}); the file is truncated or corrupt") from e
     if len(raw) < 4:
         raise IDXError(f"{path}: {len(raw)} bytes is too short for an IDX header (4 bytes of magic number)")
@@ -71,7 +73,7 @@ def read_idx(path):
         raise IDXError(f"{path}: truncated header: {ndim} dimensions need {header} bytes, the file has {len(raw)}")
     dims = tuple(int(d) for d in np.frombuffer(raw, ">u4", ndim, 4))
     dtype = IDX_DTYPES[code]
-    expected = header + int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    expected = header + math.prod(dims) * dtype.itemsize  # Python's integers: 4 dimensions of 2^16 overflow int64
     if len(raw) != expected:
         what = "truncated" if len(raw) < expected else "has trailing bytes"
         raise IDXError(f"{path}: {what}: dimensions {dims} of {dtype.name} need {expected} bytes, "
@@ -138,15 +140,26 @@ def find_files(name, split, data_dir=None):
 
 
 class Dataset:
-    """Images (N, H, W) uint8 and labels (N,) of one split, with the normalisation of its data set."""
+    """Images (N, H, W) or (N, C, H, W) and labels (N,) of one split, with the normalisation of its data set; uint8
+    images are scaled to [0, 1] before it. Features (N, F) serve a network of dense layers."""
 
     def __init__(self, images, labels, name="custom", mean=0.0, std=1.0, classes=None):
         images, labels = np.asarray(images), np.asarray(labels)
         if images.ndim == 3:
             images = images[:, None]
-        if images.ndim != 4 or labels.shape != (len(images),):
-            raise ValueError(f"Dataset: expected images (N, H, W) or (N, C, H, W) and labels (N,), got "
-                             f"{images.shape} and {labels.shape}")
+        if images.ndim not in (2, 4) or labels.shape != (len(images),):
+            raise ValueError(f"Dataset: expected images (N, H, W) or (N, C, H, W), or features (N, F), and labels "
+                             f"(N,), got {images.shape} and {labels.shape}")
+        if images.dtype.kind not in "fiu":
+            raise TypeError(f"Dataset: images must be real numbers, got {images.dtype}; pass uint8 or float arrays")
+        if labels.dtype.kind not in "iuf" or (labels.dtype.kind == "f" and not np.all(labels == np.round(labels))):
+            raise TypeError(f"Dataset: labels must be whole-number class indices, got {labels.dtype} "
+                            + (f"{labels[labels != np.round(labels)][:1]}" if labels.dtype.kind == "f" else ""))
+        if labels.size and (labels.min() < 0 or labels.max() > np.iinfo(np.int32).max):
+            raise ValueError(f"Dataset: labels are class indices from 0, got values {labels.min()} to {labels.max()}")
+        if not (np.isfinite(mean) and np.isfinite(std) and std > 0):
+            raise ValueError(f"Dataset: the normalisation needs a finite mean and a positive finite std, got mean "
+                             f"{mean}, std {std}")
         self.images, self.labels = images, labels.astype(np.int32)
         self.name, self.mean, self.std = name, float(mean), float(std)
         self.classes = tuple(classes) if classes is not None else tuple(str(c) for c in range(self.num_classes))
@@ -177,6 +190,22 @@ class Dataset:
 
     def __repr__(self):
         return f"Dataset({self.name!r}, {len(self)} images of shape {self.images.shape[1:]})"
+
+
+def as_dataset(data, what="data"):
+    """``data`` as something fit and evaluate can feed: a Dataset (or any object with ``batch`` and ``__len__``) as
+    it is, a pair of arrays (images, labels) wrapped in a Dataset without normalisation; anything else is refused
+    with a TypeError naming ``what``."""
+    if hasattr(data, "batch") and hasattr(data, "__len__"):
+        return data
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(a, np.ndarray) for a in data):
+        try:
+            return Dataset(*data)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{what}: {e}") from e
+    kind = (f"a {type(data).__name__} of {len(data)} items" if isinstance(data, (tuple, list))
+            else f"a {type(data).__name__}")
+    raise TypeError(f"{what}: expected a clnet.data.Dataset or a pair of NumPy arrays (images, labels), got {kind}")
 
 
 def load(name, split="train", data_dir=None):
@@ -254,13 +283,17 @@ class Loader:
         self.order = order
         self.shard = shard
         self.into = into
+        self.start = int(start)
         self.starts = list(range(start * self.batch, len(order), self.batch))
         self.prefetch = prefetch
         self.wait_s = 0.0
+        self.nonfinite = []  # the epoch's batch numbers (from 0) whose inputs held NaN or inf, in order
         self._slots = {}
         # Blocks only where Dataset.batch is clnet's own: a subclass's batch() (augmentation, its own statistics)
         # sees the batches it always saw.
         images = getattr(data, "images", None) if type(data).batch is Dataset.batch else None
+        # Integer images normalised by a finite mean and a positive std cannot produce NaN: only others are checked
+        self._check_finite = images is None or images.dtype.kind == "f"
         example = 4 * (int(np.prod(images.shape[1:])) + 1) if images is not None else None
         self.per_block = 1 if example is None or shard is not None else \
             max(1, min(self.MAX_BLOCK, self.BLOCK_BYTES // (example * self.batch)))
@@ -284,6 +317,10 @@ class Loader:
                 if self.shard is not None:
                     runs = [r[slice(*share(len(r), *self.shard))] for r in runs]
                 x, y = self.data.batch(np.concatenate(runs) if len(runs) > 1 else runs[0])
+                if self._check_finite and not np.isfinite(x).all():  # named if training diverges (train.fit)
+                    at = np.cumsum([0] + [len(r) for r in runs])
+                    self.nonfinite += [self.start + b + j for j in range(len(runs))
+                                       if not np.isfinite(x[at[j]:at[j + 1]]).all()]
                 if not deliver((x, y, [len(r) for r in runs])):
                     return
             deliver(None)  # a blocking put here would hang the consumer's join when it stops at the last batch

@@ -8,8 +8,10 @@ takes its share of every global batch (`data.Loader`'s shard), the step's figure
 only rank 0 writes checkpoints, logs and progress. Evaluation is split over the ranks and summed.
 """
 import json
+import math
 import os
 import signal
+import tempfile
 import threading
 import time
 
@@ -39,6 +41,35 @@ def mpi_world():
 
 class Diverged(Error, ArithmeticError):
     """Training produced a loss that is not finite; nothing was saved from that step on."""
+
+
+class FitError(Error, ValueError):
+    """An argument fit or evaluate cannot train or test with (an empty data set, images of another shape, a learning
+    rate that is not a finite number), refused before any step runs."""
+
+
+class WriteError(Error, OSError):
+    """A log or plot that cannot be written (a full disk, a folder that is not writable, a device given as the file);
+    the message says what was kept."""
+
+
+def check_writable(path, what):
+    """WriteError unless a file can be written atomically at PATH (files.write_atomically): the folder exists or can
+    be made, a file can be created in it, and PATH is not a directory or a device (/dev/full: the rename would
+    replace the device itself). Checked before training, so a run is not lost to a log it cannot write at its end."""
+    path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isfile(path):
+        kind = "a directory" if os.path.isdir(path) else "not a regular file (a device, a FIFO?)"
+        raise WriteError(f"{what} {path} is {kind}; pass the name of a file to write")
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise WriteError(f"{what} {path} cannot be written ({e.strerror or e}); pass a path in a writable "
+                         "folder") from e
 
 
 # -- evaluation ------------------------------------------------------------------------------------------------------
@@ -93,6 +124,9 @@ def evaluate(model, dataset, batch=256, device=None, graphs=True):
     model.eval()
     loss_fn = nn.CrossEntropyLoss()
     world = getattr(model, "world", None)  # a DataParallel model: each rank tests its contiguous share
+    dataset = data_mod.as_dataset(dataset, "evaluate")
+    if len(dataset) == 0:
+        raise FitError("evaluate: the data set holds no images; pass one with at least one")
     order = data_mod.epoch_order(len(dataset), 0, 0, shuffle=False)
     if world is not None:
         a, b = data_mod.share(len(order), world.rank, world.size)
@@ -136,38 +170,67 @@ def evaluate(model, dataset, batch=256, device=None, graphs=True):
         confusion = world.allreduce(mine, "evaluation") if classes else None
         total_loss, correct, seen = float(totals[0]), int(totals[1]), int(totals[2])
     if seen == 0:
-        raise ValueError("evaluate: the data set is empty")
+        raise FitError("evaluate: the data set is empty")
     return dict(loss=total_loss / seen, accuracy=correct / seen, images=seen, confusion=confusion,
                 data_wait_s=loader.wait_s)
 
 
 # -- training --------------------------------------------------------------------------------------------------------
 class _StopFlag:
-    """Ctrl-C during fit: the first sets a flag that the loop checks after each step; a second one aborts."""
+    """Ctrl-C (SIGINT) or SIGTERM (what schedulers and `docker stop` send) during fit: the first sets a flag that the
+    loop checks after each step, and `signum` says which; a second one aborts."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, echo):
         self.set = False
+        self.signum = None
         self.echo = echo
-        self.previous = None
+        self.previous = {}
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
+            self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         return self
 
     def _handle(self, signum, frame):
         if self.set:
             raise KeyboardInterrupt
-        self.set = True
-        self.echo("\ninterrupted: finishing this step and writing a checkpoint (Ctrl-C again to abort)")
+        self.set, self.signum = True, signum
+        again = "Ctrl-C again" if signum == signal.SIGINT else "a second signal"
+        self.echo(f"\n{'interrupted' if signum == signal.SIGINT else 'terminated (SIGTERM)'}: finishing this step "
+                  f"and writing a checkpoint ({again} to abort)")
 
     def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
 
 
 def _write_log(path, record):
     write_atomically(path, lambda f: json.dump(record, f, indent=1), text=True)
+
+
+def _check_hyper(optimizer):
+    """FitError unless the optimizer's settings are finite numbers (NaN passes every `lr > 0` test)."""
+    for k, v in optimizer.param_groups[0].items():
+        values = v if isinstance(v, (tuple, list)) else (v,)
+        if k != "params" and any(isinstance(x, float) and not math.isfinite(x) for x in values):
+            raise FitError(f"fit: the optimizer's {k} is {v}; it must be a finite number")
+
+
+def _check_data(train_data, test_data):
+    """FitError for data sets training would fail on only later: no training images (no step to average), no test
+    images (found after a whole epoch), test images of another shape than the training images."""
+    if len(train_data) == 0:
+        raise FitError("fit: the training set holds no images; pass a data set with at least one")
+    if test_data is None:
+        return
+    if len(test_data) == 0:
+        raise FitError("fit: the test set holds no images; pass one with at least one image, or test_data=None")
+    shapes = [getattr(d, "images", None) for d in (train_data, test_data)]
+    if all(isinstance(a, np.ndarray) for a in shapes) and shapes[0].shape[1:] != shapes[1].shape[1:]:
+        raise FitError(f"fit: the test images have shape {shapes[1].shape[1:]}, the training images "
+                       f"{shapes[0].shape[1:]}; the model takes one of them only")
 
 
 def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, lr=0.01, momentum=0.9,
@@ -179,8 +242,9 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
     ----------
     model : clnet.nn.Module
         Classifier from (N, C, H, W) images to (N, classes) logits; moved to ``device``.
-    train_data, test_data : clnet.data.Dataset
-        Training set (shuffled per epoch from ``seed``) and an optional test set evaluated after each epoch.
+    train_data, test_data : clnet.data.Dataset or (images, labels) NumPy arrays
+        Training set (shuffled per epoch from ``seed``) and an optional test set evaluated after each epoch; a pair
+        of arrays becomes a `clnet.data.Dataset` (uint8 images scaled to [0, 1], others fed as they are).
     epochs, batch : int
         Number of epochs and batch size; the last batch of an epoch may be smaller.
     optimizer : clnet.optim.Optimizer, optional
@@ -199,7 +263,8 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
     max_steps : int, optional
         Stop (and write the checkpoint) after this many steps in all, counting those of a resumed run.
     log : path, optional
-        JSON file of the per-epoch figures, rewritten after every epoch.
+        JSON file of the per-epoch figures, rewritten after every epoch. Checked before the first step (WriteError
+        if it cannot be written), as ``checkpoint`` is.
     progress : bool
         Show a progress bar per epoch and a line per epoch (through ``echo``, default ``click.echo``), and the time
         the first step took to finish (kernel builds included).
@@ -210,13 +275,17 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
     Returns
     -------
     dict
-        ``epochs`` (per-epoch figures), ``interrupted``, ``stopped`` (max_steps reached), ``global_step``,
+        ``epochs`` (per-epoch figures), ``interrupted``, ``signal`` (the signal number that interrupted the run, or
+        None), ``stopped`` (max_steps reached), ``global_step``,
         ``epoch``, ``seconds``, ``first_step_s`` (from the call to the end of its first step), ``checkpoint``
         (path written or None) and ``final`` (last test figures or None).
     """
     world = getattr(model, "world", None)  # a clnet.distributed.DataParallel model trains over every rank
     rank, ranks = (world.rank, world.size) if world is not None else (0, 1)
     data_mod.check_global_batch(batch, ranks)
+    train_data = data_mod.as_dataset(train_data, "fit: train_data")
+    test_data = None if test_data is None else data_mod.as_dataset(test_data, "fit: test_data")
+    _check_data(train_data, test_data)
     echo = echo or click.echo
     if rank != 0:  # one voice: rank 0 prints, logs and writes checkpoints
         echo, progress, log = (lambda *a, **k: None), False, None
@@ -224,7 +293,15 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
     model.to(dev)
     model.train()
     if optimizer is None:
+        for k, v in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
+            if not (isinstance(v, (int, float)) and math.isfinite(v)):
+                raise FitError(f"fit: {k} is {v}; it must be a finite number")
         optimizer = optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    _check_hyper(optimizer)
+    if rank == 0:
+        for path, what in ((checkpoint or interrupt_checkpoint, "the checkpoint"), (log, "the log")):
+            if path is not None:
+                check_writable(path, what)
     name = model_name or type(model).__name__
     config = dict(config or {}, batch=int(batch), seed=int(seed), train_images=len(train_data))
     history, epoch, step, global_step = [], 0, 0, 0
@@ -263,7 +340,13 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
 
     def log_now():
         if log is not None:
-            _write_log(log, dict(model=name, config=config, epochs=history))
+            try:
+                _write_log(log, dict(model=name, config=config, epochs=history))
+            except OSError as e:  # called after save(): the checkpoint already holds the run
+                raise WriteError(f"cannot write the log {log} ({e.strerror or e}); "
+                                 + (f"the checkpoint {result['checkpoint']} holds the run: free some space and "
+                                    "resume from it" if result["checkpoint"] else "free some space or pass another "
+                                    "--log")) from e
 
     def train_step(x, y):
         optimizer.zero_grad()
@@ -282,9 +365,8 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
         """Add a finished step's figures (summed loss, correct count) to the epoch's; move the progress bar by
         `shown` steps."""
         if not np.isfinite(s_loss):  # stop before any checkpoint holds the non-finite weights
-            lr = getattr(optimizer, "lr", None)
             raise Diverged(f"training diverged: the loss of step {at_step} (epoch {at_epoch}) is {s_loss / n}; "
-                           "lower the learning rate" + (f" (it is {lr})" if lr is not None else "")
+                           + _divergence_cause(at_step, at_epoch)
                            + (f"; the last checkpoint, {result['checkpoint']}, is from before"
                               if result["checkpoint"] else ""))
         sums["loss"] += s_loss
@@ -295,8 +377,24 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
             bar.update(shown, f"loss {sums['loss'] / sums['seen']:.4f} acc {sums['correct'] / sums['seen']:.4f} "
                           f"{sums['seen'] / elapsed:.0f} img/s")
 
+    def _divergence_cause(at_step, at_epoch):
+        """What to change, named as closely as the run can tell: the data (NaN or inf found in a batch's inputs up to
+        that step), a weight decay far above any usual one, else the learning rate."""
+        in_epoch = at_step - 1 - (at_epoch - 1) * steps_per_epoch  # the loader's batch number
+        bad = [b for b in loader.nonfinite if b <= in_epoch]
+        if bad:
+            first = (at_epoch - 1) * steps_per_epoch + bad[0] + 1
+            return (f"the inputs of step {first} hold NaN or infinite values: the data, not the learning rate (check "
+                    "the data set's images or its batch())")
+        group = optimizer.param_groups[0]
+        lr, decay = group.get("lr"), group.get("weight_decay") or 0.0
+        if decay >= 1 or (lr or 0.0) * decay >= 1:
+            return (f"the weight decay {decay} is far above usual values (1e-5 to 0.1; each step scales the weights "
+                    f"by about 1 - lr * weight decay = {1 - (lr or 0.0) * decay:.3g}): lower the weight decay")
+        return "lower the learning rate" + (f" (it is {lr})" if lr is not None else "")
+
     figures = _StepFigures(dev, count)
-    bar = t_epoch = None
+    bar = t_epoch = loader = None
     with _StopFlag(echo) as flag:
         while epoch < epochs and not (flag.set or result["stopped"]):
             order = data_mod.epoch_order(len(train_data), config["seed"], epoch)
@@ -375,7 +473,8 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
         if flag.set or result["stopped"]:
             save(checkpoint or interrupt_checkpoint)
             log_now()
-    result.update(interrupted=flag.set, epoch=epoch, step=step, global_step=global_step,
+    result.update(interrupted=flag.set, signal=flag.signum if flag.set else None, epoch=epoch, step=step,
+                  global_step=global_step,
                   seconds=time.perf_counter() - start)
     return result
 
