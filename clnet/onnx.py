@@ -25,6 +25,7 @@ The `onnx` package is optional (`pip install 'clnet[onnx]'`); without it `load` 
 """
 import math
 import os
+import warnings
 
 import numpy as np
 
@@ -38,11 +39,16 @@ from .errors import Error
 
 INSTALL_HINT = "pip install 'clnet[onnx]'"
 EXPORT_OPSET = 17
+NEWEST_OPSET = 21  # the newest default-domain opset whose operator changes the importer was checked against
 
 
 class OnnxImportError(Error, ValueError):
     """An ONNX file clnet cannot read or run: names the file, and the node, operator type and opset where one is at
     fault."""
+
+
+class OnnxOpsetWarning(UserWarning):
+    """A file of an opset newer than the importer was checked against (NEWEST_OPSET)."""
 
 
 def _onnx():
@@ -118,6 +124,12 @@ class OnnxModule(Module):
     def extra_repr(self):
         return f"{os.path.basename(str(self.path))!r}, {len(self._nodes)} nodes, opset {self.opset}"
 
+    def train(self, mode=True):
+        if mode and self.__dict__.get("fused"):
+            raise OnnxImportError(f"{self._name()}: loaded with fuse=True, its batch norms folded into the "
+                                  "convolutions for inference; load the file with fuse=False to train it")
+        return super().train(mode)
+
     # -- weights in the file's layout ----------------------------------------------------------------------------
     def state_dict(self):
         out = super().state_dict()
@@ -161,10 +173,10 @@ class OnnxModule(Module):
             args = [env[name] if name else None for name in n.inputs]
             try:
                 results = n.run(self, n, args)
-            except OnnxImportError:
+            except Error:
                 raise
-            except (ValueError, TypeError) as e:
-                raise ValueError(f"{n.where(self)}: {e}") from None
+            except (ValueError, TypeError) as e:  # a shape the call brought that load could not see
+                raise OnnxImportError(f"{self.path}: {n.where(self)}: {e}") from e
             for name, v in zip(n.outputs, results):
                 if name:
                     env[name] = v
@@ -283,7 +295,7 @@ def _h_constant_of_shape(m, n, a):
 
 
 def _h_reshape(m, n, a):
-    return [a[0].reshape(_reshape_target(a[0].shape, a[1], n.attrs.get("allowzero", 0)))]
+    return [a[0].reshape(_reshape_target(a[0].shape, _reshape_shape(n, a), n.attrs.get("allowzero", 0)))]
 
 
 def _reshape_target(shape, target, allowzero=0):
@@ -330,6 +342,15 @@ def _h_unary(fn):
     return lambda m, n, a: [fn(a[0])]
 
 
+def _h_variadic(fn, mean=False):
+    def run(m, n, a):
+        y = a[0]
+        for v in a[1:]:
+            y = fn(y, v)
+        return [y / len(a) if mean else y]
+    return run
+
+
 HOST_OPS = {
     "Shape": _h_shape, "Gather": _h_gather, "Unsqueeze": _h_unsqueeze, "Squeeze": _h_squeeze, "Concat": _h_concat,
     "Cast": _h_cast, "Slice": _h_slice, "Constant": _h_constant, "ConstantOfShape": _h_constant_of_shape,
@@ -337,8 +358,8 @@ HOST_OPS = {
     "Expand": _h_expand, "Identity": lambda m, n, a: [a[0]],
     "Add": _host_binary(np.add), "Sub": _host_binary(np.subtract), "Mul": _host_binary(np.multiply),
     "Div": _host_binary(np.divide), "Equal": _host_binary(np.equal), "Less": _host_binary(np.less),
-    "Greater": _host_binary(np.greater), "Pow": _host_binary(np.power), "Min": _host_binary(np.minimum),
-    "Max": _host_binary(np.maximum),
+    "Greater": _host_binary(np.greater), "Pow": _host_binary(np.power), "Min": _h_variadic(np.minimum),
+    "Max": _h_variadic(np.maximum), "Sum": _h_variadic(np.add), "Mean": _h_variadic(np.add, mean=True),
     "Neg": _h_unary(np.negative), "Floor": _h_unary(np.floor), "Ceil": _h_unary(np.ceil), "Sqrt": _h_unary(np.sqrt),
     "Abs": _h_unary(np.abs), "Not": _h_unary(np.logical_not), "Size": lambda m, n, a: [np.array(a[0].size, np.int64)],
     "ReduceProd": _h_reduce(np.prod), "ReduceSum": _h_reduce(np.sum), "ReduceMax": _h_reduce(np.max),
@@ -385,27 +406,42 @@ def _padding(at, size, kernel, stride, dilation):
     return (pads[0], pads[1]), (pads[0] + pads[2], pads[1] + pads[3])
 
 
-def _pool_window(m, n, x):
-    at = n.attrs
-    k = tuple(at["kernel_shape"])
-    s = tuple(at.get("strides", (1, 1)))
-    begin, total = _padding(at, x.shape[2:], k, s, (1, 1))
-    if any(2 * b != t for b, t in zip(begin, total)):
-        raise ValueError(f"clnet pools with the same padding at both ends, got pads begin {begin}, total {total}")
-    return k, s, begin
+def _pool_geometry(at, shape):
+    """(kernel, strides, begin pads, (OH, OW)) of an ONNX MaxPool or AveragePool over a 4-D shape: pads may differ at
+    the two ends (Caffe's ceil rounding exported as [0, 0, 1, 1], auto_pad SAME with an odd total); the kernels take
+    the pads at the start and the output's size, and clip each window to the input."""
+    k = tuple(int(i) for i in at["kernel_shape"])
+    s = tuple(int(i) for i in at.get("strides", (1, 1)))
+    begin, total = _padding(at, shape[2:], k, s, (1, 1))
+    ceil = bool(at.get("ceil_mode", 0))
+    out = []
+    for size, ki, si, b, t in zip(shape[2:], k, s, begin, total):
+        span = size + t - ki
+        if span < 0:
+            raise ValueError(f"the window {k} is larger than the padded input ({size + t}) of shape {tuple(shape)}")
+        o = (-(-span // si) if ceil else span // si) + 1
+        if ceil and (o - 1) * si >= size + b:  # a window that would start in the end padding is dropped
+            o -= 1
+        out.append(o)
+    return k, s, tuple(begin), tuple(out)
 
 
 def _d_maxpool(m, n, a):
     x = a[0]
-    k, s, p = _pool_window(m, n, x)
-    return [F.max_pool2d(x, k, s, p, ceil_mode=bool(n.attrs.get("ceil_mode", 0)))]
+    k, s, p, out = _pool_geometry(n.attrs, x.shape)
+    return [ops.MaxPool2d.apply(x, out_shape=tuple(x.shape[:2]) + out, k=k, s=s, p=p)]
 
 
 def _d_avgpool(m, n, a):
     x = a[0]
-    k, s, p = _pool_window(m, n, x)
-    return [F.avg_pool2d(x, k, s, p, ceil_mode=bool(n.attrs.get("ceil_mode", 0)),
-                         count_include_pad=bool(n.attrs.get("count_include_pad", 0)))]
+    k, s, p, out = _pool_geometry(n.attrs, x.shape)
+    return [ops.AvgPool2d.apply(x, out_shape=tuple(x.shape[:2]) + out, k=k, s=s, p=p,
+                                count_include_pad=bool(n.attrs.get("count_include_pad", 0)))]
+
+
+def _d_global_maxpool(m, n, a):
+    x = a[0]
+    return [ops.MaxPool2d.apply(x, out_shape=tuple(x.shape[:2]) + (1, 1), k=x.shape[2:], s=x.shape[2:], p=(0, 0))]
 
 
 def _d_global_avgpool(m, n, a):
@@ -418,82 +454,134 @@ def _d_global_avgpool(m, n, a):
                                 count_include_pad=True)]
 
 
-def _d_reduce_mean(m, n, a):
-    x = a[0]
-    axes = _axes(m, n, a, 1)
-    axes = None if axes is None else sorted(ax % x.ndim for ax in axes)
-    if x.ndim != 4 or axes != [2, 3]:
-        raise ValueError(f"clnet runs ReduceMean over H and W of a 4-D tensor (axes [2, 3]), got axes {axes} of "
-                         f"shape {x.shape}")
-    y = _d_global_avgpool(m, n, [x])[0]
-    return [y if n.attrs.get("keepdims", 1) else y.reshape(x.shape[:2])]
+def _reduce_plan(rank, axes, noop):
+    """How clnet reduces over `axes` of a tensor of `rank`: "identity" (no axes with noop_with_empty_axes), "pool"
+    (H and W of a 4-D tensor, for ReduceMean), "trailing" (a run of axes that ends with the last one: a product with a
+    vector of ones); raises ValueError otherwise."""
+    if not axes:
+        if noop:
+            return "identity", []
+        axes = list(range(rank))
+    axes = sorted(ax % rank for ax in axes)
+    if rank == 4 and axes == [2, 3]:
+        return "pool", axes
+    if axes == list(range(rank - len(axes), rank)):
+        return "trailing", axes
+    raise ValueError(f"clnet reduces over trailing axes (a run ending with the last one), got axes {axes} of a "
+                     f"{rank}-D tensor; other axes need the tensor ops' reductions")
+
+
+def _d_reduce(mean):
+    def run(m, n, a):
+        x = a[0]
+        keep = bool(n.attrs.get("keepdims", 1))
+        plan, axes = _reduce_plan(x.ndim, _axes(m, n, a, 1), n.attrs.get("noop_with_empty_axes", 0))
+        if plan == "identity":
+            return [x]
+        out_shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else \
+            tuple(d for i, d in enumerate(x.shape) if i not in axes)
+        if plan == "pool" and mean:
+            return [_d_global_avgpool(m, n, [x])[0].reshape(out_shape)]
+        K = math.prod(x.shape[axes[0]:])
+        ones = m.device_constant(("reduce", K, mean), np.full((1, K), 1.0 / K if mean else 1.0, np.float32))
+        return [F.linear(x.reshape(x.size // K, K), ones).reshape(out_shape)]
+    return run
+
+
+def _copy(t):
+    with autograd.no_grad():
+        return ops.Affine.apply(t, alpha=1.0, beta=0.0)
 
 
 def _d_batchnorm(m, n, a):
+    """ONNX's BatchNormalization. In train() the batch's statistics normalise and the running ones are updated as
+    ONNX specifies (BatchNormalization-14/15, training_mode): running_var = momentum * running_var + (1 - momentum) *
+    the batch's population variance. clnet's batch norm (PyTorch's) adds the unbiased variance (times n / (n - 1)), so
+    the update is corrected here: with r0 the value before and r the unbiased update over n values per channel,
+    ONNX's is ((n - 1) r + momentum r0) / n. Statistics that are module buffers (the file's initializers) are updated
+    in place, as training does; others (graph inputs, constants) are copied first, as ONNX returns new ones."""
     x, scale, bias, mean, var = a[:5]
     scale, bias = _tensor_arg(m, n, scale, 1), _tensor_arg(m, n, bias, 2)
     mean, var = _tensor_arg(m, n, mean, 3), _tensor_arg(m, n, var, 4)
     eps = float(n.attrs.get("epsilon", 1e-5))
-    momentum = 1.0 - float(n.attrs.get("momentum", 0.9))  # ONNX weighs the running value; PyTorch the batch's
-    y = F.batch_norm(x, mean, var, scale, bias, training=m.training, momentum=momentum, eps=eps)
-    return [y, mean, var]
+    keep = float(n.attrs.get("momentum", 0.9))  # ONNX weighs the running value; PyTorch the batch's
+    shape = tuple(x.shape)
+    if x.ndim == 3 or x.ndim > 4:  # (N, C, ...) normalises per channel over all else, as a 4-D (N, C, P, 1)
+        x = x.reshape(shape[0], shape[1], math.prod(shape[2:]), 1)
+    if not m.training:
+        return [F.batch_norm(x, mean, var, scale, bias, training=False, eps=eps).reshape(shape), mean, var]
+    if n.inputs[3] not in m._buffers:
+        mean = _copy(mean)
+    if n.inputs[4] not in m._buffers:
+        var = _copy(var)
+    before = _copy(var)
+    y = F.batch_norm(x, mean, var, scale, bias, training=True, momentum=1.0 - keep, eps=eps)
+    count = x.size // x.shape[1]
+    with autograd.no_grad():
+        var.copy_from(ops.Axpby.apply(var, before, alpha=(count - 1) / count, beta=keep / count))
+    return [y.reshape(shape), mean, var]
+
+
+def _transposed2d(m, x):
+    """x (R, C) transposed, for a computed 2-D x: linear(I_C, x) = I_C x^T, with x's gradient through the product
+    (clnet has no transpose kernel for computed matrices)."""
+    eye = m.device_constant(("eye", x.shape[1]), np.eye(x.shape[1], dtype=np.float32))
+    return F.linear(eye, x)
 
 
 def _d_gemm(m, n, a):
+    """Y = alpha op(A) op(B) + beta C. F.linear computes x w^T, so a B read as (in, out) (transB=0) is transposed
+    first: a file's weight once, at load (held as (out, in)); a constant once, on upload; a computed B each call."""
     x, w = a[0], a[1]
     c = a[2] if len(a) > 2 else None
     at = n.attrs
-    if _is_host(x) or x.ndim != 2:
-        raise ValueError(f"Gemm needs a 2-D computed input A, got {getattr(x, 'shape', x)}")
-    if _is_host(w) and not at.get("transB", 0):  # a constant (in, out) matrix that is not a parameter
-        w = m.device_constant((n.name, 1), np.ascontiguousarray(w.T))
-    elif not isinstance(w, Tensor):
-        raise ValueError("Gemm: clnet multiplies by a weight matrix B from the file, not a computed one")
-    else:
-        w = _tensor_arg(m, n, w, 1)
+    x = _tensor_arg(m, n, x, 0)
+    if at.get("transA", 0):
+        x = _transposed2d(m, x)
+    if _is_host(w):
+        w = m.device_constant((n.name, 1), np.ascontiguousarray(w if at.get("transB", 0) else w.T))
+    elif not at.get("transB", 0):
+        w = _transposed2d(m, w)
     alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
+    N = w.shape[0]
     bias = None
     if c is not None:
-        if c.size == w.shape[0] and beta == 1.0:
+        if tuple(c.shape) in ((N,), (1, N)) and beta == 1.0 and alpha == 1.0:
             bias = _tensor_arg(m, n, c, 2)
-            bias = bias if bias.shape == (w.shape[0],) else bias.reshape(w.shape[0])
+            bias = bias if bias.shape == (N,) else bias.reshape(N)
         elif beta != 1.0:
             c = c * beta
-    y = F.linear(x, w, bias if alpha == 1.0 else None)
+    y = F.linear(x, w, bias)
     if alpha != 1.0:
-        y = y * alpha
-        if bias is not None:
-            y = _broadcast(m, n, "Add", y, bias)
+        y = ops.Affine.apply(y, alpha=alpha, beta=0.0)
     if c is not None and bias is None:
         y = _broadcast(m, n, "Add", y, c)
     return [y]
 
 
 def _d_matmul(m, n, a):
+    """ONNX's (NumPy's) matmul, where B is 1-D or 2-D: a weight of the file (held as (out, in), transB set at load), a
+    constant, or a computed matrix; A computed of any rank, or a 2-D constant when B is computed."""
     x, w = a
-    if not isinstance(x, Tensor) or _is_host(x):
-        raise ValueError("MatMul: clnet needs the left operand computed and the right one a weight of the file")
+    if _is_host(x):  # A constant, B computed: A B = (B^T A^T)^T
+        return [_transposed2d(m, F.linear(_transposed2d(m, w), m.device_constant((n.name, 0), x)))]
+    vector = x.ndim == 1
+    if vector:
+        x = x.reshape(1, x.shape[0])
+    if w.ndim == 1:  # (K,): the product drops the last axis
+        wt = m.device_constant((n.name, 1), w.reshape(1, -1)) if _is_host(w) else w.reshape(1, w.shape[0])
+        y = F.linear(x, wt)
+        return [y.reshape(y.shape[:-1]) if not vector else y.reshape(())]
     if _is_host(w):
         w = m.device_constant((n.name, 1), np.ascontiguousarray(w.T))
-    elif w.grad_fn is not None or w.ndim != 2:
-        raise ValueError("MatMul: clnet multiplies by a 2-D weight from the file, not by a computed tensor")
-    return [F.linear(x, w)]
+    elif not n.attrs.get("transB", 0):
+        w = _transposed2d(m, w)
+    y = F.linear(x, w)
+    return [y.reshape(y.shape[1:]) if vector else y]
 
 
 # Per-channel operands of Add, Sub, Mul, Div run as an evaluation-mode batch norm with mean 0, variance 1 and eps 0
 # (y = x * weight + bias exactly): one elementwise pass with the gradients of x, weight and bias.
-
-def _channel_vector(shape, target):
-    """The channel count C when `shape` broadcasts to `target` as (1, C, 1, ...) (or (C,) against (N, C)), else
-    None."""
-    if len(target) not in (2, 4) or len(shape) > len(target):
-        return None
-    full = (1,) * (len(target) - len(shape)) + tuple(shape)
-    C = target[1]
-    if full[1] == C and all(s == 1 for i, s in enumerate(full) if i != 1):
-        return C
-    return None
-
 
 def _as_channels(m, n, v, C, key, transform=None):
     if _is_host(v):
@@ -511,24 +599,100 @@ def _per_channel(m, C, weight, bias, x):
     return ops.BatchNormEval.apply(x, weight, bias, zeros, ones, eps=0.0)
 
 
-def _broadcast(m, n, op, a, b):
-    """a op b with ONNX's broadcasting, where clnet has a kernel for it: equal shapes, a scalar, or a per-channel
-    vector."""
-    a_dev, b_dev = isinstance(a, Tensor), isinstance(b, Tensor)
+def _dim_eq(x, y):
+    """Whether two dimensions are equal: True or False where known, None where one is unknown at load (a free
+    dimension's name, or None)."""
+    if isinstance(x, (int, np.integer)) and isinstance(y, (int, np.integer)):
+        return int(x) == int(y)
+    if isinstance(x, str) and x == y:
+        return True
+    return None
+
+
+def _all3(values):
+    """False if any is False, else None if any is unknown (None), else True."""
+    values = list(values)
+    if any(v is False for v in values):
+        return False
+    return None if any(v is None for v in values) else True
+
+
+def _fits(small, big):
+    """Whether shape `small` broadcasts to exactly shape `big` (three-valued, as _dim_eq)."""
+    if len(small) > len(big):
+        return False
+    full = (1,) * (len(big) - len(small)) + tuple(small)
+    return _all3(True if s == 1 else _dim_eq(s, b) for s, b in zip(full, big))
+
+
+def _channel_of(small, big):
+    """Whether `small` broadcasts to `big` as a per-channel vector: (1, C, 1, ...) against a 4-D (N, C, H, W), or
+    (C,) / (1, C) against (N, C) (three-valued)."""
+    if len(big) not in (2, 4) or len(small) > len(big):
+        return False
+    full = (1,) * (len(big) - len(small)) + tuple(small)
+    return _all3([_dim_eq(full[1], big[1])] + [_dim_eq(s, 1) for i, s in enumerate(full) if i != 1])
+
+
+def _binary_plan(op, a_dev, a_shape, b_dev, b_shape):
+    """How clnet runs `a op b` (Add, Sub, Mul, Div) under ONNX's broadcasting, from which operands are computed (on
+    the device) and their shapes. Returns (plan, swapped): plan "host" (NumPy), "same" (equal shapes), "scalar" (a
+    constant of one element) or "channel" (a per-channel vector), swapped when b sets the result's shape; None where
+    load cannot tell (an unknown dimension: the call decides). Raises ValueError with what clnet lacks."""
     if not a_dev and not b_dev:
+        return "host", False
+    if a_shape is None or b_shape is None:
+        return None
+    shapes = f"shapes {tuple(a_shape)} and {tuple(b_shape)}"
+    candidates = []
+    for big_dev, big, small, swapped in ((a_dev, a_shape, b_shape, False), (b_dev, b_shape, a_shape, True)):
+        if big_dev:
+            candidates.append((_fits(small, big), swapped, big, small))
+    fit = next((c for c in candidates if c[0]), None)
+    if fit is None:
+        if any(c[0] is None for c in candidates):
+            return None
+        raise ValueError(f"{op} of {shapes}: clnet broadcasts a scalar, a per-channel vector or a tensor of the "
+                         "same shape against a computed tensor; this broadcast needs general broadcasting")
+    known, swapped, big, small = fit
+    small_dev = a_dev if swapped else b_dev
+    if known is None:
+        return None
+    if _all3(_dim_eq(s, b) for s, b in zip(small, big)) and len(small) == len(big):
+        if op == "Div" and (swapped or small_dev):
+            raise ValueError(f"Div of {shapes} with a computed divisor: clnet has no elementwise division of "
+                             "tensors (it divides by constants)")
+        return "same", swapped
+    if not small_dev and math.prod(s for s in small) == 1 and all(isinstance(s, (int, np.integer)) for s in small):
+        if op == "Div" and swapped:
+            raise ValueError(f"Div of {shapes}: clnet divides a computed tensor by a constant, not a constant by a "
+                             "computed tensor")
+        return "scalar", swapped
+    channel = _channel_of(small, big)
+    if channel is None:
+        return None
+    if not channel:
+        raise ValueError(f"{op} of {shapes}: clnet broadcasts a scalar constant, a per-channel vector (1, C, 1, 1) "
+                         "or a tensor of the same shape against a computed tensor; this broadcast needs general "
+                         "broadcasting")
+    if op == "Div" and (swapped or small_dev):
+        raise ValueError(f"Div of {shapes}: clnet divides by a constant per-channel vector, not by a computed one")
+    return "channel", swapped
+
+
+def _broadcast(m, n, op, a, b):
+    """a op b with ONNX's broadcasting, where clnet has a kernel for it (_binary_plan)."""
+    a_dev, b_dev = isinstance(a, Tensor), isinstance(b, Tensor)
+    plan, swapped = _binary_plan(op, a_dev, tuple(a.shape), b_dev, tuple(b.shape))
+    if plan == "host":
         return HOST_OPS[op](m, n, [a, b])[0]
-    if a_dev and b_dev and a.shape == b.shape:
-        if op == "Add":
-            return a + b
-        if op == "Sub":
-            return a - b
-        if op == "Mul":
-            return ops.product(a, b)
-        raise ValueError(f"Div of two computed tensors of shape {a.shape} is not supported by clnet")
-    # one operand sets the shape; the other is a scalar or a per-channel vector
-    big, small, swapped = (a, b, False) if a_dev and (not b_dev or a.size >= b.size) else (b, a, True)
-    if _is_host(small) and small.size == 1 and op != "Div" or (op == "Div" and not swapped and _is_host(small)
-                                                               and small.size == 1):
+    big, small = (b, a) if swapped else (a, b)
+    if plan == "same":
+        if op == "Div":  # big / constant: times the constant's reciprocal
+            return ops.product(big, m.device_constant((n.name, "1/"), 1.0 / small.astype(np.float64)))
+        a, b = _tensor_arg(m, n, a, 0), _tensor_arg(m, n, b, 1)
+        return a + b if op == "Add" else a - b if op == "Sub" else ops.product(a, b)
+    if plan == "scalar":
         c = float(small.reshape(-1)[0])
         if op == "Add":
             return ops.Affine.apply(big, alpha=1.0, beta=c)
@@ -537,10 +701,7 @@ def _broadcast(m, n, op, a, b):
         if op == "Mul":
             return ops.Affine.apply(big, alpha=c, beta=0.0)
         return ops.Affine.apply(big, alpha=1.0 / c, beta=0.0)
-    C = _channel_vector(small.shape, big.shape)
-    if C is None or (op == "Div" and (swapped or not _is_host(small))):
-        raise ValueError(f"{op} of shapes {tuple(a.shape)} and {tuple(b.shape)}: clnet broadcasts a scalar or a "
-                         "per-channel vector (1, C, 1, 1) against a tensor; other broadcasts are not supported")
+    C = big.shape[1]
     if op == "Add":
         return _per_channel(m, C, None, _as_channels(m, n, small, C, "bias"), big)
     if op == "Mul":
@@ -637,11 +798,14 @@ def _d_dropout(m, n, a):
     return [F.dropout(x, float(ratio), m.training), None]
 
 
+def _reshape_shape(n, a):
+    """The target shape: the input (opset 5 on), or the attribute `shape` (opsets 1 to 4)."""
+    return a[1] if len(a) > 1 and a[1] is not None else np.asarray(n.attrs["shape"], np.int64)
+
+
 def _d_reshape(m, n, a):
     x = a[0]
-    if not _is_host(a[1]):
-        raise ValueError("Reshape: the target shape must be computable on the host (a constant or from Shape)")
-    return [x.reshape(_reshape_target(x.shape, a[1], n.attrs.get("allowzero", 0)))]
+    return [x.reshape(_reshape_target(x.shape, _reshape_shape(n, a), n.attrs.get("allowzero", 0)))]
 
 
 def _d_flatten(m, n, a):
@@ -661,19 +825,38 @@ def _d_concat(m, n, a):
     return [ops.cat(xs, dim=int(n.attrs["axis"]) % xs[0].ndim)]
 
 
-def _d_transpose(m, n, a):
-    x = a[0]
-    perm = list(n.attrs["perm"]) if "perm" in n.attrs else list(range(x.ndim))[::-1]
-    out_shape = tuple(x.shape[p] for p in perm)
-    moved = [p for p in perm if x.shape[p] != 1]
-    if moved == sorted(moved):  # only axes of size 1 move: the memory order is unchanged
-        return [x.reshape(out_shape)]
+def _transpose_plan(perm, shape):
+    """How clnet transposes a computed tensor: "view" (only axes of size 1 move: the memory order is unchanged), "2d"
+    (a matrix: a product with the identity), "channels" (the batch axis stays first and the permuted axes precede
+    unmoved trailing ones: a 1x1 convolution with a permutation matrix). Unknown dimensions count as larger than 1.
+    Raises ValueError otherwise."""
+    moved = [p for p in perm if shape[p] != 1]
+    if moved == sorted(moved):
+        return "view"
+    if len(perm) == 2:
+        return "2d"
     j = len(perm)
     while j > 1 and perm[j - 1] == j - 1:
         j -= 1
     if perm[0] != 0 or j < 3:
-        raise ValueError(f"Transpose with perm {perm} of shape {x.shape}: clnet transposes where the batch axis "
-                         "stays first and the permuted axes precede unmoved trailing ones (a channel shuffle)")
+        raise ValueError(f"Transpose with perm {list(perm)} of shape {tuple(shape)}: clnet transposes matrices and, "
+                         "where the batch axis stays first, axes before unmoved trailing ones (a channel shuffle); "
+                         "this one needs the tensor ops' general transpose")
+    return "channels"
+
+
+def _d_transpose(m, n, a):
+    x = a[0]
+    perm = list(n.attrs["perm"]) if "perm" in n.attrs else list(range(x.ndim))[::-1]
+    out_shape = tuple(x.shape[p] for p in perm)
+    if _transpose_plan(perm, x.shape) == "view":
+        return [x.reshape(out_shape)]
+    plan = _transpose_plan(perm, x.shape)
+    if plan == "2d":
+        return [_transposed2d(m, x)]
+    j = len(perm)
+    while j > 1 and perm[j - 1] == j - 1:
+        j -= 1
     # a permutation of the channel-like axes 1..j-1: a 1x1 convolution with a permutation matrix
     C, P = math.prod(x.shape[1:j]), math.prod(x.shape[j:])
     key = ("perm", tuple(perm), x.shape[1:j])
@@ -689,6 +872,25 @@ def _d_transpose(m, n, a):
     return [y.reshape(out_shape)]
 
 
+def _d_variadic(op):
+    """Sum, Max, Min, Mean of tensors of one shape (checked at load): max(a, b) = a + relu(b - a), min(a, b) =
+    a - relu(a - b), each with its gradients through the ReLU (a tie sends the gradient to the earlier input)."""
+    def run(m, n, a):
+        xs = [_tensor_arg(m, n, v, i) for i, v in enumerate(a)]
+        y = xs[0]
+        for t in xs[1:]:
+            if op in ("Sum", "Mean"):
+                y = y + t
+            elif op == "Max":
+                y = y + ops.Activation.apply(t - y, kind="relu")
+            else:
+                y = y - ops.Activation.apply(y - t, kind="relu")
+        if op == "Mean" and len(xs) > 1:
+            y = ops.Affine.apply(y, alpha=1.0 / len(xs), beta=0.0)
+        return [y]
+    return run
+
+
 def _d_cast(m, n, a):
     if n.attrs["to"] != 1:
         raise ValueError("Cast of a computed tensor to a type other than float32 is not supported")
@@ -700,7 +902,9 @@ DEVICE_OPS = {
     "Mul": _d_binary("Mul"), "Div": _d_binary("Div"), "Relu": _activation("relu"), "Sigmoid": _activation("sigmoid"),
     "Tanh": _activation("tanh"), "Clip": _d_clip, "HardSigmoid": _d_hard_sigmoid, "HardSwish": _d_hard_swish,
     "LeakyRelu": _d_leaky_relu, "MaxPool": _d_maxpool, "AveragePool": _d_avgpool,
-    "GlobalAveragePool": _d_global_avgpool, "ReduceMean": _d_reduce_mean, "BatchNormalization": _d_batchnorm,
+    "GlobalAveragePool": _d_global_avgpool, "GlobalMaxPool": _d_global_maxpool, "ReduceMean": _d_reduce(True),
+    "ReduceSum": _d_reduce(False), "BatchNormalization": _d_batchnorm, "Sum": _d_variadic("Sum"),
+    "Max": _d_variadic("Max"), "Min": _d_variadic("Min"), "Mean": _d_variadic("Mean"),
     "LRN": _d_lrn, "Concat": _d_concat, "Flatten": _d_flatten, "Reshape": _d_reshape, "Squeeze": _d_squeeze,
     "Unsqueeze": _d_unsqueeze, "Transpose": _d_transpose, "Softmax": _d_softmax(False),
     "LogSoftmax": _d_softmax(True), "Dropout": _d_dropout, "Identity": lambda m, n, a: [a[0]], "Cast": _d_cast,
@@ -718,7 +922,7 @@ def _dispatch(op):
     def run(m, n, a):
         if host is not None and all(v is None or _is_host(v) for v in a):
             return host(m, n, a)
-        if op == "Shape":
+        if op in ("Shape", "Size"):
             return host(m, n, a)
         if device is None:
             raise ValueError(f"{op} of a computed tensor is not supported (clnet evaluates it for constants and "
@@ -729,21 +933,120 @@ def _dispatch(op):
 
 # ---- load ----------------------------------------------------------------------------------------------------------
 
-def _read(onnx, path):
+def _all_tensors(graph):
+    """Every TensorProto of a graph: initializers and tensor attributes, subgraphs' included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            if a.HasField("g"):
+                yield from _all_tensors(a.g)
+            for g in a.graphs:
+                yield from _all_tensors(g)
+
+
+def _declared_bytes(onnx, t):
+    """The bytes a tensor's declared dims and type make (Python ints: no overflow)."""
+    try:
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except Exception:
+        itemsize = 8
+    return math.prod(int(d) for d in t.dims) * itemsize
+
+
+def _check_external(onnx, path, model):
+    """External data only from inside the model's folder: a relative location without "..", whose real path (symbolic
+    links followed) stays in the folder, a regular file long enough for the tensor's declared size."""
+    base = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    any_external = False
+    for t in _all_tensors(model.graph):
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        any_external = True
+        entries = {e.key: e.value for e in t.external_data}
+        location = entries.get("location", "")
+
+        def refuse(why):
+            raise OnnxImportError(f"{path}: tensor {t.name!r} keeps its data in {location!r}, {why}; clnet reads "
+                                  "external data only from files inside the model's folder")
+        parts = location.replace("\\", "/").split("/")
+        if not location or os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in parts[0]:
+            refuse("an absolute path")
+        if ".." in parts:
+            refuse("a path that climbs out with '..'")
+        real = os.path.realpath(os.path.join(base, location))
+        if os.path.commonpath([base, real]) != base:
+            refuse(f"which a symbolic link leads out of the folder (to {real})")
+        if not os.path.isfile(real):
+            refuse("which is not a regular file there")
+        try:
+            offset, length = int(entries.get("offset", 0)), entries.get("length")
+        except ValueError:
+            refuse(f"with an offset that is not a number ({entries.get('offset')!r})")
+        need = _declared_bytes(onnx, t)
+        if length is not None and int(length) != need:
+            refuse(f"with length {length} where its dims {list(t.dims)} make {need} bytes")
+        if offset < 0 or offset + need > os.path.getsize(real):
+            refuse(f"whose {os.path.getsize(real)} bytes do not hold {need} bytes from offset {offset}")
+    return any_external
+
+
+def _host_memory():
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_sizes(onnx, path, model, device):
+    """Refuses, before any weight is read or allocated, a model whose declared initializers do not fit: in the
+    device's memory (or, with no device named, the host's), or one tensor past the device's largest buffer. Tensors
+    in the file must hold as many bytes as their dims say."""
+    total, largest = 0, None
+    for t in model.graph.initializer:
+        need = _declared_bytes(onnx, t)
+        total += need
+        if largest is None or need > largest[0]:
+            largest = (need, t.name, list(t.dims))
+        if t.data_location != onnx.TensorProto.EXTERNAL and t.HasField("raw_data") and len(t.raw_data) != need:
+            raise OnnxImportError(f"{path}: initializer {t.name!r} declares dims {list(t.dims)} ({need} bytes) but "
+                                  f"holds {len(t.raw_data)} bytes; the file is damaged: export it again")
+    if device is not None:
+        cl = device.cl_device
+        limit, where, one = cl.global_mem_size, f"device {device.name}", cl.max_mem_alloc_size
+    else:
+        limit, where, one = _host_memory(), "this machine's memory", None
+    if limit and total > limit:
+        raise OnnxImportError(f"{path}: the initializers declare {total / 2**30:.2f} GiB, more than {where} "
+                              f"({limit / 2**30:.2f} GiB); refused before reading them")
+    if one and largest and largest[0] > one:
+        raise OnnxImportError(f"{path}: initializer {largest[1]!r} of dims {largest[2]} declares "
+                              f"{largest[0] / 2**20:.1f} MiB, more than the largest buffer {where} allocates "
+                              f"({one / 2**20:.1f} MiB)")
+
+
+def _read(onnx, path, device=None):
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"clnet.onnx.load: no such file: {path}")
     try:
-        model = onnx.load(path)
+        model = onnx.load(path, load_external_data=False)
     except Exception as e:  # a truncated or damaged protobuf
         raise OnnxImportError(f"{path}: not a readable ONNX file ({type(e).__name__}: {e}); the file may be "
-                              "truncated or damaged: export it again") from None
+                              "truncated or damaged: export it again") from e
+    external = _check_external(onnx, path, model)
+    _check_sizes(onnx, path, model, device)
     try:
         onnx.checker.check_model(path)  # from the file (C++), not a re-serialisation of the whole model
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise OnnxImportError(f"{path}: not a valid ONNX model ({first}); the file may be truncated or damaged: "
-                              "export it again") from None
+                              "export it again") from e
+    if external:
+        from onnx.external_data_helper import load_external_data_for_model
+        load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
     return path, model
 
 
@@ -768,10 +1071,18 @@ def _check_node(m_where, n, opset, consumers, graph_outputs):
                                                                        n.outputs[1] in graph_outputs):
             refuse("the Indices output of MaxPool is not supported")
         pads = at.get("pads")
-        if pads is not None and tuple(pads[:2]) != tuple(pads[2:]):
-            refuse(f"clnet pools with equal padding at both ends, got pads {pads}")
-    if op == "Gemm" and at.get("transA", 0):
-        refuse("Gemm with transA=1 is not supported")
+        if op == "AveragePool" and at.get("count_include_pad", 0) and pads is not None and \
+                tuple(pads[:2]) != tuple(pads[2:]):
+            refuse(f"an average counting the padding (count_include_pad=1) with pads {list(pads)} that differ at the "
+                   "two ends: clnet's divisor assumes equal pads")
+    if op == "Cast" and at.get("to") not in _ONNX_DTYPES:
+        refuse(f"Cast to ONNX type {at.get('to')} is not supported (clnet holds "
+               f"{', '.join(sorted(np.dtype(t).name for t in _ONNX_DTYPES.values()))})")
+    if op == "Reshape" and len([i for i in n.inputs if i]) < 2 and "shape" not in at:
+        refuse("Reshape without a target shape (neither the input nor the opset-1 attribute `shape`)")
+    if op == "BatchNormalization" and any(o and (o in consumers or o in graph_outputs) for o in n.outputs[3:]):
+        refuse("the saved mean and variance outputs of a training-mode BatchNormalization (opsets before 14) are "
+               "not supported")
     if op == "LRN" and int(at.get("size", 1)) % 2 == 0:
         refuse(f"LRN of even size {at['size']}: ONNX centres an even window differently from clnet's (PyTorch's) "
                "local_response_norm")
@@ -782,7 +1093,242 @@ def _check_node(m_where, n, opset, consumers, graph_outputs):
         refuse("BatchNormalization with spatial=0 is not supported")
 
 
-def load(path, device=None, fuse=True):
+# ---- what load knows of each value: refusals before any kernel runs ------------------------------------------------
+
+def _shape_of(value_info):
+    """A ValueInfoProto's shape: a tuple of ints, free dimensions' names and None (unknown); None for an unknown
+    rank."""
+    t = value_info.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim)
+
+
+def _inferred_shapes(onnx, model, initializers):
+    """Each value's shape as ONNX's shape inference finds it ({} where inference fails). It runs on a graph of the
+    same nodes whose large initializers are declared graph inputs of their shapes, so their data is not copied."""
+    h = onnx.helper
+    graph = model.graph
+    small, declared = [], {i.name for i in graph.input}
+    extra = []
+    for t in graph.initializer:
+        a = initializers[t.name]
+        if a.size <= 64:
+            small.append(t)
+        elif t.name not in declared:
+            extra.append(h.make_tensor_value_info(t.name, t.data_type, list(a.shape)))
+    light = h.make_graph(list(graph.node), graph.name, list(graph.input) + extra, list(graph.output), small)
+    probe = h.make_model(light, opset_imports=list(model.opset_import))
+    probe.ir_version = model.ir_version
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+    except Exception:  # no shapes known: the call's shapes decide what load cannot
+        return {}
+    shapes = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        shapes[vi.name] = _shape_of(vi)
+    return shapes
+
+
+def _check_flow(path, nodes, opset, constants, params, inputs, shapes):
+    """Follows the graph from its inputs knowing, for each value, whether it is a constant of the file, a host value
+    computed from shapes (Shape, Size and what follows them on the host), or a computed tensor on the device, and its
+    shape as far as ONNX's shape inference knows it; refuses every node whose handler would refuse at run time.
+    What depends on a dimension unknown at load is left to the call."""
+    info = {k: ("const", tuple(v.shape), v) for k, v in constants.items()}
+    info.update({k: ("device", tuple(v), None) for k, v in params.items()})
+    for k in inputs:
+        info[k] = ("device", shapes.get(k), None)
+    for n in nodes:
+        where = f"{path}: ONNX node {n.name!r} ({n.op}, opset {opset})"
+        ins = [info.get(name, ("device", shapes.get(name), None)) if name else None for name in n.inputs]
+        kinds = [i[0] for i in ins if i is not None]
+        out_kind = "device"
+        if n.op in ("Shape", "Size") or (n.op in HOST_OPS and all(k != "device" for k in kinds)):
+            out_kind = "host"
+        elif n.op not in DEVICE_OPS:
+            first = next(name for name, i in zip(n.inputs, ins) if i is not None and i[0] == "device")
+            raise OnnxImportError(f"{where}: {n.op} of a computed tensor ({first!r}) is not supported: clnet evaluates "
+                                  f"{n.op} on constants and shapes only, at load or on the host")
+        else:
+            check = _CHECKS.get(n.op)
+            if check is not None:
+                try:
+                    check(n, ins, opset)
+                except ValueError as e:
+                    raise OnnxImportError(f"{where}: {e}") from None
+        for name in n.outputs:
+            if name:
+                info[name] = (out_kind, shapes.get(name), None)
+
+
+def _known(shape):
+    return shape is not None and all(isinstance(d, (int, np.integer)) for d in shape)
+
+
+def _need_rank(n, ins, ranks, what="input"):
+    shape = ins[0][1]
+    if shape is not None and len(shape) not in ranks:
+        raise ValueError(f"clnet runs {n.op} on {' or '.join(f'{r}-D' for r in ranks)} {what}s, got shape "
+                         f"{tuple(shape)}")
+
+
+def _need_constant(n, ins, slots, what):
+    for s in slots:
+        if s < len(ins) and ins[s] is not None and ins[s][0] == "device":
+            raise ValueError(f"{what} ({n.inputs[s]!r}) must be a constant of the file or computed from shapes, not a "
+                             "computed tensor")
+
+
+def _c_conv(n, ins, opset):
+    _need_rank(n, ins, (4,))
+
+
+def _c_pool(n, ins, opset):
+    _need_rank(n, ins, (4,))
+    shape = ins[0][1]
+    at = n.attrs
+    if n.op == "AveragePool" and at.get("count_include_pad", 0) and at.get("auto_pad", "NOTSET") in (
+            "SAME_UPPER", "SAME_LOWER"):
+        if shape is None or not _known(shape[2:]):
+            raise ValueError("an average counting the padding with auto_pad SAME over a size unknown at load: the "
+                             "pads may differ at the two ends, which clnet's divisor does not take")
+        begin, total = _padding(at, shape[2:], at["kernel_shape"], at.get("strides", (1, 1)), (1, 1))
+        if any(2 * b != t for b, t in zip(begin, total)):
+            raise ValueError(f"an average counting the padding with auto_pad SAME gives pads {begin} and "
+                             f"{tuple(t - b for b, t in zip(begin, total))} at the two ends: clnet's divisor assumes "
+                             "equal pads")
+    if shape is not None and _known(shape[2:]):
+        _pool_geometry(at, (1, 1) + tuple(shape[2:]))
+
+
+def _c_global_pool(n, ins, opset):
+    _need_rank(n, ins, (4,))
+
+
+def _c_reduce(n, ins, opset):
+    _need_constant(n, ins, (1,), "the axes")
+    shape = ins[0][1]
+    if shape is None:
+        return
+    if "axes" in n.attrs:
+        axes = _host_int_list(n.attrs["axes"])
+    elif len(ins) > 1 and ins[1] is not None:
+        if ins[1][0] != "const":
+            return  # computed from shapes: the call decides
+        axes = _host_int_list(ins[1][2])
+    else:
+        axes = []
+    _reduce_plan(len(shape), axes, n.attrs.get("noop_with_empty_axes", 0))
+
+
+def _c_gemm(n, ins, opset):
+    for s, what in ((0, "A"), (1, "B"), (2, "C")):
+        if s < len(ins) and ins[s] is not None:
+            if ins[s][0] == "host":
+                raise ValueError(f"its {what} ({n.inputs[s]!r}) is computed from shapes on the host; clnet multiplies "
+                                 "constants and computed tensors")
+            shape = ins[s][1]
+            if s < 2 and shape is not None and len(shape) != 2:
+                raise ValueError(f"its {what} ({n.inputs[s]!r}) has shape {tuple(shape)}; Gemm takes matrices")
+    if len(ins) > 2 and ins[2] is not None and ins[0][1] is not None and ins[1][1] is not None:
+        at = n.attrs
+        M = ins[0][1][1 if at.get("transA", 0) else 0]
+        N = ins[1][1][0 if at.get("transB", 0) else 1]
+        _binary_plan("Add", True, (M, N), ins[2][0] == "device", ins[2][1])
+
+
+def _c_matmul(n, ins, opset):
+    (a_kind, a, _), (b_kind, b, _) = ins[0], ins[1]
+    for kind, name in ((a_kind, n.inputs[0]), (b_kind, n.inputs[1])):
+        if kind == "host":
+            raise ValueError(f"{name!r} is computed from shapes on the host; clnet multiplies constants and computed "
+                             "tensors")
+    if b is not None and len(b) > 2:
+        raise ValueError(f"a batched B ({n.inputs[1]!r} of shape {tuple(b)}): clnet multiplies by 1-D or 2-D B; "
+                         "batched products need the tensor ops' matmul")
+    if a_kind == "const" and (a is None or len(a) != 2 or b is None or len(b) != 2):
+        raise ValueError(f"a constant A ({n.inputs[0]!r} of shape {a}) times a computed B of shape {b}: clnet "
+                         "takes a constant A as a matrix, times a matrix")
+
+
+def _c_binary(n, ins, opset):
+    (a_kind, a, _), (b_kind, b, _) = ins[0], ins[1]
+    _binary_plan(n.op, a_kind == "device", a, b_kind == "device", b)
+
+
+def _c_batchnorm(n, ins, opset):
+    shape = ins[0][1]
+    if shape is not None and len(shape) < 2:
+        raise ValueError(f"clnet normalises inputs of 2 dimensions or more (N, C, ...), got shape {tuple(shape)}")
+
+
+def _c_clip(n, ins, opset):
+    _need_constant(n, ins, (1, 2), "a bound")
+    lo, hi = n.attrs.get("min"), n.attrs.get("max")
+    if len(ins) > 1 and ins[1] is not None and ins[1][0] == "const":
+        lo = float(np.asarray(ins[1][2]).reshape(-1)[0])
+    if len(ins) > 2 and ins[2] is not None and ins[2][0] == "const":
+        hi = float(np.asarray(ins[2][2]).reshape(-1)[0])
+    if lo is not None and hi is not None and hi <= lo:
+        raise ValueError(f"Clip with min {lo} >= max {hi} is not supported")
+
+
+def _c_dropout(n, ins, opset):
+    _need_constant(n, ins, (1, 2), "the ratio and training_mode")
+
+
+def _c_reshape(n, ins, opset):
+    _need_constant(n, ins, (1,), "the target shape")
+
+
+def _c_squeeze(n, ins, opset):
+    _need_constant(n, ins, (1,), "the axes")
+
+
+def _c_transpose(n, ins, opset):
+    shape = ins[0][1]
+    perm = list(n.attrs["perm"]) if "perm" in n.attrs else (None if shape is None else list(range(len(shape)))[::-1])
+    if perm is None:
+        return
+    dims = tuple(shape) if shape is not None else (None,) * len(perm)
+    _transpose_plan(perm, tuple(d if isinstance(d, (int, np.integer)) else -1 for d in dims))
+
+
+def _c_cast(n, ins, opset):
+    if n.attrs.get("to") not in (1,):
+        raise ValueError(f"Cast of a computed tensor to ONNX type {n.attrs.get('to')}: clnet's computed tensors are "
+                         "float32 (it casts constants and shapes only)")
+
+
+def _c_variadic(n, ins, opset):
+    shapes = [i[1] for i in ins if i is not None]
+    if any(s is None for s in shapes):
+        return
+    for s in shapes[1:]:
+        same = len(s) == len(shapes[0]) and _all3(_dim_eq(x, y) for x, y in zip(s, shapes[0]))
+        if same is False:
+            raise ValueError(f"{n.op} of shapes {', '.join(str(tuple(s)) for s in shapes)}: clnet takes tensors of one "
+                             "shape; broadcasting ones need the tensor ops")
+
+
+def _c_concat(n, ins, opset):
+    for i in ins:
+        if i is not None and i[0] == "host":
+            raise ValueError("it joins a computed tensor with a value computed from shapes on the host")
+
+
+_CHECKS = {
+    "Conv": _c_conv, "MaxPool": _c_pool, "AveragePool": _c_pool, "GlobalAveragePool": _c_global_pool,
+    "GlobalMaxPool": _c_global_pool, "ReduceMean": _c_reduce, "ReduceSum": _c_reduce, "Gemm": _c_gemm,
+    "MatMul": _c_matmul, "Add": _c_binary, "Sub": _c_binary, "Mul": _c_binary, "Div": _c_binary,
+    "BatchNormalization": _c_batchnorm, "Clip": _c_clip, "Dropout": _c_dropout, "Reshape": _c_reshape,
+    "Squeeze": _c_squeeze, "Unsqueeze": _c_squeeze, "Transpose": _c_transpose, "Cast": _c_cast,
+    "Sum": _c_variadic, "Max": _c_variadic, "Min": _c_variadic, "Mean": _c_variadic, "Concat": _c_concat,
+}
+
+
+def load(path, device=None, fuse=False):
     """Read an ONNX file as a clnet module.
 
     Parameters
@@ -790,22 +1336,39 @@ def load(path, device=None, fuse=True):
     path : str or os.PathLike
         The ONNX file.
     device : clnet.Device or str, optional
-        Where to place the weights now; otherwise the first call moves them to its input's device.
+        Where to place the weights now (the file's declared sizes are checked against its memory first); otherwise
+        the first call moves them to its input's device.
     fuse : bool
-        Fold each inference-mode BatchNormalization that alone reads a convolution's output into that
-        convolution's weights and bias (its initializers then leave the state_dict). False keeps every initializer.
+        False (the default): the network as the file has it; ``state_dict()`` holds every initializer under its
+        name, unchanged, and the module trains. True, an inference-only optimisation: each inference-mode
+        BatchNormalization that alone reads a convolution's output is folded into that convolution's weights and
+        bias, which then hold the folded values (the batch norm's initializers leave the state_dict); the module
+        refuses train(), and a file exported in training mode is refused.
 
     Returns
     -------
     OnnxModule
         In train() mode when the file's batch norms were exported in training mode, else in eval().
+
+    Raises
+    ------
+    OnnxImportError
+        For a file clnet cannot read or run, at load, before any kernel runs: naming the node, the operator, the
+        opset and the reason. An opset newer than NEWEST_OPSET loads with an OnnxOpsetWarning.
     """
     onnx = _onnx()
-    path, model = _read(onnx, path)
+    if device is not None and not hasattr(device, "cl_device"):
+        from .devices import device as get_device
+        device = get_device(device)
+    path, model = _read(onnx, path, device)
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None:
         raise OnnxImportError(f"{path}: the model imports no version of the default ONNX operator set")
+    if opset > NEWEST_OPSET:
+        warnings.warn(f"{path}: opset {opset} is newer than the newest clnet's importer was checked against "
+                      f"({NEWEST_OPSET}); operators whose meaning changed since may run with opset "
+                      f"{NEWEST_OPSET}'s", OnnxOpsetWarning, stacklevel=2)
     from onnx import numpy_helper
     initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     inputs = [i.name for i in graph.input if i.name not in initializers]
@@ -832,6 +1395,10 @@ def load(path, device=None, fuse=True):
         _check_node(path, n, opset, consumers, set(outputs))
 
     training = any(n.op == "BatchNormalization" and n.attrs.get("training_mode", 0) for n in nodes)
+    if fuse and training:
+        raise OnnxImportError(f"{path}: fuse=True folds batch norms for inference only, and this file was exported "
+                              "in training mode; load it with fuse=False to train it")
+    shapes = _inferred_shapes(onnx, model, initializers)
     if fuse:
         nodes, initializers = _fuse_conv_bn(nodes, initializers, consumers, set(outputs))
 
@@ -848,10 +1415,13 @@ def load(path, device=None, fuse=True):
     for n in nodes:  # MatMul and Gemm(transB=0) weights: held as (out, in)
         if len(n.inputs) > 1 and roles.get(n.inputs[1]) == "param" and (
                 n.op == "MatMul" or (n.op == "Gemm" and not n.attrs.get("transB", 0))):
-            if initializers[n.inputs[1]].ndim != 2:
+            rank = initializers[n.inputs[1]].ndim
+            if rank > 2:
                 raise OnnxImportError(f"{path}: ONNX node {n.name!r} ({n.op}, opset {opset}): clnet multiplies by "
-                                      f"2-D weights, {n.inputs[1]!r} has shape {initializers[n.inputs[1]].shape}")
-            transposed.add(n.inputs[1])
+                                      f"1-D or 2-D weights, {n.inputs[1]!r} has shape "
+                                      f"{initializers[n.inputs[1]].shape}; batched products need the tensor ops")
+            if rank == 2:
+                transposed.add(n.inputs[1])
     for n in nodes:  # a transposed weight is read by MatMul/Gemm only
         for s, name in enumerate(n.inputs):
             if name in transposed and not (s == 1 and (n.op == "MatMul" or (n.op == "Gemm" and
@@ -861,6 +1431,7 @@ def load(path, device=None, fuse=True):
 
     constants = {k: v for k, v in initializers.items() if k not in roles}
     nodes = _fold_constants(path, nodes, constants, opset)
+    _check_flow(path, nodes, opset, constants, {k: initializers[k].shape for k in roles}, inputs, shapes)
     for k in transposed:
         n = next(n for n in nodes if len(n.inputs) > 1 and n.inputs[1] == k)
         n.attrs = dict(n.attrs, transB=1)
@@ -875,6 +1446,7 @@ def load(path, device=None, fuse=True):
         else:
             net.register_buffer(k, host)
     net.__dict__["exported_training"] = training
+    net.__dict__["fused"] = bool(fuse)
     net.train(training)
     if device is not None:
         net.to(device)
@@ -1285,5 +1857,5 @@ def onnxruntime_agreement(path, net, x):
     return worst
 
 
-__all__ = ["OnnxImportError", "OnnxModule", "bench_setup", "export", "input_shape", "load", "onnxruntime_agreement",
+__all__ = ["OnnxImportError", "OnnxModule", "OnnxOpsetWarning", "bench_setup", "export", "input_shape", "load", "onnxruntime_agreement",
            "onnxruntime_outputs", "run_file"]
