@@ -6,14 +6,16 @@ clnet/tune.py) for this platform, device and driver, or else from the default en
 entry drives both a kernel's defines and its launch geometry, so the two cannot drift apart.
 """
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import stat
 import time
 import warnings
 
 from . import kernels
-from .files import write_atomically
+from .files import UnsafeFolder, open_folder, write_atomically
 
 # GPU-shaped matrix product: tiles staged in local memory. Large tiles only pay when they fill the device.
 GEMM_TILED_SMALL = dict(kernel="gemm_tiled", TM=64, TN=64, TK=16, WM=4, WN=4)
@@ -255,20 +257,20 @@ def agreement_tolerance(key):
     return max(AGREEMENT_FLOOR, AGREEMENT_MARGIN * n ** 0.5 * FLOAT32_ROUNDOFF)
 
 
-def valid_gemm(dev, choice, M, N, K, batch, b_split):
-    """Whether a cached GEMM choice is one this version offers for this device, and keeps the default's accuracy (the
-    file may be old or edited by hand)."""
-    try:
-        cfg, ks = choice["cfg"], choice["ksplit"]
-        default = gemm_default(dev, M, N, K, batch)
-        offered = cfg in GEMM_CANDIDATES[device_class(dev)] or cfg == default["cfg"]
-        if not offered or not fits(dev, cfg) or type(ks) is not int or ks < 1:
-            return False
-        if set(choice) - {"cfg", "ksplit", "ta", "tb"} or (choice.get("tb") and b_split):
-            return False
-        return run_length(cfg, K, ks) <= run_length(default["cfg"], K, default["ksplit"])
-    except (KeyError, TypeError):
-        return False
+def _same(a, b):
+    """Equality that tells 48 from 48.0 and 1 from True (Python's == does not): the JSON texts compared."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def valid_gemm(dev, choice, M, N, K, batch, b_split, kfast_a=True, kfast_b=True):
+    """The autotuner's own candidate (gemm_candidates) that a cached GEMM choice names, else None: the file may be old
+    or edited by hand, and only values this version offers for this device and shape (its tiles, its split-K
+    factors, whose sums are no longer than the default's) reach a kernel's defines. kfast_a and kfast_b as for
+    gemm_candidates; a site that does not pass them accepts the transposes offered to k-fast operands."""
+    for candidate in gemm_candidates(dev, M, N, K, batch, kfast_a, kfast_b and not b_split):
+        if _same(candidate, choice):
+            return candidate
+    return None
 
 
 def describe(choice):
@@ -318,19 +320,78 @@ _shipped = None
 
 
 def shipped(dev):
-    """The shipped table's entries for dev's family (empty for a device nobody measured)."""
+    """The shipped table's entries for dev's family (empty for a device nobody measured, or for a table of another
+    cache version: its choices may name kernels this version lacks)."""
     global _shipped
     if _shipped is None:
+        _shipped = {}
         try:
             with open(SHIPPED_TABLE) as f:
-                table = json.load(f)
-            _shipped = table["devices"] if table.get("cache_version") == CACHE_VERSION else {}
-        except (OSError, ValueError, KeyError, AttributeError):
-            _shipped = {}
+                table = _parse(f)
+            devices = table.get("devices", {}) if isinstance(table, dict) else None
+            if not _well_formed(devices):
+                raise ValueError("does not hold clnet's format")
+            if table.get("cache_version") == CACHE_VERSION:
+                _shipped = devices
+        except FileNotFoundError:  # a build without a table: every device starts at the defaults
+            pass
+        except (OSError, ValueError) as e:
+            why = f"cannot be read ({e.strerror})" if isinstance(e, OSError) else e
+            warnings.warn(f"clnet: the shipped tuning table {SHIPPED_TABLE} cannot be used: it {why}; default kernel "
+                          "choices apply (reinstall clnet to restore it)")
     return _shipped.get(family_key(device_key(dev)), {})
 
 
 _cache = None
+
+
+# An entry is an algorithm's name or a dict of a few levels (a GEMM choice: cfg inside); the nesting is bounded so
+# that no walk of the cache (json.dump's included) can run out of stack
+ENTRY_DEPTH = 3
+
+
+def _shallow(value, depth):
+    if isinstance(value, dict):
+        return depth > 0 and all(isinstance(k, str) and _shallow(v, depth - 1) for k, v in value.items())
+    if isinstance(value, list):
+        return depth > 0 and all(_shallow(v, depth - 1) for v in value)
+    return value is None or isinstance(value, (str, int, float))
+
+
+def _well_formed(cache):
+    """Whether CACHE has the cache's shape: {device key: {site key: entry}}, each entry shallow."""
+    return isinstance(cache, dict) and all(isinstance(v, dict) and _shallow(v, ENTRY_DEPTH + 1)
+                                           for v in cache.values())
+
+
+def _parse(f):
+    """JSON from the file f; ValueError, in words for a warning, for text that is not JSON or nests past Python's
+    recursion limit (the C decoder's own)."""
+    try:
+        return json.load(f)
+    except RecursionError:
+        raise ValueError("is nested too deeply") from None
+    except ValueError as e:
+        raise ValueError(f"is not valid JSON ({e})") from None
+
+
+def _read(path):
+    """The cache file's contents, from a folder no other user can change (files.open_folder: FileNotFoundError when
+    it is absent, UnsafeFolder when another user could plant entries), never through a link. ValueError for a file
+    that is not the cache's JSON."""
+    folder, _ = open_folder(os.path.dirname(path))
+    try:
+        fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=folder)
+    finally:
+        os.close(folder)
+    with os.fdopen(fd) as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("is not a regular file")
+        cache = _parse(f)
+    if not _well_formed(cache):
+        raise ValueError("does not hold clnet's format")
+    return cache
 
 
 def _load():
@@ -340,18 +401,18 @@ def _load():
     if _cache is None:
         path = cache_path()
         try:
-            with open(path) as f:
-                _cache = json.load(f)
+            _cache = _read(path)
         except FileNotFoundError:
+            _cache = {}
+        except UnsafeFolder as e:
+            warnings.warn(f"clnet: the tuning cache {path} is not read, default kernel choices apply: {e}")
             _cache = {}
         except OSError as e:
             warnings.warn(f"clnet: cannot read the tuning cache {path} ({e.strerror}); using default kernel "
                           "choices (set CLNET_CACHE_DIR to a readable folder)")
             _cache = {}
         except ValueError as e:
-            _cache = _set_aside(path, f"is not valid JSON ({e})")
-        if not isinstance(_cache, dict) or not all(isinstance(v, dict) for v in _cache.values()):
-            _cache = _set_aside(path, "does not hold clnet's format")
+            _cache = _set_aside(path, str(e))
     return _cache
 
 
@@ -371,14 +432,23 @@ def _set_aside(path, why):
 @contextlib.contextmanager
 def _locked(path):
     """An exclusive lock on PATH.lock while the cache is read, merged and replaced: processes tuning at once keep
-    every entry (without it, two runs storing 300 keys each ended with 187 and 204 in the file)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".lock", "a") as lock:
+    every entry (without it, two runs storing 300 keys each ended with 187 and 204 in the file). The folder is made
+    and checked as every folder clnet writes in (files.open_folder); the lock file is opened through it, created if
+    absent, never through a link (a link there makes open fail: nothing is created or opened at its target). Mode
+    0600 less the umask: a user who could open the lock could hold it and stall every tuning run."""
+    folder, _ = open_folder(os.path.dirname(path), create=True)
+    try:
+        lock = os.open(os.path.basename(path) + ".lock",
+                       os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=folder)
+    finally:
+        os.close(folder)
+    try:
+        if not stat.S_ISREG(os.fstat(lock).st_mode):
+            raise OSError(errno.EINVAL, "the lock file is not a regular file", path + ".lock")
         fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(lock)  # releases the lock
 
 
 _device_entries = {}
@@ -413,14 +483,15 @@ def store(dev, new_entries):
     try:
         with _locked(path):
             try:
-                with open(path) as f:
-                    on_disk = json.load(f)
-                if not isinstance(on_disk, dict):
-                    on_disk = {}
-            except (OSError, ValueError):
+                on_disk = _read(path)
+            except FileNotFoundError:
                 on_disk = {}
+            except ValueError as e:  # kept aside for inspection rather than overwritten
+                on_disk = _set_aside(path, str(e))
             on_disk.setdefault(device_key(dev), {}).update(new_entries)
             write_atomically(path, lambda f: json.dump(on_disk, f, indent=1, sort_keys=True), text=True)
+    except UnsafeFolder as e:
+        warnings.warn(f"clnet: the tuned choices last for this process only: {e}")
     except OSError as e:
         warnings.warn(f"clnet: cannot write the tuning cache {path} ({e.strerror}); the tuned choices last for this "
                       "process only (set CLNET_CACHE_DIR to a writable folder)")
@@ -466,14 +537,15 @@ allow_less_accurate = False
 used = None       # set by the benchmark: {profiler tag: {key: description of the choice that ran}}
 
 
-# (device, key, allow_less_accurate) -> whether the cached entry passed valid(); cleared when entries change
+# (device, key, allow_less_accurate) -> what valid() made of the cached entry (None: rejected); cleared when entries
+# change
 _checked = {}
 _defaults = {}  # (device, key) -> default(), which depends only on the device and the shape the key names
 
 
 def choose(dev, key, default, candidates=None, run=None, valid=None):
     """The tuned choice for key on dev, else default() (the device class's entry); a cached choice that valid()
-    rejects is ignored with a warning. While the autotuner records, the site is remembered with candidates() (the
+    rejects (returns a false value for) is ignored with a warning, and one it accepts runs as valid returned it. While the autotuner records, the site is remembered with candidates() (the
     default first) and run."""
     if recorder is not None and candidates is not None:
         options = candidates()
@@ -481,16 +553,18 @@ def choose(dev, key, default, candidates=None, run=None, valid=None):
             recorder.add(key, options, run)
     choice = entries(dev).get(key)
     if choice is not None and valid is not None:
-        ok = _checked.get((dev, key, allow_less_accurate))
-        if ok is None:
-            ok = _checked[(dev, key, allow_less_accurate)] = bool(valid(choice))
+        checked = (dev, key, allow_less_accurate)
+        if checked not in _checked:
+            ok = valid(choice)
+            # valid returns the tuner's own equal candidate, which runs instead of the file's value; True keeps the
+            # cached value (a plain algorithm name)
+            _checked[checked] = choice if ok is True else ok or None
             if not ok:
                 where = "the tuning cache's" if key in own_entries(dev) else "the shipped tuning table's"
                 warnings.warn(f"clnet: ignoring {where} entry for '{key}' ({choice}): this version of clnet does not "
                               "offer it here, or it is less accurate than the default; `clnet tune --retune` replaces "
                               "it")
-        if not ok:
-            choice = None
+        choice = _checked[checked]
     if choice is None:  # the device class's entry, computed once per key (lookups run on every launch)
         choice = _defaults.get((dev, key))
         if choice is None:

@@ -1,5 +1,6 @@
 """The autotuner: winners land in the cache under this device's key, later runs use them, results stay right."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -481,3 +482,122 @@ def test_the_budget_stops_a_site_between_candidate_builds(dev, cache_dir):
     report = tune.tune_sites(dev, sites, budget_s=0.8, repeats=1)
     assert "b" in built and "c" not in built and len(built) <= 4  # the default runs twice, "b" once or twice
     assert report["left"] == ["first", "second"] and not report["tuned"] and tuning.entries(dev) == {}
+
+
+# ---- the cache and the table as files another user, or a careless edit, could shape ----------------------------
+
+def _cache_file(cache_dir):
+    return cache_dir / f"tuning-v{tuning.CACHE_VERSION}.json"
+
+
+def _gemm_site(dev, K=4096):
+    M = N = 8
+    a = b = c = Mat(rs=8, cs=1)
+    return gemm_key(M, N, K, 1, a, b, c), tuning.gemm_default(dev, M, N, K, 1), \
+        (lambda x: tuning.valid_gemm(dev, x, M, N, K, 1, False))
+
+
+def test_a_cached_entry_runs_as_the_tuners_own_candidate(dev, cache_dir):
+    """Only values the tuner offers reach a kernel's defines: a choice read back from the file is replaced by the
+    candidate it names; one that names none (a split of 10^9, a tile size written 48.0) is ignored with a warning."""
+    key, default, valid = _gemm_site(dev)
+    candidates = tuning.gemm_candidates(dev, 8, 8, 4096, 1, True, True)
+    other = next((x for x in candidates if x != default), default)
+    tuning.store(dev, {key: json.loads(json.dumps(other))})
+    tuning.forget()  # as a new process: the entry comes from the file
+    choice = tuning.choose(dev, key, lambda: default, valid=valid)
+    assert choice == other and any(choice["cfg"] is c for c in tuning.GEMM_CANDIDATES[tuning.device_class(dev)])
+    as_float = dict(default, cfg={k: float(v) if type(v) is int else v for k, v in default["cfg"].items()})
+    for entry in [dict(default, ksplit=10 ** 9), dict(default, ksplit=default["ksplit"] + 1000), as_float,
+                  dict(default, ksplit=float(default["ksplit"])), dict(default, ksplit=True) if default["ksplit"] == 1
+                  else dict(default, ksplit=-1)]:
+        tuning.store(dev, {key: entry})
+        tuning.forget()
+        with pytest.warns(UserWarning, match="ignoring the tuning cache"):
+            choice = tuning.choose(dev, key, lambda: default, valid=valid)
+        assert choice is default, entry
+
+
+@pytest.mark.parametrize("where", ["whole file", "one entry"])
+def test_a_deeply_nested_cache_is_set_aside_not_a_crash(dev, cache_dir, where):
+    """JSON nested past Python's recursion limit (the C decoder's own), or within it but past what any walk of the
+    cache (json.dump's, when the next store rewrites the file) can take: one warning, the file kept aside."""
+    depth = 100000 if where == "whole file" else 900
+    text = '{"another device": {"k": ' + "[" * depth + "]" * depth + "}}"
+    if where == "one entry":
+        assert json.loads(text)  # parses: only the shape check catches it
+    _cache_file(cache_dir).write_text(text)
+    with pytest.warns(UserWarning, match="moved to .*damaged"):
+        assert tuning.entries(dev) == {}
+    tuning.store(dev, {"k": "im2col"})
+    aside, = cache_dir.glob("*.damaged-*")
+    assert aside.read_text() == text and json.loads(_cache_file(cache_dir).read_text()) == \
+        {tuning.device_key(dev): {"k": "im2col"}}
+
+
+def test_a_cache_damaged_while_a_run_stores_is_set_aside_not_overwritten(dev, cache_dir):
+    """store() rereads the file to merge: a file damaged since the first read keeps its bytes aside, with a warning
+    (it used to be replaced silently, losing every other device's entries)."""
+    assert tuning.entries(dev) == {}
+    _cache_file(cache_dir).write_text('{"another device": {"k": "im2col"}')
+    with pytest.warns(UserWarning, match="is not valid JSON.*moved to .*damaged"):
+        tuning.store(dev, {"k": "direct"})
+    aside, = cache_dir.glob("*.damaged-*")
+    assert aside.read_text() == '{"another device": {"k": "im2col"}'
+
+
+@pytest.mark.parametrize("text,why", [("{not json", "not valid JSON"), ("[" * 100000, "nested too deeply"),
+                                      ('{"cache_version": 2, "devices": []}', "clnet's format")],
+                         ids=["not-json", "deep", "wrong-shape"])
+def test_a_damaged_shipped_table_is_named_not_silently_dropped(dev, cache_dir, tmp_path, monkeypatch, text, why):
+    table = tmp_path / "tuning_table.json"
+    table.write_text(text)
+    monkeypatch.setattr(tuning, "SHIPPED_TABLE", str(table))
+    tuning.forget()
+    with pytest.warns(UserWarning, match=f"shipped tuning table {table} cannot be used.*{why}"):
+        assert tuning.entries(dev) == {}
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770])
+def test_a_cache_folder_others_can_write_is_neither_read_nor_written(dev, cache_dir, mode):
+    """Another user who can write the folder could plant entries, or swap the lock and temporary files for links."""
+    planted = {tuning.device_key(dev): {"k": "winograd"}}
+    _cache_file(cache_dir).write_text(json.dumps(planted))
+    cache_dir.chmod(mode)
+    try:
+        with pytest.warns(UserWarning, match=f"not read.*{cache_dir}: it can be written by"):
+            assert tuning.entries(dev) == {}
+        with pytest.warns(UserWarning, match=f"last for this process only.*chmod go-w {cache_dir}"):
+            tuning.store(dev, {"k": "im2col"})
+        assert tuning.entries(dev) == {"k": "im2col"}  # in memory
+        assert json.loads(_cache_file(cache_dir).read_text()) == planted
+        assert not (cache_dir / f"tuning-v{tuning.CACHE_VERSION}.json.lock").exists()
+    finally:
+        cache_dir.chmod(0o700)
+
+
+def test_a_cache_folder_another_user_owns_is_refused(dev, cache_dir, monkeypatch):
+    if os.geteuid() == 0:
+        os.chown(cache_dir, 65534, 65534)
+    else:  # the process pretends to be someone else: its own folder then belongs to another user
+        real = os.geteuid()
+        monkeypatch.setattr(os, "geteuid", lambda: real + 1)
+    with pytest.warns(UserWarning, match="belongs to user id"):
+        tuning.store(dev, {"k": "im2col"})
+    monkeypatch.undo()
+    assert not _cache_file(cache_dir).exists()
+
+
+def test_a_link_in_place_of_the_lock_file_is_not_followed(dev, cache_dir, tmp_path):
+    """Neither created nor opened at the link's target (root's `clnet tune` used to create any file so named)."""
+    target = tmp_path / "created-through-the-link"
+    os.symlink(target, cache_dir / f"tuning-v{tuning.CACHE_VERSION}.json.lock")
+    with pytest.warns(UserWarning, match="cannot write the tuning cache"):
+        tuning.store(dev, {"k": "im2col"})
+    assert not target.exists() and not _cache_file(cache_dir).exists()
+
+
+def test_the_lock_file_is_private(dev, cache_dir):
+    """Whoever can open the lock can hold it and stall every tuning run: 0600 (less the umask)."""
+    tuning.store(dev, {"k": "im2col"})
+    assert os.stat(cache_dir / f"tuning-v{tuning.CACHE_VERSION}.json.lock").st_mode & 0o777 == 0o600
