@@ -1,0 +1,277 @@
+// Reductions over any dimensions of a contiguous tensor, their gradients, and cumulative sums (clnet/reduce.py).
+//
+// Layout of reduce_fwd: the input seen as (kept dimensions..., reduced dimensions...), each part coalesced on its
+// own (layout.py), in layout.py's `meta` format: the nd = kd + rd sizes, then the input's strides for them. Output o
+// (row-major over the kept part) reduces the R values at offset(kept part, o) + offset(reduced part, r), r < R.
+//   reduce_fwd   work-groups of (lanes, LSIZE / lanes) work-items: `lanes` of them (a runtime power of two) share
+//                one output, each taking every lanes-th element, and add up in a pairwise tree in local memory;
+//                LSIZE / lanes outputs per group. lanes 1 is a plain loop per output (many outputs whose
+//                neighbours are neighbours in memory: a column's sum), lanes up to LSIZE a tree per output (long
+//                contiguous rows, few outputs). Work-group column p of the parts = get_num_groups(0) covers
+//                r in [p chunk, (p + 1) chunk) and writes out[o parts + p]; with parts > 1 that is an unfinished
+//                partial (fin 0, scale 1) that a second launch over the (outputs, parts) partials reduces.
+//                With `indexed`, the candidate index of each value is xi[its offset] (the partial indices of a first
+//                pass), else r; ARG writes the index of the chosen value to out_i (the first one on ties, a NaN
+//                before any number, as PyTorch).
+//                Each value is MAP(x) before it is combined; `c` is a per-output value (a mean, a maximum) that
+//                MAP and fin read. The result is then fin: 0 v * scale, 1 sqrt(v * scale), 2 log(v) + c (c
+//                taken as 0 where it is infinite, as MAP 4 does), 3 pow(v, scale).
+//   reduce_bwd   dx[i] = scale * dy[o(i)] * GRAD's formula of x[i], y[o], aux[o]; o(i) is the output element input
+//                element i reduced into, read through strided.h (the output's strides broadcast over x's shape).
+//   index_bwd    max/min over one dimension (x seen as (outer, size, inner)): dx = dy at the index kept, else 0.
+//   cumsum       x seen as (outer, size, inner), one work-item per (outer, inner) line; reverse: from the end (the
+//                gradient of a cumulative sum is the reverse cumulative sum of its gradient).
+// Defines: INTEGER (0/1: int values instead of float; T is the values' type), COMB (1 sum, 2 prod, 3 max, 4 min), ARG (0/1: max or min also
+// give the index), MAP (see map_value), LSIZE (reduce_fwd's work-group size, a power of two), GRAD (see reduce_bwd),
+// NDIM (strided.h: reduce_bwd's rank).
+#include "strided.h"
+
+#ifndef INTEGER
+#define INTEGER 0   // int values instead of float
+#endif
+#ifndef COMB
+#define COMB 1      // 1 sum, 2 product, 3 maximum, 4 minimum
+#endif
+#ifndef ARG
+#define ARG 0       // with COMB 3/4: also the index of the maximum/minimum
+#endif
+#ifndef MAP
+#define MAP 0       // what is combined: see map_value
+#endif
+#ifndef LSIZE
+#define LSIZE 256   // reduce_fwd's work-group size
+#endif
+#ifndef GRAD
+#define GRAD 0      // reduce_bwd's formula
+#endif
+#if LSIZE & (LSIZE - 1)
+#error "LSIZE must be a power of two"
+#endif
+#if ARG && COMB != 3 && COMB != 4
+#error "ARG needs COMB 3 (max) or 4 (min)"
+#endif
+
+#if INTEGER
+#define T int
+#define IS_FLOAT 0
+#else
+#define T float
+#define IS_FLOAT 1
+#endif
+
+#if IS_FLOAT
+#define ISNAN(v) isnan(v)
+#define LOWEST (-INFINITY)
+#define HIGHEST INFINITY
+#else
+#define ISNAN(v) 0
+#define LOWEST INT_MIN
+#define HIGHEST INT_MAX
+#endif
+
+#if COMB == 1
+#define IDENTITY ((T)0)
+#elif COMB == 2
+#define IDENTITY ((T)1)
+#elif COMB == 3
+#define IDENTITY LOWEST
+#elif COMB == 4
+#define IDENTITY HIGHEST
+#else
+#error "COMB must be 1..4"
+#endif
+
+// A per-output shift for exp(): the maximum, or 0 where the maximum is infinite (all -inf, or a +inf present), so
+// that no inf - inf appears.
+inline float shift_of(const float m) { return isinf(m) ? 0.0f : m; }
+
+// The value combined for an element v: 0 v, 1 |v|, 2 v^2, 3 (v - c)^2, 4 exp(v - shift(c)), 5 |v|^p,
+// 6 v == c, 7 |v| == c, 8 v (1 where v is 0), 9 v == 0.
+inline T map_value(const T v, const float c, const float p) {
+#if MAP == 0
+    return v;
+#elif !IS_FLOAT
+#error "MAP other than 0 needs float values"
+#elif MAP == 1
+    return fabs(v);
+#elif MAP == 2
+    return v * v;
+#elif MAP == 3
+    return (v - c) * (v - c);
+#elif MAP == 4
+    return exp(v - shift_of(c));
+#elif MAP == 5
+    return pow(fabs(v), p);
+#elif MAP == 6
+    return v == c ? 1.0f : 0.0f;
+#elif MAP == 7
+    return fabs(v) == c ? 1.0f : 0.0f;
+#elif MAP == 8
+    return v == 0.0f ? 1.0f : v;
+#elif MAP == 9
+    return v == 0.0f ? 1.0f : 0.0f;
+#else
+#error "MAP must be 0..9"
+#endif
+}
+
+// v replaces best (max/min): a larger (smaller) value, or a NaN over a number (PyTorch's max propagates NaN).
+#if COMB == 3
+#define BETTER(v, best) ((v) > (best) || (ISNAN(v) && !ISNAN(best)))
+#else
+#define BETTER(v, best) ((v) < (best) || (ISNAN(v) && !ISNAN(best)))
+#endif
+#define SAME(v, best) ((v) == (best) || (ISNAN(v) && ISNAN(best)))
+
+inline T combine(const T a, const T b) {
+#if COMB == 1
+    return a + b;
+#elif COMB == 2
+    return a * b;
+#else
+    return BETTER(b, a) ? b : a;
+#endif
+}
+
+// The offset of row-major index i over dimensions [first, first + count) of the layout (count >= 1).
+inline int part_offset(__global const int* meta, const int nd, const int first, const int count, int i) {
+    int off = 0;
+    for (int d = first + count - 1; d > first; d--) {
+        const int size = meta[d];
+        off += (i % size) * meta[nd + d];
+        i /= size;
+    }
+    return off + i * meta[nd + first];
+}
+
+__kernel void reduce_fwd(__global const T* restrict x, __global const int* restrict xi, const int indexed,
+                         __global const float* restrict c, __global T* restrict out, __global int* restrict out_i,
+                         __global const int* restrict meta, const int kd, const int rd, const int R,
+                         const int outputs, const int lanes, const int chunk, const int fin, const float scale,
+                         const float p) {
+    __local T vals[LSIZE];
+#if ARG
+    __local int ats[LSIZE];
+#endif
+    const int lane = get_local_id(0), part = get_group_id(0), parts = get_num_groups(0);
+    const int o = get_global_id(1);
+    const int nd = kd + rd;
+    T acc = IDENTITY;
+#if ARG
+    int at = INT_MAX;
+#endif
+    float cc = 0.0f;
+    if (o < outputs) {
+        const int base = part_offset(meta, nd, 0, kd, o);
+        if (c) cc = c[o];
+        const int r1 = min(R, (part + 1) * chunk);
+        const int step = meta[2 * nd - 1];  // the innermost reduced stride
+        for (int r = part * chunk + lane; r < r1; r += lanes) {
+            const int off = base + (rd == 1 ? r * step : part_offset(meta, nd, kd, rd, r));
+            const T v = map_value(x[off], cc, p);
+#if ARG
+            const int j = indexed ? xi[off] : r;
+            if (BETTER(v, acc) || (SAME(v, acc) && j < at)) { acc = v; at = j; }
+#else
+            acc = combine(acc, v);
+#endif
+        }
+    }
+    if (lanes > 1) {  // the same for the whole group: every work-item meets the same barriers
+        const int slot = get_local_id(1) * lanes + lane;
+        vals[slot] = acc;
+#if ARG
+        ats[slot] = at;
+#endif
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int w = lanes >> 1; w > 0; w >>= 1) {
+            if (lane < w) {
+#if ARG
+                const T v = vals[slot + w];
+                const int j = ats[slot + w];
+                if (BETTER(v, vals[slot]) || (SAME(v, vals[slot]) && j < ats[slot])) { vals[slot] = v; ats[slot] = j; }
+#else
+                vals[slot] = combine(vals[slot], vals[slot + w]);
+#endif
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        acc = vals[slot];
+#if ARG
+        at = ats[slot];
+#endif
+    }
+    if (lane != 0 || o >= outputs) return;
+#if IS_FLOAT
+    if (fin == 0) acc *= scale;
+    else if (fin == 1) acc = sqrt(acc * scale);
+    else if (fin == 2) acc = log(acc) + shift_of(cc);
+    else if (fin == 3) acc = pow(acc, scale);
+#endif
+    out[o * parts + part] = acc;
+#if ARG
+    out_i[o * parts + part] = at;
+#endif
+}
+
+// The gradient of element i of x, from its output o's upstream gradient g = scale dy[o] (scale: 1 for a sum,
+// 1 / R for a mean, 2 / (R - correction) for a variance, 1 / (R - correction) for a standard deviation):
+//   0 g (sum, mean); 1 g (x - aux) (variance, aux the mean); 2 g (x - aux) / y, 0 where y is 0 (standard deviation);
+//   3 g / aux where x == y, else 0 (amax, amin: aux the count of ties); 4 sign(x) g / aux where |x| == y (the
+//   infinity norm); 5 sign(x) g (1-norm); 6 g x / y, 0 where y is 0 (2-norm); 7 g x |x|^(p-2) / y^(p-1), 0 where
+//   y is 0 (p-norm); 8 g exp(x - y) (logsumexp); 9 the product of the others: g y / x without zeros (aux 0), the
+//   product of the nonzero values y at the one zero (aux 1), else 0 (prod; y the product of the nonzero values).
+__kernel void reduce_bwd(__global const float* restrict x, __global const float* restrict y,
+                         __global const float* restrict dy, __global const float* restrict aux,
+                         __global float* restrict dx, __global const int* restrict meta, const int n,
+                         const float scale, const float p) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const int o = strided_offset(meta, 0, i);
+    const float g = dy[o] * scale;
+#if GRAD == 0
+    dx[i] = g;
+#elif GRAD == 1
+    dx[i] = g * (x[i] - aux[o]);
+#elif GRAD == 2
+    dx[i] = y[o] == 0.0f ? 0.0f : g * (x[i] - aux[o]) / y[o];
+#elif GRAD == 3
+    dx[i] = x[i] == y[o] ? g / aux[o] : 0.0f;
+#elif GRAD == 4
+    dx[i] = fabs(x[i]) == y[o] ? sign(x[i]) * g / aux[o] : 0.0f;
+#elif GRAD == 5
+    dx[i] = sign(x[i]) * g;
+#elif GRAD == 6
+    dx[i] = y[o] == 0.0f ? 0.0f : g * x[i] / y[o];
+#elif GRAD == 7
+    dx[i] = y[o] == 0.0f ? 0.0f : g * x[i] * pow(fabs(x[i]), p - 2.0f) / pow(y[o], p - 1.0f);
+#elif GRAD == 8
+    dx[i] = g * exp(x[i] - y[o]);
+#elif GRAD == 9
+    const float v = x[i], zeros = aux[o];
+    dx[i] = zeros == 0.0f ? g * y[o] / v : (zeros == 1.0f && v == 0.0f ? g * y[o] : 0.0f);
+#else
+#error "GRAD must be 0..9"
+#endif
+}
+
+__kernel void index_bwd(__global const int* restrict idx, __global const float* restrict dy,
+                        __global float* restrict dx, const int n, const int size, const int inner) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const int o = i / (inner * size) * inner + i % inner;
+    dx[i] = (i / inner) % size == idx[o] ? dy[o] : 0.0f;
+}
+
+__kernel void cumsum(__global const T* restrict x, __global T* restrict y, const int lines, const int size,
+                     const int inner, const int reverse) {
+    const int e = get_global_id(0);
+    if (e >= lines) return;
+    const int base = e / inner * size * inner + e % inner;
+    T s = (T)0;
+    for (int k = 0; k < size; k++) {
+        const int off = base + (reverse ? size - 1 - k : k) * inner;
+        s += x[off];
+        y[off] = s;
+    }
+}

@@ -1,0 +1,589 @@
+"""The reduction family: sums, means, variances, extremes, norms, products and logsumexp over any dimensions,
+softmax and log_softmax over any dimension, cumulative sums; forward and backward, PyTorch's names and arguments.
+
+Every reduction is one kernel of cl_kernels/reduce.cl, `reduce_fwd`, whose combining rule (sum, product, max,
+min, with or without the index) and the function of each element it combines (x, |x|, x^2, (x - mean)^2, ...) are
+defines. The input is seen as (kept dimensions..., reduced dimensions...), each part coalesced on its own
+(layout.coalesce), so reducing the middle of (N, C, H, W) over (0, 2, 3) reads a rank-3 layout and reducing the
+last dimension a rank-1 one. `_plan` picks the launch: lanes of a work-group share an output (a tree in local memory)
+when the reduced elements lie contiguous in memory, one work-item per output otherwise (neighbouring outputs are
+then neighbours in memory); few outputs over many elements split each reduction into parts, which a second launch
+combines. Gradients are one element-wise launch of `reduce_bwd` that reads each output's values through
+strided.h's broadcasting layout.
+
+`sum_to(x, shape)` (PyTorch's sum_to_size) is what broadcasting ops' backward uses; it records nothing.
+"""
+import builtins
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from . import kernels, layout, ops
+from .autograd import Function
+from .tensor import Tensor, empty, too_large
+
+FLOAT, INT, BOOL = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.bool_)
+SUM, PROD, MAX, MIN = 1, 2, 3, 4  # reduce.cl's COMB
+# reduce.cl's MAP: the function of each element that is combined
+M_X, M_ABS, M_SQUARE, M_SQDEV, M_EXP, M_POWABS, M_EQ, M_ABSEQ, M_NONZERO, M_ISZERO = range(10)
+# reduce.cl's finishing step of reduce_fwd
+F_SCALE, F_SQRT, F_LOGSHIFT, F_POW = range(4)
+# reduce.cl's GRAD
+G_SUM, G_VAR, G_STD, G_TIES, G_INFNORM, G_L1, G_L2, G_PNORM, G_LSE, G_PROD = range(10)
+
+PARALLEL_ITEMS = 1 << 16  # work-items a launch should have before a reduction is not split into parts
+PER_LANE = 64             # elements a work-item should reduce, at least, before a reduction is split into parts
+TREE_FROM = 32            # contiguous reduced elements from which lanes share an output (a tree)
+
+
+class ValuesIndices(NamedTuple):
+    """What max and min over a dimension return, as torch.return_types.max: the values and their int32 indices."""
+    values: Tensor
+    indices: Tensor
+
+
+# ---- checks and shapes ---------------------------------------------------------------------------------------------
+
+def _tensor(what, x, dtypes=(FLOAT,)):
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{what}: expected a clnet tensor, got {type(x).__name__}; wrap host data with "
+                        "clnet.tensor(array, device=...)")
+    if x.dtype not in dtypes:
+        raise TypeError(f"{what}: expected a {' or '.join(d.name for d in dtypes)} tensor, got {x.dtype}"
+                        + ("; convert it with .float() first" if FLOAT in dtypes else ""))
+    if x.size > kernels.INDEX_LIMIT:
+        raise too_large(what, x.shape, "reduce slices of it (narrow or split it) and combine the results")
+    return x
+
+
+def _out_shape(shape, dims, keepdim):
+    if keepdim:
+        return tuple(1 if d in dims else s for d, s in enumerate(shape))
+    return tuple(s for d, s in enumerate(shape) if d not in dims)
+
+
+def _reduced_count(shape, dims):
+    return math.prod(shape[d] for d in dims)
+
+
+def _nonempty(what, x, dims):
+    """max, min and their kin have no identity: refuse an empty reduction, as PyTorch does."""
+    for d in dims:
+        if x.shape[d] == 0:
+            raise IndexError(f"{what}: dimension {d} of the input, shape {x.shape}, is empty; a {what} over no "
+                             "elements is undefined (reduce over a non-empty dimension)")
+    if not dims and x.size == 0:
+        raise IndexError(f"{what}: the input of shape {x.shape} is empty; a {what} over no elements is undefined")
+
+
+def _layout(shape, dims):
+    """(sizes, strides, kept rank, reduced rank) of x seen as (kept..., reduced...), each part coalesced."""
+    strides = layout.contiguous_strides(shape)
+    kept = [d for d in range(len(shape)) if d not in dims]
+    ks, kst = layout.coalesce(tuple(shape[d] for d in kept), tuple(strides[d] for d in kept))
+    rs, rst = layout.coalesce(tuple(shape[d] for d in dims), tuple(strides[d] for d in dims))
+    return ks + rs, kst + rst, len(ks), len(rs)
+
+
+def _plan(outputs, R, contiguous, dev):
+    """(lanes, parts) of reduce_fwd: lanes (a power of two) share an output where its elements are contiguous and
+    many; each output is split into parts when the launch would otherwise have few work-items for much work."""
+    lsize = _lsize(dev)
+    lanes = 1
+    if contiguous and R >= TREE_FROM:
+        lanes = builtins.min(lsize, 1 << (R.bit_length() - 1))
+    parts = 1
+    items = outputs * lanes
+    if items < PARALLEL_ITEMS and R > lanes * PER_LANE:
+        parts = builtins.min(-(-R // (lanes * PER_LANE)), -(-PARALLEL_ITEMS // items))
+    return lanes, parts
+
+
+def _lsize(dev):
+    size = builtins.min(256, dev.max_work_group_size)
+    return 1 << (size.bit_length() - 1)
+
+
+def _kernel(dev, name, **defines):
+    return kernels.kernel(dev, "reduce.cl", name, defines)
+
+
+# ---- the forward launch ----------------------------------------------------------------------------------------------
+
+def _reduce(x, dims, comb, out_shape, mapping=M_X, arg=False, c=None, fin=F_SCALE, scale=1.0, p=0.0, what=""):
+    """x reduced over dims (sorted, distinct) into a new tensor of out_shape (values; with arg, (values, int32
+    indices)); no graph."""
+    dev = x.device
+    sizes, strides, kd, rd = _layout(x.shape, dims)
+    outputs, R = math.prod(sizes[:kd]), math.prod(sizes[kd:])
+    out = empty(out_shape, dev, x.dtype)
+    idx = empty(out_shape, dev, INT) if arg else None
+    if outputs == 0:
+        return (out, idx) if arg else out
+    _launch(x, None, sizes, strides, kd, rd, outputs, R, comb, mapping, arg, c, fin, scale, p, out, idx, what)
+    return (out, idx) if arg else out
+
+
+def _launch(x, xi, sizes, strides, kd, rd, outputs, R, comb, mapping, arg, c, fin, scale, p, out, idx, what):
+    dev = x.device
+    lanes, parts = _plan(outputs, R, strides[-1] == 1, dev)
+    lsize = _lsize(dev)
+    defines = dict(COMB=comb, MAP=mapping, LSIZE=lsize)
+    if arg:
+        defines["ARG"] = 1
+    if x.dtype != FLOAT:
+        defines["INTEGER"] = 1
+    k = _kernel(dev, "reduce_fwd", **defines)
+    meta = layout.meta(dev, sizes, strides)
+    chunk = -(-R // parts) if R else 0
+    if parts > 1:
+        parts = -(-R // chunk)
+    rows = lsize // lanes
+    if parts == 1:
+        kernels.launch(dev, k, (lanes, -(-outputs // rows) * rows), (lanes, rows), x, xi, int(xi is not None), c,
+                       out, idx, meta, kd, rd, R, outputs, lanes, builtins.max(chunk, 1), fin, float(scale), float(p),
+                       what=what)
+        return
+    # First pass: each of the parts of an output's elements into its partial (unfinished); then the (outputs, parts)
+    # partials reduced over their last dimension, with the indices they carry.
+    part_vals = empty((outputs, parts), dev, x.dtype)
+    part_idx = empty((outputs, parts), dev, INT) if arg else None
+    kernels.launch(dev, k, (lanes * parts, -(-outputs // rows) * rows), (lanes, rows), x, xi, int(xi is not None),
+                   c, part_vals, part_idx, meta, kd, rd, R, outputs, lanes, chunk, F_SCALE, 1.0, float(p), what=what)
+    second = SUM if mapping in (M_SQDEV, M_EXP, M_POWABS, M_EQ, M_ABSEQ, M_ISZERO, M_SQUARE) and comb == SUM \
+        else comb  # the partials are already mapped: they only combine
+    _launch(part_vals, part_idx, (outputs, parts), (parts, 1), 1, 1, outputs, parts, second, M_X, arg, c, fin, scale,
+            p, out, idx, what)
+
+
+# ---- sum_to (inside backward: no graph) ----------------------------------------------------------------------------
+
+def sum_to(x, shape):
+    """x summed over the dimensions along which `shape` was broadcast to x.shape, as torch's sum_to_size: leading
+    dimensions dropped, dimensions of size 1 in `shape` kept as 1. Returns x itself when the shapes match. Records
+    no graph (broadcasting ops call it in their backward).
+
+    Parameters
+    ----------
+    x : Tensor
+        float32.
+    shape : tuple of int
+        A shape that broadcasts to x.shape.
+    """
+    shape = tuple(int(s) for s in shape)
+    if x.shape == shape:
+        return x
+    lead = x.ndim - len(shape)
+    if lead < 0 or any(s != 1 and s != x.shape[lead + i] for i, s in enumerate(shape)):
+        raise ValueError(f"sum_to: shape {shape} does not broadcast to the tensor's shape {x.shape}; pass a shape "
+                         "whose sizes are 1 or x's, aligned at the right")
+    _tensor("sum_to", x, (FLOAT, INT))
+    dims = tuple(d for d in range(x.ndim) if (d < lead or shape[d - lead] == 1) and x.shape[d] != 1)
+    if not dims:  # only size-1 dimensions go: the same elements
+        return x._alias(shape)
+    return _reduce(x, dims, SUM, shape, what="sum_to")
+
+
+# ---- the backward launch -------------------------------------------------------------------------------------------
+
+def _spread(grad, x_shape, dims, out, dy, x=None, y=None, aux=None, scale=1.0, p=0.0, what=""):
+    """dx of x_shape from per-output tensors (dy, y, aux: the keepdim shape's elements), reduce_bwd's `grad`."""
+    dev = dy.device
+    dx = empty(x_shape, dev)
+    n = dx.size
+    if n == 0:
+        return dx
+    kshape = _out_shape(x_shape, dims, True)
+    sizes, ostrides = layout.coalesce(x_shape, layout.broadcast_strides(kshape, x_shape))
+    k = _kernel(dev, "reduce_bwd", GRAD=grad, NDIM=len(sizes))
+    kernels.launch(dev, k, (n,), None, x, y, dy, aux, dx, layout.meta(dev, sizes, ostrides), n, float(scale),
+                   float(p), what=what)
+    return dx
+
+
+# ---- differentiable ops ----------------------------------------------------------------------------------------------
+
+class Sum(Function):
+    """scale * the sum over dims (mean: scale 1 / the count)."""
+    unit_grad = True
+    __slots__ = ("dims", "in_shape", "scale")
+
+    def forward(self, x, dims, keepdim, scale):
+        self.dims, self.in_shape, self.scale = dims, x.shape, scale
+        return _reduce(x, dims, SUM, _out_shape(x.shape, dims, keepdim), scale=scale, what="sum")
+
+    def backward(self, dy):
+        if dy is None:
+            dy = ops.full((), self.out_device, 1.0)
+        return _spread(G_SUM, self.in_shape, self.dims, None, dy, scale=self.scale, what="sum backward")
+
+
+class Var(Function):
+    """Variance (std: its square root) over dims, with `correction` (Bessel's: 1) subtracted from the count."""
+    __slots__ = ("dims", "divisor", "std")
+
+    def forward(self, x, dims, keepdim, correction, std):
+        R = _reduced_count(x.shape, dims)
+        kshape = _out_shape(x.shape, dims, True)
+        mean = _reduce(x, dims, SUM, kshape, scale=1.0 / R if R else math.nan, what="var (mean)")
+        divisor = builtins.max(R - correction, 0)
+        self.dims, self.divisor, self.std = dims, divisor, std
+        inv = 1.0 / divisor if divisor else math.inf
+        y = _reduce(x, dims, SUM, _out_shape(x.shape, dims, keepdim), mapping=M_SQDEV, c=mean,
+                    fin=F_SQRT if std else F_SCALE, scale=inv, what="std" if std else "var")
+        self.save(x, mean, y)
+        return y
+
+    def backward(self, dy):
+        x, mean, y = self.saved
+        inv = 1.0 / self.divisor if self.divisor else math.inf
+        if self.std:
+            return _spread(G_STD, x.shape, self.dims, None, dy, x, y, mean, inv, what="std backward")
+        return _spread(G_VAR, x.shape, self.dims, None, dy, x, None, mean, 2.0 * inv, what="var backward")
+
+
+class Extreme(Function):
+    """amax / amin over dims; the gradient is split evenly among the elements equal to the result (PyTorch's)."""
+    __slots__ = ("dims", "comb")
+
+    def forward(self, x, dims, keepdim, comb):
+        self.dims, self.comb = dims, comb
+        y = _reduce(x, dims, comb, _out_shape(x.shape, dims, keepdim), what="amax" if comb == MAX else "amin")
+        self.save(x, y)
+        return y
+
+    def backward(self, dy):
+        x, y = self.saved
+        count = _reduce(x, self.dims, SUM, y.shape, mapping=M_EQ, c=y, what="amax backward (ties)")
+        return _spread(G_TIES, x.shape, self.dims, None, dy, x, y, count, what="amax backward")
+
+
+class ExtremeDim(Function):
+    """max / min over one dimension: (values, int32 indices), the first index on ties; the gradient goes to it."""
+    __slots__ = ("dim", "in_shape")
+
+    def forward(self, x, dim, keepdim, comb):
+        self.dim, self.in_shape = dim, x.shape
+        values, indices = _reduce(x, (dim,), comb, _out_shape(x.shape, (dim,), keepdim), arg=True,
+                                  what="max" if comb == MAX else "min")
+        self.save(indices)
+        return values, indices
+
+    def backward(self, dy):
+        indices, = self.saved
+        shape, dim = self.in_shape, self.dim
+        dx = empty(shape, dy.device)
+        if dx.size:
+            inner = math.prod(shape[dim + 1:])
+            k = _kernel(dy.device, "index_bwd")
+            kernels.launch(dy.device, k, (dx.size,), None, indices, dy, dx, dx.size, shape[dim], inner,
+                           what="max backward")
+        return dx
+
+
+class LogSumExp(Function):
+    __slots__ = ("dims",)
+
+    def forward(self, x, dims, keepdim):
+        self.dims = dims
+        m = _reduce(x, dims, MAX, _out_shape(x.shape, dims, True), what="logsumexp (max)")
+        y = _reduce(x, dims, SUM, _out_shape(x.shape, dims, keepdim), mapping=M_EXP, c=m, fin=F_LOGSHIFT,
+                    what="logsumexp")
+        self.save(x, y)
+        return y
+
+    def backward(self, dy):
+        x, y = self.saved
+        return _spread(G_LSE, x.shape, self.dims, None, dy, x, y, what="logsumexp backward")
+
+
+class Prod(Function):
+    """The product over dims; its gradient, the product of the other elements, is right where some are zero."""
+    __slots__ = ("dims",)
+
+    def forward(self, x, dims, keepdim):
+        self.dims = dims
+        self.save(x)
+        return _reduce(x, dims, PROD, _out_shape(x.shape, dims, keepdim), what="prod")
+
+    def backward(self, dy):
+        x, = self.saved
+        kshape = _out_shape(x.shape, self.dims, True)
+        zeros = _reduce(x, self.dims, SUM, kshape, mapping=M_ISZERO, what="prod backward (zeros)")
+        nonzero = _reduce(x, self.dims, PROD, kshape, mapping=M_NONZERO, what="prod backward")
+        return _spread(G_PROD, x.shape, self.dims, None, dy, x, nonzero, zeros, what="prod backward")
+
+
+class Norm(Function):
+    __slots__ = ("dims", "p")
+
+    def forward(self, x, dims, keepdim, p):
+        self.dims, self.p = dims, p
+        shape = _out_shape(x.shape, dims, keepdim)
+        if p == 2:
+            y = _reduce(x, dims, SUM, shape, mapping=M_SQUARE, fin=F_SQRT, what="norm")
+        elif p == 1:
+            y = _reduce(x, dims, SUM, shape, mapping=M_ABS, what="norm")
+        elif math.isinf(p):
+            y = _reduce(x, dims, MAX if p > 0 else MIN, shape, mapping=M_ABS, what="norm")
+        else:
+            y = _reduce(x, dims, SUM, shape, mapping=M_POWABS, fin=F_POW, scale=1.0 / p, p=p, what="norm")
+        self.save(x, y)
+        return y
+
+    def backward(self, dy):
+        x, y = self.saved
+        p, dims = self.p, self.dims
+        if p == 2:
+            return _spread(G_L2, x.shape, dims, None, dy, x, y, what="norm backward")
+        if p == 1:
+            return _spread(G_L1, x.shape, dims, None, dy, x, what="norm backward")
+        if math.isinf(p):
+            count = _reduce(x, dims, SUM, y.shape, mapping=M_ABSEQ, c=y, what="norm backward (ties)")
+            return _spread(G_INFNORM, x.shape, dims, None, dy, x, y, count, what="norm backward")
+        return _spread(G_PNORM, x.shape, dims, None, dy, x, y, p=p, what="norm backward")
+
+
+class Cumsum(Function):
+    __slots__ = ("dim",)
+
+    def forward(self, x, dim):
+        self.dim = dim
+        return _cumsum(x, dim, False, "cumsum")
+
+    def backward(self, dy):
+        return _cumsum(dy, self.dim, True, "cumsum backward")
+
+
+def _cumsum(x, dim, reverse, what):
+    shape = x.shape or (1,)
+    out = empty(x.shape, x.device, x.dtype)
+    size, inner = shape[dim], math.prod(shape[dim + 1:])
+    lines = x.size // size if size else 0
+    if lines:
+        k = _kernel(x.device, "cumsum", **({"INTEGER": 1} if x.dtype != FLOAT else {}))
+        kernels.launch(x.device, k, (lines,), None, x, out, lines, size, inner, int(reverse), what=what)
+    return out
+
+
+# ---- public functions ----------------------------------------------------------------------------------------------
+
+def _dims(what, x, dim):
+    return layout.normalize_dims(what, dim, x.ndim)
+
+
+def _copy(x):
+    """A reduction over nothing (a 0-d tensor's): the values themselves, as a new tensor in the graph."""
+    return Sum.apply(x, dims=(), keepdim=False, scale=1.0)
+
+
+def sum(x, dim=None, keepdim=False):
+    """The sum over `dim` (an int, a tuple of ints, or None: every dimension), as torch.sum; an empty reduction is 0.
+
+    Parameters
+    ----------
+    x : Tensor
+        float32 or int32 (an int32 sum is int32, not PyTorch's int64; it records no gradient).
+    dim : int or tuple of int, optional
+    keepdim : bool
+        Keep the reduced dimensions as size 1.
+    """
+    _tensor("sum", x, (FLOAT, INT))
+    dims = _dims("sum", x, dim)
+    if x.dtype != FLOAT:
+        return _reduce(x, dims, SUM, _out_shape(x.shape, dims, keepdim), what="sum")
+    return Sum.apply(x, dims=dims, keepdim=keepdim, scale=1.0)
+
+
+def mean(x, dim=None, keepdim=False):
+    """The mean over `dim` (int, tuple or None), as torch.mean; an empty reduction is NaN."""
+    _tensor("mean", x)
+    dims = _dims("mean", x, dim)
+    R = _reduced_count(x.shape, dims)
+    return Sum.apply(x, dims=dims, keepdim=keepdim, scale=1.0 / R if R else math.nan)
+
+
+def _correction(what, unbiased, correction):
+    if unbiased is not None and correction is not None:
+        raise ValueError(f"{what}: pass unbiased or correction, not both")
+    if correction is None:
+        correction = 1 if unbiased is None or unbiased else 0
+    if isinstance(correction, bool) or not isinstance(correction, (int, float, np.number)):
+        raise TypeError(f"{what}: correction must be a number, got {type(correction).__name__}")
+    return correction
+
+
+def var(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """The variance over `dim`, sum((x - mean)^2) / (count - correction), as torch.var: correction 1 (Bessel's,
+    the default; unbiased=False means 0). A divisor at or below 0 gives inf or NaN, as PyTorch's."""
+    return _var("var", x, dim, unbiased, keepdim, correction, False)
+
+
+def std(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """The standard deviation over `dim`, the square root of `var`'s (same arguments), as torch.std; its gradient
+    is 0 where it is 0, as PyTorch's."""
+    return _var("std", x, dim, unbiased, keepdim, correction, True)
+
+
+def _var(what, x, dim, unbiased, keepdim, correction, is_std):
+    _tensor(what, x)
+    if isinstance(dim, bool):  # torch.var(x, False): the old unbiased-first form
+        dim, unbiased = None, dim
+    correction = _correction(what, unbiased, correction)
+    dims = _dims(what, x, dim)
+    return Var.apply(x, dims=dims, keepdim=keepdim, correction=correction, std=is_std)
+
+
+def _extreme(what, x, dim, keepdim, comb):
+    _tensor(what, x, (FLOAT, INT))
+    if dim is None:
+        if keepdim:
+            raise TypeError(f"{what}: keepdim needs a dim; pass dim=... with keepdim=True, or use amax/amin")
+        _nonempty(what, x, ())
+        dims = tuple(range(x.ndim))
+        if x.dtype != FLOAT:
+            return _reduce(x, dims, comb, (), what=what)
+        return Extreme.apply(x, dims=dims, keepdim=False, comb=comb)
+    if isinstance(dim, Tensor):
+        raise TypeError(f"{what}: to compare two tensors elementwise use clnet.maximum / clnet.minimum, not {what}")
+    d = layout.normalize_dim(what, dim, x.ndim)
+    dims = (d,) if x.ndim else ()
+    _nonempty(what, x, dims)
+    shape = _out_shape(x.shape, dims, keepdim)
+    if x.dtype != FLOAT:
+        return ValuesIndices(*_reduce(x, dims, comb, shape, arg=True, what=what))
+    if not dims:  # a 0-d tensor: itself, index 0
+        return ValuesIndices(_copy(x), _zero_index(x.device))
+    return ValuesIndices(*ExtremeDim.apply(x, dim=d, keepdim=keepdim, comb=comb))
+
+
+def _zero_index(dev):
+    return Tensor((), INT, dev).write(np.zeros((), np.int32))
+
+
+def max(x, dim=None, keepdim=False):
+    """The maximum, as torch.max: without `dim` the largest element (a 0-d tensor; its gradient split evenly among
+    ties); with an int `dim`, (values, indices) over that dimension, int32 indices of the first maximum (NaN counts
+    as the largest, as PyTorch's), the gradient to that index."""
+    return _extreme("max", x, dim, keepdim, MAX)
+
+
+def min(x, dim=None, keepdim=False):
+    """The minimum, as torch.min (see `max`)."""
+    return _extreme("min", x, dim, keepdim, MIN)
+
+
+def _amax(what, x, dim, keepdim, comb):
+    _tensor(what, x, (FLOAT, INT))
+    dims = _dims(what, x, dim)
+    _nonempty(what, x, dims)
+    if x.dtype != FLOAT:
+        return _reduce(x, dims, comb, _out_shape(x.shape, dims, keepdim), what=what)
+    return Extreme.apply(x, dims=dims, keepdim=keepdim, comb=comb)
+
+
+def amax(x, dim=(), keepdim=False):
+    """The maximum over `dim` (int, tuple; () or None: every dimension), as torch.amax; its gradient is split evenly
+    among the elements equal to it."""
+    return _amax("amax", x, dim, keepdim, MAX)
+
+
+def amin(x, dim=(), keepdim=False):
+    """The minimum over `dim`, as torch.amin (see `amax`)."""
+    return _amax("amin", x, dim, keepdim, MIN)
+
+
+def _argextreme(what, x, dim, keepdim, comb):
+    _tensor(what, x, (FLOAT, INT))
+    if dim is None:
+        _nonempty(what, x, ())
+        flat = x._alias((x.size,))
+        shape = (1,) * x.ndim if keepdim else ()
+        return _reduce(flat, (0,), comb, shape, arg=True, what=what)[1]
+    d = layout.normalize_dim(what, dim, x.ndim)
+    dims = (d,) if x.ndim else ()
+    _nonempty(what, x, dims)
+    if not dims:
+        return _zero_index(x.device)
+    return _reduce(x, dims, comb, _out_shape(x.shape, dims, keepdim), arg=True, what=what)[1]
+
+
+def argmax(x, dim=None, keepdim=False):
+    """int32 indices of the first maximum over `dim` (None: of the flattened tensor), as torch.argmax."""
+    return _argextreme("argmax", x, dim, keepdim, MAX)
+
+
+def argmin(x, dim=None, keepdim=False):
+    """int32 indices of the first minimum over `dim` (None: of the flattened tensor), as torch.argmin."""
+    return _argextreme("argmin", x, dim, keepdim, MIN)
+
+
+def logsumexp(x, dim, keepdim=False):
+    """log(sum(exp(x))) over `dim` (int or tuple), as torch.logsumexp, computed around the maximum (no overflow);
+    an empty reduction is -inf."""
+    _tensor("logsumexp", x)
+    return LogSumExp.apply(x, dims=_dims("logsumexp", x, dim), keepdim=keepdim)
+
+
+def prod(x, dim=None, keepdim=False):
+    """The product over `dim` (an int or None: every dimension), as torch.prod; an empty product is 1. The gradient
+    is the product of the other elements, right where some are zero."""
+    _tensor("prod", x, (FLOAT, INT))
+    if isinstance(dim, (tuple, list)):
+        raise TypeError("prod: dim must be an int or None (as torch.prod); reduce one dimension at a time")
+    dims = _dims("prod", x, dim)
+    if x.dtype != FLOAT:
+        return _reduce(x, dims, PROD, _out_shape(x.shape, dims, keepdim), what="prod")
+    return Prod.apply(x, dims=dims, keepdim=keepdim)
+
+
+def norm(x, p=2, dim=None, keepdim=False):
+    """The p-norm over `dim` (int, tuple or None: every element), as torch.norm: p 2 (or "fro"), 1, inf, -inf or
+    any positive number. The gradient at a zero norm is 0; the infinity norm's is split evenly among ties."""
+    _tensor("norm", x)
+    if p == "fro":
+        p = 2
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.number)) or not (p > 0 or p == -math.inf):
+        raise ValueError(f"norm: p={p!r} is not supported; use a positive number, inf, -inf or 'fro'")
+    return Norm.apply(x, dims=_dims("norm", x, dim), keepdim=keepdim, p=float(p))
+
+
+def cumsum(x, dim):
+    """Cumulative sums along `dim`, as torch.cumsum (int32 stays int32, without a gradient)."""
+    _tensor("cumsum", x, (FLOAT, INT))
+    d = layout.normalize_dim("cumsum", dim, x.ndim)
+    if x.dtype != FLOAT:
+        return _cumsum(x, d, False, "cumsum")
+    return Cumsum.apply(x, dim=d)
+
+
+def _softmax(what, x, dim, log):
+    _tensor(what, x)
+    if dim is None:
+        raise TypeError(f"{what}: pass the dimension to normalise over (dim=-1 for the last), as PyTorch asks")
+    d = layout.normalize_dim(what, dim, x.ndim)
+    if not x.shape:
+        return ops.Softmax.apply(x.reshape(1), dim=0, log=log).reshape(())
+    return ops.Softmax.apply(x, dim=d, log=log)
+
+
+def softmax(x, dim):
+    """exp(x) / sum(exp(x)) along `dim`, as torch.softmax (computed around each line's maximum)."""
+    return _softmax("softmax", x, dim, False)
+
+
+def log_softmax(x, dim):
+    """x - logsumexp(x) along `dim`, as torch.log_softmax."""
+    return _softmax("log_softmax", x, dim, True)
+
+
+TENSOR_METHODS = {
+    "sum": sum, "mean": mean, "var": var, "std": std, "max": max, "min": min, "amax": amax, "amin": amin,
+    "argmax": argmax, "argmin": argmin, "logsumexp": logsumexp, "prod": prod, "norm": norm, "cumsum": cumsum,
+    "softmax": softmax, "log_softmax": log_softmax, "sum_to_size": lambda x, *shape: sum_to(x, _shape(shape)),
+}
+
+
+def _shape(shape):
+    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
