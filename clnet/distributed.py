@@ -37,7 +37,12 @@ Semantics (what `clnet.fit` builds on):
 - A failure ends every rank: `init()` makes an uncaught exception in any thread print the traceback and a line naming
   the rank, then call MPI_Abort, which the launcher turns into the end of every rank. Every collective here waits with
   a deadline (`CLNET_MPI_TIMEOUT`, default 600 s, generous for first-run kernel builds and rank 0's tuning) and aborts
-  when it passes, so a rank that hangs instead of dying is caught too.
+  when it passes, so a rank that hangs instead of dying is caught too, and named: a rank that has waited a while in
+  a collective tells the others so (a small message), and the rank whose deadline passes names the ranks that never
+  said they reached it. An error every rank meets alike at the same point (a device that does not exist) is no
+  failure of one rank: rank 0 reports it as one process would, and every rank exits with status 1.
+- `init()` refuses a launch whose MPI disagrees with its launcher (an mpiexec of one MPI, an mpi4py built against
+  another: every rank would be rank 0 of 1 and train alone).
 """
 import contextlib
 import json
@@ -50,6 +55,7 @@ import traceback
 import warnings
 import zlib
 
+import click
 import numpy as np
 
 try:
@@ -63,11 +69,27 @@ import pyopencl as cl
 
 from . import devices as device_mod
 from .autograd import register_post_accumulate_grad_hook
+from .errors import Error
 from .graph import refuse_in_capture
 from .nn.module import Module
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_BUCKET_MB = 25.0  # PyTorch DDP's default
+NOTICE_TAG = 1  # "I wait in collective k", on World.notices
+
+
+class MPIMismatch(Error, RuntimeError):
+    """The launcher started this process as one of several ranks, and MPI says the job has one: the mpiexec belongs
+    to another MPI than the one mpi4py was built against."""
+
+
+# What launchers put in each rank's environment: variables holding the number of ranks (in the job, or on this host),
+# and variables holding this rank's number (above 0: there are more). Hydra (MPICH, Intel MPI), Open MPI, PMIx,
+# Slurm's PMI and MVAPICH.
+LAUNCHER_SIZES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "MPI_LOCALNRANKS",
+                  "OMPI_COMM_WORLD_LOCAL_SIZE")
+LAUNCHER_RANKS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "MPI_LOCALRANKID",
+                  "OMPI_COMM_WORLD_LOCAL_RANK")
 
 
 class World:
@@ -76,10 +98,17 @@ class World:
 
     def __init__(self, comm, local, timeout):
         self.comm = comm  # a duplicate of COMM_WORLD: clnet's collectives never mix with the user's
+        self.notices = comm.Dup()  # the waiting ranks' notices, apart from the collectives
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
         self.host = socket.gethostname()
         self.timeout = float(timeout)
+        # Notices from a thread while the communication thread sits in an all-reduce need MPI_THREAD_MULTIPLE
+        self.concurrent = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        self._entered = 0  # collectives this rank has entered: every rank enters them in one order
+        self._entered_lock = threading.Lock()
+        self._reached = {}  # rank -> the latest collective it told us it waits in
+        self._sends = []  # (request, buffer) of notices not yet known to be sent
 
     @property
     def is_main(self):
@@ -90,18 +119,77 @@ class World:
                 f"{self.host})")
 
     # -- collectives, each with a deadline -----------------------------------------------------------------------
+    def enter(self):
+        """Number the collective this rank starts now (1, 2, ...): the k-th of every rank is the same one."""
+        with self._entered_lock:
+            self._entered += 1
+            return self._entered
+
+    def announce_after(self):
+        """Seconds a rank waits in a collective before it tells the others it is there."""
+        return min(1.0, self.timeout / 4)
+
     def wait(self, request, what):
         """Wait for a non-blocking MPI request, driving MPI's progress; abort every rank past the deadline."""
-        start = time.monotonic()
-        while not request.Test():  # MPI progresses only inside its calls: poll at once for 2 ms, then every 0.2 ms
-            waited = time.monotonic() - start
-            if waited > self.timeout:
-                self.timed_out(what)
+        def pause(waited):  # MPI progresses only inside its calls: poll at once for 2 ms, then every 0.2 ms
             time.sleep(0 if waited < 2e-3 else 2e-4)
+        self.watch(request.Test, what, self.enter(), pause)
 
-    def timed_out(self, what):
-        abort(f"{what} waited more than {self.timeout:g} s for the other ranks: one of them stopped responding "
-              "(CLNET_MPI_TIMEOUT sets the limit)")
+    def watch(self, done, what, collective, pause=None, concurrent=False):
+        """Poll ``done()`` until it is true: after `announce_after` seconds tell the other ranks that this one waits in
+        collective number ``collective`` (an int, or a function giving it, None while unknown); past the deadline,
+        abort naming the ranks that never said they reached it. ``concurrent``: another thread of this rank is
+        inside MPI meanwhile (notices need MPI_THREAD_MULTIPLE then)."""
+        number = collective if callable(collective) else (lambda: collective)
+        talk = self.size > 1 and (self.concurrent or not concurrent)
+        start, told = time.monotonic(), False
+        while not done():
+            waited = time.monotonic() - start
+            if talk and not told and waited > self.announce_after() and number() is not None:
+                self._announce(number())
+                told = True
+            if waited > self.timeout:
+                self.timed_out(what, number() if talk else None, known=talk)
+            if pause is not None:
+                pause(waited)
+
+    def _announce(self, collective):
+        note = np.array([collective], np.int64)
+        for r in range(self.size):
+            if r != self.rank:
+                self._sends.append((self.notices.Isend(note, dest=r, tag=NOTICE_TAG), note))
+        self._read_notices()
+
+    def _read_notices(self):
+        status = MPI.Status()
+        while self.notices.Iprobe(source=MPI.ANY_SOURCE, tag=NOTICE_TAG, status=status):
+            source, got = status.Get_source(), np.empty(1, np.int64)
+            self.notices.Recv(got, source=source, tag=NOTICE_TAG)
+            self._reached[source] = max(self._reached.get(source, 0), int(got[0]))
+        self._sends = [(r, b) for r, b in self._sends if not r.Test()]
+
+    def behind(self, collective):
+        """The other ranks that have not told this one they reached collective number ``collective``."""
+        self._read_notices()
+        return [r for r in range(self.size) if r != self.rank and self._reached.get(r, 0) < collective]
+
+    def timed_out(self, what, collective=None, known=False):
+        """Abort every rank: ``what`` waited past the deadline. With the collective's number (and ``known``: the
+        notices were listened to), name the ranks that never reached it."""
+        if collective is not None:
+            late = self.behind(collective)
+            if late:
+                names = ("rank " if len(late) == 1 else "ranks ") + ", ".join(map(str, late))
+                detail = (f"for {names}, which never reached it (stopped, hanging, or busy elsewhere); "
+                          + ("the other ranks wait in it too" if len(late) < self.size - 1 else "no other rank did"))
+            else:
+                detail = "with every other rank waiting in it too (MPI or the network stalled)"
+        elif known:
+            detail = "before it could start (this rank's device had not finished the data it sends)"
+        else:
+            detail = ("for the other ranks: one of them stopped responding (which one, this MPI cannot say: its "
+                      "thread level is below MPI_THREAD_MULTIPLE)")
+        abort(f"{what} waited more than {self.timeout:g} s {detail} (CLNET_MPI_TIMEOUT sets the limit)")
 
     def allreduce(self, array, what="an all-reduce", op="sum"):
         """Sum (or "min", "max") a NumPy array over the ranks, in place (every rank gets the same bits)."""
@@ -136,12 +224,17 @@ _world = None
 def init(timeout=None):
     """Join the MPI job (once; later calls return the same World). Under mpiexec every rank calls it; without
     mpiexec it is a job of one. With more than one rank, an uncaught exception in any thread of any rank stops them
-    all (see `abort`). ``timeout``: seconds a collective may wait (default $CLNET_MPI_TIMEOUT, else 600)."""
+    all (see `abort`). ``timeout``: seconds a collective may wait (default $CLNET_MPI_TIMEOUT, else 600).
+
+    Raises MPIMismatch when the launcher's environment says this process is one of several ranks and MPI says the job
+    has one (an mpiexec from another MPI than mpi4py's)."""
     global _world
     if _world is None:
         if timeout is None:
             timeout = float(os.environ.get("CLNET_MPI_TIMEOUT", DEFAULT_TIMEOUT_S))
         comm = MPI.COMM_WORLD
+        if comm.Get_size() == 1:
+            check_launcher_agrees()
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
         _world = World(comm.Dup(), local, timeout)
         local.Free()
@@ -159,9 +252,38 @@ def world():
     return init()
 
 
+def launcher_ranks():
+    """(variable, value, ranks) of the first launcher variable in the environment that says there are more ranks than
+    one (ranks: how many at least), else None."""
+    for name in LAUNCHER_SIZES + LAUNCHER_RANKS:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            ranks = int(value) if name in LAUNCHER_SIZES else int(value) + 1
+            if ranks > 1:
+                return name, value, ranks
+    return None
+
+
+def check_launcher_agrees():
+    """Refuse (MPIMismatch) a job of one rank that the launcher started as one of several."""
+    said = launcher_ranks()
+    if said is None:
+        return
+    name, value, ranks = said
+    words = MPI.Get_library_version().splitlines()[0].split(",")[0].split()
+    library = " ".join(w for w in words if not w.endswith(":"))  # "MPICH 5.0.2", "Open MPI v4.1.5"
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")  # where pip's mpich puts its launcher
+    example = f" ({beside})" if os.path.exists(beside) else ""
+    raise MPIMismatch(f"clnet.distributed: the launcher started this process as one of "
+                      f"{'at least ' if name in LAUNCHER_RANKS else ''}{ranks} ranks ({name}={value}), but MPI says "
+                      f"the job has 1 rank (MPI.COMM_WORLD size 1): the mpiexec is not from the MPI that mpi4py was "
+                      f"built against ({library}), so each process would train alone; launch with {library}'s "
+                      f"mpiexec{example}, or install an mpi4py built against the MPI of this mpiexec")
+
+
 def launched_by_mpi():
     """True when the environment is that of an MPI launcher's rank (MPICH's hydra, Open MPI, PMIx, Slurm's PMI)."""
-    return any(k in os.environ for k in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"))
+    return any(k in os.environ for k in LAUNCHER_SIZES + LAUNCHER_RANKS)
 
 
 # -- stopping every rank ---------------------------------------------------------------------------------------------
@@ -189,6 +311,10 @@ def abort(message, status=1, exc_info=None):
 
 def _install_abort_hooks():
     def on_exception(kind, value, tb):
+        if _on_every_rank(value):  # every rank stops here alike: rank 0 tells, as one process would; no abort
+            if _world.rank == 0:
+                sys.__excepthook__(kind, value, tb)
+            return
         abort(f"failed with {kind.__name__}: {value}", exc_info=(kind, value, tb))
 
     def on_thread_exception(args):
@@ -199,11 +325,23 @@ def _install_abort_hooks():
     threading.excepthook = on_thread_exception
 
 
+def _on_every_rank(error):
+    """Whether ``error`` (or an exception it was raised from) is one every rank raised alike (see `device`)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if getattr(error, "on_every_rank", False):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
 @contextlib.contextmanager
 def stop_all_on_failure():
     """For command-line code whose errors end in SystemExit (click turns an error into exit status 1, Ctrl-C into
     'Aborted!'): leaving the block by an error or a non-zero exit ends every rank, with a line naming this one. A
-    clean exit passes through."""
+    clean exit passes through. An error every rank raised alike (a device that does not exist) is no one rank's
+    failure: rank 0 prints its one line, as one process does, and every rank exits with status 1."""
     try:
         yield
     except SystemExit as e:
@@ -212,6 +350,12 @@ def stop_all_on_failure():
         raise
     except BaseException as e:
         if init().size > 1:
+            if _on_every_rank(e):
+                if init().rank != 0:
+                    raise SystemExit(1) from None
+                if hasattr(e, "format_message"):
+                    raise
+                raise click.ClickException(str(e)) from e
             if hasattr(e, "format_message"):  # click's errors for the user: the message, no traceback
                 abort(f"error: {e.format_message()}")
             abort(f"failed with {type(e).__name__}: {e}", exc_info=sys.exc_info())
@@ -222,8 +366,39 @@ def stop_all_on_failure():
 def device(spec="auto"):
     """This rank's device: of the devices ``spec`` matches on this host ('auto', 'gpu', 'cpu', an index, or a name
     substring, as clnet.device), the local-rank-th, round robin. More ranks than matching devices share them (two
-    ranks on one GPU, or on PoCL's one CPU device); an index names the same device for every rank."""
+    ranks on one GPU, or on PoCL's one CPU device); an index names the same device for every rank.
+
+    Every rank calls it (a collective). Should ``spec`` match nothing on some rank, every rank raises DeviceNotFound
+    with the message one process would give (rank 0's, else that of the first rank that failed, naming it), marked
+    ``on_every_rank`` so that neither `stop_all_on_failure` nor the exception hook turn it into an abort."""
     w = init()
+    try:
+        chosen, failure = _choose_device(spec, w), None
+    except device_mod.DeviceNotFound as e:
+        chosen, failure = None, e
+    if w.size == 1:
+        if failure is not None:
+            raise failure
+        return chosen
+    failed = w.allreduce(np.array([failure is not None], np.int64), "the choice of devices")
+    if failed[0] == 0:
+        return chosen
+    lines = gather_json(None if failure is None else f"{failure}", "the choice of devices")
+    message = w.broadcast_json(None if lines is None else _first_failure(lines, w), "the choice of devices")
+    error = failure if failure is not None and w.rank == 0 else device_mod.DeviceNotFound(message)
+    error.on_every_rank = True
+    raise error
+
+
+def _first_failure(lines, w):
+    """Rank 0's line when it failed, else the first failing rank's, naming it."""
+    if lines[0] is not None:
+        return lines[0]
+    r = next(i for i, line in enumerate(lines) if line is not None)
+    return f"rank {r} of {w.size}: {lines[r]}"
+
+
+def _choose_device(spec, w):
     rows = device_mod.list_devices()
     text = str(spec).strip().lower()
     if text.lstrip("-").isdigit():
@@ -282,6 +457,7 @@ class _Bucket:
         self.weight = 1.0
         self.queued = False
         self.done = threading.Event()  # all-reduced (set by the communication thread)
+        self.collective = None  # the World's number of its all-reduce, once the communication thread starts it
         self.written = False  # its averages queued back to the device
 
     def view(self, i):
@@ -397,7 +573,9 @@ class DataParallel(Module):
             if id(t) in seen:
                 continue
             seen.add(id(t))
-            host = self.world.broadcast(t.numpy(), f"the broadcast of {what}")
+            # np.array: a host tensor's 0-d value (batch norm's num_batches_tracked) comes back as a NumPy scalar,
+            # whose buffer is read-only, and MPI writes rank 0's value into it
+            host = self.world.broadcast(np.array(t.numpy()), f"the broadcast of {what}")
             if self.world.rank != 0:
                 t.write(host)
 
@@ -458,12 +636,15 @@ class DataParallel(Module):
             self.__dict__["_next"] = self._next + 1
 
     def _communicate(self):
-        """The communication thread: each bucket in index order, its copies waited for, weighted, all-reduced."""
+        """The communication thread: each bucket in index order, its copies waited for, weighted, all-reduced; None
+        (from `close`) ends it."""
         while True:
             with self._wake:
                 while not self._work:
                     self._wake.wait()
                 bucket = self._work.pop(0)
+            if bucket is None:
+                return
             t0 = time.perf_counter()
             if bucket.events:
                 cl.wait_for_events(bucket.events)
@@ -473,6 +654,7 @@ class DataParallel(Module):
             if self.world.size > 1:  # blocking, on this thread of its own: MPI drives a large message's many
                 # round trips at full speed inside the call, where polling a non-blocking one from Python paid a
                 # sleep per round trip (1.7 MB: 5 ms); the main thread keeps the deadline (_write_back)
+                bucket.collective = self.world.enter()
                 self.world.comm.Allreduce(MPI.IN_PLACE, bucket.host, op=MPI.SUM)
             self.stats["copy_wait_s"] += t1 - t0
             self.stats["allreduce_s"] += time.perf_counter() - t1
@@ -500,18 +682,21 @@ class DataParallel(Module):
                 continue
             if not wait and not b.done.is_set():
                 return
-            start = time.monotonic()
-            while not b.done.wait(0.5):
-                if not self._thread.is_alive():
-                    raise RuntimeError("DataParallel: the all-reduce thread ended without finishing the gradients")
-                if time.monotonic() - start > self.world.timeout:
-                    self.world.timed_out(f"the all-reduce of gradient bucket {b.index}")
+            self.world.watch(lambda b=b: self._reduced(b), f"the all-reduce of gradient bucket {b.index}",
+                             lambda b=b: b.collective, concurrent=True)
             for i, p in enumerate(b.params):
                 if p.grad is None:
                     from .ops import zeros
                     p.grad = zeros(p.shape, p.device)
                 p.grad.write(b.view(i), blocking=False)  # the next step's copies into b.host queue behind these
             b.written = True
+
+    def _reduced(self, bucket):
+        if bucket.done.wait(0.1):
+            return True
+        if not self._thread.is_alive():
+            raise RuntimeError("DataParallel: the all-reduce thread ended without finishing the gradients")
+        return False
 
     def finish(self):
         """Wait for every bucket's all-reduce and queue the averages back into the gradients. Runs by itself at the end
@@ -527,17 +712,26 @@ class DataParallel(Module):
         self.stats["exposed_s"] += time.perf_counter() - t0
         self.stats["steps"] += 1
         for b in self._buckets:
-            b.pending, b.queued, b.events, b.written = len(b.params), False, [], False
+            b.pending, b.queued, b.events, b.written, b.collective = len(b.params), False, [], False, None
             b.done.clear()
         d = self.__dict__
         d["_written"] = cl.enqueue_marker(self.device.queue)  # before the host writes into b.host again
         d["_next"], d["_active"], d["_weight"] = 0, False, None
 
     def close(self):
-        """Remove the gradient hooks (the model trains alone again)."""
+        """Finish a reduction under way (`finish`), remove the gradient hooks (the model trains alone again) and end
+        the communication thread. Closing again does nothing."""
+        self.finish()
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        thread = self._thread
+        if thread is not None:
+            with self._wake:
+                self._work.append(None)
+                self._wake.notify()
+            thread.join(self.world.timeout)  # finish() left it idle: it ends at once
+            self.__dict__["_thread"] = None
 
 
 # -- reporting -------------------------------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """Data-parallel training over MPI (clnet.distributed): the shares of a global batch, the post-accumulate-grad hook the
-all-reduce starts from, and `mpiexec -n 2` runs of tests/mpi_train.py (lenet, a few steps on 37 or 33 images) against
-one process: equal weights and loss curves, resume under another world size, a failing or hanging rank ending both.
+all-reduce starts from, and `mpiexec -n 2` runs of tests/mpi_train.py (lenet, and a network with batch norm, dropout
+and a residual block, a few steps on 37 or 33 images) against one process: equal weights and loss curves, resume
+under another world size, a failing or hanging rank ending both (the hanging one named), the communication thread
+ending on close(); a launch whose MPI disagrees with its launcher refused; a missing device under mpiexec reported
+in one line.
 
 The mpiexec runs use one device (PoCL where present; CLNET_MPI_TEST_DEVICE names another) and are skipped when
 mpi4py or mpiexec is missing (pip install 'clnet[mpi]' brings both). Each run costs a few seconds, most of it two
@@ -45,31 +48,40 @@ needs_mpi = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or MPI
                                reason="mpi4py or mpiexec is not installed (pip install 'clnet[mpi]'), or no device")
 
 
+def run(command, timeout=120, env=None):
+    """(exit status, stdout, stderr, seconds) of a command run with the checkout's clnet."""
+    environment = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(list(map(str, command)), capture_output=True, text=True, timeout=timeout, env=environment)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{command[0]} did not end within {timeout} s (a hang): {e.output}\n{e.stderr}")
+    return p.returncode, p.stdout, p.stderr, time.perf_counter() - t0
+
+
 def mpirun(tmp_path, *args, timeout=120, env=None):
     """mpiexec -n 2 of tests/mpi_train.py; (exit status, output, seconds, rank 0's fit.json or None)."""
     out = tmp_path / "out"
-    environment = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
-    command = [MPIEXEC, "-n", "2", sys.executable, os.path.join(HERE, "mpi_train.py"), "--device", str(DEVICE),
-               "--out", str(out), *map(str, args)]
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"mpiexec did not end within {timeout} s (a hang): {e.output}\n{e.stderr}")
-    seconds = time.perf_counter() - t0
+    rc, stdout, stderr, seconds = run([MPIEXEC, "-n", "2", sys.executable, os.path.join(HERE, "mpi_train.py"),
+                                       "--device", DEVICE, "--out", out, *args], timeout, env)
     result = None
     if (out / "fit.json").exists():
         result = json.loads((out / "fit.json").read_text())
         result["weights"] = dict(np.load(out / "fit.npz"))
-    return p.returncode, p.stdout + p.stderr, seconds, result
+        if (out / "bn.npz").exists():
+            result["bn_state"] = dict(np.load(out / "bn.npz"))
+    return rc, stdout + stderr, seconds, result
 
 
-def assert_same_weights(actual, expected, what):
+def assert_same_weights(actual, expected, what, tol=1e-5):
     assert actual.keys() == expected.keys()
     for k in expected:
+        if expected[k].dtype.kind == "i":  # batch norm's counter
+            assert np.array_equal(actual[k], expected[k]), f"{what}: {k} is {actual[k]}, expected {expected[k]}"
+            continue
         scale = np.abs(expected[k]).max()
         err = np.abs(actual[k] - expected[k]).max() / scale
-        assert err < 1e-5, f"{what}: {k} differs by {err:.1e} of its largest weight"
+        assert err < tol, f"{what}: {k} differs by {err:.1e} of its largest weight"
 
 
 # -- shares of a global batch ----------------------------------------------------------------------------------------
@@ -161,14 +173,22 @@ def test_import_without_mpi4py_says_what_to_install(monkeypatch):
 
 
 # -- mpiexec -n 2 against one process --------------------------------------------------------------------------------
-@needs_mpi
-def test_two_ranks_train_as_one_process(tmp_path):
-    rc, output, seconds, two = mpirun(tmp_path)
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """One mpiexec -n 2 run of mpi_train.py's default work, shared by the tests that read it: lenet's loop, tuning,
+    timing and fit, then the batch-norm network's fit and close()."""
+    rc, output, seconds, two = mpirun(tmp_path_factory.mktemp("two_ranks"))
+    print(f"mpiexec -n 2: {seconds:.1f} s")
     assert rc == 0, output
+    return two
+
+
+@needs_mpi
+def test_two_ranks_train_as_one_process(two_ranks):
+    two = two_ranks
     dev = clnet.device(DEVICE)
     losses = mpi_train.run_loop(dev, None)
     weights, result = mpi_train.run_fit(dev, None)
-    print(f"mpiexec -n 2: {seconds:.1f} s")
     np.testing.assert_allclose(two["loop"], losses, rtol=2e-6, err_msg="the loss curve of the Python-API loop")
     np.testing.assert_allclose([r["train_loss"] for r in two["history"]], [r["train_loss"] for r in result["epochs"]],
                                rtol=2e-6, err_msg="fit's loss curve (the last batch of each epoch split 3 + 2)")
@@ -183,6 +203,30 @@ def test_two_ranks_train_as_one_process(tmp_path):
     timing = two["extras"]["timing"]
     assert timing["ranks"] == 2 and timing["gradient_bytes"] == 4 * 431080 and 0 < timing["efficiency"]
     assert all(r["step_s"] > 0 and r["compute_s"] > 0 for r in timing["per_rank"])
+
+
+@needs_mpi
+def test_batch_norm_dropout_and_residual_train_on_two_ranks_as_one_process_of_shares(two_ranks):
+    """clnet.fit of a network with batch norm, dropout and a residual block on two ranks (each epoch's end gives
+    every rank rank 0's buffers: the step that failed on a 0-d num_batches_tracked) against one process that runs
+    each global batch's two shares in turn, each with its rank's random stream, keeping rank 0's statistics."""
+    bn = two_ranks["bn"]
+    assert bn is not None and bn["global_step"] == 10
+    sums = bn["sums"]
+    assert len(sums) == 2 and sums[0] == sums[1], "the ranks end with different weights or buffers"
+    state, history = mpi_train.run_shares(clnet.device(DEVICE))
+    assert two_ranks["bn_state"]["1.num_batches_tracked"] == 10  # rank 0's 10 forwards (5 steps x 2 epochs)
+    assert_same_weights(two_ranks["bn_state"], state, "two ranks against one process of shares")
+    for key in ("train_loss", "test_loss"):
+        np.testing.assert_allclose([r[key] for r in bn["history"]], [r[key] for r in history], rtol=1e-5,
+                                   err_msg=f"fit's {key} per epoch")
+    assert [r["test_accuracy"] for r in bn["history"]] == [r["test_accuracy"] for r in history]
+
+
+@needs_mpi
+def test_close_ends_the_communication_thread(two_ranks):
+    closed = two_ranks["bn"]["closed"]
+    assert closed == dict(started=True, ended=True, left=[]), closed
 
 
 @needs_mpi
@@ -213,9 +257,58 @@ def test_failing_rank_ends_every_rank_naming_it(tmp_path):
 
 
 @needs_mpi
-def test_hanging_rank_is_caught_by_the_deadline(tmp_path):
-    rc, output, seconds, result = mpirun(tmp_path, "--no-loop", "--hang-rank", 1, "--hang-step", 2, timeout=60,
-                                         env=dict(CLNET_MPI_TIMEOUT="6"))
+def test_hanging_rank_is_caught_by_the_deadline_and_named(tmp_path):
+    """Rank 1 stops in step 2's forward; every rank's deadline drops to 2 s at step 2 (step 1 built the kernels under
+    the default). Rank 0 waits in step 2's first gradient all-reduce, tells rank 1 after a second, hears nothing
+    back, and names rank 1 when its deadline passes."""
+    rc, output, seconds, result = mpirun(tmp_path, "--no-loop", "--hang-rank", 1, "--hang-step", 2,
+                                         "--hang-timeout", 2, timeout=60)
     assert rc != 0 and result is None
-    # rank 0 waits in step 2's all-reduce (rank 1 too, should a slow start-up make rank 0 the late one)
-    assert re.search(r"clnet\.distributed: rank \d of 2 .*waited more than 6 s", output), output
+    assert re.search(r"clnet\.distributed: rank 0 of 2 \(host [^)]*\): the all-reduce of gradient bucket 0 waited "
+                     r"more than 2 s for rank 1, which never reached it", output), output
+
+
+@needs_mpi
+def test_mpi_that_disagrees_with_its_launcher_is_refused():
+    """One process whose environment says a launcher started it as one of several ranks, as an mpiexec of another
+    MPI than mpi4py's does, is refused naming the variable and MPI's size; a launcher's one-rank job is accepted."""
+    script = ("import json, os, clnet, clnet.distributed as dist\n"
+              "seen = {}\n"
+              "for name, value in [('PMI_SIZE', '2'), ('OMPI_COMM_WORLD_SIZE', '4'), ('MPI_LOCALNRANKS', '3'),\n"
+              "                    ('PMI_RANK', '1'), ('PMI_SIZE', '1')]:\n"
+              "    os.environ[name] = value\n"
+              "    dist._world = None\n"
+              "    try:\n"
+              "        seen[f'{name}={value}'] = repr(dist.init())\n"
+              "    except clnet.Error as e:\n"
+              "        seen[f'{name}={value}'] = type(e).__name__ + ': ' + str(e)\n"
+              "    del os.environ[name]\n"
+              "print(json.dumps(seen))\n")
+    env = {k: "" for k in ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")}
+    rc, out, err, _ = run([sys.executable, "-c", script], env=env)
+    assert rc == 0, err
+    seen = json.loads(out)
+    for said, ranks in (("PMI_SIZE=2", "2"), ("OMPI_COMM_WORLD_SIZE=4", "4"), ("MPI_LOCALNRANKS=3", "3"),
+                        ("PMI_RANK=1", "at least 2")):
+        message = seen[said]
+        assert message.startswith("MPIMismatch: "), message
+        assert "\n" not in message
+        assert f"one of {ranks} ranks ({said})" in message and "MPI says the job has 1 rank" in message, message
+        assert "launch with" in message and "mpiexec" in message, message
+    assert seen["PMI_SIZE=1"].startswith("World(rank 0 of 1"), seen["PMI_SIZE=1"]
+
+
+@needs_mpi
+def test_missing_device_under_mpiexec_is_one_line_from_rank_0(tmp_path):
+    """`mpiexec -n 2 clnet train --device 99` prints what one process prints, once, and exits 1 (it printed a
+    traceback from each rank)."""
+    for split, n in (("train", 4), ("t10k", 2)):
+        data.write_idx(tmp_path / f"{split}-images-idx3-ubyte", np.zeros((n, 28, 28), np.uint8))
+        data.write_idx(tmp_path / f"{split}-labels-idx1-ubyte", np.zeros(n, np.uint8))
+    train = [sys.executable, "-c", "from clnet.cli import main; main()", "train", "lenet", "--dataset", "mnist",
+             "--data-dir", tmp_path, "--batch", 2, "--device", 99]
+    rc, out, err, _ = run(train, timeout=60)
+    assert rc == 1 and out == "" and err.startswith("Error: no OpenCL device with index 99") and \
+        err.count("\n") == 1, (out, err)
+    rc2, out2, err2, _ = run([MPIEXEC, "-n", 2] + train, timeout=60)
+    assert (rc2, out2, err2) == (1, "", err)
