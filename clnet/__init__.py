@@ -6,7 +6,8 @@ from .tensor import Parameter, Tensor, TooLarge, reset_transfer_stats, tensor, t
 from .autograd import is_grad_enabled, no_grad
 from .graph import CaptureError, Graph
 from .kernels import OutOfMemory
-from . import ops  # noqa: E402  (installs Tensor's operators)
+from . import ops  # noqa: E402
+from . import methods  # noqa: E402,F401  (installs Tensor's methods and operators)
 from .ops import cat  # noqa: E402
 from . import data, nn, optim  # noqa: E402
 from .train import evaluate, fit  # noqa: E402

@@ -326,14 +326,44 @@ def _all_cl_devices():
     return sorted(devices, key=is_simulator)
 
 
+_PROBE = "__kernel void clnet_probe(__global float* x) { x[get_global_id(0)] = 1.0f; }"
+_problems = {}
+
+
+def build_problem(cl_device):
+    """Why the device's OpenCL C compiler cannot build a trivial kernel (its own words), or None when it can; asked
+    once per device and process. PoCL 3.0 from PyPI (LLVM 14) fails every build on CPUs its LLVM does not know
+    (AMD's Zen 5: "unknown target CPU 'generic'"), while listing the device as usable."""
+    key = cl_device.int_ptr
+    if key not in _problems:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cl.Program(cl.Context([cl_device]), _PROBE).build()
+            _problems[key] = None
+        except cl.Error as e:
+            lines = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower() and ln.strip()]
+            _problems[key] = (lines[-1] if lines else str(e).strip().splitlines()[0])[:200]
+    return _problems[key]
+
+
+def _unusable_help(d, problem):
+    fix = ("Debian's PoCL (`apt-get install pocl-opencl-icd`) or Intel's CPU runtime (`pip install intel-opencl-rt "
+           "intel-cmplr-lib-rt`) runs on this CPU" if d.platform.name.strip() == "Portable Computing Language"
+           else "reinstall or update its driver")
+    return (f"{d.name.strip()} ({d.platform.name.strip()}) cannot compile OpenCL kernels here ({problem}); {fix}")
+
+
 def list_devices():
-    """Every OpenCL device as a dict, in the index order that `device(int)` uses."""
+    """Every OpenCL device as a dict, in the index order that `device(int)` uses. `usable` is False (and `problem`
+    says why) for a device whose compiler cannot build a kernel; `device()` never picks one."""
     rows = []
     for i, d in enumerate(_all_cl_devices()):
+        problem = None if is_simulator(d) else build_problem(d)
         rows.append(dict(index=i, platform=d.platform.name.strip(), name=d.name.strip(), simulator=is_simulator(d),
                          type=cl.device_type.to_string(d.type), compute_units=d.max_compute_units,
                          global_mem=d.global_mem_size, local_mem=d.local_mem_size, version=d.version.strip(),
-                         driver=d.driver_version.strip()))
+                         driver=d.driver_version.strip(), usable=problem is None, problem=problem))
     return rows
 
 
@@ -359,6 +389,11 @@ def device(spec="auto"):
     spec_text = str(spec).strip()
     chosen = None
     real = [d for d in devices if not is_simulator(d)]
+    broken = [d for d in real if build_problem(d) is not None]
+    if broken and len(broken) == len(real) and spec_text.lower() in ("auto", "gpu", "cpu"):
+        raise DeviceNotFound("no usable OpenCL device: " + "; ".join(_unusable_help(d, build_problem(d))
+                                                                   for d in broken))
+    real = [d for d in real if d not in broken]
     gpus = [d for d in real if d.type & cl.device_type.GPU]
     cpus = [d for d in real if d.type & cl.device_type.CPU]
     if spec_text.lower() == "auto":
@@ -383,7 +418,9 @@ def device(spec="auto"):
                    if spec_text.lower() in (d.name + " " + d.platform.name).lower()]
         if not matches:
             raise DeviceNotFound(f"no OpenCL device matches {spec_text!r}; devices present: {listing}")
-        chosen = matches[0]
+        chosen = next((d for d in matches if d not in broken), matches[0])  # two PoCLs: the one that builds
+    if chosen in broken:
+        raise DeviceNotFound(_unusable_help(chosen, build_problem(chosen)))
     index = devices.index(chosen)
     key = (chosen.platform.name, chosen.name, index)
     if key not in _open_devices:

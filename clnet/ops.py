@@ -12,7 +12,7 @@ import numpy as np
 
 from . import autograd, conv, kernels, norm, tuning
 from .autograd import Function
-from .tensor import Tensor, chunks, empty, run_limit, tensor, too_large
+from .tensor import Numel, Tensor, chunks, empty, run_limit, tensor, too_large
 
 
 def grad_recorded():
@@ -33,7 +33,7 @@ def _map(dev, k, n, vw, *args, what=""):
     if n > kernels.INDEX_LIMIT:
         for start, count in chunks(what, (n,), n, [1], unit="element", multiple=VW):
             part = tuple(a.region(start, (count,)) if isinstance(a, Tensor) and a.size == n else
-                         (count if type(a) is int and a == n else a) for a in args)
+                         (count if type(a) in (int, Numel) and a == n else a) for a in args)
             kernels.launch(dev, k, (-(-count // vw),), None, *part, what=what)
         return
     kernels.launch(dev, k, (-(-n // vw),), None, *args, what=what)

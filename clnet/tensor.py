@@ -189,8 +189,22 @@ def staged_launch(dev, k, global_size, local_size, args, what):
         window.copy_from(temp)
 
 
-_FLOAT32, _INT32 = np.dtype(np.float32), np.dtype(np.int32)
-DTYPES = {_FLOAT32, _INT32}
+class Numel(int):
+    """A tensor's element count, `t.size` in clnet's own code, that is also PyTorch's method: `t.size()` is the
+    shape and `t.size(dim)` one dimension's size."""
+
+    def __call__(self, dim=None):
+        if dim is None:
+            return self.shape
+        if not self.shape:
+            raise IndexError(f"size({dim}): a 0-d tensor has no dimensions")
+        if not -len(self.shape) <= dim < len(self.shape):
+            raise IndexError(f"size({dim}): dim out of range for a tensor of shape {self.shape}")
+        return self.shape[dim]
+
+
+_FLOAT32, _INT32, _BOOL = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.bool_)
+DTYPES = {_FLOAT32, _INT32, _BOOL}  # bool: one byte an element (uchar in the kernels)
 ops = None  # clnet.ops, set when it is imported (it builds on this module)
 
 
@@ -199,7 +213,7 @@ def _shape_arg(shape):
 
 
 class Tensor:
-    """A float32 or int32 array in device memory, with PyTorch's autograd attributes.
+    """A float32, int32 or bool array in device memory, with PyTorch's autograd attributes.
 
     Attributes: ``shape``, ``dtype``, ``device``; ``requires_grad``, ``grad`` (a device tensor after backward, for
     leaves), ``grad_fn`` (the op that computed it, while its graph is recorded). ``numpy()`` is the way back to the
@@ -212,11 +226,12 @@ class Tensor:
 
     def __init__(self, shape, dtype=np.float32, device=None, _storage=None, _host=None):
         self.shape = shape = tuple(int(s) for s in shape)
-        self.size = math.prod(shape)  # read several times per launch: kept, not recomputed
+        self.size = Numel(math.prod(shape))  # read several times per launch: kept, not recomputed
+        self.size.shape = shape
         # every op makes tensors: the common dtypes skip np.dtype()'s parsing
         self.dtype = dtype = _FLOAT32 if dtype is np.float32 else (_INT32 if dtype is np.int32 else np.dtype(dtype))
         if dtype not in DTYPES:
-            raise TypeError(f"clnet tensors hold float32 or int32, not {self.dtype}")
+            raise TypeError(f"clnet tensors hold float32, int32 or bool, not {self.dtype}")
         self.requires_grad, self._grad, self.grad_fn = False, None, None
         self.value_range = None
         self._host = _host
@@ -366,37 +381,6 @@ class Tensor:
         from . import autograd
         autograd.backward(self, grad, retain_graph)
 
-    def sum(self):
-        return ops.Sum.apply(self, scale=1.0)
-
-    def mean(self):
-        return ops.Sum.apply(self, scale=1.0 / max(self.size, 1))
-
-    def __add__(self, other):
-        return ops.binary(self, other, 1.0, 1.0, "+")
-
-    def __radd__(self, other):
-        return ops.binary(self, other, 1.0, 1.0, "+")
-
-    def __sub__(self, other):
-        return ops.binary(self, other, 1.0, -1.0, "-")
-
-    def __rsub__(self, other):
-        return ops.binary(self, other, -1.0, 1.0, "-")
-
-    def __mul__(self, other):
-        return ops.product(self, other)
-
-    __rmul__ = __mul__
-
-    def __truediv__(self, other):
-        if not isinstance(other, (int, float, np.number)):
-            raise TypeError(f"clnet tensors divide by a Python number, not {type(other).__name__}")
-        return ops.product(self, 1.0 / float(other))
-
-    def __neg__(self):
-        return ops.product(self, -1.0)
-
     # -- host copies (counted) -----------------------------------------------------------------------------------
     def copy_from(self, other, offset=None):
         """Device-to-device copy of a tensor of the same size, or, given `offset`, of this tensor's size from that
@@ -491,7 +475,9 @@ class Tensor:
 
 def _host_array(data):
     array = np.asarray(data)
-    if array.dtype.kind in "iub":
+    if array.dtype.kind == "b":
+        return array.astype(np.bool_)
+    if array.dtype.kind in "iu":
         if array.size and (array.min() < -2**31 or array.max() >= 2**31):
             raise ValueError("integer data does not fit in int32")
         return array.astype(np.int32)
@@ -501,7 +487,7 @@ def _host_array(data):
 
 
 def tensor(data, device=None, requires_grad=False):
-    """Copy host data to the device: floats become float32, integers int32. A clnet tensor comes back as it is
+    """Copy host data to the device: floats become float32, integers int32, booleans bool. A clnet tensor comes back as it is
     (moved to `device` when another is named)."""
     if isinstance(data, Tensor):
         out = data if device is None else data.to(device)

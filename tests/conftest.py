@@ -13,7 +13,9 @@ import clnet  # noqa: E402
 # Oclgrind (a simulator, far too slow for the whole suite) runs only tests/test_oclgrind.py's kernels.
 # CLNET_TEST_DEVICES ("pocl", "intel,nvidia"): only the devices whose name, platform or version holds one of the words.
 _only = [w.strip().lower() for w in os.environ.get("CLNET_TEST_DEVICES", "").split(",") if w.strip()]
-DEVICES = [d for d in clnet.list_devices() if not d["simulator"]
+# A device whose compiler cannot build a kernel (PoCL 3.0 from PyPI on a CPU its LLVM 14 does not know) is left out:
+# clnet itself never picks one (clnet.devices.build_problem), and CI installs a PoCL that builds there.
+DEVICES = [d for d in clnet.list_devices() if not d["simulator"] and d["usable"]
            and (not _only or any(w in f"{d['name']} {d['platform']} {d['version']}".lower() for w in _only))]
 
 

@@ -650,21 +650,16 @@ def test_parameters_wait_on_the_host_and_only_floats_need_gradients(dev):
 def test_bad_operands_are_refused(dev):
     a = clnet.tensor(np.zeros((2, 3), np.float32), dev, requires_grad=True)
     b = clnet.tensor(np.zeros((3, 2), np.float32), dev)
-    with no_launch(), pytest.raises(ValueError, match=r"'\+': the tensors have shapes \(2, 3\) and \(3, 2\).*no "
-                                                      "broadcasting"):
+    with no_launch(), pytest.raises(ValueError, match=r"'\+': shapes \(2, 3\) and \(3, 2\) do not broadcast"):
         a + b
-    with no_launch(), pytest.raises(ValueError, match=r"'-': the tensors have shapes"):
+    with no_launch(), pytest.raises(ValueError, match=r"'-': shapes \(3, 2\) and \(2, 3\) do not broadcast"):
         b - a
-    with no_launch(), pytest.raises(TypeError, match=r"'\*': expected a clnet tensor or a Python number, got str"):
+    with no_launch(), pytest.raises(TypeError, match=r"expected a clnet tensor or a Python number, got str"):
         a * "2"
     with no_launch(), pytest.raises(TypeError, match="got list"):
         a * [1.0, 2.0]
     with no_launch(), pytest.raises(TypeError, match="got ndarray"):
         a * np.ones((2, 3), np.float32)
-    with no_launch(), pytest.raises(TypeError, match="divide by a Python number"):
-        a / a
-    with no_launch(), pytest.raises(TypeError, match="float32 tensor"):
-        a + clnet.tensor(np.zeros((2, 3), np.int32), dev)
 
 
 def test_cat_refuses_mismatched_shapes(dev):
