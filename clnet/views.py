@@ -801,7 +801,8 @@ def setitem(x, key, value):
     vshape = value.shape
     while len(vshape) > len(shape) and vshape[0] == 1:
         vshape = vshape[1:]
-    if len(vshape) > len(shape) or layout.broadcast_shapes(what, vshape, shape) != shape:
+    lead = len(shape) - len(vshape)
+    if lead < 0 or any(v not in (1, s) for v, s in zip(vshape, shape[lead:])):
         raise ValueError(f"{what}: a value of shape {value.shape} does not broadcast to the indexed shape {shape}")
     if value.storage is x.storage:  # reading and writing one buffer in one launch: copy the value first
         value = Tensor(value.shape, value.dtype, value.device).copy_from(value)
