@@ -127,8 +127,6 @@ def _check_record(path, meta):
     for key in ("epoch", "step", "global_step"):
         if not _whole(meta[key], 0, 2**53):
             bad(key, meta[key], "a whole number of at least 0")
-    if meta["global_step"] < meta["step"]:
-        bad("global_step", meta["global_step"], f"at least the step in the epoch, {meta['step']}")
     if "batch" not in config or "train_images" not in config:
         steps_per_epoch = None
     else:
@@ -136,6 +134,8 @@ def _check_record(path, meta):
         if meta["step"] >= steps_per_epoch:
             bad("step", meta["step"], f"less than the {steps_per_epoch} steps of an epoch "
                 f"({config['train_images']} images in batches of {config['batch']})")
+    if meta["global_step"] < meta["step"]:
+        bad("global_step", meta["global_step"], f"at least the step in the epoch, {meta['step']}")
     if steps_per_epoch is not None and meta["global_step"] != meta["epoch"] * steps_per_epoch + meta["step"]:
         bad("global_step", meta["global_step"], f"{meta['epoch'] * steps_per_epoch + meta['step']} (epoch "
             f"{meta['epoch']} of {steps_per_epoch} steps, then step {meta['step']})")
