@@ -15,26 +15,37 @@ each `.grad` as zero) `beta = 0` overwrites it without reading it.
 backward as soon as the last op that feeds the leaf has run its backward: its `.grad` is complete (queued on the
 device) while earlier layers' backward is still to come. clnet.distributed starts its all-reduce there.
 """
-from . import kernels
+import sys
+import types
 
-_enabled = True
+from . import kernels
+from .tensor import Tensor, empty
+
+_context = kernels.context  # grad mode is per thread (context.grad_enabled), as PyTorch's is
 _hooked = 0  # leaves with post-accumulate-grad hooks; backward counts uses only when there are any
 
 
+class _Module(types.ModuleType):
+    """autograd._enabled, the name other modules have read and set, is this thread's grad mode."""
+    _enabled = property(lambda m: _context.grad_enabled, lambda m, v: setattr(_context, "grad_enabled", bool(v)))
+
+
+sys.modules[__name__].__class__ = _Module
+
+
 def is_grad_enabled():
-    return _enabled
+    """Whether ops run by this thread now record themselves for backward."""
+    return _context.grad_enabled
 
 
 class no_grad:
-    """Context manager (and decorator) under which ops record nothing and keep no saved tensors."""
+    """Context manager (and decorator) under which this thread's ops record nothing and keep no saved tensors."""
 
     def __enter__(self):
-        global _enabled
-        self._previous, _enabled = _enabled, False
+        self._previous, _context.grad_enabled = _context.grad_enabled, False
 
     def __exit__(self, *exc):
-        global _enabled
-        _enabled = self._previous
+        _context.grad_enabled = self._previous
 
     def __call__(self, fn):
         def wrapped(*args, **kwargs):
@@ -58,7 +69,7 @@ class Function:
     def apply(cls, *inputs, **options):
         fn = cls()
         needs = None
-        if _enabled:
+        if _context.grad_enabled:
             needs = tuple(getattr(t, "requires_grad", False) for t in inputs)
             if not any(needs):
                 needs = None
@@ -72,7 +83,8 @@ class Function:
             fn.inputs = tuple(None if not need else (t if t.grad_fn is None else t.grad_fn)
                               for t, need in zip(inputs, needs))
             fn.out_shape, fn.out_device = result.shape, result.device
-            fn.tag = kernels.profiler.tag[0] if kernels.profiler is not None and kernels.profiler.tag else None
+            prof = _context.profiler
+            fn.tag = prof.tag[0] if prof is not None and prof.tag else None
             result.requires_grad, result.grad_fn = True, fn
         return out
 
@@ -92,10 +104,9 @@ class Function:
         t = self.inputs[i]
         if t is None or isinstance(t, Function):
             return None, 1.0
-        if kernels.capturing is not None:
-            kernels.capturing.note_grad(t)
+        if _context.capturing is not None:
+            settle_grad(t)
         if t._grad is None:
-            from .tensor import empty
             t.grad = empty(t.shape, t.device)
             return t._grad, 0.0
         if t._grad_zeroed:
@@ -111,6 +122,44 @@ class Function:
 
     def __repr__(self):
         return f"<{type(self).__name__} backward>"
+
+
+def settle_grad(leaf):
+    """Inside a capture, before the step uses leaf's .grad (backward choosing between overwriting and adding to it,
+    the optimizer reading it): tells the graph (Graph.note_grad), and where leaf's .grad was absent or marked zero
+    before the capture began, makes it real zeros now, outside the recording.
+
+    Such a mark belongs to no step a replay repeats: recorded, its overwrite would make every replay start the
+    gradient afresh, where the eager steps the replays stand for add to it (a second micro-step of gradient
+    accumulation, or any step without a zero_grad). Settled, the step records the adding form, and a replay after an
+    eager zero_grad fills the gradient first (Graph.replay). A mark made by a zero_grad inside the capture is the
+    step's own (the graph saw it): its overwrite is recorded, and every replay repeats it."""
+    graph = _context.capturing
+    if not graph.note_grad(leaf) or _context.paused or not (leaf._grad is None or leaf._grad_zeroed):
+        return
+    with kernels.set_up():
+        if leaf._grad is None:
+            leaf.grad = _untouched(graph, leaf.shape, leaf.device)
+            leaf._mark_grad_zero()
+        leaf.grad  # noqa: B018 -- reading a .grad marked zero fills it with zeros (Tensor.grad), here unrecorded
+
+
+def _untouched(graph, shape, dev):
+    """A new tensor whose buffer no launch the graph recorded has used. A gradient made during a capture that
+    replays add to must keep its values from one replay to the next, and a buffer the pool hands out may be one that
+    an earlier launch of the step used for a temporary, which every replay writes again."""
+    aside = []  # free buffers the step used: skipped (the pool gets them back when these go)
+    _context.capturing = None  # allocations seen by no graph until checked
+    try:
+        while True:
+            t = empty(shape, dev)
+            if not graph.uses(t.storage.buffer):
+                break
+            aside.append(t)
+    finally:
+        _context.capturing = graph
+    graph._note(t.storage)
+    return t
 
 
 class _HookHandle:
@@ -211,7 +260,7 @@ def backward(root, grad=None, retain_graph=False):
     if root.grad_fn.inputs is None:
         raise RuntimeError(_FREED)
     pending = {id(root.grad_fn): grad}
-    profiling = kernels.profiler is not None
+    profiling = _context.profiler is not None
     order = _topological(root.grad_fn)
     uses = _hooked_uses(order) if _hooked else None
     for fn in order:
@@ -228,7 +277,7 @@ def backward(root, grad=None, retain_graph=False):
             from .ops import full
             g = full(fn.out_shape, fn.out_device, 1.0)
         if profiling:
-            kernels.profiler.tag = (fn.tag, "backward")
+            _context.profiler.tag = (fn.tag, "backward")
         grads = fn.backward(g)
         if type(grads) is not tuple:
             grads = (grads,)
@@ -246,9 +295,4 @@ def backward(root, grad=None, retain_graph=False):
             fn.inputs = fn.saved = None
 
 
-def _install():
-    from .tensor import Tensor
-    Tensor.register_post_accumulate_grad_hook = register_post_accumulate_grad_hook
-
-
-_install()
+Tensor.register_post_accumulate_grad_hook = register_post_accumulate_grad_hook

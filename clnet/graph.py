@@ -55,15 +55,15 @@ _copy_raw = event_free("clEnqueueCopyBuffer", [ctypes.c_void_p, ctypes.c_void_p,
                                                ctypes.c_void_p])
 
 
-def copy_buffer(queue, dst, src, nbytes, dst_offset=0, src_offset=0):
-    """Queue a device copy of nbytes from src at src_offset into dst at dst_offset, without an event. A copy the
-    driver refuses is made again through pyopencl, whose error then names the failure."""
+def copy_buffer(dev, dst, src, nbytes, dst_offset=0, src_offset=0):
+    """Queue a device copy on dev of nbytes from src at src_offset into dst at dst_offset, without an event. A copy
+    the driver refuses is made again through pyopencl, under the one enqueue wrapper (kernels.enqueue: an allocation
+    failure retried once after the pool releases its cache, then OutOfMemory; anything else a KernelError)."""
+    queue = dev.queue
     if _copy_raw is None or _copy_raw(queue.int_ptr, src.int_ptr, dst.int_ptr, src_offset, dst_offset, nbytes, 0,
                                       None, None):
-        cl.enqueue_copy(queue, dst, src, byte_count=nbytes, dst_offset=dst_offset, src_offset=src_offset)
-
-
-_STATUS_NAMES = {v: k for k, v in vars(cl.status_code).items() if isinstance(v, int)}
+        kernels.enqueue(dev, f"a device copy of {nbytes} bytes", cl.enqueue_copy, queue, dst, src, byte_count=nbytes,
+                        dst_offset=dst_offset, src_offset=src_offset)
 
 
 class CaptureError(Error, RuntimeError):
@@ -86,6 +86,7 @@ class Graph:
         self.event_free = _enqueue_raw is not None
         self.captured = False
         self.failed = False  # its capture raised: nothing to replay
+        self.broken = None  # why a replay failed midway: no more replays (see replay)
 
     # -- capture ---------------------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -93,17 +94,18 @@ class Graph:
         """Run the block once, recording what a replay repeats."""
         if self.captured or self.failed:
             raise CaptureError("this Graph was captured already; make a new clnet.Graph() for another step")
-        if kernels.capturing is not None:
+        context = kernels.context  # this thread's: a capture records the launches of the thread that runs it
+        if context.capturing is not None:
             raise CaptureError("a Graph is being captured already; captures do not nest")
-        kernels.capturing = self
+        context.capturing = self
         try:
             yield self
         except BaseException:  # a half-recorded step must never replay: forget it, hold nothing
-            kernels.capturing = None
+            context.capturing = None
             self._items, self._seen, self._regions, self._grads, self.launches = [], {}, {}, {}, 0
             self.failed = True
             raise
-        kernels.capturing = None
+        context.capturing = None
         self._seal()
 
     def _note(self, storage):
@@ -146,10 +148,14 @@ class Graph:
         self._items.append(action)
 
     def note_grad(self, leaf):
-        """The step writes or reads leaf's .grad. zero_grad only marks a .grad (Tensor.grad), and a replay does not
-        look at marks: one made since the capture (an eager zero_grad) is filled before a replay, since the recorded
-        kernels may add to that memory or read it."""
+        """The step writes, reads or marks leaf's .grad; True the first time in this capture. zero_grad only marks a
+        .grad (Tensor.grad), and a replay does not look at marks: one made since the capture (an eager zero_grad) is
+        filled before a replay, since the recorded kernels may add to that memory or read it. A mark older than the
+        capture is settled at the step's first use of the .grad (autograd.settle_grad)."""
+        if id(leaf) in self._grads:
+            return False
         self._grads[id(leaf)] = leaf
+        return True
 
     def _bind_queue(self, dev):
         if self._queue is None:
@@ -175,50 +181,68 @@ class Graph:
     # -- replay ----------------------------------------------------------------------------------------------------
     def replay(self):
         """Enqueue the recorded step again (returns at once; the queue runs it). One thread at a time per graph: a
-        replay sets its kernels' per-step arguments."""
+        replay sets its kernels' per-step arguments.
+
+        A replay that raises midway (a launch the driver refuses, out of memory after the retry, an interrupt) has
+        run the host actions before that point (Adam's step count, dropout's seeds, batch norm's count) and queued
+        the launches before it: host and device no longer match what any number of whole steps would give, so the
+        graph refuses further replays (CaptureError, naming the failure)."""
         if not self.captured:
-            raise CaptureError("replay() of a graph whose capture raised: capture the step again in a new Graph"
-                               if self.failed else
-                               "replay() before capture(): record the step first with `with graph.capture():`")
-        if kernels.capturing is not None:
+            raise CaptureError(self._why_not())
+        if kernels.context.capturing is not None:
             raise CaptureError("replay() inside another Graph's capture: graphs do not nest")
         for t in self._grads.values():
             if t._grad_zeroed:
                 t.grad  # noqa: B018 -- marked by an eager zero_grad since: reading it fills it (see note_grad)
         queue = self._queue
-        if self.event_free:
-            raw, handle = _enqueue_raw, queue.int_ptr
-            for item in self._items:
-                if type(item) is tuple:
-                    clone, _, _, live, kernel, dims, sizes, local = item
-                    for i, box in live:
-                        clone.set_arg(i, box.value)
-                    status = raw(handle, kernel, dims, None, sizes, local, 0, None, None)
-                    if status:
-                        self._failed_launch(item, status)
-                else:
-                    item()
-        else:
-            enqueue = cl.enqueue_nd_range_kernel
-            for item in self._items:
-                if type(item) is tuple:
-                    clone, gsize, lsize, live = item[:4]
-                    for i, box in live:
-                        clone.set_arg(i, box.value)
-                    enqueue(queue, clone, gsize, lsize)
-                else:
-                    item()
+        try:
+            if self.event_free:
+                raw, handle = _enqueue_raw, queue.int_ptr
+                for item in self._items:
+                    if type(item) is tuple:
+                        clone, _, _, live, kernel, dims, sizes, local = item
+                        for i, box in live:
+                            clone.set_arg(i, box.value)
+                        status = raw(handle, kernel, dims, None, sizes, local, 0, None, None)
+                        if status:
+                            self._failed_launch(item, status)
+                    else:
+                        item()
+            else:
+                enqueue = cl.enqueue_nd_range_kernel
+                for item in self._items:
+                    if type(item) is tuple:
+                        clone, gsize, lsize, live = item[:4]
+                        for i, box in live:
+                            clone.set_arg(i, box.value)
+                        try:
+                            enqueue(queue, clone, gsize, lsize)
+                        except cl.Error as e:
+                            self._failed_launch(item, e)
+                    else:
+                        item()
+        except BaseException as e:
+            self.captured, self.broken = False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            raise
         kernels.launch_count += self.launches
 
-    def _failed_launch(self, item, status):
-        """A launch the driver refused (its OpenCL status): the steps after it are not enqueued."""
-        clone, gsize = item[0], item[1]
-        what = f"a replayed launch of {clone.function_name} (global size {gsize})"
-        if status in kernels._ALLOCATION_FAILURES:
-            dev = self._device
-            raise kernels.OutOfMemory(f"clnet: out of memory on {dev.name} in {what}; {kernels.memory_note(dev)}: "
-                                      "use a smaller batch", dev)
-        raise kernels.KernelError(f"clnet: {what} failed with OpenCL status {_STATUS_NAMES.get(status, status)}")
+    def _why_not(self):
+        if self.broken is not None:
+            return (f"replay() of a graph whose last replay failed midway ({self.broken}): the host state its steps "
+                    "advance (Adam's step count, dropout's seeds, batch norm's count) ran ahead of the device's; "
+                    "capture the step again in a new clnet.Graph")
+        if self.failed:
+            return "replay() of a graph whose capture raised: capture the step again in a new Graph"
+        return "replay() before capture(): record the step first with `with graph.capture():`"
+
+    def _failed_launch(self, item, error):
+        """A launch the driver refused (the status the raw enqueue returned, or pyopencl's error): through the one
+        enqueue wrapper's handler, which retries an allocation failure once (through pyopencl) and raises otherwise.
+        Returns when the retry ran it."""
+        clone, gsize, lsize = item[:3]
+        kernels.failed(self._device, error, f"a replayed launch of {clone.function_name}",
+                       lambda: cl.enqueue_nd_range_kernel(self._queue, clone, gsize, lsize),
+                       sizes=f" (global size {gsize}, work-group {lsize})")
 
     def __del__(self):
         try:

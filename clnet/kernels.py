@@ -17,6 +17,8 @@ import atexit
 import os
 import statistics
 import sys
+import threading
+import types
 import warnings
 from collections import OrderedDict
 from importlib import resources
@@ -118,33 +120,22 @@ def build_options(dev):
 verbose = bool(os.environ.get("CLNET_VERBOSE"))  # `clnet --verbose`: show the OpenCL compilers' own output
 
 
-class _compiler_output:
-    """Collects what a driver's compiler writes straight to the process's stderr (file descriptor 2, past Python)
-    during a build: dropped, or passed on when `verbose`."""
+def _quiet_builds():
+    """A build that succeeds with a non-empty log (PoCL's AVX ABI notes, clang's "1 warning generated.") makes
+    pyopencl issue a CompilerWarning, which is not the user's concern (`verbose` writes the log itself). One filter,
+    added before a build where it is missing (a warnings.catch_warnings block that ended since, as pytest's around
+    each test, takes it away): warnings.catch_warnings around each build would swap the process's filter list under
+    other threads. Output a driver writes straight to descriptor 2 is left where it goes: redirecting the descriptor
+    around a build swallowed every other thread's output meanwhile."""
+    if not any(f[0] == "ignore" and f[2] is cl.CompilerWarning for f in warnings.filters):
+        warnings.filterwarnings("ignore", category=cl.CompilerWarning)
 
-    def __enter__(self):
-        import tempfile
-        self.text = ""
-        try:
-            sys.stderr.flush()
-            self.saved = os.dup(2)
-        except (OSError, ValueError):  # no usable descriptor 2 (an embedding host): leave it alone
-            self.saved = None
-            return self
-        self.file = tempfile.TemporaryFile()
-        os.dup2(self.file.fileno(), 2)
-        return self
 
-    def __exit__(self, *exc):
-        if self.saved is None:
-            return
-        os.dup2(self.saved, 2)
-        os.close(self.saved)
-        self.file.seek(0)
-        self.text = self.file.read().decode(errors="replace")
-        self.file.close()
-        if verbose and self.text:
-            sys.stderr.write(self.text)
+def _build_log(prog, dev):
+    try:
+        return prog.get_build_info(dev.cl_device, cl.program_build_info.LOG) or ""
+    except cl.Error:
+        return ""
 
 
 def program(dev, filename, defines=None):
@@ -156,15 +147,15 @@ def program(dev, filename, defines=None):
     if prog is None:
         options = [f"-D{k}={int(v) if isinstance(v, bool) else v}" for k, v in items]
         options += build_options(dev)
+        _quiet_builds()
         try:
-            with warnings.catch_warnings(), _compiler_output() as chatter:
-                # drivers' build chatter (PoCL's AVX ABI notes, clang's "1 warning generated.") is not the user's
-                # concern unless CLNET_VERBOSE is set; a failed build shows it
-                warnings.simplefilter("default" if verbose else "ignore", cl.CompilerWarning)
-                prog = cl.Program(dev.context, _source(filename)).build(options=options)
-        except cl.RuntimeError as e:
-            raise KernelError(f"building {filename} with {' '.join(options)} failed on {dev.name}:\n{e}"
-                              + (f"\ncompiler output:\n{chatter.text}" if chatter.text.strip() else "")) from e
+            prog = cl.Program(dev.context, _source(filename)).build(options=options)
+        except cl.RuntimeError as e:  # pyopencl's message holds the build log
+            raise KernelError(f"building {filename} with {' '.join(options)} failed on {dev.name}:\n{e}") from e
+        if verbose:
+            log = _build_log(prog, dev).strip()
+            if log:
+                sys.stderr.write(f"clnet: building {filename} on {dev.name}:\n{log}\n")
         build_count += 1
         _programs[key] = prog
     return prog
@@ -220,25 +211,24 @@ class Profiler:
         return out
 
 
-profiler = None  # set by the benchmark; None costs nothing
-
-
 def device_ms(dev, fn, repeats=1):
     """Median over `repeats` calls of fn() of the summed device time (ms) of every kernel one call launches (a GEMM
     may launch a transpose, a product and a split-K sum), read from profiling events."""
-    global profiler, _paused
     times = []
     for _ in range(repeats):
-        profiler = prof = Profiler()
-        _paused += 1
+        prof = Profiler()
+        saved, context.profiler = context.profiler, prof
+        context.paused += 1
         try:
             fn()
             dev.synchronize()
         finally:
-            profiler = None
-            _paused -= 1
+            context.profiler = saved
+            context.paused -= 1
         times.append(sum(ms for _, _, ms in prof.times_ms()))
     return statistics.median(times)
+
+
 launch_count = 0
 
 
@@ -251,33 +241,52 @@ class Live:
         self.value = value
 
 
-capturing = None  # the clnet.Graph recording launches, or None
-_paused = 0  # > 0 while the tuner times candidates inside a capture: those launches are not part of the step
+class _Context(threading.local):
+    """What a thread is doing, as PyTorch keeps its grad mode: one object, each thread seeing its own attributes (the
+    class's values until it sets them). A capture in one thread records none of another's launches, and no_grad in
+    one leaves another's ops recorded."""
+    capturing = None  # the clnet.Graph recording this thread's launches, or None
+    paused = 0  # > 0 while launches are not part of the step being captured (set_up; the tuner timing candidates)
+    profiler = None  # a Profiler collecting this thread's launches (the benchmark); None costs nothing
+    grad_enabled = True  # autograd records ops (autograd.no_grad turns it off)
+
+
+context = _Context()
+
+
+class _Module(types.ModuleType):
+    """kernels.capturing, kernels.profiler and kernels._paused, the names other modules have always read and set,
+    are this thread's (context's)."""
+    capturing = property(lambda m: context.capturing, lambda m, v: setattr(context, "capturing", v))
+    profiler = property(lambda m: context.profiler, lambda m, v: setattr(context, "profiler", v))
+    _paused = property(lambda m: context.paused, lambda m, v: setattr(context, "paused", v))
+
+
+sys.modules[__name__].__class__ = _Module
 
 
 class set_up:
     """A block of one-time set-up (an optimizer laying out its flat buffers): run, never recorded by a capture."""
 
     def __enter__(self):
-        global _paused
-        _paused += 1
+        context.paused += 1
 
     def __exit__(self, *exc):
-        global _paused
-        _paused -= 1
+        context.paused -= 1
 
 
 def recording():
-    """The graph that records the launch being made now, or None."""
-    return capturing if not _paused else None
+    """The graph that records the launch being made now in this thread, or None."""
+    return context.capturing if not context.paused else None
 
 
 def per_step(action):
     """Run the host action now; a graph being captured runs it again, in order, at every replay (it updates the
     `Live` arguments of the launches after it)."""
     action()
-    if capturing is not None and not _paused:
-        capturing.record_action(action)
+    graph = recording()
+    if graph is not None:
+        graph.record_action(action)
 
 
 def _arg(a):
@@ -349,36 +358,63 @@ def launch(dev, k, global_size, local_size, *args, what=""):
         global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
     if any(g == 0 for g in global_size):
         return None
+
     def enqueue():
         clone, live = _with_args(k, args)
         for i in live:
             clone.set_arg(i, args[i].value)
         return cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
     try:
-        try:
-            ev = enqueue()
-        except NeedsStaging:  # a window of a tensor past INDEX_LIMIT, found before anything was queued
-            from .tensor import staged_launch
-            staged_launch(dev, k, global_size, local_size, args, what)
-            return None
-        except cl.Error as e:
-            if getattr(e, "code", None) not in _ALLOCATION_FAILURES:
-                raise
-            # Drivers allocate lazily, at the first launch that touches a buffer: free the pool's cached buffers
-            # (which also drops the kept argument sets) and try once more.
-            from .tensor import pool
-            pool(dev).release_cached()
-            ev = enqueue()
+        ev = enqueue()
+    except NeedsStaging:  # a window of a tensor past INDEX_LIMIT, found before anything was queued
+        from .tensor import staged_launch
+        staged_launch(dev, k, global_size, local_size, args, what)
+        return None
     except cl.Error as e:
-        if getattr(e, "code", None) in _ALLOCATION_FAILURES:
-            raise OutOfMemory(f"clnet: out of memory on {dev.name} while running {what or k.name} (global size "
-                              f"{global_size}; {memory_note(dev)}): use a smaller batch", dev) from e
-        raise KernelError(f"clnet: {what or k.name} could not run on {dev.name} (global size "
-                          f"{global_size}, work-group {local_size}): {e}. This is a clnet bug; please report it "
-                          "with the layer and input shape.") from e
+        ev = failed(dev, e, what or k.name, enqueue, sizes=f" (global size {global_size}, work-group {local_size})")
     launch_count += 1
-    if profiler is not None:
-        profiler.records.append((profiler.tag, k.name, ev))
-    if capturing is not None and not _paused:
-        capturing.record_launch(dev, k, args, global_size, local_size)
+    c = context
+    if c.profiler is not None:
+        c.profiler.records.append((c.profiler.tag, k.name, ev))
+    if c.capturing is not None and not c.paused:
+        c.capturing.record_launch(dev, k, args, global_size, local_size)
     return ev
+
+
+# -- the one enqueue and error wrapper -------------------------------------------------------------------------------
+_STATUS_NAMES = {v: k for k, v in vars(cl.status_code).items() if isinstance(v, int)}
+
+
+def enqueue(dev, what, fn, *args, **kwargs):
+    """fn(*args, **kwargs), an OpenCL call for dev (a copy, an allocation), with its failures handled as every
+    launch's are (`failed`). `what` names it for the messages."""
+    try:
+        return fn(*args, **kwargs)
+    except cl.Error as e:
+        return failed(dev, e, what, lambda: fn(*args, **kwargs))
+
+
+def failed(dev, error, what, again, wanted=0, sizes=""):
+    """The error half of the one enqueue wrapper, shared by launches, replays, host and device copies and the pool's
+    allocations; their calls stay outside it, so the path without an error costs nothing more. error: the cl.Error
+    raised (or the status a raw call returned) by what ran.
+
+    An allocation failure (drivers allocate lazily, at the first launch or copy that touches a buffer) releases the
+    pool's cached buffers (which also drops the kept argument sets) and returns again() (the call made once more);
+    what still fails to allocate raises OutOfMemory (wanted: bytes the call asked for, for its fitting_batch). Any
+    other failure raises KernelError naming what ran (`what`, then `sizes`) and the OpenCL status."""
+    code = error if type(error) is int else getattr(error, "code", None)
+    cause = error if isinstance(error, BaseException) else None
+    if code in _ALLOCATION_FAILURES:
+        from .tensor import pool
+        pool(dev).release_cached()
+        try:
+            return again()
+        except cl.Error as e:
+            code, cause = getattr(e, "code", None), e
+    if code in _ALLOCATION_FAILURES:
+        raise OutOfMemory(f"clnet: out of memory on {dev.name} in {what}{sizes} ({memory_note(dev)}): use a smaller "
+                          "batch", dev, wanted) from cause
+    said = cause if cause is not None else f"OpenCL status {_STATUS_NAMES.get(code, code)}"
+    raise KernelError(f"clnet: {what} could not run on {dev.name}{sizes}: {said}. This is a clnet bug or the "
+                      "driver's; please report it with the layer and input shape.") from cause

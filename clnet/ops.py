@@ -77,9 +77,10 @@ def mul(a, b):
 
 
 def accumulate(leaf, g):
-    """leaf.grad += g (leaf.grad made as a copy of g the first time, or copied over when zero_grad marked it)."""
+    """leaf.grad += g (leaf.grad made as a copy of g the first time, or copied over when zero_grad marked it; inside a
+    capture, a mark or absence older than the capture is settled first: autograd.settle_grad)."""
     if kernels.capturing is not None:
-        kernels.capturing.note_grad(leaf)
+        autograd.settle_grad(leaf)
     if leaf._grad is None:
         leaf.grad = empty(leaf.shape, leaf.device).copy_from(g)
         return

@@ -10,7 +10,7 @@ The parameters keep their identity; only their memory moves.
 """
 import numpy as np
 
-from . import kernels, ops
+from . import autograd, kernels, ops
 from .graph import CaptureError
 from .tensor import Parameter, Tensor, region_alignment
 
@@ -110,9 +110,9 @@ class Optimizer:
             return
         self._flatten()
         data, grad, state = self._flat
-        if kernels.capturing is not None:  # the update reads every gradient
+        if kernels.capturing is not None:  # the update reads every gradient: marks older than the capture settled
             for p in self.params:
-                kernels.capturing.note_grad(p)
+                autograd.settle_grad(p)
         unwritten = [p for p in self.params if p._grad_zeroed]  # no backward reached them since zero_grad
         if len(unwritten) == len(self.params):
             ops.fill(grad, 0.0)

@@ -63,14 +63,9 @@ class BufferPool:
                                       largest=limit)
         try:
             buf = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size)
-        except cl.Error:
-            self.release_cached()
-            try:
-                buf = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size)
-            except cl.Error as e:
-                raise kernels.OutOfMemory(f"clnet: cannot allocate {size / 2**20:.1f} MiB ("
-                                          f"{kernels.memory_note(self.device)}): use a smaller batch", self.device,
-                                          size) from e
+        except cl.Error as e:  # the one wrapper's handler: released cache and one retry, or OutOfMemory/KernelError
+            buf = kernels.failed(self.device, e, f"allocating {size / 2**20:.1f} MiB",
+                                 lambda: cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size), wanted=size)
         self.allocated_bytes += size
         self.created += 1
         return buf, self.created, size
@@ -391,12 +386,12 @@ class Tensor:
                 f" from element {offset}" if offset is not None else "") + f" into one of shape {self.shape}")
         if self.size:
             (dst, dst_offset), (src, src_offset) = self.storage.whole(), other.storage.whole()
-            queue, nbytes = self.device.queue, self.nbytes
+            dev, nbytes = self.device, self.nbytes
             src_offset += (offset or 0) * self.dtype.itemsize
-            copy_buffer(queue, dst, src, nbytes, dst_offset, src_offset)
+            copy_buffer(dev, dst, src, nbytes, dst_offset, src_offset)
             graph = kernels.recording()
             if graph is not None:
-                graph.record_copy(self, other, lambda: copy_buffer(queue, dst, src, nbytes, dst_offset, src_offset))
+                graph.record_copy(self, other, lambda: copy_buffer(dev, dst, src, nbytes, dst_offset, src_offset))
         return self
 
     def numpy(self):
@@ -404,15 +399,16 @@ class Tensor:
             return self._host.copy()
         out = np.empty(self.shape, self.dtype)
         if out.size:
-            refuse_in_capture(f"reading a tensor of shape {self.shape} back")
             self.read_into(out, blocking=True)
         return out
 
     def read_into(self, out, blocking=False):
         """Queue a copy of this tensor into the host array `out` (counted); the event (wait on it before reading out
-        when not blocking)."""
+        when not blocking). Refused inside a capture, which a replay could not repeat."""
+        refuse_in_capture(f"reading a tensor of shape {self.shape} back")
         buf, offset = self.storage.whole()
-        event = cl.enqueue_copy(self.device.queue, out, buf, src_offset=offset, is_blocking=blocking)
+        event = kernels.enqueue(self.device, f"reading a tensor of shape {self.shape} back", cl.enqueue_copy,
+                                self.device.queue, out, buf, src_offset=offset, is_blocking=blocking)
         _stats["device_to_host_bytes"] += out.nbytes
         _stats["device_to_host_count"] += 1
         return event
@@ -431,7 +427,9 @@ class Tensor:
         elif array.size:
             refuse_in_capture(f"writing a host array into a tensor of shape {self.shape}")
             buf, offset = self.storage.whole()
-            event = cl.enqueue_copy(self.device.queue, buf, array, dst_offset=offset, is_blocking=blocking)
+            event = kernels.enqueue(self.device, f"writing a host array into a tensor of shape {self.shape}",
+                                    cl.enqueue_copy, self.device.queue, buf, array, dst_offset=offset,
+                                    is_blocking=blocking)
             # Held, not dropped: pyopencl's event for a non-blocking copy waits for the copy when it is destroyed
             # (keeping the host array safe), holding the GIL, so a dropped one would make the upload blocking.
             self._upload = None if blocking else event

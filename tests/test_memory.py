@@ -88,23 +88,61 @@ def test_kernel_failures_name_the_op(dev, monkeypatch):
         ops.fill(t, 1.0)
 
 
-def test_build_chatter_stays_out_of_stderr_unless_verbose(dev, capfd, monkeypatch):
-    """A compiler's own output (clang's "1 warning generated.") goes to descriptor 2, past Python's warnings: kept
-    from the user's terminal, shown with CLNET_VERBOSE / --verbose."""
+def test_a_build_leaves_descriptor_2_to_other_threads(dev, capfd, monkeypatch):
+    """A kernel build does not redirect the process's stderr: what another thread writes meanwhile (the MPI abort
+    line) reaches the terminal. A failed build's error holds the build log pyopencl returns; with CLNET_VERBOSE /
+    --verbose a successful build's log is shown too."""
     import os
+    import threading
+    logs = []
 
-    def chatty(*args, **kwargs):
-        os.write(2, b"1 warning generated.\n")
-        raise cl.RuntimeError(_cl._ErrorRecord("injected build failure", cl.status_code.BUILD_PROGRAM_FAILURE,
-                                               "clBuildProgram"))
-    monkeypatch.setattr(cl.Program, "build", chatty)
-    with pytest.raises(kernels.KernelError, match="(?s)compiler output:.*1 warning generated"):
+    def build(self, *args, **kwargs):  # another thread writes while the driver compiles
+        t = threading.Thread(target=os.write, args=(2, b"another thread's line\n"))
+        t.start()
+        t.join()
+        if not logs:
+            raise cl.RuntimeError(_cl._ErrorRecord("injected build failure: 1 error generated",
+                                                   cl.status_code.BUILD_PROGRAM_FAILURE, "clBuildProgram"))
+        return self
+    monkeypatch.setattr(cl.Program, "build", build)
+    with pytest.raises(kernels.KernelError, match="(?s)building elementwise.cl .*injected build failure: 1 error"):
         kernels.program(dev, "elementwise.cl", dict(UNUSED_DEFINE=1))
-    assert "warning generated" not in capfd.readouterr().err
+    assert "another thread's line" in capfd.readouterr().err
+    logs.append("1 warning generated.")
+    monkeypatch.setattr(kernels, "_build_log", lambda prog, dev: logs[0])
     monkeypatch.setattr(kernels, "verbose", True)
-    with pytest.raises(kernels.KernelError):
-        kernels.program(dev, "elementwise.cl", dict(UNUSED_DEFINE=2))
-    assert "1 warning generated." in capfd.readouterr().err
+    monkeypatch.setattr(kernels, "_programs", {})  # the programs built here (unbuilt stand-ins) are forgotten after
+    kernels.program(dev, "elementwise.cl", dict(UNUSED_DEFINE=2))
+    err = capfd.readouterr().err
+    assert "another thread's line" in err and "building elementwise.cl" in err and "1 warning generated." in err
+    monkeypatch.setattr(kernels, "verbose", False)
+    kernels.program(dev, "elementwise.cl", dict(UNUSED_DEFINE=3))
+    assert "warning generated" not in capfd.readouterr().err
+
+
+def test_an_allocation_the_driver_refuses_for_another_reason_is_not_out_of_memory(dev, monkeypatch):
+    """The pool's allocation shares the launches' error handling: an allocation failure frees the cache and retries
+    once; any other refusal is a KernelError naming it, not a misleading OutOfMemory."""
+    p = pool(dev)
+    real, calls = cl.Buffer, []
+
+    def buffer(*args, code):
+        calls.append(code)
+        if len(calls) == 1 or code != cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE:
+            raise (cl.MemoryError if code == cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE else cl.LogicError)(
+                _cl._ErrorRecord("injected", code, "clCreateBuffer"))
+        return real(*args)
+    n = 2**16 + 3 * 257  # a size no earlier test left in the pool
+    monkeypatch.setattr(cl, "Buffer", lambda *a: buffer(*a, code=cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE))
+    t = ops.zeros((n,), dev)
+    assert len(calls) == 2
+    del t
+    p.release_cached()
+    calls.clear()
+    monkeypatch.setattr(cl, "Buffer", lambda *a: buffer(*a, code=cl.status_code.INVALID_BUFFER_SIZE))
+    with pytest.raises(kernels.KernelError, match=r"allocating 0\.3 MiB could not run on .*INVALID_BUFFER_SIZE"):
+        ops.empty((n,), dev)
+    assert calls == [cl.status_code.INVALID_BUFFER_SIZE]
 
 
 def test_clnet_bench_out_of_memory_is_one_line_with_a_batch_that_fits(dev, monkeypatch):
