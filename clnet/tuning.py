@@ -283,7 +283,7 @@ def describe(choice):
         name = f"tiled {cfg['TM']}x{cfg['TN']}x{cfg['TK']}/{cfg['WM']}x{cfg['WN']}"
         name += " 1buf" if cfg.get("LBUF", 2) == 1 else ""
     else:
-        name = "block " + " ".join(f"{k}{v}" for k, v in cfg.items() if k != "kernel")
+        name = "block " + " ".join(f"{k}{cfg[k]}" for k in sorted(cfg) if k != "kernel")  # as the cache file orders
     return pre + name + (f" k{ks}" if ks > 1 else "")
 
 
