@@ -1,0 +1,117 @@
+"""Depthwise convolution (groups == in_channels, any channel multiplier M = out_channels / in_channels): forward,
+data gradient and weight gradient, each reading its operands in place (cl_kernels/depthwise.cl).
+
+A depthwise layer is G = C groups of one input channel each. Through im2col + GEMM that is C products of M rows by
+KH*KW deep, each launch's tiles almost empty, after writing a column buffer KH*KW/(SH*SW) times the input; every pass
+here instead reads its inputs once and writes its output once (caches serve the window's overlap).
+
+Work and traffic per pass (2 flops a multiply-add; bytes as float32, each input read once, the output written once):
+forward 2*KH*KW flops per output against 4 bytes of y and 4*(C/O)*SH*SW of x; data gradient the same; weight
+gradient the same flops, reading x and dy. A 3x3 layer at stride 1 is 18 flops per 8 bytes, 2.25 flops a byte,
+far below any device's ratio of arithmetic to bandwidth (the H200: 67 TFLOP/s over 4.2 TB/s, 16 flops a byte): every
+pass is a memory-bound stream, and its time is its bytes over the device's bandwidth. bench/NOTES.md has
+mobilenet_v2's layers counted, the prediction and the measurements.
+"""
+from . import kernels, tuning
+from .tensor import empty
+
+MAX_TAPS = 64  # the window's taps each weight-gradient work-item keeps in registers (depthwise.cl's limit)
+# GPU shape: work-items per work-group of the element-wise passes, and of the weight gradient's (whose local memory
+# holds KH*KW sums a work-item: 256 of them for windows up to 5x5, 128 beyond, within 48 KiB). The weight gradient's
+# pixels are cut into runs until there are about WAVES work-groups per compute unit, each run at least MIN_RUN pixels
+# a work-item. CPUs take a channel per work-item, every image in one run.
+LS_GPU = 256
+WEIGHT_WAVES = 4
+MIN_RUN = 32
+
+
+def supported(s):
+    """Whether shape s (an shapes.ConvShape) is depthwise with a window these kernels hold: one input channel per
+    group, any multiplier, stride, padding and dilation, at most MAX_TAPS taps."""
+    return s.G == s.C and s.O % s.C == 0 and s.KH * s.KW <= MAX_TAPS and min(s.N, s.OH, s.OW) >= 1
+
+
+def _check(s, what, **tensors):
+    if not supported(s):
+        raise ValueError(f"{what}: the depthwise kernels need groups == in_channels, out_channels a multiple of it "
+                         f"and at most {MAX_TAPS} taps, got {s}; use conv.conv2d_forward, which picks an algorithm "
+                         "that runs it")
+    shapes = dict(x=(s.N, s.C, s.H, s.W), w=(s.O, 1, s.KH, s.KW), dy=(s.N, s.O, s.OH, s.OW))
+    for name, t in tensors.items():
+        if tuple(t.shape) != shapes[name]:
+            raise ValueError(f"{what}: expected {name} of shape {shapes[name]}, got {tuple(t.shape)}")
+
+
+def _args(s):
+    return (s.N, s.C, s.H, s.W, s.O, s.SH, s.SW, s.PH, s.PW, s.DH, s.DW, s.OH, s.OW)
+
+
+def _kernel(dev, name, s, **defines):
+    return kernels.kernel(dev, "depthwise.cl", name, dict(KH=s.KH, KW=s.KW, **defines))
+
+
+def weight_runs(dev, s):
+    """(runs, chunk, LS) of the weight gradient of shape s on dev: chunk pixels a run on a GPU (images on a CPU), LS
+    work-items a work-group (GPU)."""
+    taps = s.KH * s.KW
+    if tuning.cpu_shaped(dev):
+        return 1, s.N, 1
+    ls = LS_GPU if taps <= 25 else LS_GPU // 2
+    while ls > 32 and taps * ls * 4 > dev.local_mem_size // 2:
+        ls //= 2
+    pixels = s.N * s.OH * s.OW
+    runs = max(1, min(-(-pixels // (MIN_RUN * ls)), -(-WEIGHT_WAVES * dev.compute_units // s.O)))
+    chunk = -(-pixels // runs)
+    return -(-pixels // chunk), chunk, ls
+
+
+def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):
+    """y = conv(x, w) + bias (then ReLU): the contract of conv.conv2d_forward for a depthwise shape s."""
+    _check(s, what, x=x, w=w)
+    dev = x.device
+    y = empty((s.N, s.O, s.OH, s.OW), dev)
+    flags = (1 if bias is not None else 0) | (2 if relu else 0)
+    if tuning.cpu_shaped(dev):
+        k, size, local = _kernel(dev, "conv2d_fwd_depthwise_rows", s), (s.OH, s.N * s.O), None
+    else:
+        k, size, local = _kernel(dev, "conv2d_fwd_depthwise", s), (s.N * s.O * s.OH * s.OW,), (LS_GPU,)
+    kernels.launch(dev, k, size, local, x, w, bias, y, *_args(s), flags, what=what + " (depthwise)")
+    return y
+
+
+def conv2d_backward_data(w, dy, s, what="Conv2d backward (data)"):
+    """d loss / d x of a depthwise layer of shape s, from its weights and output gradient."""
+    _check(s, what, w=w, dy=dy)
+    dev = dy.device
+    dx = empty((s.N, s.C, s.H, s.W), dev)
+    if tuning.cpu_shaped(dev):
+        k, size, local = _kernel(dev, "conv2d_bwd_data_depthwise_rows", s), (s.H, s.N * s.C), None
+    else:
+        k, size, local = (_kernel(dev, "conv2d_bwd_data_depthwise", s), (s.N * s.C * s.H * s.W,),
+                          (LS_GPU,))
+    kernels.launch(dev, k, size, local, w, dy, dx, *_args(s), what=what + " (depthwise)")
+    return dx
+
+
+def conv2d_backward_weights(x, dy, s, dw, beta=1.0, what="Conv2d backward (weights)"):
+    """dw += d loss / d w (beta 0: dw = it, dw not read) for a depthwise layer of shape s. A sum runs over N*OH*OW
+    pixels per weight: cut into runs where the output channels alone would leave the device idle, each run's sums
+    kept apart and then added in order (weight_runs)."""
+    _check(s, what, x=x, dy=dy)
+    dev = x.device
+    cpu = tuning.cpu_shaped(dev)
+    runs, chunk, ls = weight_runs(dev, s)
+    accumulate = int(beta != 0.0)
+    out = dw if runs == 1 else empty((runs, s.O, s.KH * s.KW), dev)
+    tail = (chunk, int(runs > 1), accumulate)
+    if cpu:
+        k = _kernel(dev, "conv2d_bwd_weights_depthwise_planes", s)
+        kernels.launch(dev, k, (s.O, runs), None, x, dy, out, *_args(s), *tail, what=what + " (depthwise)")
+    else:
+        k = _kernel(dev, "conv2d_bwd_weights_depthwise", s, LS=ls)
+        kernels.launch(dev, k, (s.O * ls, runs), (ls, 1), x, dy, out, *_args(s), *tail, what=what + " (depthwise)")
+    if runs > 1:
+        count = s.O * s.KH * s.KW
+        k = kernels.kernel(dev, "depthwise.cl", "conv2d_depthwise_sum_runs", dict(KH=s.KH, KW=s.KW))
+        kernels.launch(dev, k, (count,), None, out, dw, count, runs, accumulate, what=what + " (depthwise runs)")
+    return dw
