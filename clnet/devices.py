@@ -166,9 +166,11 @@ def _checked_folder(path, create):
     try:
         fd, real = open_folder(path, create=create, mode=0o700, every_ancestor=True)
     except UnsafeFolder as e:
-        _refuse(e.path, e.why)
-    os.close(fd)
-    return real
+        refused = e
+    else:
+        os.close(fd)
+        return real
+    _refuse(refused.path, refused.why)  # outside the handler: one message, not two chained
 
 
 def _registration_dir(digest):
