@@ -50,8 +50,10 @@ def _elem(t):
     raise TypeError(f"clnet views move 1- or 4-byte elements, not {t.dtype}")
 
 
-def _kernel(dev, name, **defines):
-    return kernels.kernel(dev, "views.cl", name, defines)
+def _kernel(dev, name, NDIM=1, ELEM="uint", MODE=0):
+    """Every views.cl kernel with all three defines given (the defaults where a kernel reads none), so that kernels
+    of one (NDIM, ELEM, MODE) share one build of the file."""
+    return kernels.kernel(dev, "views.cl", name, dict(NDIM=NDIM, ELEM=ELEM, MODE=MODE))
 
 
 def _fits(what, *shapes):
