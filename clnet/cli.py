@@ -86,19 +86,19 @@ def tune(model, device_spec, batch, budget, retune, less_accurate):
     click.echo(f"{len(report['tuned'])} shapes tuned, {report['cached']} already cached, {len(report['left'])} left "
                f"at their defaults (budget), in {report['seconds']:.1f} s"
                + (f"; median speed-up over the defaults {sorted(gain)[len(gain) // 2]:.2f}x" if gain else ""))
-    lost = _unsaved(tuning.cache_path(), report)
+    lost = _unsaved(tuning.cache_path(), tuning.device_key(dev), report)
     if lost:
-        raise click.ClickException(f"tune: {len(lost)} of the {len(report['tuned'])} tuned shapes are not in the cache "
-                                   f"{tuning.cache_path()} (it could not be written); nothing of them is kept: free "
-                                   "some space or set CLNET_CACHE_DIR to a writable folder, and tune again")
+        raise click.ClickException(f"tune: {len(lost)} of the {len(report['tuned'])} tuned shapes could not be saved "
+                                   f"to the cache {tuning.cache_path()}; free some space or set CLNET_CACHE_DIR to a "
+                                   "writable folder, and tune again")
 
 
-def _unsaved(path, report):
-    """The keys of report["tuned"] that the cache file on disk does not hold for the report's device: what a failed
-    write (a full disk; tuning.store only warns) left out."""
+def _unsaved(path, device_key, report):
+    """The keys of report["tuned"] that the cache file on disk does not hold for the device: what a failed write (a
+    full disk; tuning.store only warns) left out."""
     try:
         with open(path) as f:
-            on_disk = json.load(f).get(report["device"], {})
+            on_disk = json.load(f).get(device_key, {})
     except (OSError, ValueError, AttributeError):
         on_disk = {}
     return [k for k in report["tuned"] if k not in on_disk]
