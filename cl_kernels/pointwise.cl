@@ -1,8 +1,8 @@
-// The pointwise family (clnet/pointwise.py): every unary and binary element-wise op, its formula chosen by a define,
-// its operands read through strided.h layouts so that binary ops broadcast as NumPy and PyTorch do.
-//   unary_fwd   y[i] = F(x[i]) for the unary op UOP, with its scalar parameters p0, p1 (a slope, bounds, an exponent)
+// The pointwise family (clnet/pointwise.py): every unary and binary element-wise op, its formula chosen by its op
+// number, its operands read through strided.h layouts so that binary ops broadcast as NumPy and PyTorch do.
+//   unary_fwd   y[i] = F(x[i]) for the unary op `op`, with its scalar parameters p0, p1 (a slope, bounds, an exponent)
 //   unary_bwd   dx[i] = dy[i] * F'(x[i]) (from the saved input x; none of these needs the output)
-//   binary_fwd  out[i] = G(a[off_a(i)], b[off_b(i)]) for the binary op BOP, i over the broadcast output shape
+//   binary_fwd  out[i] = G(a[off_a(i)], b[off_b(i)]) for the binary op `op`, i over the broadcast output shape
 //   binary_bwd  da[i] = dy[i] * dG/da, db[i] = dy[i] * dG/db at the output shape (the caller sums each over the
 //               dimensions its operand was broadcast along); either pointer may be unused (NEED_A, NEED_B)
 //   where_fwd   out[i] = c[off_c(i)] ? a[off_a(i)] : b[off_b(i)]
@@ -10,17 +10,12 @@
 // Layouts: meta (strided.h) holds the output's sizes, then the strides of each read operand (a, b; c, a, b for
 // where); outputs and dy are contiguous at the output shape. Element types: TA, TB (operands), TO (output), TC (where's
 // condition); a binary op computes in TW (the promoted type, as PyTorch promotes). Comparisons give uchar 0/1 (bool).
-// Defines: UOP, BOP (op numbers, the tables in clnet/pointwise.py), NDIM (strided.h), TA, TB, TO, TW, TC,
+// The op is a run-time argument (the numbers of clnet/pointwise.py's tables): one build per type combination and
+// rank serves every op. Defines: NDIM (strided.h), TA, TB, TO, TW, TC,
 // TW_FLOAT (0/1: TW is float), NEED_A, NEED_B (0/1).
 #include "common.h"
 #include "strided.h"
 
-#ifndef UOP
-#define UOP 1       // unary op number
-#endif
-#ifndef BOP
-#define BOP 1       // binary op number
-#endif
 #ifndef TA
 #define TA float    // operand a's element type
 #endif
@@ -55,193 +50,165 @@ inline float softplus_f(const float x, const float beta, const float threshold) 
     return bx > threshold ? x : log1p(exp(bx)) / beta;
 }
 
-// ---- unary formulas: UF(x) forward, UG(x, g) = g * F'(x) --------------------------------------------------------
-#if UOP == 1        // neg
-#define UF(x) (-(x))
-#define UG(x, g) (-(g))
-#elif UOP == 2      // exp
-#define UF(x) exp(x)
-#define UG(x, g) ((g) * exp(x))
-#elif UOP == 3      // log
-#define UF(x) log(x)
-#define UG(x, g) ((g) / (x))
-#elif UOP == 4      // log1p
-#define UF(x) log1p(x)
-#define UG(x, g) ((g) / (1.0f + (x)))
-#elif UOP == 5      // sqrt
-#define UF(x) sqrt(x)
-#define UG(x, g) ((g) * 0.5f / sqrt(x))
-#elif UOP == 6      // rsqrt
-#define UF(x) rsqrt(x)
-#define UG(x, g) ((g) * -0.5f * rsqrt(x) / (x))
-#elif UOP == 7      // abs (gradient 0 at 0, as PyTorch's sign)
-#define UF(x) fabs(x)
-#define UG(x, g) ((x) > 0.0f ? (g) : ((x) < 0.0f ? -(g) : 0.0f))
-#elif UOP == 8      // sign (gradient 0)
-#define UF(x) ((x) > 0.0f ? 1.0f : ((x) < 0.0f ? -1.0f : 0.0f))
-#define UG(x, g) 0.0f
-#elif UOP == 9      // erf
-#define UF(x) erf(x)
-#define UG(x, g) ((g) * 1.12837916709551257f * exp(-(x) * (x)))
-#elif UOP == 10     // sin
-#define UF(x) sin(x)
-#define UG(x, g) ((g) * cos(x))
-#elif UOP == 11     // cos
-#define UF(x) cos(x)
-#define UG(x, g) (-(g) * sin(x))
-#elif UOP == 12     // tanh
-#define UF(x) tanh(x)
-#define UG(x, g) ((g) * (1.0f - tanh(x) * tanh(x)))
-#elif UOP == 13     // sigmoid
 inline float sigm(const float x) { return 1.0f / (1.0f + exp(-x)); }
-#define UF(x) sigm(x)
-#define UG(x, g) ((g) * sigm(x) * (1.0f - sigm(x)))
-#elif UOP == 14     // relu (NaN passes, as PyTorch)
-#define UF(x) ((x) < 0.0f ? 0.0f : (x))
-#define UG(x, g) ((x) <= 0.0f ? 0.0f : (g))
-#elif UOP == 15     // gelu, exact: x * Phi(x)
-#define UF(x) (0.5f * (x) * (1.0f + erf((x) * SQRT1_2)))
-#define UG(x, g) ((g) * (0.5f * (1.0f + erf((x) * SQRT1_2)) + (x) * INV_SQRT_2PI * exp(-0.5f * (x) * (x))))
-#elif UOP == 16     // gelu, approximate="tanh"
 inline float gelu_t(const float x) { return tanh(SQRT2_PI * (x + 0.044715f * x * x * x)); }
-#define UF(x) (0.5f * (x) * (1.0f + gelu_t(x)))
-#define UG(x, g) ((g) * (0.5f * (1.0f + gelu_t(x)) + 0.5f * (x) * (1.0f - gelu_t(x) * gelu_t(x)) * SQRT2_PI * \
-                  (1.0f + 3.0f * 0.044715f * (x) * (x))))
-#elif UOP == 17     // silu: x * sigmoid(x)
-inline float sigm(const float x) { return 1.0f / (1.0f + exp(-x)); }
-#define UF(x) ((x) * sigm(x))
-#define UG(x, g) ((g) * sigm(x) * (1.0f + (x) * (1.0f - sigm(x))))
-#elif UOP == 18     // mish: x * tanh(softplus(x))
 inline float mish_t(const float x) { return tanh(softplus_f(x, 1.0f, 20.0f)); }
-inline float sigm(const float x) { return 1.0f / (1.0f + exp(-x)); }
-#define UF(x) ((x) * mish_t(x))
-#define UG(x, g) ((g) * (mish_t(x) + (x) * sigm(x) * (1.0f - mish_t(x) * mish_t(x))))
-#elif UOP == 19     // hardswish: x * relu6(x + 3) / 6 (gradient as PyTorch's: 0 below -3, 1 above 3)
-#define UF(x) ((x) * clamp((x) + 3.0f, 0.0f, 6.0f) / 6.0f)
-#define UG(x, g) ((x) < -3.0f ? 0.0f : ((x) <= 3.0f ? (g) * ((x) / 3.0f + 0.5f) : (g)))
-#elif UOP == 20     // hardsigmoid: relu6(x + 3) / 6
-#define UF(x) (clamp((x) + 3.0f, 0.0f, 6.0f) / 6.0f)
-#define UG(x, g) ((x) > -3.0f && (x) < 3.0f ? (g) / 6.0f : 0.0f)
-#elif UOP == 21     // leaky_relu, slope p0
-#define UF(x) ((x) > 0.0f ? (x) : (x) * p0)
-#define UG(x, g) ((x) > 0.0f ? (g) : (g) * p0)
-#elif UOP == 22     // elu, alpha p0
-#define UF(x) ((x) > 0.0f ? (x) : p0 * (exp(x) - 1.0f))
-#define UG(x, g) ((x) > 0.0f ? (g) : (g) * p0 * exp(x))
-#elif UOP == 23     // softplus, beta p0, threshold p1
-#define UF(x) softplus_f(x, p0, p1)
-#define UG(x, g) (p0 * (x) > p1 ? (g) : (g) / (1.0f + exp(-p0 * (x))))
-#elif UOP == 24     // clamp to [p0, p1] (an open side: -inf or inf); gradient passes inside and on the bounds
-#define UF(x) fmin(fmax(x, p0), p1)
-#define UG(x, g) ((x) >= p0 && (x) <= p1 ? (g) : 0.0f)
-#elif UOP == 25     // x ** p0
-#define UF(x) (p0 == 2.0f ? (x) * (x) : pow(x, p0))
-#define UG(x, g) (p0 == 0.0f ? 0.0f : (g) * p0 * (p0 == 2.0f ? (x) : pow(x, p0 - 1.0f)))
-#elif UOP == 26     // p0 ** x
-#define UF(x) pow(p0, x)
-#define UG(x, g) ((g) * pow(p0, x) * log(p0))
-#elif UOP == 27     // p0 / x
-#define UF(x) (p0 / (x))
-#define UG(x, g) (-(g) * p0 / ((x) * (x)))
-#elif UOP == 28     // selu
 #define SELU_A 1.6732632423543772f
 #define SELU_S 1.0507009873554805f
-#define UF(x) (SELU_S * ((x) > 0.0f ? (x) : SELU_A * (exp(x) - 1.0f)))
-#define UG(x, g) ((g) * SELU_S * ((x) > 0.0f ? 1.0f : SELU_A * exp(x)))
-#elif UOP == 29     // celu, alpha p0
-#define UF(x) ((x) > 0.0f ? (x) : p0 * (exp((x) / p0) - 1.0f))
-#define UG(x, g) ((x) > 0.0f ? (g) : (g) * exp((x) / p0))
-#elif UOP == 30     // relu6
-#define UF(x) ((x) < 0.0f ? 0.0f : ((x) > 6.0f ? 6.0f : (x)))
-#define UG(x, g) ((x) <= 0.0f || (x) >= 6.0f ? 0.0f : (g))
-#elif UOP == 31     // floor (gradient 0)
-#define UF(x) floor(x)
-#define UG(x, g) 0.0f
-#elif UOP == 32     // ceil (gradient 0)
-#define UF(x) ceil(x)
-#define UG(x, g) 0.0f
-#elif UOP == 33     // round half to even, as PyTorch (gradient 0)
-#define UF(x) rint(x)
-#define UG(x, g) 0.0f
-#elif UOP == 34     // reciprocal
-#define UF(x) (1.0f / (x))
-#define UG(x, g) (-(g) / ((x) * (x)))
-#elif UOP == 35     // logical not (uchar in and out)
-#define UF(x) ((x) == 0)
-#define UG(x, g) 0.0f
-#else
-#error "unknown UOP"
-#endif
 
-__kernel void unary_fwd(__global const TA* restrict x, __global TO* restrict y, const int n, const float p0,
-                        const float p1) {
-    const int i = get_global_id(0);
-    if (i < n) y[i] = (TO)(UF(x[i]));
-}
-
-__kernel void unary_bwd(__global const float* restrict x, __global const float* restrict dy,
-                        __global float* restrict dx, const int n, const float p0, const float p1) {
-    const int i = get_global_id(0);
-    if (i < n) {
-        const float v = x[i], g = dy[i];
-        dx[i] = UG(v, g);
+// ---- unary formulas: the op number `op` (clnet/pointwise.py UNARY), a run-time switch the whole launch takes
+// alike, so one build serves every op of a type combination
+inline float uf(const int op, const float x, const float p0, const float p1) {
+    switch (op) {
+        case 1: return (-x);                                                        // neg
+        case 2: return exp(x);                                                      // exp
+        case 3: return log(x);                                                      // log
+        case 4: return log1p(x);                                                    // log1p
+        case 5: return sqrt(x);                                                     // sqrt
+        case 6: return rsqrt(x);                                                    // rsqrt
+        case 7: return fabs(x);  // abs (gradient 0 at 0, as PyTorch's sign)
+        case 8: return (x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f));               // sign (gradient 0)
+        case 9: return erf(x);                                                      // erf
+        case 10: return sin(x);                                                     // sin
+        case 11: return cos(x);                                                     // cos
+        case 12: return tanh(x);                                                    // tanh
+        case 13: return sigm(x);                                                    // sigmoid
+        case 14: return (x < 0.0f ? 0.0f : x);                                      // relu (NaN passes, as PyTorch)
+        case 15: return (0.5f * x * (1.0f + erf(x * SQRT1_2)));                     // gelu, exact: x * Phix
+        case 16: return (0.5f * x * (1.0f + gelu_t(x)));                            // gelu, approximate="tanh"
+        case 17: return (x * sigm(x));                                              // silu: x * sigmoidx
+        case 18: return (x * mish_t(x));                                            // mish: x * tanh(softplusx)
+        case 19: return (x * clamp(x + 3.0f, 0.0f, 6.0f) / 6.0f);  // hardswish (gradient PyTorch's: 0 below -3, 1 above 3)
+        case 20: return (clamp(x + 3.0f, 0.0f, 6.0f) / 6.0f);                       // hardsigmoid: relu6(x + 3) / 6
+        case 21: return (x > 0.0f ? x : x * p0);                                    // leaky_relu, slope p0
+        case 22: return (x > 0.0f ? x : p0 * (exp(x) - 1.0f));                      // elu, alpha p0
+        case 23: return softplus_f(x, p0, p1);                                      // softplus, beta p0, threshold p1
+        case 24: return fmin(fmax(x, p0), p1);                                      // clamp to [p0, p1]
+        case 25: return (p0 == 2.0f ? x * x : pow(x, p0));                          // x ** p0
+        case 26: return pow(p0, x);                                                 // p0 ** x
+        case 27: return (p0 / x);                                                   // p0 / x
+        case 28: return (SELU_S * (x > 0.0f ? x : SELU_A * (exp(x) - 1.0f)));       // selu
+        case 29: return (x > 0.0f ? x : p0 * (exp(x / p0) - 1.0f));                 // celu, alpha p0
+        case 30: return (x < 0.0f ? 0.0f : (x > 6.0f ? 6.0f : x));                  // relu6
+        case 31: return floor(x);                                                   // floor (gradient 0)
+        case 32: return ceil(x);                                                    // ceil (gradient 0)
+        case 33: return rint(x);  // round half to even, as PyTorch (gradient 0)
+        case 34: return (1.0f / x);                                                 // reciprocal
+        case 35: return (x == 0);                                                   // logical not (uchar in and out)
+        default: return NAN;
     }
 }
 
-// ---- binary formulas: BF(a, b) forward in TW; BDA, BDB the gradients of a and b times g (floats) ------------------
-#if BOP == 1        // add
-#define BF(a, b) ((a) + (b))
-#define BDA(a, b, g) (g)
-#define BDB(a, b, g) (g)
-#elif BOP == 2      // sub
-#define BF(a, b) ((a) - (b))
-#define BDA(a, b, g) (g)
-#define BDB(a, b, g) (-(g))
-#elif BOP == 3      // mul
-#define BF(a, b) ((a) * (b))
-#define BDA(a, b, g) ((g) * (b))
-#define BDB(a, b, g) ((g) * (a))
-#elif BOP == 4      // true division
-#define BF(a, b) ((a) / (b))
-#define BDA(a, b, g) ((g) / (b))
-#define BDB(a, b, g) (-(g) * (a) / ((b) * (b)))
-#elif BOP == 5      // pow (the exponent's gradient 0 where a is 0 and b positive, as PyTorch's)
-#define BF(a, b) pow(a, b)
-#define BDA(a, b, g) ((b) == 0.0f ? 0.0f : (g) * (b) * pow(a, (b) - 1.0f))
-#define BDB(a, b, g) ((a) == 0.0f && (b) >= 0.0f ? 0.0f : (g) * pow(a, b) * log(a))
-#elif BOP == 6      // maximum (NaN propagates; a tie splits the gradient in halves, as PyTorch's)
-#define BF(a, b) ((a) != (a) || (a) > (b) ? (a) : (b))
-#define BDA(a, b, g) ((a) > (b) ? (g) : ((a) == (b) ? 0.5f * (g) : 0.0f))
-#define BDB(a, b, g) ((b) > (a) ? (g) : ((a) == (b) ? 0.5f * (g) : 0.0f))
-#elif BOP == 7      // minimum
-#define BF(a, b) ((a) != (a) || (a) < (b) ? (a) : (b))
-#define BDA(a, b, g) ((a) < (b) ? (g) : ((a) == (b) ? 0.5f * (g) : 0.0f))
-#define BDB(a, b, g) ((b) < (a) ? (g) : ((a) == (b) ? 0.5f * (g) : 0.0f))
-#elif BOP == 8      // <
-#define BF(a, b) ((a) < (b))
-#elif BOP == 9      // <=
-#define BF(a, b) ((a) <= (b))
-#elif BOP == 10     // >
-#define BF(a, b) ((a) > (b))
-#elif BOP == 11     // >=
-#define BF(a, b) ((a) >= (b))
-#elif BOP == 12     // ==
-#define BF(a, b) ((a) == (b))
-#elif BOP == 13     // !=
-#define BF(a, b) ((a) != (b))
-#elif BOP == 14     // logical and
-#define BF(a, b) ((a) != 0 && (b) != 0)
-#elif BOP == 15     // logical or
-#define BF(a, b) ((a) != 0 || (b) != 0)
-#elif BOP == 16     // floor division (integers: rounds toward minus infinity, as Python and PyTorch)
-#define BF(a, b) floor_div(a, b)
-#elif BOP == 17     // remainder with the divisor's sign (Python's %, PyTorch's remainder)
-#define BF(a, b) py_rem(a, b)
-#define BDA(a, b, g) (g)
-#define BDB(a, b, g) (-(g) * floor((a) / (b)))
-#else
-#error "unknown BOP"
+// g * f'(x)
+inline float ug(const int op, const float x, const float g, const float p0, const float p1) {
+    switch (op) {
+        case 1: return (-g);
+        case 2: return (g * exp(x));
+        case 3: return (g / x);
+        case 4: return (g / (1.0f + x));
+        case 5: return (g * 0.5f / sqrt(x));
+        case 6: return (g * -0.5f * rsqrt(x) / x);
+        case 7: return (x > 0.0f ? g : (x < 0.0f ? -g : 0.0f));
+        case 8: return 0.0f;
+        case 9: return (g * 1.12837916709551257f * exp(-x * x));
+        case 10: return (g * cos(x));
+        case 11: return (-g * sin(x));
+        case 12: return (g * (1.0f - tanh(x) * tanh(x)));
+        case 13: return (g * sigm(x) * (1.0f - sigm(x)));
+        case 14: return (x <= 0.0f ? 0.0f : g);
+        case 15: return (g * (0.5f * (1.0f + erf(x * SQRT1_2)) + x * INV_SQRT_2PI * exp(-0.5f * x * x)));
+        case 16: return (g * (0.5f * (1.0f + gelu_t(x)) + 0.5f * x * (1.0f - gelu_t(x) * gelu_t(x)) * SQRT2_PI *
+                           (1.0f + 3.0f * 0.044715f * x * x)));
+        case 17: return (g * sigm(x) * (1.0f + x * (1.0f - sigm(x))));
+        case 18: return (g * (mish_t(x) + x * sigm(x) * (1.0f - mish_t(x) * mish_t(x))));
+        case 19: return (x < -3.0f ? 0.0f : (x <= 3.0f ? g * (x / 3.0f + 0.5f) : g));
+        case 20: return (x > -3.0f && x < 3.0f ? g / 6.0f : 0.0f);
+        case 21: return (x > 0.0f ? g : g * p0);
+        case 22: return (x > 0.0f ? g : g * p0 * exp(x));
+        case 23: return (p0 * x > p1 ? g : g / (1.0f + exp(-p0 * x)));
+        case 24: return (x >= p0 && x <= p1 ? g : 0.0f);
+        case 25: return (p0 == 0.0f ? 0.0f : g * p0 * (p0 == 2.0f ? x : pow(x, p0 - 1.0f)));
+        case 26: return (g * pow(p0, x) * log(p0));
+        case 27: return (-g * p0 / (x * x));
+        case 28: return (g * SELU_S * (x > 0.0f ? 1.0f : SELU_A * exp(x)));
+        case 29: return (x > 0.0f ? g : g * exp(x / p0));
+        case 30: return (x <= 0.0f || x >= 6.0f ? 0.0f : g);
+        case 31: return 0.0f;
+        case 32: return 0.0f;
+        case 33: return 0.0f;
+        case 34: return (-g / (x * x));
+        case 35: return 0.0f;
+        default: return NAN;
+    }
+}
+
+__kernel void unary_fwd(__global const TA* restrict x, __global TO* restrict y, const int n, const int op,
+                        const float p0, const float p1) {
+    const int i = get_global_id(0);
+    if (i < n) y[i] = (TO)uf(op, (float)x[i], p0, p1);
+}
+
+__kernel void unary_bwd(__global const float* restrict x, __global const float* restrict dy,
+                        __global float* restrict dx, const int n, const int op, const float p0, const float p1) {
+    const int i = get_global_id(0);
+    if (i < n) dx[i] = ug(op, x[i], dy[i], p0, p1);
+}
+
+// ---- binary formulas (clnet/pointwise.py BINARY): bf in the working type TW; bda, bdb the gradients of a and b times
+// g (float only). Comparisons and logical ops give 0 or 1.
+inline TW floor_div(const TW a, const TW b);
+inline TW py_rem(const TW a, const TW b);
+
+inline TW bf(const int op, const TW a, const TW b) {
+    switch (op) {
+        case 1: return a + b;
+        case 2: return a - b;
+        case 3: return a * b;
+        case 4: return a / b;
+#if TW_FLOAT
+        case 5: return pow(a, b);
 #endif
+        case 6: return a != a || a > b ? a : b;                                     // maximum: NaN propagates
+        case 7: return a != a || a < b ? a : b;                                     // minimum
+        case 8: return a < b;
+        case 9: return a <= b;
+        case 10: return a > b;
+        case 11: return a >= b;
+        case 12: return a == b;
+        case 13: return a != b;
+        case 14: return a != 0 && b != 0;
+        case 15: return a != 0 || b != 0;
+        case 16: return floor_div(a, b);
+        case 17: return py_rem(a, b);
+        default: return 0;
+    }
+}
+
+inline float bda(const int op, const float a, const float b, const float g) {
+    switch (op) {
+        case 1: case 2: case 17: return g;
+        case 3: return g * b;
+        case 4: return g / b;
+        case 5: return b == 0.0f ? 0.0f : g * b * pow(a, b - 1.0f);
+        case 6: return a > b ? g : (a == b ? 0.5f * g : 0.0f);  // a tie splits the gradient, as PyTorch's
+        case 7: return a < b ? g : (a == b ? 0.5f * g : 0.0f);
+        default: return 0.0f;
+    }
+}
+
+inline float bdb(const int op, const float a, const float b, const float g) {
+    switch (op) {
+        case 1: return g;
+        case 2: return -g;
+        case 3: return g * a;
+        case 4: return -g * a / (b * b);
+        case 5: return a == 0.0f && b >= 0.0f ? 0.0f : g * pow(a, b) * log(a);
+        case 6: return b > a ? g : (a == b ? 0.5f * g : 0.0f);
+        case 7: return b < a ? g : (a == b ? 0.5f * g : 0.0f);
+        case 17: return -g * floor(a / b);
+        default: return 0.0f;
+    }
+}
 
 inline TW floor_div(const TW a, const TW b) {
 #if TW_FLOAT
@@ -263,30 +230,25 @@ inline TW py_rem(const TW a, const TW b) {
 }
 
 __kernel void binary_fwd(__global const TA* restrict a, __global const TB* restrict b, __global TO* restrict out,
-                         __global const int* restrict meta, const int n) {
+                         __global const int* restrict meta, const int n, const int op) {
     const int i = get_global_id(0);
-    if (i < n) {
-        const TW x = (TW)a[strided_offset(meta, 0, i)], y = (TW)b[strided_offset(meta, 1, i)];
-        out[i] = (TO)(BF(x, y));
-    }
+    if (i < n) out[i] = (TO)bf(op, (TW)a[strided_offset(meta, 0, i)], (TW)b[strided_offset(meta, 1, i)]);
 }
 
-#ifdef BDA
 __kernel void binary_bwd(__global const float* restrict a, __global const float* restrict b,
                          __global const float* restrict dy, __global float* restrict da, __global float* restrict db,
-                         __global const int* restrict meta, const int n) {
+                         __global const int* restrict meta, const int n, const int op) {
     const int i = get_global_id(0);
     if (i < n) {
         const float x = a[strided_offset(meta, 0, i)], y = b[strided_offset(meta, 1, i)], g = dy[i];
 #if NEED_A
-        da[i] = BDA(x, y, g);
+        da[i] = bda(op, x, y, g);
 #endif
 #if NEED_B
-        db[i] = BDB(x, y, g);
+        db[i] = bdb(op, x, y, g);
 #endif
     }
 }
-#endif
 
 __kernel void where_fwd(__global const TC* restrict c, __global const TA* restrict a, __global const TB* restrict b,
                         __global TO* restrict out, __global const int* restrict meta, const int n) {

@@ -150,8 +150,8 @@ def _like(fn):
     def like(input, *args, dtype=None, device=None, requires_grad=False, **kwargs):
         if not isinstance(input, Tensor):
             raise TypeError(f"{fn.__name__}_like: expected a clnet tensor, got {type(input).__name__}")
-        return fn(input.shape, *args, dtype=input.dtype if dtype is None else dtype, device=input.device if device is None else device,
-                  requires_grad=requires_grad, **kwargs)
+        return fn(input.shape, *args, dtype=input.dtype if dtype is None else dtype,
+                  device=input.device if device is None else device, requires_grad=requires_grad, **kwargs)
     like.__name__ = fn.__name__ + "_like"
     return like
 
@@ -160,8 +160,8 @@ zeros_like, ones_like, empty_like, rand_like, randn_like = (_like(f) for f in (z
 
 
 def full_like(input, fill_value, dtype=None, device=None, requires_grad=False):
-    return full(input.shape, fill_value, dtype=input.dtype if dtype is None else dtype, device=input.device if device is None else device,
-                requires_grad=requires_grad)
+    return full(input.shape, fill_value, dtype=input.dtype if dtype is None else dtype,
+                device=input.device if device is None else device, requires_grad=requires_grad)
 
 
 __all__ = ["arange", "empty", "empty_like", "eye", "full", "full_like", "linspace", "ones", "ones_like", "rand",

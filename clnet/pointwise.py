@@ -1,5 +1,5 @@
 """The pointwise family: unary, binary (broadcasting), comparison and `where` ops, each one launch of a kernel of
-cl_kernels/pointwise.cl whose formula a define selects.
+cl_kernels/pointwise.cl whose formula its op number selects (one build per type combination serves every op).
 
 One table each (UNARY, BINARY) describes the ops: the kernel's op number, whether the op is differentiable, its ONNX
 name. Binary operands broadcast as NumPy's and PyTorch's do (any ranks, either operand computed or constant); a
@@ -26,7 +26,7 @@ class UnaryOp(NamedTuple):
     number: int
     onnx: str = None
     params: int = 0         # scalar parameters p0, p1 the formula reads
-    grad: bool = True       # differentiable (else its gradient is zero and it records nothing)
+    grad: bool = True       # its gradient is not zero everywhere (sign, floor: zero, recorded as PyTorch records)
     keeps_int: bool = False  # an int32 input gives an int32 output (else int inputs are promoted to float)
 
 
@@ -98,8 +98,8 @@ class Unary(Function):
         out_dtype = x.dtype if spec.keeps_int else FLOAT
         y = empty(x.shape, x.device, out_dtype)
         if x.size:
-            k = _kernel(x.device, "unary_fwd", dict(UOP=spec.number, TA=CL_TYPE[x.dtype], TO=CL_TYPE[out_dtype]))
-            _launch(x.device, k, x.size, x, y, x.size, *self.params, what=op)
+            k = _kernel(x.device, "unary_fwd", dict(TA=CL_TYPE[x.dtype], TO=CL_TYPE[out_dtype]))
+            _launch(x.device, k, x.size, x, y, x.size, spec.number, *self.params, what=op)
         self.save(x)
         return y
 
@@ -107,27 +107,24 @@ class Unary(Function):
         x, = self.saved
         dx = empty(x.shape, x.device)
         if x.size:
-            k = _kernel(x.device, "unary_bwd", dict(UOP=UNARY[self.op].number))
-            _launch(x.device, k, x.size, x, dy, dx, x.size, *self.params, what=self.op + " backward")
+            k = _kernel(x.device, "unary_bwd", None)
+            _launch(x.device, k, x.size, x, dy, dx, x.size, UNARY[self.op].number, *self.params,
+                    what=self.op + " backward")
         return dx
 
 
 def unary(op, x, p0=0.0, p1=0.0):
     """The UNARY op `op` of x (int32 and bool inputs are promoted to float, as PyTorch's math functions do)."""
     _check(op, x)
-    if UNARY[op].grad:
-        return Unary.apply(x, op=op, p0=p0, p1=p1)
-    from . import autograd
-    with autograd.no_grad():
-        return Unary.apply(x, op=op, p0=p0, p1=p1)
+    return Unary.apply(x, op=op, p0=p0, p1=p1)
 
 
 def logical_not(x):
     _check("logical_not", x)
     y = empty(x.shape, x.device, BOOL)
     if x.size:
-        k = _kernel(x.device, "unary_fwd", dict(UOP=35, TA=CL_TYPE[x.dtype], TO="uchar"))
-        _launch(x.device, k, x.size, x, y, x.size, 0.0, 0.0, what="logical_not")
+        k = _kernel(x.device, "unary_fwd", dict(TA=CL_TYPE[x.dtype], TO="uchar"))
+        _launch(x.device, k, x.size, x, y, x.size, 35, 0.0, 0.0, what="logical_not")
     return y
 
 
@@ -246,10 +243,10 @@ class Binary(Function):
         if out.size:
             sizes, sa, sb = _layout(out_shape, a.shape, b.shape)
             work = FLOAT if spec.result == "float" else a.dtype
-            defines = dict(BOP=spec.number, NDIM=len(sizes), TA=CL_TYPE[a.dtype], TB=CL_TYPE[b.dtype],
-                           TO=CL_TYPE[out_dtype], TW=CL_TYPE[work], TW_FLOAT=int(work == FLOAT))
+            defines = dict(NDIM=len(sizes), TA=CL_TYPE[a.dtype], TB=CL_TYPE[b.dtype], TO=CL_TYPE[out_dtype],
+                           TW=CL_TYPE[work], TW_FLOAT=int(work == FLOAT))
             _launch(a.device, _kernel(a.device, "binary_fwd", defines), out.size, a, b, out,
-                    layout.meta(a.device, sizes, sa, sb), out.size, what=spec.symbol)
+                    layout.meta(a.device, sizes, sa, sb), out.size, spec.number, what=spec.symbol)
         if spec.saves:
             self.save(a, b)
         return out
@@ -270,11 +267,10 @@ class Binary(Function):
         db_full = empty(shape, dy.device) if need_b else None
         if dy.size:
             sizes, st_a, st_b = _layout(shape, sa, sb)
-            defines = dict(BOP=spec.number, NDIM=len(sizes), NEED_A=int(bool(need_a)), NEED_B=int(bool(need_b)),
-                           TW="float", TW_FLOAT=1)
+            defines = dict(NDIM=len(sizes), NEED_A=int(bool(need_a)), NEED_B=int(bool(need_b)))
             _launch(dy.device, _kernel(dy.device, "binary_bwd", defines), dy.size, a, b, dy,
                     da_full if need_a else dy, db_full if need_b else dy, layout.meta(dy.device, sizes, st_a, st_b),
-                    dy.size, what=spec.symbol + " backward")
+                    dy.size, spec.number, what=spec.symbol + " backward")
         return (reduce.sum_to(da_full, sa) if need_a else None), (reduce.sum_to(db_full, sb) if need_b else None)
 
 

@@ -1,0 +1,222 @@
+"""clnet.pointwise, creation and matmul against PyTorch in float64: every unary op forward and backward, binary ops
+broadcasting across ranks (either operand computed, numbers on either side), type promotion and comparisons, where
+and masked_fill, in-place forms, creation on the device, and matmul from 1-D to 4-D with batch broadcasting."""
+import numpy as np
+import pytest
+
+import clnet
+from clnet import creation, matmul, pointwise
+from conftest import assert_close
+
+torch = pytest.importorskip("torch")
+
+
+def _leaf(dev, a, grad=True):
+    return (clnet.tensor(a, dev, requires_grad=grad and a.dtype.kind == "f"),
+            torch.tensor(a, dtype=torch.float64 if a.dtype.kind == "f" else None,
+                         requires_grad=grad and a.dtype.kind == "f"))
+
+
+def _check(dev, rng, arrays, ours, theirs, name, tol=2e-5):
+    """ours(*clnet leaves) against theirs(*float64 torch leaves): the forward, and every float input's gradient
+    for a random output gradient."""
+    pairs = [_leaf(dev, a) for a in arrays]
+    y, ty = ours(*(p[0] for p in pairs)), theirs(*(p[1] for p in pairs))
+    assert y.shape == tuple(ty.shape), f"{name}: shape {y.shape}, expected {tuple(ty.shape)}"
+    if ty.dtype == torch.bool:
+        assert y.dtype == np.bool_, f"{name}: dtype {y.dtype}, expected bool"
+        np.testing.assert_array_equal(y.numpy(), ty.numpy(), err_msg=name)
+        return
+    assert_close(y.numpy(), ty.detach().numpy(), name, tol)
+    if not ty.requires_grad:
+        return
+    g = rng.standard_normal(y.shape).astype(np.float32)
+    y.backward(clnet.tensor(g, dev))
+    ty.backward(torch.tensor(g, dtype=torch.float64))
+    for i, ((x, tx), a) in enumerate(zip(pairs, arrays)):
+        if a.dtype.kind == "f":
+            assert_close(x.grad.numpy(), tx.grad.numpy(), f"{name}: gradient of input {i}", tol)
+
+
+def _away(rng, shape, lo=0.2, hi=2.0):
+    """Values whose magnitudes lie in [lo, hi) with random signs: away from the kinks at 0."""
+    return (rng.uniform(lo, hi, shape) * rng.choice([-1, 1], shape)).astype(np.float32)
+
+
+F = torch.nn.functional
+UNARY = [  # (clnet name, params, torch function, input domain)
+    ("neg", (), torch.neg, "any"), ("exp", (), torch.exp, "any"), ("log", (), torch.log, "positive"),
+    ("log1p", (), torch.log1p, "positive"), ("sqrt", (), torch.sqrt, "positive"),
+    ("rsqrt", (), torch.rsqrt, "positive"), ("abs", (), torch.abs, "any"), ("erf", (), torch.erf, "any"),
+    ("sin", (), torch.sin, "any"), ("cos", (), torch.cos, "any"), ("tanh", (), torch.tanh, "any"),
+    ("sigmoid", (), torch.sigmoid, "any"), ("relu", (), torch.relu, "any"), ("gelu", (), F.gelu, "any"),
+    ("gelu_tanh", (), lambda x: F.gelu(x, approximate="tanh"), "any"), ("silu", (), F.silu, "any"),
+    ("mish", (), F.mish, "any"), ("hardswish", (), F.hardswish, "wide"), ("hardsigmoid", (), F.hardsigmoid, "wide"),
+    ("leaky_relu", (0.1,), lambda x: F.leaky_relu(x, 0.1), "any"), ("elu", (0.7,), lambda x: F.elu(x, 0.7), "any"),
+    ("softplus", (2.0, 3.0), lambda x: F.softplus(x, 2.0, 3.0), "any"),
+    ("clamp", (-0.5, 0.9), lambda x: torch.clamp(x, -0.5, 0.9), "any"),
+    ("pow_scalar", (3.0,), lambda x: x ** 3, "any"), ("pow_scalar", (0.5,), lambda x: x ** 0.5, "positive"),
+    ("rpow_scalar", (1.7,), lambda x: 1.7 ** x, "any"), ("rdiv_scalar", (2.5,), lambda x: 2.5 / x, "any"),
+    ("selu", (), F.selu, "any"), ("celu", (1.3,), lambda x: F.celu(x, 1.3), "any"), ("relu6", (), F.relu6, "wide"),
+    ("reciprocal", (), torch.reciprocal, "any"), ("sign", (), torch.sign, "any"), ("floor", (), torch.floor, "any"),
+    ("ceil", (), torch.ceil, "any"), ("round", (), torch.round, "any"),
+]
+
+
+def test_unary_ops(dev, rng):
+    """Every op of the UNARY table, forward and backward, on 33 elements (one launch shape per op)."""
+    done = set()
+    for name, params, fn, domain in UNARY:
+        a = {"any": _away(rng, (3, 11)), "positive": rng.uniform(0.2, 3.0, (3, 11)).astype(np.float32),
+             "wide": _away(rng, (3, 11), 0.3, 7.0)}[domain]
+        a[a % 1 == 0.5] += 0.01  # round's ties
+        _check(dev, rng, [a], lambda x: pointwise.unary(name, x, *params), fn, f"{name}{params}", tol=1e-5)
+        done.add(name)
+    assert done == set(pointwise.UNARY), f"untested unary ops: {set(pointwise.UNARY) - done}"
+
+
+@pytest.mark.parametrize("sa, sb", [((3, 1, 5), (4, 1)), ((1,), (2, 3)), ((), (31,)), ((2, 0, 3), (3,)),
+                                    ((33, 1), (1, 33)), ((2, 3, 4, 5), (2, 1, 4, 1))])
+def test_binary_broadcasting(dev, rng, sa, sb):
+    ops = [("add", lambda a, b: a + b), ("sub", lambda a, b: a - b), ("mul", lambda a, b: a * b),
+           ("div", lambda a, b: a / b), ("maximum", None), ("minimum", None)]
+    for name, fn in ops:
+        a, b = _away(rng, sa), _away(rng, sb)
+        ours = fn or (lambda x, y: x.maximum(y) if name == "maximum" else x.minimum(y))
+        _check(dev, rng, [a, b], ours, fn or getattr(torch, name), f"{name} of {sa} and {sb}")
+    a, b = rng.uniform(0.5, 2.0, sa).astype(np.float32), _away(rng, sb)
+    _check(dev, rng, [a, b], lambda x, y: x ** y, lambda x, y: x ** y, f"pow of {sa} and {sb}")
+
+
+def test_maximum_ties_split_the_gradient(dev, rng):
+    a = _away(rng, (4, 5))
+    b = a.copy()
+    b[::2] = _away(rng, (2, 5))
+    _check(dev, rng, [a, b], pointwise.TENSOR_METHODS["maximum"], torch.maximum, "maximum with ties")
+
+
+def test_numbers_on_either_side(dev, rng):
+    a = _away(rng, (3, 7))
+    for fn, name in [(lambda x: 2.5 - x, "2.5 - x"), (lambda x: 3 / x, "3 / x"), (lambda x: x / 4, "x / 4"),
+                     (lambda x: 2 ** x, "2 ** x"), (lambda x: x ** 2, "x ** 2"), (lambda x: -x, "-x"),
+                     (lambda x: 1 + x * 3 - 2, "1 + x * 3 - 2"), (lambda x: abs(x), "abs")]:
+        _check(dev, rng, [a], fn, fn, name)
+    for fn, name in [(lambda x: x > 0.5, ">"), (lambda x: x <= -0.3, "<="), (lambda x: x == x, "=="),
+                     (lambda x: x != 0.7, "!="), (lambda x: (x > 0) & (x < 1), "&"), (lambda x: ~(x > 0), "~")]:
+        _check(dev, rng, [a], fn, fn, name)
+
+
+def test_comparisons_with_ties(dev, rng):
+    a = rng.integers(-2, 3, (5, 6)).astype(np.float32)
+    b = rng.integers(-2, 3, (6,)).astype(np.float32)
+    for fn, name in [(lambda x, y: x < y, "<"), (lambda x, y: x <= y, "<="), (lambda x, y: x > y, ">"),
+                     (lambda x, y: x >= y, ">="), (lambda x, y: x == y, "=="), (lambda x, y: x != y, "!=")]:
+        _check(dev, rng, [a, b], fn, fn, name)
+
+
+def test_type_promotion_and_integers(dev, rng):
+    i = rng.integers(-9, 9, (3, 4)).astype(np.int32)
+    i[i == 0] = 5
+    f = _away(rng, (4,))
+    ti, tf = clnet.tensor(i, dev), clnet.tensor(f, dev)
+    cases = [(ti + 1, i + 1, np.int32), (ti * 2.5, i * 2.5, np.float32), (ti + tf, i + f, np.float32),
+             (ti // 4, i // 4, np.int32), (ti % 4, i % 4, np.int32), (ti / 4, i / 4, np.float32),
+             (-ti, -i, np.int32), (ti > 2, i > 2, np.bool_), (tf.int(), f.astype(np.int32), np.int32)]
+    for k, (out, expected, dtype) in enumerate(cases):
+        assert out.dtype == dtype, f"case {k}: dtype {out.dtype}, expected {np.dtype(dtype)}"
+        np.testing.assert_allclose(out.numpy(), expected.astype(dtype), rtol=1e-6, err_msg=f"case {k}")
+    # Python's floor division and remainder of floats, signs included
+    a = np.array([-7.5, 7.5, -7.5, 7.5], np.float32)
+    b = np.array([2.0, -2.0, -2.0, 2.0], np.float32)
+    ta, tb = clnet.tensor(a, dev), clnet.tensor(b, dev)
+    np.testing.assert_array_equal((ta // tb).numpy(), np.floor_divide(a, b))
+    np.testing.assert_array_equal((ta % tb).numpy(), np.remainder(a, b))
+
+
+def test_where_and_masked_fill(dev, rng):
+    a, b = _away(rng, (3, 1, 5)), _away(rng, (4, 1))
+    c = rng.random((4, 5)) > 0.5
+    tc = clnet.tensor(c, dev)
+    assert tc.dtype == np.bool_
+    _check(dev, rng, [a, b], lambda x, y: pointwise.where(tc, x, y),
+           lambda x, y: torch.where(torch.tensor(c), x, y), "where")
+    _check(dev, rng, [a], lambda x: pointwise.where(tc, x, 0.0),
+           lambda x: torch.where(torch.tensor(c), x, torch.tensor(0.0, dtype=torch.float64)), "where with a number")
+    m = rng.random((1, 5)) > 0.5
+    _check(dev, rng, [a], lambda x: x.masked_fill(clnet.tensor(m, dev), -1.5),
+           lambda x: x.masked_fill(torch.tensor(m), -1.5), "masked_fill")
+    with pytest.raises(TypeError, match="masked_fill: the mask must be a bool tensor"):
+        clnet.tensor(a, dev).masked_fill(clnet.tensor(m.astype(np.float32), dev), 0)
+
+
+def test_in_place(dev, rng):
+    a = _away(rng, (3, 4))
+    x = clnet.tensor(a, dev)
+    x.add_(1).mul_(clnet.tensor(a[:1], dev)).clamp_(-1, 1)
+    np.testing.assert_allclose(x.numpy(), np.clip((a + 1) * a[:1], -1, 1), rtol=1e-6)
+    x.zero_()
+    assert not x.numpy().any()
+    w = clnet.tensor(a, dev, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"add_: an in-place op on a tensor that requires a gradient"):
+        w.add_(1)
+    with clnet.no_grad():
+        w.mul_(2)
+    np.testing.assert_allclose(w.numpy(), 2 * a)
+    with pytest.raises(ValueError, match="an in-place op cannot change the shape"):
+        clnet.tensor(a[:1], dev).add_(x)
+
+
+def test_bad_operands_name_the_op_and_shapes(dev):
+    a = clnet.tensor(np.zeros((2, 3), np.float32), dev)
+    with pytest.raises(ValueError, match=r"'\*': shapes \(2, 3\) and \(4,\) do not broadcast \(dimension -1 has "
+                                         r"sizes \[3, 4\]\)"):
+        a * clnet.tensor(np.zeros(4, np.float32), dev)
+    with pytest.raises(TypeError, match="got str"):
+        a + "x"
+    with pytest.raises(RuntimeError, match="ambiguous"):
+        bool(a > 0)
+
+
+def test_creation(dev):
+    np.testing.assert_array_equal(creation.zeros(2, 3, device=dev).numpy(), np.zeros((2, 3)))
+    np.testing.assert_array_equal(creation.ones((4,), device=dev, dtype=np.int64).numpy(), np.ones(4, np.int32))
+    np.testing.assert_array_equal(creation.full((2, 2), 7, device=dev).numpy(), np.full((2, 2), 7, np.int32))
+    assert creation.full((2,), True, device=dev).dtype == np.bool_
+    np.testing.assert_array_equal(creation.arange(2, 11, 3, device=dev).numpy(), np.arange(2, 11, 3))
+    np.testing.assert_allclose(creation.arange(0, 1, 0.125, device=dev).numpy(), np.arange(0, 1, 0.125))
+    np.testing.assert_allclose(creation.linspace(-1, 2, 7, device=dev).numpy(), np.linspace(-1, 2, 7), atol=1e-6)
+    assert creation.linspace(-1, 2, 7, device=dev).numpy()[-1] == 2.0
+    np.testing.assert_array_equal(creation.eye(3, 5, device=dev).numpy(), np.eye(3, 5))
+    x = creation.zeros(0, 4, device=dev)
+    assert x.shape == (0, 4) and creation.ones_like(x).shape == (0, 4)
+    clnet.manual_seed(5)
+    u, n = creation.rand(20000, device=dev).numpy(), creation.randn(20000, device=dev).numpy()
+    clnet.manual_seed(5)
+    assert (creation.rand(20000, device=dev).numpy() == u).all(), "manual_seed repeats the draws"
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.01 and abs(u.std() - 12 ** -0.5) < 0.01
+    assert abs(n.mean()) < 0.03 and abs(n.std() - 1) < 0.03 and abs(np.mean(n ** 3)) < 0.1
+    r = creation.randint(-3, 4, (5000,), device=dev).numpy()
+    assert r.dtype == np.int32 and set(np.unique(r)) == set(range(-3, 4))
+    like = creation.randn_like(creation.zeros(3, 2, device=dev))
+    assert like.shape == (3, 2) and like.dtype == np.float32
+    with pytest.raises(ValueError, match="negative size"):
+        creation.zeros(-1, device=dev)
+
+
+@pytest.mark.parametrize("sa, sb", [((5,), (5,)), ((3, 5), (5,)), ((5,), (5, 4)), ((3, 5), (5, 4)),
+                                    ((2, 3, 5), (5, 4)), ((1, 3, 5), (2, 5, 4)), ((2, 1, 3, 5), (1, 3, 5, 4)),
+                                    ((2, 3, 0), (0, 4)), ((1, 33), (33, 1))])
+def test_matmul(dev, rng, sa, sb):
+    a, b = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
+    _check(dev, rng, [a, b], lambda x, y: x @ y, lambda x, y: x @ y, f"matmul of {sa} and {sb}", tol=1e-5)
+
+
+def test_bmm_baddbmm_and_errors(dev, rng):
+    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((3, 2, 4), (3, 4, 5), (1, 5)))
+    _check(dev, rng, [a, b], matmul.bmm, torch.bmm, "bmm", tol=1e-5)
+    _check(dev, rng, [c, a, b], lambda z, x, y: matmul.baddbmm(z, x, y, beta=0.5, alpha=2.0),
+           lambda z, x, y: torch.baddbmm(z, x, y, beta=0.5, alpha=2.0), "baddbmm", tol=1e-5)
+    with pytest.raises(ValueError, match=r"matmul: shapes \(3, 2, 4\) and \(3, 5, 4\) cannot be multiplied"):
+        clnet.tensor(a, dev) @ clnet.tensor(b.transpose(0, 2, 1).copy(), dev)
+    with pytest.raises(ValueError, match=r"batch dimensions\): shapes \(3,\) and \(2,\) do not broadcast"):
+        clnet.tensor(a, dev) @ clnet.tensor(b[:2], dev)
