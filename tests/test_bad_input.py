@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 import clnet
-from clnet import checkpoint, cli, data, models, nn, optim, rng, train
+from clnet import checkpoint, cli, data, nn, optim, rng, train
 
 from conftest import DEVICES
 
@@ -153,7 +153,7 @@ def test_fit_takes_arrays_as_the_dataset_they_make(dev):
         train.fit(tiny_model(), (x, y[:-1]), device=dev)
 
 
-# -- learning rate, weight decay, divergence ----------------------------------------------------------------------------
+# -- learning rate, weight decay, divergence ---------------------------------------------------------------------------
 @pytest.mark.parametrize("option,value", [("--lr", "nan"), ("--lr", "inf"), ("--lr", "-0.1"),
                                           ("--momentum", "nan"), ("--weight-decay", "inf")])
 def test_train_command_refuses_hyperparameters_that_are_not_finite(tmp_path, option, value):
@@ -238,7 +238,7 @@ def test_tune_command_fails_when_the_cache_cannot_be_written(dev, cache_dir, mon
     assert line.startswith("Error: tune: 1 of the 1 tuned shapes could not be saved to the cache"), line
 
 
-# -- checkpoints ---------------------------------------------------------------------------------------------------------
+# -- checkpoints -------------------------------------------------------------------------------------------------------
 @pytest.fixture
 def saved(tmp_path):
     """A checkpoint of tiny_model after 1 epoch and 2 steps of 3 (40 images in batches of 16), written from host
@@ -352,7 +352,7 @@ def test_a_fifo_given_as_the_checkpoint_is_refused_without_waiting(tmp_path):
     assert outcome and "fifo.ckpt is a FIFO, not a checkpoint file" in outcome[0], outcome
 
 
-# -- resuming and signals ------------------------------------------------------------------------------------------------
+# -- resuming and signals ----------------------------------------------------------------------------------------------
 def test_resume_keeps_the_test_subset(dev, tmp_path):
     d = idx_dir(tmp_path / "mnist", train=32, test=12)
     ckpt = tmp_path / "run.ckpt"
@@ -380,6 +380,8 @@ def test_a_signal_checkpoints_prints_the_resume_command_and_exits_128_plus_it(tm
     p = subprocess.Popen(args + ["--checkpoint", str(ckpt)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     lines = []
+    watchdog = threading.Timer(300, p.kill)  # a run that hangs before its first step fails instead of waiting forever
+    watchdog.start()
     try:
         for line in p.stdout:
             lines.append(line)
@@ -388,6 +390,7 @@ def test_a_signal_checkpoints_prints_the_resume_command_and_exits_128_plus_it(tm
                 break
         out, _ = p.communicate(timeout=300)
     finally:
+        watchdog.cancel()
         if p.poll() is None:
             p.kill()
             p.wait()
