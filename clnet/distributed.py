@@ -76,6 +76,7 @@ from .nn.module import Module
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_BUCKET_MB = 25.0  # PyTorch DDP's default
 NOTICE_TAG = 1  # "I wait in collective k", on World.notices
+CLOSE_JOIN_S = 10.0  # close() waits this long for the idle communication thread to end
 
 
 class MPIMismatch(Error, RuntimeError):
@@ -730,7 +731,10 @@ class DataParallel(Module):
             with self._wake:
                 self._work.append(None)
                 self._wake.notify()
-            thread.join(self.world.timeout)  # finish() left it idle: it ends at once
+            thread.join(CLOSE_JOIN_S)  # finish() left it idle: it ends at once
+            if thread.is_alive():
+                raise RuntimeError(f"DataParallel.close: the communication thread did not end within "
+                                   f"{CLOSE_JOIN_S:g} s")
             self.__dict__["_thread"] = None
 
 

@@ -108,7 +108,7 @@ def bn_model(dev, world):
 
 
 def bn_optimizer(net):
-    return optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    return optim.SGD(net.parameters(), lr=0.02, momentum=0.9)
 
 
 def run_fit_bn(dev, world, dist):
