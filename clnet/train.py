@@ -230,7 +230,7 @@ def _check_data(train_data, test_data):
     shapes = [getattr(d, "images", None) for d in (train_data, test_data)]
     if all(isinstance(a, np.ndarray) for a in shapes) and shapes[0].shape[1:] != shapes[1].shape[1:]:
         raise FitError(f"fit: the test images have shape {shapes[1].shape[1:]}, the training images "
-                       f"{shapes[0].shape[1:]}; the model takes one of them only")
+                       f"{shapes[0].shape[1:]}; pass test images of the training images' shape")
 
 
 def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, lr=0.01, momentum=0.9,
@@ -366,7 +366,7 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
         `shown` steps."""
         if not np.isfinite(s_loss):  # stop before any checkpoint holds the non-finite weights
             raise Diverged(f"training diverged: the loss of step {at_step} (epoch {at_epoch}) is {s_loss / n}; "
-                           + _divergence_cause(at_step, at_epoch)
+                           + divergence_cause(at_step, at_epoch)
                            + (f"; the last checkpoint, {result['checkpoint']}, is from before"
                               if result["checkpoint"] else ""))
         sums["loss"] += s_loss
@@ -377,7 +377,7 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
             bar.update(shown, f"loss {sums['loss'] / sums['seen']:.4f} acc {sums['correct'] / sums['seen']:.4f} "
                           f"{sums['seen'] / elapsed:.0f} img/s")
 
-    def _divergence_cause(at_step, at_epoch):
+    def divergence_cause(at_step, at_epoch):
         """What to change, named as closely as the run can tell: the data (NaN or inf found in a batch's inputs up to
         that step), a weight decay far above any usual one, else the learning rate."""
         in_epoch = at_step - 1 - (at_epoch - 1) * steps_per_epoch  # the loader's batch number
@@ -388,9 +388,9 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
                     "the data set's images or its batch())")
         group = optimizer.param_groups[0]
         lr, decay = group.get("lr"), group.get("weight_decay") or 0.0
-        if decay >= 1 or (lr or 0.0) * decay >= 1:
-            return (f"the weight decay {decay} is far above usual values (1e-5 to 0.1; each step scales the weights "
-                    f"by about 1 - lr * weight decay = {1 - (lr or 0.0) * decay:.3g}): lower the weight decay")
+        if decay >= 1:  # SGD's and AdamW's step scales the weights by 1 - lr * decay; Adam's gradient grows by it
+            return (f"the weight decay {decay} is far above usual values (1e-5 to 0.1): lower the weight decay"
+                    + (f" (the learning rate is {lr})" if lr is not None else ""))
         return "lower the learning rate" + (f" (it is {lr})" if lr is not None else "")
 
     figures = _StepFigures(dev, count)
@@ -474,8 +474,7 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
             save(checkpoint or interrupt_checkpoint)
             log_now()
     result.update(interrupted=flag.set, signal=flag.signum if flag.set else None, epoch=epoch, step=step,
-                  global_step=global_step,
-                  seconds=time.perf_counter() - start)
+                  global_step=global_step, seconds=time.perf_counter() - start)
     return result
 
 
