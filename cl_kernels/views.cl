@@ -10,6 +10,11 @@
 //   index_select_fwd  out (outer, K, inner) = x (outer, D, inner) at index[k] along D (negative indices wrap)
 //   index_select_bwd  dx (outer, D, inner): each element sums dy over the k whose index[k] is its own (a loop over
 //                  the K indices per element: deterministic and atomic-free, O(K) per element)
+//   index_links    for each k < K: links[k] = the next k' > k with the same index (-1: none), links[K + k] = 1
+//                  where no k' < k has it (k heads its chain); O(K) per k, comparisons of indices only
+//   index_select_bwd_chain  dx (outer, D, inner), zero-filled first: the head k of each chain sums dy over its
+//                  chain in order of k and writes the element its index names (O(K + D) per column in all: the
+//                  backward of a large table, an embedding's, which index_select_bwd would scan K times per element)
 //   gather_fwd     out[i] = x[x_base + off(meta, 0, i) + index[i] * dstride], i over index's shape (torch.gather)
 //   gather_bwd     dx[j] = sum of dy[i] over the i whose gather read j: element j loops over index's extent along
 //                  dim (atomic-free); its meta holds x's sizes, index's sizes and index's strides, not coalesced
@@ -87,6 +92,37 @@ __kernel void index_select_bwd(__global const float* restrict dy, __global const
         if (t == j || t + D == j) total += row[k * inner];
     }
     dx[i] = total;
+}
+
+__kernel void index_links(__global const int* restrict index, __global int* restrict links, const int K,
+                          const int D) {
+    const int k = get_global_id(0);
+    if (k >= K) return;
+    const int t = index[k] < 0 ? index[k] + D : index[k];
+    int next = -1, head = 1;
+    for (int m = 0; m < K; m++) {
+        const int s = index[m] < 0 ? index[m] + D : index[m];
+        if (s != t) continue;
+        if (m < k) head = 0;
+        else if (m > k && next < 0) next = m;
+    }
+    links[k] = next;
+    links[K + k] = head;
+}
+
+__kernel void index_select_bwd_chain(__global const float* restrict dy, __global const int* restrict index,
+                                     __global const int* restrict links, __global float* restrict dx, const int K,
+                                     const int D, const int inner, const int n) {
+    const int i = get_global_id(0);  // over dy (outer, K, inner)
+    if (i >= n) return;
+    const int e = i % inner, ok = i / inner;
+    const int k = ok % K, o = ok / K;
+    const int j = index[k] < 0 ? index[k] + D : index[k];
+    if (!links[K + k] || j < 0 || j >= D) return;
+    __global const float* column = dy + o * K * inner + e;
+    float total = 0.0f;
+    for (int m = k; m >= 0; m = links[m]) total += column[m * inner];
+    dx[(o * D + j) * inner + e] = total;
 }
 
 __kernel void gather_fwd(__global const ELEM* restrict x, const int x_base, __global const int* restrict index,

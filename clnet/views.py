@@ -11,9 +11,11 @@ write into the tensor it came from (writing into a reshape of a tensor does).
 
 Backward of a view is the inverse copy into the input's gradient (zero-filled first where the view did not read
 every element); expand and repeat sum the gradient over their broadcast dimensions in one launch. index_select and
-gather sum repeated indices without atomics: each element of the input's gradient loops over the indices that
-could have read it (index_select: all K of them; gather: the index's extent along `dim`), so their backward costs
-O(K) per input element, fine for channel picks and label gathers, slow for a large embedding table.
+gather sum repeated indices without atomics, deterministically (in order of the index). gather's backward loops,
+for each input element, over the index's extent along `dim` (fine for label gathers). index_select's loops over all
+K indices per input element where that is cheap (channel picks); for a large table (an embedding's) it first links
+each index to the next equal one (K^2 comparisons of indices), and the first of each chain sums its rows: O(K) reads
+per column in all instead of O(K) per element.
 
 Every op takes tensors of any dtype (float32, int32, bool: elements are moved, never converted); gradients flow
 through float32 ones. Index tensors are int32 (host integer data is converted); indices outside [-size, size) of
@@ -451,12 +453,24 @@ class IndexSelect(Function):
         shape, dim, what = self.geometry
         index, = self.saved
         outer, D, inner = _outer_inner(shape, dim)
-        dx = empty(shape, dy.device)
-        if dx.size:
-            k = _kernel(dy.device, "index_select_bwd")
-            kernels.launch(dy.device, k, (dx.size,), None, dy, index, dx, index.size, D, inner, dx.size,
-                           what=what + " backward")
+        dx, K, dev = empty(shape, dy.device), index.size, dy.device
+        if not dx.size:
+            return dx, None
+        if dx.size * K <= K * K + dy.size + dx.size + CHAIN_OVERHEAD:  # a scan of the K indices per element
+            k = _kernel(dev, "index_select_bwd")
+            kernels.launch(dev, k, (dx.size,), None, dy, index, dx, K, D, inner, dx.size, what=what + " backward")
+            return dx, None
+        links = empty((2 * K,), dev, np.int32)
+        kernels.launch(dev, _kernel(dev, "index_links"), (K,), None, index, links, K, D, what=what + " backward")
+        ops.fill(dx, 0.0)
+        k = _kernel(dev, "index_select_bwd_chain")
+        kernels.launch(dev, k, (dy.size,), None, dy, index, links, dx, K, D, inner, dy.size, what=what + " backward")
         return dx, None
+
+
+# index_select's backward scans all K indices per input element while that costs less than linking the repeated
+# indices (K^2 comparisons), the chains' reads and a zero fill, plus this many elements' worth for two more launches
+CHAIN_OVERHEAD = 2**16
 
 
 def _outer_inner(shape, dim):

@@ -235,10 +235,19 @@ def test_index_select(dev, rng, dim):
     size = shape[dim]
     index = rng.integers(0, size, 7)
     index[:3] = size - 1  # repeats: their gradients add up
-    _check(dev, rng, [shape], lambda x: V.index_select(x, dim, index),
-           lambda x: x.index_select(dim, torch.tensor(index)), f"index_select dim {dim}")
+    index_big = rng.integers(0, 40, 300)
+    index_big[-5:] = index_big[0]
     _check(dev, rng, [shape], lambda x: V.index_select(x, dim, clnet.tensor(np.zeros(0, np.int32), dev)),
            lambda x: x.index_select(dim, torch.zeros(0, dtype=torch.long)), "index_select of no indices")
+    with launched() as names:  # a few indices: each gradient element scans them
+        _check(dev, rng, [shape], lambda x: V.index_select(x, dim, index),
+               lambda x: x.index_select(dim, torch.tensor(index)), f"index_select dim {dim}")
+    assert "index_select_bwd" in names and "index_select_bwd_chain" not in names
+    if dim == 0:
+        with launched() as names:  # a table of 40 rows and 300 indices: linked chains, not 300 scans per element
+            _check(dev, rng, [(40, 33)], lambda x: V.index_select(x, 0, index_big),
+                   lambda x: x.index_select(0, torch.tensor(index_big)), "index_select of a large table")
+        assert "index_select_bwd_chain" in names and "index_select_bwd" not in names
     with no_launch(), pytest.raises(IndexError, match=r"index_select: index values in \[-1, 0\] are out of range"):
         V.index_select(clnet.tensor(np.ones(shape, np.float32), dev), dim, [0, -1])
 
