@@ -59,13 +59,19 @@ def _writable_by_others(st):
     return not trusted(st) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX)
 
 
+def _absolute(path):
+    """PATH from the working folder if relative; not normalised: "link/.." is the link target's parent, as the kernel
+    reads it, not the link's folder."""
+    path = os.fspath(path)
+    return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+
+
 def open_folder(folder, create=False, mode=0o755, every_ancestor=False):
     """(fd, path): FOLDER opened without a link another user could have planted, and its path with every link
     resolved. Missing folders are made (create) with MODE, less the umask; the folder itself and each one made are
     checked (check_folder), and with every_ancestor each folder on the way too, so that the returned path, resolved
     again later by someone else (the OpenCL loader), leads to the same place. The caller closes fd."""
-    folder = os.fspath(folder)  # not normalised: "link/.." is the link target's parent, as the kernel reads it
-    pending = [p for p in os.path.join(os.getcwd(), folder).split(os.sep) if p]
+    pending = [p for p in _absolute(folder).split(os.sep) if p]
     fd, path, hops = os.open("/", _FOLDER), "/", 0
     stack = []  # (fd, path) of the folders above the current one, for ".."
     try:
@@ -120,8 +126,8 @@ def open_folder(folder, create=False, mode=0o755, every_ancestor=False):
                 raise
             stack.append((fd, path))
             fd, path = child, here
-            if made or every_ancestor and pending:
-                check_folder(path, os.fstat(fd), ancestor=bool(pending))
+            if pending and (made or every_ancestor):  # (the last one is checked below in any case)
+                check_folder(path, os.fstat(fd), ancestor=True)
         check_folder(path, os.fstat(fd))
     except BaseException:
         os.close(fd)
@@ -132,6 +138,21 @@ def open_folder(folder, create=False, mode=0o755, every_ancestor=False):
     return fd, path
 
 
+def check_writable(path):
+    """Raise what write_atomically(PATH) would for its folder (UnsafeFolder, or the OSError of a folder that cannot
+    be made or written in), before any work is spent on what to write; PATH itself is left alone (an empty file is
+    made beside it and removed)."""
+    folder, name = os.path.split(_absolute(path))
+    fd, folder = open_folder(folder, create=True)
+    try:
+        probe = f".{name}.{secrets.token_hex(6)}.tmp"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=fd))
+        os.unlink(probe, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
 def write_atomically(path, write, text=False, mode=0o666):
     """Call write(file) on a new file beside PATH, flush it to disk, then rename it over PATH: a reader sees the old
     file or the new one, and on any failure PATH is untouched. Writers running at once never share a temporary
@@ -139,7 +160,7 @@ def write_atomically(path, write, text=False, mode=0o666):
     file gets MODE less the umask, as open() gives; a file that is replaced keeps its mode. UnsafeFolder (an
     OSError) for a folder another user could change."""
     path = os.fspath(path)
-    folder, name = os.path.split(os.path.join(os.getcwd(), path))
+    folder, name = os.path.split(_absolute(path))
     if not name:
         raise IsADirectoryError(errno.EISDIR, "a file name is needed, not a folder", path)
     fd, folder = open_folder(folder, create=True)
@@ -181,6 +202,10 @@ def write_atomically(path, write, text=False, mode=0o666):
             except FileNotFoundError:
                 pass
             raise
-        os.fsync(fd)  # the rename itself reaches the disk
+        try:
+            os.fsync(fd)  # the rename itself reaches the disk
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOTSUP):  # a file system that cannot sync a folder: nothing to do
+                raise
     finally:
         os.close(fd)

@@ -169,3 +169,17 @@ def test_checkpoints_go_through_the_same_rules(tmp_path, umask):
         save_checkpoint(shared / "run.ckpt", net, opt, dict(model="lenet"))
     assert list(shared.iterdir()) == []
     assert np.load(tmp_path / "run.ckpt").files  # the private one is a whole archive
+
+
+def test_check_writable_refuses_what_a_write_would_and_writes_nothing(tmp_path):
+    """For commands that check a log's or a checkpoint's folder before training, not after an epoch."""
+    files.check_writable(tmp_path / "new" / "out.json")
+    assert os.listdir(tmp_path / "new") == []
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o770)
+    with pytest.raises(files.UnsafeFolder, match="can be written by its group"):
+        files.check_writable(shared / "out.json")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(NotADirectoryError):
+        files.check_writable(tmp_path / "a-file" / "out.json")
