@@ -195,7 +195,7 @@ def outputs(y):
 @pytest.mark.parametrize("name", list(NETS))
 def test_import_matches_onnxruntime(dev, exports, name):
     """PyTorch's TorchScript exporter in eval mode (batch norm folded into the convolutions by the exporter, or, in
-    the nets where it is not, folded by clnet at load) against ONNX Runtime, float32 both."""
+    the nets where it is not, run as the file has it) against ONNX Runtime, float32 both."""
     if name in BIG:
         one_device_only(dev, name)
     e = exports.get(name)
@@ -279,10 +279,10 @@ def has_batch_norm(model):
 def test_training_step_from_imported_file(dev, exports, name, monkeypatch):
     """Exported in training mode where the network has batch norm (batch statistics, as the torch model trains):
     one step of clnet on the imported module gives PyTorch's float64 loss, every parameter gradient (by the
-    initializer's name, which is the state_dict key) and batch norm's updated running statistics, each within 1e-5
-    (googlenet 1e-4, ResNet-50 2e-2) or ten times PyTorch's own float32 error on it, whichever is larger (a first
-    layer's weight gradient sums thousands of terms that largely cancel: PyTorch's float32 misses googlenet's by
-    1.3e-2); and, for the zoo's networks, the zoo's own clnet model from the same weights within 1e-6."""
+    initializer's name, which is the state_dict key) and batch norm's updated running statistics (ONNX's: the
+    population variance), each within 1e-5 (googlenet 1e-4, ResNet-50 2e-2) or ten times PyTorch's own float32 error
+    on it, whichever is larger (a first layer's weight gradient sums thousands of terms that largely cancel: PyTorch's
+    float32 misses googlenet's by 1.3e-2); and, for the zoo's networks, the zoo's own clnet model from the same weights within 1e-6."""
     import torch
     if name in ("googlenet", "resnet50"):
         one_device_only(dev, name, TRAIN_DEVICE if name == "googlenet" else BIG_DEVICE)
@@ -318,10 +318,34 @@ def test_training_step_from_imported_file(dev, exports, name, monkeypatch):
     floor = {"resnet50": 2e-2, "googlenet": 1e-4}.get(name, 1e-5)
     for k, p in ours.items():
         within_float32(p.grad.numpy(), theirs[k].grad, floats[k].grad, f"{name} grad {k}", floor)
-    state, single_state = net.state_dict(), single.state_dict()
-    for k, v in twin.state_dict().items():
+    state = net.state_dict()
+    twin_state, single_state = (onnx_running_stats(model, e["x"], t.state_dict()) for t in (twin, single))
+    for k, v in twin_state.items():
         if "running" in k:
             within_float32(state[k], v, single_state[k], f"{name} {k}", floor)
+
+
+def onnx_running_stats(model, x, stepped):
+    """The state_dict `stepped` (PyTorch's after one training step from `model`'s) with ONNX's running variances:
+    ONNX's BatchNormalization moves running_var towards the population variance, PyTorch's towards the unbiased one
+    (times n / (n - 1), n values a channel). With r0 the value before and r PyTorch's, ONNX's is
+    ((n - 1) r + (1 - momentum) r0) / n; n from each batch norm's input shape (hooks on a copy in eval mode)."""
+    import copy
+    import torch
+    probe, counts = copy.deepcopy(model).eval(), {}
+    for name, m in probe.named_modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.register_forward_pre_hook(lambda mod, args, name=name: counts.__setitem__(
+                name, args[0].numel() // args[0].shape[1]))
+    with torch.no_grad():
+        probe(torch.from_numpy(x))
+    out = dict(stepped)
+    modules = dict(model.named_modules())
+    for name, n in counts.items():
+        key, m = f"{name}.running_var", modules[name]
+        before = m.running_var.to(stepped[key].dtype)
+        out[key] = ((n - 1) * stepped[key] + (1 - m.momentum) * before) / n
+    return out
 
 
 def within_float32(ours, reference, single, name, floor=1e-5):

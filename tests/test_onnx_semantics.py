@@ -87,3 +87,190 @@ def test_matmul_of_computed_tensors(dev, rng, tmp_path):
                                     ("A B", "K B", "A B v")):
         assert_close(got, want, f"MatMul {name}", tol=1e-5)
         assert_close(got, ref, f"MatMul {name} against ONNX Runtime", tol=1e-5)
+
+
+# ---- BatchNormalization in training mode ---------------------------------------------------------------------------
+
+def numpy_batch_norm_training(x, scale, bias, mean, var, eps, momentum):
+    """ONNX's BatchNormalization-15 with training_mode=1, in float64: the batch's statistics normalise; the running
+    ones move towards the batch mean and the population (biased) variance."""
+    x = x.astype(np.float64)
+    axes = (0,) + tuple(range(2, x.ndim))
+    m, v = x.mean(axis=axes), x.var(axis=axes)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    y = (x - m.reshape(shape)) / np.sqrt(v.reshape(shape) + eps) * scale.reshape(shape) + bias.reshape(shape)
+    return y, momentum * mean + (1 - momentum) * m, momentum * var + (1 - momentum) * v
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 5, 3), (5, 3, 7)])
+def test_training_batch_norm_updates_running_var_with_the_population_variance(dev, rng, tmp_path, shape):
+    """training_mode=1 (opset 15): the outputs running_mean and running_var, and the module's buffers that hold them
+    (the file's initializers), are ONNX's (population variance), not PyTorch's n / (n - 1) one; a second call moves
+    them again from there. 3-D inputs normalise per channel too."""
+    h = onnx.helper
+    C = shape[1]
+    scale, bias = rng.uniform(0.5, 1.5, C).astype(np.float32), f32(rng, C)
+    mean, var = f32(rng, C), rng.uniform(0.5, 2.0, C).astype(np.float32)
+    eps, momentum = 1e-3, 0.8
+    node = h.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y", "rm", "rv"],
+                       training_mode=1, epsilon=eps, momentum=momentum, name="bn")
+    path = build(tmp_path / "bn.onnx", [node], [("x", shape)], [("y", shape), ("rm", (C,)), ("rv", (C,))],
+                 dict(scale=scale, bias=bias, mean=mean, var=var), opset=15)
+    net = connx.load(path, device=dev)
+    assert net.training
+    m64, v64 = mean.astype(np.float64), var.astype(np.float64)
+    for step in range(2):
+        x = f32(rng, *shape) * 2.0 + 0.5
+        y_ref, m64, v64 = numpy_batch_norm_training(x, scale, bias, m64, v64, eps, momentum)
+        with clnet.no_grad():
+            y, rm, rv = (t.numpy() for t in net(clnet.tensor(x, dev)))
+        assert_close(y, y_ref, f"step {step} y", tol=1e-5)
+        assert_close(rm, m64, f"step {step} running_mean", tol=1e-6)
+        assert_close(rv, v64, f"step {step} running_var", tol=1e-6)
+        assert_close(net.state_dict()["var"], v64, f"step {step} the buffer var", tol=1e-6)
+
+
+def test_training_batch_norm_leaves_graph_inputs_unchanged(dev, rng, tmp_path):
+    """Running statistics given as graph inputs (as ONNX's node tests give them) come back updated as new outputs;
+    the caller's tensors keep their values."""
+    h = onnx.helper
+    shape, C = (2, 3, 4, 5), 3
+    node = h.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], training_mode=1, name="bn")
+    path = build(tmp_path / "bn_inputs.onnx", [node], [("x", shape), ("s", (C,)), ("b", (C,)), ("m", (C,)),
+                                                         ("v", (C,))],
+                 [("y", shape), ("rm", (C,)), ("rv", (C,))], opset=15)
+    x, s, b, m = f32(rng, *shape), f32(rng, C), f32(rng, C), f32(rng, C)
+    v = rng.uniform(0.5, 2.0, C).astype(np.float32)
+    net = connx.load(path, device=dev)
+    args = [clnet.tensor(a, dev) for a in (x, s, b, m, v)]
+    with clnet.no_grad():
+        y, rm, rv = (t.numpy() for t in net(*args))
+    y_ref, m_ref, v_ref = numpy_batch_norm_training(x, s, b, m.astype(np.float64), v.astype(np.float64), 1e-5, 0.9)
+    assert_close(y, y_ref, "y", tol=1e-5)
+    assert_close(rm, m_ref, "running_mean", tol=1e-6)
+    assert_close(rv, v_ref, "running_var", tol=1e-6)
+    for got, ref, name in zip((y, rm, rv), runtime(path, x=x, s=s, b=b, m=m, v=v), ("y", "rm", "rv")):
+        assert_close(got, ref, f"{name} against ONNX Runtime", tol=1e-5)
+    assert np.array_equal(args[3].numpy(), m) and np.array_equal(args[4].numpy(), v)
+
+
+# ---- pooling pads and variadic operators ---------------------------------------------------------------------------
+
+def numpy_pool(x, kind, k, s, pads, out_hw, count_include_pad=0):
+    """Max or average pooling in float64 with pads (top, left, bottom, right) and the output's size given; windows
+    clipped to the padded input, the average over the input elements (count_include_pad=0) or the padded ones."""
+    N, C, H, W = x.shape
+    t, l, b, r = pads
+    y = np.zeros((N, C) + tuple(out_hw))
+    for i in range(out_hw[0]):
+        for j in range(out_hw[1]):
+            y0, x0 = i * s[0] - t, j * s[1] - l
+            ys, xs = slice(max(y0, 0), min(y0 + k[0], H)), slice(max(x0, 0), min(x0 + k[1], W))
+            win = x[:, :, ys, xs].astype(np.float64)
+            if kind == "max":
+                y[:, :, i, j] = win.max(axis=(2, 3))
+            else:
+                padded = (min(y0 + k[0], H + b) - y0) * (min(x0 + k[1], W + r) - x0)
+                y[:, :, i, j] = win.sum(axis=(2, 3)) / (padded if count_include_pad else win[0, 0].size)
+    return y
+
+
+@pytest.mark.parametrize("op, attrs, pads", [
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1]), (0, 0, 1, 1)),  # Caffe's ceil rounding
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 0, 0, 1]), (1, 0, 0, 1)),
+    ("MaxPool", dict(kernel_shape=[2, 3], strides=[2, 2], auto_pad="SAME_UPPER"), None),
+    ("AveragePool", dict(kernel_shape=[3, 2], strides=[2, 1], auto_pad="SAME_LOWER"), None),
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 1, 1, 0], ceil_mode=1), (0, 1, 1, 0)),
+])
+def test_asymmetric_pooling_pads(dev, rng, tmp_path, op, attrs, pads):
+    """Pads that differ at the two ends, given (Caffe-era files' [0, 0, 1, 1]) or from auto_pad SAME on an odd
+    size, with and without ceil_mode: ONNX Runtime's output shape and values, NumPy float64's values."""
+    h = onnx.helper
+    x = f32(rng, 2, 3, 7, 9)
+    path = build(tmp_path / "pool.onnx", [h.make_node(op, ["x"], ["y"], name="pool", **attrs)], [("x", x.shape)],
+                 [("y", [None] * 4)])
+    expected = runtime(path, x=x)[0]
+    if pads is None:  # SAME: the total padding that keeps ceil(size / stride), the odd one at the end (UPPER)
+        pads = [0, 0, 0, 0]
+        for i, (size, k, s) in enumerate(zip(x.shape[2:], attrs["kernel_shape"], attrs["strides"])):
+            total = max((-(-size // s) - 1) * s + k - size, 0)
+            first = total // 2 if attrs["auto_pad"] == "SAME_UPPER" else total - total // 2
+            pads[i], pads[i + 2] = first, total - first
+    kind = "max" if op == "MaxPool" else "avg"
+    reference = numpy_pool(x, kind, attrs["kernel_shape"], attrs["strides"], pads, expected.shape[2:])
+    net = connx.load(path, device=dev)
+    with clnet.no_grad():
+        y = net(clnet.tensor(x, dev)).numpy()
+    assert y.shape == expected.shape
+    assert_close(y, reference, f"{op} {attrs} against NumPy", tol=1e-6)
+    assert_close(y, expected, f"{op} {attrs} against ONNX Runtime", tol=1e-6)
+
+
+def test_variadic_sum_max_min_mean(dev, rng, tmp_path):
+    """Sum of three tensors and of one, Max and Mean of three, Min of two (a constant among them): ONNX Runtime's
+    values, NumPy's, and Max's gradient to the input that holds each maximum."""
+    h = onnx.helper
+    shape = (2, 3, 5)
+    k = f32(rng, *shape)
+    nodes = [h.make_node("Sum", ["a", "b", "c"], ["s"], name="sum3"), h.make_node("Sum", ["a"], ["s1"], name="sum1"),
+             h.make_node("Max", ["a", "b", "c"], ["mx"], name="max3"), h.make_node("Min", ["b", "k"], ["mn"],
+                                                                                    name="min2"),
+             h.make_node("Mean", ["a", "b", "c"], ["me"], name="mean3")]
+    outs = [(o, shape) for o in ("s", "s1", "mx", "mn", "me")]
+    path = build(tmp_path / "variadic.onnx", nodes, [(n, shape) for n in "abc"], outs, dict(k=k))
+    a, b, c = (f32(rng, *shape) for _ in range(3))
+    A, B, C = (v.astype(np.float64) for v in (a, b, c))
+    expected = [A + B + C, A, np.maximum(np.maximum(A, B), C), np.minimum(B, k), (A + B + C) / 3]
+    net = connx.load(path, device=dev)
+    ta, tb, tc = (clnet.tensor(v, dev, requires_grad=True) for v in (a, b, c))
+    got = net(ta, tb, tc)
+    for g, want, ref, (name, _) in zip(got, expected, runtime(path, a=a, b=b, c=c), outs):
+        assert_close(g.numpy(), want, f"{name}", tol=1e-6)
+        assert_close(g.numpy(), ref, f"{name} against ONNX Runtime", tol=1e-6)
+    got[2].sum().backward()  # d max / d input: 1 where that input is the largest
+    winner = np.argmax(np.stack([A, B, C]), axis=0)
+    for i, t in enumerate((ta, tb, tc)):
+        assert np.array_equal(t.grad.numpy(), (winner == i).astype(np.float32)), f"Max's gradient to input {i}"
+
+
+# ---- the file's network, unchanged, unless fuse=True ---------------------------------------------------------------
+
+def conv_bn_file(path, rng, training_mode=0):
+    h = onnx.helper
+    inits = {"conv1.weight": f32(rng, 4, 3, 3, 3) * 0.3, "conv1.bias": f32(rng, 4),
+             "bn1.weight": rng.uniform(0.5, 1.5, 4).astype(np.float32), "bn1.bias": f32(rng, 4),
+             "bn1.running_mean": f32(rng, 4) * 0.1, "bn1.running_var": rng.uniform(0.5, 2, 4).astype(np.float32)}
+    outs = ["y", "rm", "rv"] if training_mode else ["y"]
+    nodes = [h.make_node("Conv", ["x", "conv1.weight", "conv1.bias"], ["c"], pads=[1, 1, 1, 1], name="conv1"),
+             h.make_node("BatchNormalization", ["c", "bn1.weight", "bn1.bias", "bn1.running_mean",
+                                                "bn1.running_var"], outs, training_mode=training_mode, name="bn1")]
+    return build(path, nodes, [("x", (2, 3, 5, 6))], [("y", (2, 4, 5, 6))], inits, opset=15), inits
+
+
+def test_eval_file_keeps_its_initializers_unless_fused(dev, rng, tmp_path):
+    """An eval-mode Conv -> BatchNormalization: by default the state_dict holds the file's initializers under their
+    names, bit for bit, and the module trains (batch statistics in train()); fuse=True folds the batch norm for
+    inference (the same output) and refuses train(); a training-mode file with fuse=True is refused at load."""
+    path, inits = conv_bn_file(tmp_path / "convbn.onnx", rng)
+    x = f32(rng, 2, 3, 5, 6)
+    expected = runtime(path, x=x)[0]
+    net = connx.load(path, device=dev)
+    state = net.state_dict()
+    assert set(state) == set(inits)
+    for k, v in inits.items():
+        assert np.array_equal(state[k], v), k
+    with clnet.no_grad():
+        assert_close(net(clnet.tensor(x, dev)).numpy(), expected, "unfused", tol=1e-5)
+    net.train()
+    y = net(clnet.tensor(x, dev, requires_grad=True))
+    y.sum().backward()  # batch statistics: the sum of a batch-normalised channel's outputs is its bias times N*H*W
+    assert_close(net._parameters["bn1.bias"].grad.numpy(), np.full(4, 2 * 5 * 6.0), "bn1.bias grad", tol=1e-6)
+    fused = connx.load(path, device=dev, fuse=True)
+    assert not fused.training and "bn1.running_var" not in fused.state_dict()
+    with clnet.no_grad():
+        assert_close(fused(clnet.tensor(x, dev)).numpy(), expected, "fused", tol=1e-5)
+    with pytest.raises(connx.OnnxImportError, match="fuse=False to train"):
+        fused.train()
+    training_path, _ = conv_bn_file(tmp_path / "convbn_training.onnx", rng, training_mode=1)
+    with pytest.raises(connx.OnnxImportError, match="exported in training mode"):
+        connx.load(training_path, fuse=True)
