@@ -141,7 +141,7 @@ def _load_data(dataset, data_dir, split, subset=None, model=None):
     than MODEL takes."""
     try:
         found = data_mod.load(dataset, split, data_dir)
-    except (data_mod.DataNotFound, data_mod.IDXError) as e:
+    except (data_mod.DataNotFound, ValueError) as e:  # IDXError, or a data set name clnet does not know
         raise click.ClickException(str(e)) from e
     images = data_mod.find_files(dataset, split, data_dir)[0]
     if len(found) == 0:
@@ -278,9 +278,11 @@ def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
             raise click.ClickException(f"--resume continues the run of {resume} unchanged; these options differ "
                                        f"from it: {', '.join(conflicts)}. Leave them out.")
         dataset = stored.get("dataset")
-        if dataset not in data_mod.DATASETS or stored.get("optimizer", "sgd") not in OPTIMIZERS:
-            raise click.ClickException(f"checkpoint {resume} is damaged: its record's data set {dataset!r} or "
-                                       f"optimizer {stored.get('optimizer')!r} is not one clnet knows")
+        for what, value, known in (("data set", dataset, (None,) + data_mod.DATASETS),
+                                   ("optimizer", stored.get("optimizer", "sgd"), tuple(OPTIMIZERS))):
+            if value not in known:
+                raise click.ClickException(f"checkpoint {resume} is damaged: its record's {what} {value!r} is not "
+                                           "one clnet knows; use an earlier checkpoint")
         given = {k: stored.get(k, DEFAULTS[k]) if k != "epochs" else v for k, v in given.items()}
         checkpoint = checkpoint or resume
     dataset = dataset or "fashion-mnist"

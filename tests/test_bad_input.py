@@ -293,6 +293,10 @@ def test_train_command_refuses_a_resume_record_of_the_wrong_types(saved, tmp_pat
     bad = rewrite(path, tmp_path / "bad.ckpt", {"model": "lenet", "step": 10**12})
     line = one_line_error(CliRunner().invoke(cli.train_command, ["lenet", "--resume", str(bad)]))
     assert "its record's step is 1000000000000" in line
+    config = dict(checkpoint.load_checkpoint(path)["config"], dataset="cifar-11")
+    bad = rewrite(path, tmp_path / "bad.ckpt", {"model": "lenet", "config": config})
+    line = one_line_error(CliRunner().invoke(cli.train_command, ["lenet", "--resume", str(bad)]))
+    assert "its record's data set 'cifar-11' is not one clnet knows" in line
 
 
 def test_load_into_checks_the_optimizer_before_it_applies_anything(saved):
