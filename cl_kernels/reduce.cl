@@ -3,9 +3,10 @@
 // Layout of reduce_fwd: the input seen as (kept dimensions..., reduced dimensions...), each part coalesced on its
 // own (layout.py), in layout.py's `meta` format: the nd = kd + rd sizes, then the input's strides for them. Output o
 // (row-major over the kept part) reduces the R values at offset(kept part, o) + offset(reduced part, r), r < R.
-//   reduce_fwd   work-groups of (lanes, LSIZE / lanes) work-items: `lanes` of them (a runtime power of two) share
-//                one output, each taking every lanes-th element, and add up in a pairwise tree in local memory;
-//                LSIZE / lanes outputs per group. lanes 1 is a plain loop per output (many outputs whose
+//   reduce_fwd   work-groups of LSIZE work-items (always that size: PoCL compiles a kernel again for each local
+//                size): `lanes` neighbours (a runtime power of two) share one output, each taking every lanes-th
+//                element, and add up in a pairwise tree in local memory; LSIZE / lanes outputs per group, along the
+//                launch's second dimension. lanes 1 is a plain loop per output (many outputs whose
 //                neighbours are neighbours in memory: a column's sum), lanes up to LSIZE a tree per output (long
 //                contiguous rows, few outputs). Work-group column p of the parts = get_num_groups(0) covers
 //                r in [p chunk, (p + 1) chunk) and writes out[o parts + p]; with parts > 1 that is an unfinished
@@ -13,17 +14,18 @@
 //                With `indexed`, the candidate index of each value is xi[its offset] (the partial indices of a first
 //                pass), else r; ARG writes the index of the chosen value to out_i (the first one on ties, a NaN
 //                before any number, as PyTorch).
-//                Each value is MAP(x) before it is combined; `c` is a per-output value (a mean, a maximum) that
-//                MAP and fin read. The result is then fin: 0 v * scale, 1 sqrt(v * scale), 2 log(v) + c (c
-//                taken as 0 where it is infinite, as MAP 4 does), 3 pow(v, scale).
-//   reduce_bwd   dx[i] = scale * dy[o(i)] * GRAD's formula of x[i], y[o], aux[o]; o(i) is the output element input
+//                Each value is map_value(x) before it is combined; `c` is a per-output value (a mean, a maximum)
+//                that map and fin read. The result is then fin: 0 v * scale, 1 sqrt(v * scale), 2 log(v) + c (c
+//                taken as 0 where it is infinite, as map 4 does), 3 pow(v, scale).
+//   reduce_bwd   dx[i] = scale * dy[o(i)] * a formula (grad)  of x[i], y[o], aux[o]; o(i) is the output element input
 //                element i reduced into, read through strided.h (the output's strides broadcast over x's shape).
 //   index_bwd    max/min over one dimension (x seen as (outer, size, inner)): dx = dy at the index kept, else 0.
 //   cumsum       x seen as (outer, size, inner), one work-item per (outer, inner) line; reverse: from the end (the
 //                gradient of a cumulative sum is the reverse cumulative sum of its gradient).
-// Defines: INTEGER (0/1: int values instead of float; T is the values' type), COMB (1 sum, 2 prod, 3 max, 4 min), ARG (0/1: max or min also
-// give the index), MAP (see map_value), LSIZE (reduce_fwd's work-group size, a power of two), GRAD (see reduce_bwd),
-// NDIM (strided.h: reduce_bwd's rank).
+// Defines: INTEGER (0/1: int values instead of float; T is the values' type), COMB (1 sum, 2 prod, 3 max, 4 min),
+// ARG (0/1: max or min also give the index), LSIZE (reduce_fwd's work-group size, a power of two), NDIM (strided.h:
+// reduce_bwd's rank). What is combined (map) and the gradient's formula (grad) are runtime arguments, so that a few
+// builds serve every reduction.
 #include "strided.h"
 
 #ifndef INTEGER
@@ -35,14 +37,8 @@
 #ifndef ARG
 #define ARG 0       // with COMB 3/4: also the index of the maximum/minimum
 #endif
-#ifndef MAP
-#define MAP 0       // what is combined: see map_value
-#endif
 #ifndef LSIZE
 #define LSIZE 256   // reduce_fwd's work-group size
-#endif
-#ifndef GRAD
-#define GRAD 0      // reduce_bwd's formula
 #endif
 #if LSIZE & (LSIZE - 1)
 #error "LSIZE must be a power of two"
@@ -85,33 +81,25 @@
 // that no inf - inf appears.
 inline float shift_of(const float m) { return isinf(m) ? 0.0f : m; }
 
-// The value combined for an element v: 0 v, 1 |v|, 2 v^2, 3 (v - c)^2, 4 exp(v - shift(c)), 5 |v|^p,
-// 6 v == c, 7 |v| == c, 8 v (1 where v is 0), 9 v == 0.
-inline T map_value(const T v, const float c, const float p) {
-#if MAP == 0
-    return v;
-#elif !IS_FLOAT
-#error "MAP other than 0 needs float values"
-#elif MAP == 1
-    return fabs(v);
-#elif MAP == 2
-    return v * v;
-#elif MAP == 3
-    return (v - c) * (v - c);
-#elif MAP == 4
-    return exp(v - shift_of(c));
-#elif MAP == 5
-    return pow(fabs(v), p);
-#elif MAP == 6
-    return v == c ? 1.0f : 0.0f;
-#elif MAP == 7
-    return fabs(v) == c ? 1.0f : 0.0f;
-#elif MAP == 8
-    return v == 0.0f ? 1.0f : v;
-#elif MAP == 9
-    return v == 0.0f ? 1.0f : 0.0f;
+// The value combined for an element v (map): 0 v, 1 |v|, 2 v^2, 3 (v - c)^2, 4 exp(v - shift(c)), 5 |v|^p,
+// 6 v == c, 7 |v| == c, 8 v (1 where v is 0), 9 v == 0. A runtime argument, the same for every work-item (one build
+// serves every map); int values take map 0 only.
+inline T map_value(const int map, const T v, const float c, const float p) {
+#if IS_FLOAT
+    switch (map) {
+    case 1: return fabs(v);
+    case 2: return v * v;
+    case 3: return (v - c) * (v - c);
+    case 4: return exp(v - shift_of(c));
+    case 5: return pow(fabs(v), p);
+    case 6: return v == c ? 1.0f : 0.0f;
+    case 7: return fabs(v) == c ? 1.0f : 0.0f;
+    case 8: return v == 0.0f ? 1.0f : v;
+    case 9: return v == 0.0f ? 1.0f : 0.0f;
+    default: return v;
+    }
 #else
-#error "MAP must be 0..9"
+    return v;
 #endif
 }
 
@@ -147,14 +135,14 @@ inline int part_offset(__global const int* meta, const int nd, const int first, 
 __kernel void reduce_fwd(__global const T* restrict x, __global const int* restrict xi, const int indexed,
                          __global const float* restrict c, __global T* restrict out, __global int* restrict out_i,
                          __global const int* restrict meta, const int kd, const int rd, const int R,
-                         const int outputs, const int lanes, const int chunk, const int fin, const float scale,
-                         const float p) {
+                         const int outputs, const int lanes, const int chunk, const int map, const int fin,
+                         const float scale, const float p) {
     __local T vals[LSIZE];
 #if ARG
     __local int ats[LSIZE];
 #endif
-    const int lane = get_local_id(0), part = get_group_id(0), parts = get_num_groups(0);
-    const int o = get_global_id(1);
+    const int lid = get_local_id(0), lane = lid & (lanes - 1), part = get_group_id(0), parts = get_num_groups(0);
+    const int o = get_group_id(1) * (LSIZE / lanes) + lid / lanes;
     const int nd = kd + rd;
     T acc = IDENTITY;
 #if ARG
@@ -168,7 +156,7 @@ __kernel void reduce_fwd(__global const T* restrict x, __global const int* restr
         const int step = meta[2 * nd - 1];  // the innermost reduced stride
         for (int r = part * chunk + lane; r < r1; r += lanes) {
             const int off = base + (rd == 1 ? r * step : part_offset(meta, nd, kd, rd, r));
-            const T v = map_value(x[off], cc, p);
+            const T v = map_value(map, x[off], cc, p);
 #if ARG
             const int j = indexed ? xi[off] : r;
             if (BETTER(v, acc) || (SAME(v, acc) && j < at)) { acc = v; at = j; }
@@ -178,7 +166,7 @@ __kernel void reduce_fwd(__global const T* restrict x, __global const int* restr
         }
     }
     if (lanes > 1) {  // the same for the whole group: every work-item meets the same barriers
-        const int slot = get_local_id(1) * lanes + lane;
+        const int slot = lid;
         vals[slot] = acc;
 #if ARG
         ats[slot] = at;
@@ -215,44 +203,39 @@ __kernel void reduce_fwd(__global const T* restrict x, __global const int* restr
 }
 
 // The gradient of element i of x, from its output o's upstream gradient g = scale dy[o] (scale: 1 for a sum,
-// 1 / R for a mean, 2 / (R - correction) for a variance, 1 / (R - correction) for a standard deviation):
-//   0 g (sum, mean); 1 g (x - aux) (variance, aux the mean); 2 g (x - aux) / y, 0 where y is 0 (standard deviation);
-//   3 g / aux where x == y, else 0 (amax, amin: aux the count of ties); 4 sign(x) g / aux where |x| == y (the
-//   infinity norm); 5 sign(x) g (1-norm); 6 g x / y, 0 where y is 0 (2-norm); 7 g x |x|^(p-2) / y^(p-1), 0 where
-//   y is 0 (p-norm); 8 g exp(x - y) (logsumexp); 9 the product of the others: g y / x without zeros (aux 0), the
-//   product of the nonzero values y at the one zero (aux 1), else 0 (prod; y the product of the nonzero values).
+// 1 / R for a mean, 2 / (R - correction) for a variance, 1 / (R - correction) for a standard deviation), by `grad`
+// (a runtime argument, as map): 0 g (sum, mean); 1 g (x - aux) (variance, aux the mean); 2 g (x - aux) / y, 0 where
+// y is 0 (standard deviation); 3 g / aux where x == y, else 0 (amax, amin: aux the count of ties); 4 sign(x) g / aux
+// where |x| == y (the infinity norms); 5 sign(x) g (1-norm); 6 g x / y, 0 where y is 0 (2-norm);
+// 7 g x |x|^(p-2) / y^(p-1), 0 where y is 0 (p-norm); 8 g exp(x - y) (logsumexp); 9 the product of the others:
+// g y / x without zeros (aux 0), the product of the nonzero values y at the one zero (aux 1), else 0 (prod; y the
+// product of the nonzero values).
 __kernel void reduce_bwd(__global const float* restrict x, __global const float* restrict y,
                          __global const float* restrict dy, __global const float* restrict aux,
-                         __global float* restrict dx, __global const int* restrict meta, const int n,
+                         __global float* restrict dx, __global const int* restrict meta, const int n, const int grad,
                          const float scale, const float p) {
     const int i = get_global_id(0);
     if (i >= n) return;
     const int o = strided_offset(meta, 0, i);
     const float g = dy[o] * scale;
-#if GRAD == 0
-    dx[i] = g;
-#elif GRAD == 1
-    dx[i] = g * (x[i] - aux[o]);
-#elif GRAD == 2
-    dx[i] = y[o] == 0.0f ? 0.0f : g * (x[i] - aux[o]) / y[o];
-#elif GRAD == 3
-    dx[i] = x[i] == y[o] ? g / aux[o] : 0.0f;
-#elif GRAD == 4
-    dx[i] = fabs(x[i]) == y[o] ? sign(x[i]) * g / aux[o] : 0.0f;
-#elif GRAD == 5
-    dx[i] = sign(x[i]) * g;
-#elif GRAD == 6
-    dx[i] = y[o] == 0.0f ? 0.0f : g * x[i] / y[o];
-#elif GRAD == 7
-    dx[i] = y[o] == 0.0f ? 0.0f : g * x[i] * pow(fabs(x[i]), p - 2.0f) / pow(y[o], p - 1.0f);
-#elif GRAD == 8
-    dx[i] = g * exp(x[i] - y[o]);
-#elif GRAD == 9
-    const float v = x[i], zeros = aux[o];
-    dx[i] = zeros == 0.0f ? g * y[o] / v : (zeros == 1.0f && v == 0.0f ? g * y[o] : 0.0f);
-#else
-#error "GRAD must be 0..9"
-#endif
+    float d = g;
+    switch (grad) {
+    case 1: d = g * (x[i] - aux[o]); break;
+    case 2: d = y[o] == 0.0f ? 0.0f : g * (x[i] - aux[o]) / y[o]; break;
+    case 3: d = x[i] == y[o] ? g / aux[o] : 0.0f; break;
+    case 4: d = fabs(x[i]) == y[o] ? sign(x[i]) * g / aux[o] : 0.0f; break;
+    case 5: d = sign(x[i]) * g; break;
+    case 6: d = y[o] == 0.0f ? 0.0f : g * x[i] / y[o]; break;
+    case 7: d = y[o] == 0.0f ? 0.0f : g * x[i] * pow(fabs(x[i]), p - 2.0f) / pow(y[o], p - 1.0f); break;
+    case 8: d = g * exp(x[i] - y[o]); break;
+    case 9: {
+        const float v = x[i], zeros = aux[o];
+        d = zeros == 0.0f ? g * y[o] / v : (zeros == 1.0f && v == 0.0f ? g * y[o] : 0.0f);
+        break;
+    }
+    default: break;
+    }
+    dx[i] = d;
 }
 
 __kernel void index_bwd(__global const int* restrict idx, __global const float* restrict dy,

@@ -25,11 +25,11 @@ from .tensor import Tensor, empty, too_large
 
 FLOAT, INT, BOOL = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.bool_)
 SUM, PROD, MAX, MIN = 1, 2, 3, 4  # reduce.cl's COMB
-# reduce.cl's MAP: the function of each element that is combined
+# reduce.cl's map: the function of each element that is combined
 M_X, M_ABS, M_SQUARE, M_SQDEV, M_EXP, M_POWABS, M_EQ, M_ABSEQ, M_NONZERO, M_ISZERO = range(10)
 # reduce.cl's finishing step of reduce_fwd
 F_SCALE, F_SQRT, F_LOGSHIFT, F_POW = range(4)
-# reduce.cl's GRAD
+# reduce.cl's grad (reduce_bwd's formula)
 G_SUM, G_VAR, G_STD, G_TIES, G_INFNORM, G_L1, G_L2, G_PNORM, G_LSE, G_PROD = range(10)
 
 PARALLEL_ITEMS = 1 << 16  # work-items a launch should have before a reduction is not split into parts
@@ -101,6 +101,7 @@ def _plan(outputs, R, contiguous, dev):
 
 
 def _lsize(dev):
+    """The work-group size of every reduce.cl launch (one per device: PoCL compiles a kernel again for each)."""
     size = builtins.min(256, dev.max_work_group_size)
     return 1 << (size.bit_length() - 1)
 
@@ -129,7 +130,7 @@ def _launch(x, xi, sizes, strides, kd, rd, outputs, R, comb, mapping, arg, c, fi
     dev = x.device
     lanes, parts = _plan(outputs, R, strides[-1] == 1, dev)
     lsize = _lsize(dev)
-    defines = dict(COMB=comb, MAP=mapping, LSIZE=lsize)
+    defines = dict(COMB=comb, LSIZE=lsize)
     if arg:
         defines["ARG"] = 1
     if x.dtype != FLOAT:
@@ -139,21 +140,18 @@ def _launch(x, xi, sizes, strides, kd, rd, outputs, R, comb, mapping, arg, c, fi
     chunk = -(-R // parts) if R else 0
     if parts > 1:
         parts = -(-R // chunk)
-    rows = lsize // lanes
+    groups = -(-outputs // (lsize // lanes))
     if parts == 1:
-        kernels.launch(dev, k, (lanes, -(-outputs // rows) * rows), (lanes, rows), x, xi, int(xi is not None), c,
-                       out, idx, meta, kd, rd, R, outputs, lanes, builtins.max(chunk, 1), fin, float(scale), float(p),
-                       what=what)
+        kernels.launch(dev, k, (lsize, groups), (lsize, 1), x, xi, int(xi is not None), c, out, idx, meta, kd, rd,
+                       R, outputs, lanes, builtins.max(chunk, 1), mapping, fin, float(scale), float(p), what=what)
         return
     # First pass: each of the parts of an output's elements into its partial (unfinished); then the (outputs, parts)
     # partials reduced over their last dimension, with the indices they carry.
     part_vals = empty((outputs, parts), dev, x.dtype)
     part_idx = empty((outputs, parts), dev, INT) if arg else None
-    kernels.launch(dev, k, (lanes * parts, -(-outputs // rows) * rows), (lanes, rows), x, xi, int(xi is not None),
-                   c, part_vals, part_idx, meta, kd, rd, R, outputs, lanes, chunk, F_SCALE, 1.0, float(p), what=what)
-    second = SUM if mapping in (M_SQDEV, M_EXP, M_POWABS, M_EQ, M_ABSEQ, M_ISZERO, M_SQUARE) and comb == SUM \
-        else comb  # the partials are already mapped: they only combine
-    _launch(part_vals, part_idx, (outputs, parts), (parts, 1), 1, 1, outputs, parts, second, M_X, arg, c, fin, scale,
+    kernels.launch(dev, k, (lsize * parts, groups), (lsize, 1), x, xi, int(xi is not None), c, part_vals, part_idx,
+                   meta, kd, rd, R, outputs, lanes, chunk, mapping, F_SCALE, 1.0, float(p), what=what)
+    _launch(part_vals, part_idx, (outputs, parts), (parts, 1), 1, 1, outputs, parts, comb, M_X, arg, c, fin, scale,
             p, out, idx, what)
 
 
@@ -187,7 +185,7 @@ def sum_to(x, shape):
 
 # ---- the backward launch -------------------------------------------------------------------------------------------
 
-def _spread(grad, x_shape, dims, out, dy, x=None, y=None, aux=None, scale=1.0, p=0.0, what=""):
+def _spread(grad, x_shape, dims, dy, x=None, y=None, aux=None, scale=1.0, p=0.0, what=""):
     """dx of x_shape from per-output tensors (dy, y, aux: the keepdim shape's elements), reduce_bwd's `grad`."""
     dev = dy.device
     dx = empty(x_shape, dev)
@@ -196,9 +194,9 @@ def _spread(grad, x_shape, dims, out, dy, x=None, y=None, aux=None, scale=1.0, p
         return dx
     kshape = _out_shape(x_shape, dims, True)
     sizes, ostrides = layout.coalesce(x_shape, layout.broadcast_strides(kshape, x_shape))
-    k = _kernel(dev, "reduce_bwd", GRAD=grad, NDIM=len(sizes))
-    kernels.launch(dev, k, (n,), None, x, y, dy, aux, dx, layout.meta(dev, sizes, ostrides), n, float(scale),
-                   float(p), what=what)
+    k = _kernel(dev, "reduce_bwd", NDIM=len(sizes))
+    kernels.launch(dev, k, (n,), (_lsize(dev),), x, y, dy, aux, dx, layout.meta(dev, sizes, ostrides), n, grad,
+                   float(scale), float(p), what=what)
     return dx
 
 
@@ -216,7 +214,7 @@ class Sum(Function):
     def backward(self, dy):
         if dy is None:
             dy = ops.full((), self.out_device, 1.0)
-        return _spread(G_SUM, self.in_shape, self.dims, None, dy, scale=self.scale, what="sum backward")
+        return _spread(G_SUM, self.in_shape, self.dims, dy, scale=self.scale, what="sum backward")
 
 
 class Var(Function):
@@ -239,8 +237,8 @@ class Var(Function):
         x, mean, y = self.saved
         inv = 1.0 / self.divisor if self.divisor else math.inf
         if self.std:
-            return _spread(G_STD, x.shape, self.dims, None, dy, x, y, mean, inv, what="std backward")
-        return _spread(G_VAR, x.shape, self.dims, None, dy, x, None, mean, 2.0 * inv, what="var backward")
+            return _spread(G_STD, x.shape, self.dims, dy, x, y, mean, inv, what="std backward")
+        return _spread(G_VAR, x.shape, self.dims, dy, x, None, mean, 2.0 * inv, what="var backward")
 
 
 class Extreme(Function):
@@ -256,7 +254,7 @@ class Extreme(Function):
     def backward(self, dy):
         x, y = self.saved
         count = _reduce(x, self.dims, SUM, y.shape, mapping=M_EQ, c=y, what="amax backward (ties)")
-        return _spread(G_TIES, x.shape, self.dims, None, dy, x, y, count, what="amax backward")
+        return _spread(G_TIES, x.shape, self.dims, dy, x, y, count, what="amax backward")
 
 
 class ExtremeDim(Function):
@@ -277,8 +275,8 @@ class ExtremeDim(Function):
         if dx.size:
             inner = math.prod(shape[dim + 1:])
             k = _kernel(dy.device, "index_bwd")
-            kernels.launch(dy.device, k, (dx.size,), None, indices, dy, dx, dx.size, shape[dim], inner,
-                           what="max backward")
+            kernels.launch(dy.device, k, (dx.size,), (_lsize(dy.device),), indices, dy, dx, dx.size, shape[dim],
+                           inner, what="max backward")
         return dx
 
 
@@ -295,7 +293,7 @@ class LogSumExp(Function):
 
     def backward(self, dy):
         x, y = self.saved
-        return _spread(G_LSE, x.shape, self.dims, None, dy, x, y, what="logsumexp backward")
+        return _spread(G_LSE, x.shape, self.dims, dy, x, y, what="logsumexp backward")
 
 
 class Prod(Function):
@@ -312,7 +310,7 @@ class Prod(Function):
         kshape = _out_shape(x.shape, self.dims, True)
         zeros = _reduce(x, self.dims, SUM, kshape, mapping=M_ISZERO, what="prod backward (zeros)")
         nonzero = _reduce(x, self.dims, PROD, kshape, mapping=M_NONZERO, what="prod backward")
-        return _spread(G_PROD, x.shape, self.dims, None, dy, x, nonzero, zeros, what="prod backward")
+        return _spread(G_PROD, x.shape, self.dims, dy, x, nonzero, zeros, what="prod backward")
 
 
 class Norm(Function):
@@ -336,13 +334,13 @@ class Norm(Function):
         x, y = self.saved
         p, dims = self.p, self.dims
         if p == 2:
-            return _spread(G_L2, x.shape, dims, None, dy, x, y, what="norm backward")
+            return _spread(G_L2, x.shape, dims, dy, x, y, what="norm backward")
         if p == 1:
-            return _spread(G_L1, x.shape, dims, None, dy, x, what="norm backward")
+            return _spread(G_L1, x.shape, dims, dy, x, what="norm backward")
         if math.isinf(p):
             count = _reduce(x, dims, SUM, y.shape, mapping=M_ABSEQ, c=y, what="norm backward (ties)")
-            return _spread(G_INFNORM, x.shape, dims, None, dy, x, y, count, what="norm backward")
-        return _spread(G_PNORM, x.shape, dims, None, dy, x, y, p=p, what="norm backward")
+            return _spread(G_INFNORM, x.shape, dims, dy, x, y, count, what="norm backward")
+        return _spread(G_PNORM, x.shape, dims, dy, x, y, p=p, what="norm backward")
 
 
 class Cumsum(Function):
@@ -363,7 +361,8 @@ def _cumsum(x, dim, reverse, what):
     lines = x.size // size if size else 0
     if lines:
         k = _kernel(x.device, "cumsum", **({"INTEGER": 1} if x.dtype != FLOAT else {}))
-        kernels.launch(x.device, k, (lines,), None, x, out, lines, size, inner, int(reverse), what=what)
+        kernels.launch(x.device, k, (lines,), (_lsize(x.device),), x, out, lines, size, inner, int(reverse),
+                       what=what)
     return out
 
 
@@ -546,7 +545,10 @@ def norm(x, p=2, dim=None, keepdim=False):
         p = 2
     if isinstance(p, bool) or not isinstance(p, (int, float, np.number)) or not (p > 0 or p == -math.inf):
         raise ValueError(f"norm: p={p!r} is not supported; use a positive number, inf, -inf or 'fro'")
-    return Norm.apply(x, dims=_dims("norm", x, dim), keepdim=keepdim, p=float(p))
+    dims = _dims("norm", x, dim)
+    if math.isinf(p):  # a maximum or minimum: no identity, as PyTorch's
+        _nonempty("norm", x, dims)
+    return Norm.apply(x, dims=dims, keepdim=keepdim, p=float(p))
 
 
 def cumsum(x, dim):

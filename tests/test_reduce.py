@@ -9,7 +9,7 @@ import pytest
 import clnet
 from clnet import reduce
 
-from conftest import assert_close, no_launch
+from conftest import assert_close, assert_close_to_terms, no_launch
 
 torch = pytest.importorskip("torch")
 
@@ -111,3 +111,254 @@ def test_sum_and_mean(dev, rng, plan, shape, dim, keepdim):
         return
     compare(dev, rng, lambda t: reduce.mean(t, dim, keepdim), lambda t: torch.mean(t, tdim, keepdim), x,
             f"mean {shape} dim {dim}")
+
+
+# ---- var, std ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:.*degrees of freedom")  # PyTorch's, for an empty output (0 / 0 elements)
+@pytest.mark.parametrize("shape,dim", SHAPES_DIMS)
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("kind", ["var", "std"])
+def test_var_and_std(dev, rng, shape, dim, keepdim, kind):
+    x = (rng.standard_normal(shape) + 3.0).astype(np.float32)  # a mean away from 0: the two-pass form matters
+    tdim = every(dim, len(shape))
+    R = math.prod(shape[d] for d in clnet.layout.normalize_dims("", dim, len(shape)))
+    ours, theirs = getattr(reduce, kind), getattr(torch, kind)
+    for correction in (1, 0, 2):
+        if R - correction <= 0:  # inf or NaN, as PyTorch's (which warns)
+            y = ours(clnet.tensor(x, dev), dim, keepdim=keepdim, correction=correction).numpy()
+            with pytest.warns(UserWarning):
+                expected = theirs(torch64(x, False), tdim, keepdim=keepdim, correction=correction).numpy()
+            assert y.shape == expected.shape and np.array_equal(np.isnan(y), np.isnan(expected))
+            assert np.array_equal(y[~np.isnan(y)], expected[~np.isnan(expected)])
+            continue
+        compare(dev, rng, lambda t: ours(t, dim, keepdim=keepdim, correction=correction),
+                lambda t: theirs(t, tdim, keepdim=keepdim, correction=correction), x,
+                f"{kind} {shape} dim {dim} correction {correction}", tol=1e-4)
+    if R > 1:
+        compare(dev, rng, lambda t: ours(t, dim, False, keepdim), lambda t: theirs(t, tdim, False, keepdim), x,
+                f"{kind} unbiased=False", tol=1e-4)
+
+
+def test_std_of_constant_rows_has_zero_gradient(dev, rng):
+    """Rows of 4 equal quarters: their float32 mean is exact, so the deviations are exactly 0 (as in float64)."""
+    x = np.repeat(rng.integers(-8, 8, (3, 1)) / 4, 4, axis=1).astype(np.float32)
+    compare(dev, rng, lambda t: reduce.std(t, 1), lambda t: torch.std(t, 1), x, "std of constant rows")
+
+
+# ---- max, min, amax, amin, argmax, argmin --------------------------------------------------------------------------
+
+def ties(rng, shape):
+    """Small integers: many ties, which the first-index rule and the even split of gradients must handle."""
+    return rng.integers(-2, 3, shape).astype(np.float32)
+
+
+EXTREME_CASES = [((31, 33), 1), ((31, 33), 0), ((3, 1, 33), -1), ((2, 3, 5, 7), 2), ((2, 3, 5, 7), -4), ((33,), 0),
+                 ((4, 0, 3), 2), ((5, 1), 1), ((), 0)]
+
+
+@pytest.mark.parametrize("shape,dim", EXTREME_CASES)
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_max_min_over_a_dim(dev, rng, plan, shape, dim, keepdim, kind):
+    for x in (rng.standard_normal(shape).astype(np.float32), ties(rng, shape)):
+        t = clnet.tensor(x, dev, requires_grad=True)
+        values, indices = getattr(reduce, kind)(t, dim, keepdim)
+        tx = torch64(x)
+        tv, ti = getattr(torch, kind)(tx, dim, keepdim)
+        assert indices.dtype == np.int32 and indices.shape == tuple(ti.shape)
+        assert np.array_equal(indices.numpy(), ti.numpy()), f"{kind} indices"
+        assert_close(values.numpy(), tv.detach().numpy(), f"{kind} values")
+        dy = rng.standard_normal(tv.shape).astype(np.float32)
+        values.backward(clnet.tensor(dy, dev))
+        tv.backward(torch64(dy, False))
+        assert_close(t.grad.numpy(), tx.grad.numpy(), f"{kind} gradient")
+
+
+@pytest.mark.parametrize("shape,dim", SHAPES_DIMS[:8] + [((5, 1), 1), ((), None)])
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("kind", ["amax", "amin"])
+def test_amax_amin_split_the_gradient_among_ties(dev, rng, plan, shape, dim, keepdim, kind):
+    tdim = every(dim, len(shape))
+    for x in (rng.standard_normal(shape).astype(np.float32), ties(rng, shape)):
+        compare(dev, rng, lambda t: getattr(reduce, kind)(t, dim, keepdim),
+                lambda t: getattr(torch, kind)(t, tdim, keepdim), x, f"{kind} {shape} dim {dim}")
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_max_min_of_everything(dev, rng, kind):
+    for shape in ((31, 33), (1,), ()):
+        compare(dev, rng, getattr(reduce, kind), getattr(torch, kind), ties(rng, shape), f"{kind} of {shape}")
+
+
+@pytest.mark.parametrize("shape,dim", EXTREME_CASES + [((31, 33), None), ((2, 3, 5, 7), None), ((), None)])
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("kind", ["argmax", "argmin"])
+def test_argmax_argmin(dev, rng, plan, shape, dim, keepdim, kind):
+    if dim is None and 0 in shape:
+        return
+    x = ties(rng, shape)
+    out = getattr(reduce, kind)(clnet.tensor(x, dev), dim, keepdim)
+    expected = getattr(torch, kind)(torch64(x, False), dim, keepdim)
+    assert out.dtype == np.int32 and out.shape == tuple(expected.shape)
+    assert np.array_equal(out.numpy(), expected.numpy()), f"{kind} {shape} dim {dim}"
+
+
+def test_nan_wins_max_and_argmax_as_in_pytorch(dev, rng):
+    x = rng.standard_normal((5, 33)).astype(np.float32)
+    x[1, 7] = x[1, 20] = x[3, 0] = np.nan
+    t, tx = clnet.tensor(x, dev), torch64(x, False)
+    for kind in ("max", "min"):
+        values, indices = getattr(reduce, kind)(t, 1)
+        tv, ti = getattr(torch, kind)(tx, 1)
+        assert np.array_equal(indices.numpy(), ti.numpy())
+        assert np.array_equal(np.isnan(values.numpy()), np.isnan(tv.numpy()))
+        assert np.array_equal(getattr(reduce, "arg" + kind)(t, 1).numpy(), ti.numpy())
+        assert np.isnan(getattr(reduce, "a" + kind)(t).numpy())
+
+
+@pytest.mark.parametrize("kind", ["max", "min", "amax", "amin", "argmax", "argmin"])
+def test_extremes_of_nothing_are_refused(dev, kind):
+    t = clnet.tensor(np.zeros((4, 0, 3), np.float32), dev)
+    with no_launch():
+        with pytest.raises(IndexError, match=rf"{kind}: dimension 1 of the input, shape \(4, 0, 3\), is empty"):
+            getattr(reduce, kind)(t, 1)
+        with pytest.raises(IndexError, match=rf"{kind}: .*empty"):
+            getattr(reduce, kind)(t)
+
+
+# ---- logsumexp, prod, norm -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape,dim", SHAPES_DIMS)
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_logsumexp(dev, rng, plan, shape, dim, keepdim):
+    x = (rng.standard_normal(shape) * 30).astype(np.float32)  # exp() of these overflows float32 unshifted
+    tdim = every(dim, len(shape))
+    if math.prod(shape[d] for d in clnet.layout.normalize_dims("", dim, len(shape))) == 0:
+        y = reduce.logsumexp(clnet.tensor(x, dev), dim, keepdim).numpy()
+        assert y.shape == tuple(torch.logsumexp(torch64(x, False), tdim, keepdim).shape) and np.all(y == -np.inf)
+        return
+    compare(dev, rng, lambda t: reduce.logsumexp(t, dim, keepdim), lambda t: torch.logsumexp(t, tdim, keepdim), x,
+            f"logsumexp {shape} dim {dim}")
+
+
+def test_logsumexp_of_infinities(dev):
+    x = np.array([[-np.inf, -np.inf], [np.inf, 1.0], [-np.inf, 2.0]], np.float32)
+    y = reduce.logsumexp(clnet.tensor(x, dev), 1).numpy()
+    assert np.array_equal(y, torch.logsumexp(torch64(x, False), 1).numpy().astype(np.float32))
+
+
+@pytest.mark.parametrize("shape,dim", [((31, 33), 1), ((31, 33), 0), ((3, 1, 33), -1), ((2, 3, 5, 7), 1),
+                                       ((4, 0, 3), 1), ((5, 1), 1), ((7,), None), ((), None)])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_prod_with_zeros(dev, rng, plan, shape, dim, keepdim):
+    x = rng.uniform(0.8, 1.25, shape).astype(np.float32)
+    x *= rng.choice([-1.0, 1.0], shape).astype(np.float32)
+    flat = x.reshape(-1)
+    if flat.size > 8:  # lines with one zero, with two zeros, and none
+        flat[rng.choice(flat.size, flat.size // 8, replace=False)] = 0.0
+    tkw = {} if dim is None else dict(dim=dim, keepdim=keepdim)
+    compare(dev, rng, lambda t: reduce.prod(t, dim, keepdim if dim is not None else False),
+            lambda t: torch.prod(t, **tkw), x, f"prod {shape} dim {dim}", tol=1e-4)
+
+
+def test_prod_gradient_at_one_and_two_zeros(dev, rng):
+    x = np.array([[2.0, 0.0, 3.0, -1.5], [0.0, 2.0, 0.0, 4.0], [1.5, 2.0, -3.0, 0.5]], np.float32)
+    compare(dev, rng, lambda t: reduce.prod(t, 1), lambda t: torch.prod(t, 1), x, "prod at zeros")
+
+
+@pytest.mark.parametrize("p", [2, 1, math.inf, -math.inf, 3, 0.5, "fro"])
+@pytest.mark.parametrize("shape,dim", [((31, 33), 1), ((31, 33), (0, 1)), ((2, 3, 5, 7), (0, 2)), ((33,), None),
+                                       ((4, 0, 3), 1), ((5, 1), -1)])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_norm(dev, rng, plan, p, shape, dim, keepdim):
+    x = rng.standard_normal(shape).astype(np.float32)
+    if math.isinf(p) if not isinstance(p, str) else False:
+        x = np.round(x * 2) / 2  # ties among the largest |x|, of either sign
+        if x.size:
+            x.reshape(-1)[0] = 0.0
+    x[np.abs(x) < 1e-3] = 0.5  # away from the kink at 0 (p < 1: an infinite slope)
+    if p in (1, 2) and x.ndim == 2:
+        x[0] = 0.0  # a zero line: its gradient is 0
+    R = math.prod(shape[d] for d in clnet.layout.normalize_dims("", dim, len(shape)))
+    if R == 0 and p in (math.inf, -math.inf):  # no identity: refused, as PyTorch does
+        with no_launch(), pytest.raises(IndexError, match=r"norm: dimension 1 of the input, shape \(4, 0, 3\)"):
+            reduce.norm(clnet.tensor(x, dev), p, dim, keepdim)
+        return
+    compare(dev, rng, lambda t: reduce.norm(t, p, dim, keepdim), lambda t: torch.norm(t, p, dim, keepdim), x,
+            f"norm p={p} {shape} dim {dim}", tol=1e-4)
+
+
+def test_norm_refuses_an_unsupported_p(dev, rng):
+    t = clnet.tensor(rng.standard_normal(3).astype(np.float32), dev)
+    with no_launch():
+        for p in (0, -1, "nuc", True):
+            with pytest.raises(ValueError, match="norm: p="):
+                reduce.norm(t, p)
+
+
+# ---- cumsum, softmax, log_softmax ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(31, 33), (2, 3, 5, 7), (33,), (4, 0, 3), (5, 1), ()])
+def test_cumsum_every_dim(dev, rng, shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    for dim in range(-max(len(shape), 1), max(len(shape), 1)):
+        compare(dev, rng, lambda t: reduce.cumsum(t, dim), lambda t: torch.cumsum(t, dim), x,
+                f"cumsum {shape} dim {dim}")
+
+
+@pytest.mark.parametrize("shape", [(31, 33), (2, 3, 5, 7), (33,), (4, 0, 3), (5, 1), ()])
+@pytest.mark.parametrize("kind", ["softmax", "log_softmax"])
+def test_softmax_every_dim(dev, rng, shape, kind):
+    """The gradient, y (dy - sum(dy y)) (softmax) or dy - exp(y) sum(dy), can cancel to far below its terms: each
+    element is compared with the size of the terms it sums."""
+    x = (rng.standard_normal(shape) * 5).astype(np.float32)
+    for dim in range(-max(len(shape), 1), max(len(shape), 1)):
+        t = clnet.tensor(x, dev, requires_grad=True)
+        y = getattr(reduce, kind)(t, dim)
+        tx = torch64(x)
+        ty = getattr(torch, kind)(tx, dim)
+        assert_close(y.numpy(), ty.detach().numpy(), f"{kind} {shape} dim {dim}")
+        dy = rng.standard_normal(y.shape).astype(np.float32)
+        y.backward(clnet.tensor(dy, dev))
+        ty.backward(torch64(dy, False))
+        p = ty.detach().numpy() if kind == "softmax" else np.exp(ty.detach().numpy())
+        spread = (np.abs(dy) * p).sum(dim, keepdims=True) if kind == "softmax" else np.abs(dy).sum(dim, keepdims=True)
+        terms = p * (np.abs(dy) + spread) if kind == "softmax" else np.abs(dy) + p * spread
+        assert_close_to_terms(t.grad.numpy(), tx.grad.numpy(), terms, f"{kind} {shape} dim {dim} gradient", 1e-5)
+
+
+# ---- int32 inputs, errors ------------------------------------------------------------------------------------------
+
+def test_int32_reductions(dev, rng):
+    x = rng.integers(-50, 50, (5, 33)).astype(np.int32)
+    t, tx = clnet.tensor(x, dev), torch.tensor(x)
+    for ours, theirs in [
+            (reduce.sum(t, 1), tx.sum(1)), (reduce.sum(t), tx.sum()), (reduce.amax(t, 0), tx.amax(0)),
+            (reduce.amin(t, (0, 1)), tx.amin((0, 1))), (reduce.max(t), tx.max()), (reduce.argmax(t, 1), tx.argmax(1)),
+            (reduce.argmin(t), tx.argmin()), (reduce.max(t, 0).indices, tx.max(0).indices),
+            (reduce.min(t, 1).values, tx.min(1).values), (reduce.cumsum(t, 1), tx.cumsum(1)),
+            (reduce.prod(clnet.tensor(x[:, :4] % 5, dev), 1), torch.tensor(x[:, :4] % 5).prod(1))]:
+        assert ours.dtype == np.int32 and np.array_equal(ours.numpy(), theirs.numpy())
+
+
+def test_bad_arguments_are_refused_before_any_launch(dev, rng):
+    t = clnet.tensor(rng.standard_normal((3, 4)).astype(np.float32), dev)
+    i = clnet.tensor(np.arange(12, dtype=np.int32).reshape(3, 4), dev)
+    with no_launch():
+        for fn in (reduce.mean, reduce.var, reduce.std, reduce.norm, lambda x: reduce.logsumexp(x, 0),
+                   lambda x: reduce.softmax(x, 0)):
+            with pytest.raises(TypeError, match="expected a float32 tensor, got int32"):
+                fn(i)
+        with pytest.raises(IndexError, match=r"sum: dim 2 is out of range for a tensor of 2 dimensions"):
+            reduce.sum(t, 2)
+        with pytest.raises(IndexError, match=r"max: dim -3 is out of range"):
+            reduce.max(t, -3)
+        with pytest.raises(ValueError, match=r"mean: dim \(1, -1\) names a dimension twice"):
+            reduce.mean(t, (1, -1))
+        with pytest.raises(TypeError, match="softmax: pass the dimension"):
+            reduce.softmax(t, None)
+        with pytest.raises(ValueError, match="var: pass unbiased or correction, not both"):
+            reduce.var(t, 1, True, correction=0)
+        with pytest.raises(TypeError, match="sum: expected a clnet tensor"):
+            reduce.sum(np.zeros(3))
