@@ -32,9 +32,10 @@ from .errors import Error
 from .layout import contiguous_strides, numel
 from .tensor import Tensor, empty, too_large
 
-__all__ = ["permute", "transpose", "swapaxes", "swapdims", "t", "contiguous", "squeeze", "unsqueeze", "flatten",
-           "unflatten", "expand", "expand_as", "repeat", "narrow", "select", "chunk", "split", "index_select",
-           "gather", "stack", "cat", "pad", "getitem", "setitem"]
+__all__ = ["permute", "transpose", "swapaxes", "swapdims", "t", "movedim", "moveaxis", "contiguous", "squeeze",
+           "unsqueeze", "flatten", "unflatten", "expand", "expand_as", "repeat", "tile", "channel_shuffle", "narrow",
+           "select", "unbind", "chunk", "split", "index_select", "gather", "stack", "cat", "pad", "getitem",
+           "setitem"]
 
 
 class IndexingError(Error, IndexError):
@@ -222,6 +223,27 @@ def t(x):
     return transpose(x, 0, 1) if x.ndim == 2 else x
 
 
+def movedim(x, source, destination):
+    """x with the dimensions `source` (an int or a sequence) moved to `destination`, the others in their order
+    (torch.movedim)."""
+    what = "movedim"
+    _tensor_arg(what, x)
+    src = [source] if isinstance(source, (int, np.integer)) else list(source)
+    dst = [destination] if isinstance(destination, (int, np.integer)) else list(destination)
+    if len(src) != len(dst):
+        raise ValueError(f"{what}: source {source} and destination {destination} name different numbers of dims")
+    src = [layout.normalize_dim(what, d, x.ndim) for d in src]
+    dst = [layout.normalize_dim(what, d, x.ndim) for d in dst]
+    if len(set(src)) != len(src) or len(set(dst)) != len(dst):
+        raise ValueError(f"{what}: source {source} or destination {destination} names a dimension twice")
+    rest = iter(d for d in range(x.ndim) if d not in src)
+    placed = dict(zip(dst, src))
+    return permute(x, *[placed[d] if d in placed else next(rest) for d in range(x.ndim)])
+
+
+moveaxis = movedim
+
+
 def contiguous(x):
     """x itself: clnet's tensors are always contiguous."""
     return x
@@ -325,6 +347,24 @@ def repeat(x, *sizes):
     return _view(x, shape, strides, 0, what).reshape(tuple(r * s for r, s in zip(sizes, have)))
 
 
+def tile(x, *dims):
+    """x tiled `dims` times (torch.tile): as repeat, with ones put in front of dims shorter than x's rank."""
+    dims = _sizes_arg("tile", dims)
+    return repeat(x, *((1,) * (_tensor_arg("tile", x).ndim - len(dims)) + dims))
+
+
+def channel_shuffle(x, groups):
+    """ShuffleNet's channel shuffle of x (N, C, ...): (N, groups, C / groups, ...) transposed to (N, C / groups,
+    groups, ...), as torch.nn.functional.channel_shuffle; one launch."""
+    what = "channel_shuffle"
+    _tensor_arg(what, x)
+    if x.ndim < 3 or not isinstance(groups, (int, np.integer)) or groups <= 0 or x.shape[1] % groups:
+        raise ValueError(f"{what}: expected a tensor of at least 3 dimensions (N, C, ...) whose C divides into "
+                         f"groups, got shape {x.shape} and groups={groups!r}")
+    N, C = x.shape[:2]
+    return transpose(x.reshape((N, groups, C // groups) + x.shape[2:]), 1, 2).reshape(x.shape)
+
+
 # ---- slices --------------------------------------------------------------------------------------------------------
 
 def narrow(x, dim, start, length):
@@ -384,6 +424,15 @@ def split(x, split_size_or_sections, dim=0):
         pieces.append(narrow(x, d, start, n))
         start += n
     return tuple(pieces)
+
+
+def unbind(x, dim=0):
+    """The slices of x along dim, that dimension removed (torch.unbind); one launch each."""
+    _tensor_arg("unbind", x)
+    d = layout.normalize_dim("unbind", dim, x.ndim)
+    if not x.ndim:
+        raise ValueError("unbind: a 0-d tensor has no dimension to unbind")
+    return tuple(select(x, d, i) for i in range(x.shape[d]))
 
 
 def chunk(x, chunks, dim=0):
@@ -828,8 +877,9 @@ def setitem(x, key, value):
 
 TENSOR_METHODS = {
     "permute": permute, "transpose": transpose, "swapaxes": swapaxes, "swapdims": swapdims, "t": t,
-    "contiguous": contiguous, "squeeze": squeeze, "unsqueeze": unsqueeze, "unflatten": unflatten,
-    "expand": expand, "expand_as": expand_as, "repeat": repeat, "narrow": narrow, "select": select,
-    "chunk": chunk, "split": split, "index_select": index_select, "gather": gather,
+    "movedim": movedim, "moveaxis": moveaxis, "contiguous": contiguous, "squeeze": squeeze, "unsqueeze": unsqueeze,
+    "unflatten": unflatten, "expand": expand, "expand_as": expand_as, "repeat": repeat, "tile": tile,
+    "narrow": narrow, "select": select, "unbind": unbind, "chunk": chunk, "split": split,
+    "index_select": index_select, "gather": gather,
     "__getitem__": getitem, "__setitem__": setitem,
 }

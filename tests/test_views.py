@@ -55,6 +55,12 @@ def test_transpose_t_swapaxes(dev, rng):
             V.permute(clnet.tensor(np.ones((2, 3), np.float32), dev), 0, 2)
 
 
+def test_movedim(dev, rng):
+    _check(dev, rng, [(2, 3, 4, 5)], lambda x: V.movedim(x, (0, -1), (2, 0)), lambda x: x.movedim((0, -1), (2, 0)),
+           "movedim")
+    _check(dev, rng, [(2, 3, 4)], lambda x: V.moveaxis(x, 0, -1), lambda x: x.moveaxis(0, -1), "moveaxis")
+
+
 def test_channel_shuffle_and_head_split_launch_once(dev, rng):
     """ShuffleNet's shuffle (a reshape-transpose-reshape) and attention's head split are one launch each way."""
     N, C, H, W, g = 2, 6, 3, 5, 3
@@ -64,6 +70,8 @@ def test_channel_shuffle_and_head_split_launch_once(dev, rng):
     assert names == ["strided_copy"]
     ty = tx.reshape(N, g, C // g, H, W).transpose(1, 2).reshape(N, C, H, W)
     np.testing.assert_array_equal(y.numpy(), ty.detach().numpy().astype(np.float32))
+    np.testing.assert_array_equal(V.channel_shuffle(x, g).numpy(),
+                                  torch.nn.functional.channel_shuffle(tx.detach().float(), g).numpy())
     B, T, h, d = 2, 7, 3, 4
     q, tq = _pair(dev, rng, (B, T, h * d))
     with launched() as names:
@@ -219,6 +227,9 @@ def test_narrow_split_chunk(dev, rng):
             y.backward(clnet.tensor(w, dev))
         tloss.backward()
         assert_close(x.grad.numpy(), tx.grad.numpy(), f"{name}: gradient", tol=1e-6)
+    _check(dev, rng, [(3, 4)], lambda x: V.stack(V.unbind(x, 1)[::-2], 0), lambda x: torch.stack(x.unbind(1)[::-2]),
+           "unbind")
+    _check(dev, rng, [(2, 3)], lambda x: V.tile(x, (2,)), lambda x: x.tile((2,)), "tile")
     empty = clnet.tensor(np.ones((0, 2), np.float32), dev)
     assert [y.shape for y in V.chunk(empty, 3)] == [tuple(t.shape) for t in torch.ones(0, 2).chunk(3)]
     with pytest.raises(ValueError, match=r"narrow: start 30 \+ length 2 exceeds dimension 1 of size 31"):
