@@ -134,15 +134,18 @@ def test_fit_takes_arrays_as_the_dataset_they_make(dev):
     x, y = ds.batch(np.arange(len(ds)))  # the normalised float32 images: a Dataset's batch of them is the same
     xt, yt = test.batch(np.arange(len(test)))
     runs = []
-    for train_data, test_data in ((ds, test), ((x, y), (xt, yt))):
+    features = (x.reshape(len(x), -1), y), (xt.reshape(len(xt), -1), yt)  # (N, 784): for dense layers alone
+    for train_data, test_data in ((ds, test), ((x, y), (xt, yt)), features):
         clnet.manual_seed(4)
-        model = tiny_model()
+        model = tiny_model() if train_data is not features[0] else nn.Sequential(*list(tiny_model())[1:])
         result = train.fit(model, train_data, test_data, epochs=1, batch=16, lr=0.05, device=dev, seed=2)
-        runs.append((model.state_dict(), result["final"]["accuracy"], result["epochs"][0]["train_loss"]))
-    (a, acc_a, loss_a), (b, acc_b, loss_b) = runs
-    assert (acc_a, loss_a) == (acc_b, loss_b)
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        runs.append((list(model.state_dict().values()), result["final"]["accuracy"],
+                     result["epochs"][0]["train_loss"]))
+    for b, acc_b, loss_b in runs[1:]:
+        a, acc_a, loss_a = runs[0]
+        assert (acc_a, loss_a) == (acc_b, loss_b)
+        for i, (wa, wb) in enumerate(zip(a, b)):
+            np.testing.assert_array_equal(wa, wb, err_msg=str(i))
     with pytest.raises(TypeError, match=r"fit: train_data: expected a clnet.data.Dataset or a pair of NumPy arrays "
                                         r"\(images, labels\), got a tuple of 3 items"):
         train.fit(tiny_model(), (x, y, y), device=dev)
