@@ -178,7 +178,10 @@ class World:
         """Abort every rank: ``what`` waited past the deadline. With the collective's number (and ``known``: the
         notices were listened to), name the ranks that never reached it."""
         if collective is not None:
-            late = self.behind(collective)
+            late, grace = self.behind(collective), time.monotonic() + self.announce_after()
+            while late and time.monotonic() < grace:  # a rank that came in just now tells us within this
+                time.sleep(0.05)
+                late = self.behind(collective)
             if late:
                 names = ("rank " if len(late) == 1 else "ranks ") + ", ".join(map(str, late))
                 detail = (f"for {names}, which never reached it (stopped, hanging, or busy elsewhere); "
