@@ -16,6 +16,7 @@ device-to-host copies are queued right then, and a communication thread waits fo
 all-reduce while the main thread goes on queueing the rest of backward. Buckets are reduced strictly in index order
 on every rank, so ranks never pair different buckets. The last bucket's hook waits for all of them and queues the
 averages back to the device: after `loss.backward()` every `.grad` holds the global average, as with PyTorch's DDP.
+`DataParallel.close()` removes the hooks and ends the communication thread.
 
 Semantics (what `clnet.fit` builds on):
 
@@ -31,7 +32,8 @@ Semantics (what `clnet.fit` builds on):
   the ranks' weights have drifted apart: devices of different kinds may round an update differently). A
   batch-norm layer normalises in train mode with its share's statistics, so a network with batch norm (or dropout,
   whose masks each rank draws alike from the same stream) does not reproduce one process's numbers; networks
-  without them do, to float32 rounding.
+  without them do, to float32 rounding. With them, the ranks match one process that runs each global batch's shares
+  in turn, each with its rank's random stream, and keeps rank 0's statistics (tests/mpi_train.py's `run_shares`).
 - A `clnet.Graph` capture cannot hold the all-reduce (host copies and MPI calls a replay would not repeat): a
   backward that reaches it inside a capture is refused with CaptureError; train data-parallel steps eagerly.
 - A failure ends every rank: `init()` makes an uncaught exception in any thread print the traceback and a line naming
@@ -387,7 +389,7 @@ def device(spec="auto"):
     failed = w.allreduce(np.array([failure is not None], np.int64), "the choice of devices")
     if failed[0] == 0:
         return chosen
-    lines = gather_json(None if failure is None else f"{failure}", "the choice of devices")
+    lines = gather_json(None if failure is None else [w.host, f"{failure}"], "the choice of devices")
     message = w.broadcast_json(None if lines is None else _first_failure(lines, w), "the choice of devices")
     error = failure if failure is not None and w.rank == 0 else device_mod.DeviceNotFound(message)
     error.on_every_rank = True
@@ -395,11 +397,13 @@ def device(spec="auto"):
 
 
 def _first_failure(lines, w):
-    """Rank 0's line when it failed, else the first failing rank's, naming it."""
+    """Of every rank's (host, message) or None, rank 0's message when it failed, else the first failing rank's,
+    naming it."""
     if lines[0] is not None:
-        return lines[0]
+        return lines[0][1]
     r = next(i for i, line in enumerate(lines) if line is not None)
-    return f"rank {r} of {w.size}: {lines[r]}"
+    host, message = lines[r]
+    return f"rank {r} of {w.size} (host {host}): {message}"
 
 
 def _choose_device(spec, w):
