@@ -185,7 +185,7 @@ def test_autotune_accepts_any_output_and_refuses_another_device(dev, cache_dir):
     """No loss is involved: a feature extractor (4-D output) tunes too; a model elsewhere is not moved."""
     features = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).to(dev)
     assert clnet.autotune(features, (2, 3, 6, 6))["sites"] >= 1
-    others = [d for d in clnet.list_devices() if clnet.device(d["index"]) is not dev]
+    others = [d for d in clnet.list_devices() if d["usable"] and clnet.device(d["index"]) is not dev]
     if others:
         with pytest.raises(ValueError, match="move it"):
             clnet.autotune(features, (2, 3, 6, 6), device=clnet.device(others[0]["index"]))
