@@ -238,8 +238,9 @@ __kernel void conv2d_fwd_depthwise_rows(__global const float* restrict x, __glob
         yrow[ox] = dw_epilogue(dw_window_checked(xp, wk, iy0, ox * SW - PW, H, W, DH, DW), bias, o, flags);
 }
 
-// Global size (H, N*C): one row of dx per work-item. Stride 1 makes the gradient a convolution of dy with the
-// flipped window, whose interior runs without checks; other strides check every tap.
+// Global size (H, N*C): one row of dx per work-item. At stride 1 along the row the gradient is a convolution of dy's
+// rows with the flipped window, gathered (the interior without checks); at other strides each dy row instead adds
+// its window's products into the dx row, which this work-item alone writes (no division per tap).
 __kernel void conv2d_bwd_data_depthwise_rows(__global const float* restrict w, __global const float* restrict dy,
                                              __global float* restrict dx, DW_ARGS) {
     const int iy = get_global_id(0), plane = get_global_id(1);
@@ -250,11 +251,9 @@ __kernel void conv2d_bwd_data_depthwise_rows(__global const float* restrict w, _
 #pragma unroll
     for (int ky = 0; ky < KH; ky++) oys[ky] = dw_source(iy, ky, SH, PH, DH, OH);
     // stride 1: column ix takes dy's columns ix + PW - kx*DW, all inside [0, OW) for ix in [a, z)
-    int a = W, z = W;
-    if (SW == 1) {
-        a = min(W, max(0, (KW - 1) * DW - PW));
-        z = max(a, min(W, OW - PW));
-    }
+    const int a = SW == 1 ? min(W, max(0, (KW - 1) * DW - PW)) : W;
+    const int z = SW == 1 ? max(a, min(W, OW - PW)) : W;
+    INTERIOR(lo, hi, SW, PW, DW, KW, W, OW);  // other strides: dy columns whose window lies inside the row
     for (int ix = 0; ix < W; ix++) dxrow[ix] = 0.0f;
     for (int m = 0; m < M; m++) {
         const int o = c * M + m;
@@ -266,12 +265,29 @@ __kernel void conv2d_bwd_data_depthwise_rows(__global const float* restrict w, _
         for (int ky = 0; ky < KH; ky++) {
             if (oys[ky] < 0) continue;
             __global const float* row = dyp + oys[ky] * OW;
+            if (SW != 1) {
+                for (int ox = 0; ox < OW; ox++) {
+                    const float g = row[ox];
+                    const int ix0 = ox * SW - PW;
+                    if (ox >= lo && ox < hi) {
+#pragma unroll
+                        for (int kx = 0; kx < KW; kx++) dxrow[ix0 + kx * DW] += wk[ky * KW + kx] * g;
+                    } else {
+#pragma unroll
+                        for (int kx = 0; kx < KW; kx++) {
+                            const int ix = ix0 + kx * DW;
+                            if (ix >= 0 && ix < W) dxrow[ix] += wk[ky * KW + kx] * g;
+                        }
+                    }
+                }
+                continue;
+            }
             for (int ix = 0; ix < a; ix++) {
                 float acc = dxrow[ix];
 #pragma unroll
                 for (int kx = 0; kx < KW; kx++) {
-                    const int ox = dw_source(ix, kx, SW, PW, DW, OW);
-                    if (ox >= 0) acc += wk[ky * KW + kx] * row[ox];
+                    const int ox = ix + PW - kx * DW;
+                    if (ox >= 0 && ox < OW) acc += wk[ky * KW + kx] * row[ox];
                 }
                 dxrow[ix] = acc;
             }
@@ -286,8 +302,8 @@ __kernel void conv2d_bwd_data_depthwise_rows(__global const float* restrict w, _
                 float acc = dxrow[ix];
 #pragma unroll
                 for (int kx = 0; kx < KW; kx++) {
-                    const int ox = dw_source(ix, kx, SW, PW, DW, OW);
-                    if (ox >= 0) acc += wk[ky * KW + kx] * row[ox];
+                    const int ox = ix + PW - kx * DW;
+                    if (ox >= 0 && ox < OW) acc += wk[ky * KW + kx] * row[ox];
                 }
                 dxrow[ix] = acc;
             }
