@@ -537,16 +537,16 @@ allow_less_accurate = False
 used = None       # set by the benchmark: {profiler tag: {key: description of the choice that ran}}
 
 
-# (device, key, allow_less_accurate) -> what valid() made of the cached entry (None: rejected); cleared when entries
-# change
+# (device, key, allow_less_accurate) -> what valid() made of the cached entry (None: rejected); cleared when
+# entries change
 _checked = {}
 _defaults = {}  # (device, key) -> default(), which depends only on the device and the shape the key names
 
 
 def choose(dev, key, default, candidates=None, run=None, valid=None):
     """The tuned choice for key on dev, else default() (the device class's entry); a cached choice that valid()
-    rejects (returns a false value for) is ignored with a warning, and one it accepts runs as valid returned it. While the autotuner records, the site is remembered with candidates() (the
-    default first) and run."""
+    rejects (returns a false value for) is ignored with a warning, and one it accepts runs as valid returned it.
+    While the autotuner records, the site is remembered with candidates() (the default first) and run."""
     if recorder is not None and candidates is not None:
         options = candidates()
         if len(options) > 1:
