@@ -303,6 +303,36 @@ def device_key(dev):
     return f"{dev.platform_name} | {dev.name} | {dev.driver_version}"
 
 
+# An entry is an algorithm's name or a dict of a few levels (a GEMM choice: cfg inside); the nesting is bounded so
+# that no walk of the cache (json.dump's included) can run out of stack
+ENTRY_DEPTH = 3
+
+
+def _shallow(value, depth):
+    if isinstance(value, dict):
+        return depth > 0 and all(isinstance(k, str) and _shallow(v, depth - 1) for k, v in value.items())
+    if isinstance(value, list):
+        return depth > 0 and all(_shallow(v, depth - 1) for v in value)
+    return value is None or isinstance(value, (str, int, float))
+
+
+def _well_formed(cache):
+    """Whether CACHE has the cache's shape: {device key: {site key: entry}}, each entry shallow."""
+    return isinstance(cache, dict) and all(isinstance(v, dict) and _shallow(v, ENTRY_DEPTH + 1)
+                                           for v in cache.values())
+
+
+def _parse(f):
+    """JSON from the file f; ValueError, in words for a warning, for text that is not JSON or nests past Python's
+    recursion limit (the C decoder's own)."""
+    try:
+        return json.load(f)
+    except RecursionError:
+        raise ValueError("is nested too deeply") from None
+    except ValueError as e:
+        raise ValueError(f"is not valid JSON ({e})") from None
+
+
 # ---- the table shipped in the package --------------------------------------------------------------------------------
 # Devices already measured tune nothing on a first run: their winners ship with clnet, keyed by platform, device and
 # driver family (the driver version's first number: NVIDIA's 580.159 -> 580), since a family's releases keep the same
@@ -343,36 +373,6 @@ def shipped(dev):
 
 
 _cache = None
-
-
-# An entry is an algorithm's name or a dict of a few levels (a GEMM choice: cfg inside); the nesting is bounded so
-# that no walk of the cache (json.dump's included) can run out of stack
-ENTRY_DEPTH = 3
-
-
-def _shallow(value, depth):
-    if isinstance(value, dict):
-        return depth > 0 and all(isinstance(k, str) and _shallow(v, depth - 1) for k, v in value.items())
-    if isinstance(value, list):
-        return depth > 0 and all(_shallow(v, depth - 1) for v in value)
-    return value is None or isinstance(value, (str, int, float))
-
-
-def _well_formed(cache):
-    """Whether CACHE has the cache's shape: {device key: {site key: entry}}, each entry shallow."""
-    return isinstance(cache, dict) and all(isinstance(v, dict) and _shallow(v, ENTRY_DEPTH + 1)
-                                           for v in cache.values())
-
-
-def _parse(f):
-    """JSON from the file f; ValueError, in words for a warning, for text that is not JSON or nests past Python's
-    recursion limit (the C decoder's own)."""
-    try:
-        return json.load(f)
-    except RecursionError:
-        raise ValueError("is nested too deeply") from None
-    except ValueError as e:
-        raise ValueError(f"is not valid JSON ({e})") from None
 
 
 def _read(path):
