@@ -11,7 +11,6 @@ import json
 import math
 import os
 import signal
-import tempfile
 import threading
 import time
 
@@ -19,7 +18,7 @@ import click
 import numpy as np
 
 from . import data as data_mod
-from . import nn, optim, rng
+from . import files, nn, optim, rng
 from .autograd import no_grad
 from .checkpoint import CheckpointError, load_checkpoint, load_into, save_checkpoint
 from .devices import device as _device
@@ -54,19 +53,16 @@ class WriteError(Error, OSError):
 
 
 def check_writable(path, what):
-    """WriteError unless a file can be written atomically at PATH (files.write_atomically): the folder exists or can
-    be made, a file can be created in it, and PATH is not a directory or a device (/dev/full: the rename would
-    replace the device itself). Checked before training, so a run is not lost to a log it cannot write at its end."""
+    """WriteError unless a file can be written atomically at PATH (files.write_atomically): PATH is not a directory
+    or a device (/dev/full: the rename would replace the device itself), and its folder is one write_atomically
+    accepts (files.check_writable: made if missing, safe, a file can be created in it). Checked before training, so
+    a run is not lost to a log it cannot write at its end."""
     path = os.fspath(path)
     if os.path.exists(path) and not os.path.isfile(path):
         kind = "a directory" if os.path.isdir(path) else "not a regular file (a device, a FIFO?)"
         raise WriteError(f"{what} {path} is {kind}; pass the name of a file to write")
-    folder = os.path.dirname(os.path.abspath(path))
     try:
-        os.makedirs(folder, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
-        os.close(fd)
-        os.remove(probe)
+        files.check_writable(path)
     except OSError as e:
         raise WriteError(f"{what} {path} cannot be written ({e.strerror or e}); pass a path in a writable "
                          "folder") from e
