@@ -8,7 +8,16 @@ from .graph import CaptureError, Graph
 from .kernels import OutOfMemory
 from . import ops  # noqa: E402
 from . import methods  # noqa: E402,F401  (installs Tensor's methods and operators)
-from .ops import cat  # noqa: E402
+from .creation import (arange, empty, empty_like, eye, full, full_like, linspace, ones, ones_like,  # noqa: E402
+                       rand, rand_like, randint, randn, randn_like, zeros, zeros_like)
+from .products import baddbmm, bmm, matmul, mm  # noqa: E402
+from .pointwise import (abs, add, ceil, clamp, cos, div, erf, exp, floor, log, log1p, logical_not,  # noqa: E402
+                        maximum, minimum, mul, neg, pow, reciprocal, relu, round, rsqrt, sigmoid, sign, sin, sqrt,
+                        square, sub, tanh, where)
+from .reduce import (amax, amin, argmax, argmin, cumsum, logsumexp, max, mean, min, norm, prod,  # noqa: E402
+                     std, sum, var)
+from .views import (cat, chunk, gather, index_select, narrow, permute, split, squeeze, stack,  # noqa: E402
+                    transpose, unsqueeze)
 from . import data, nn, optim  # noqa: E402
 from .train import evaluate, fit  # noqa: E402
 from .tune import autotune  # noqa: E402
@@ -16,7 +25,14 @@ from . import onnx  # noqa: E402  (clnet.onnx; the onnx package itself is import
 
 from .version import __version__
 
-__all__ = ["CaptureError", "Device", "DeviceNotFound", "Error", "Graph", "OutOfMemory", "Parameter",
-           "Tensor", "autotune", "cat", "data", "device", "evaluate", "fit", "is_grad_enabled",
-           "list_devices", "manual_seed", "nn", "no_grad", "onnx", "optim", "reset_transfer_stats",
-           "tensor", "TooLarge", "transfer_stats", "__version__"]
+__all__ = ["__version__", "abs", "add", "amax", "amin", "arange", "argmax", "argmin", "autotune", "baddbmm",
+           "bmm", "CaptureError", "cat", "ceil", "chunk", "clamp", "cos", "cumsum", "data", "device",
+           "Device", "DeviceNotFound", "div", "empty", "empty_like", "erf", "Error", "evaluate", "exp",
+           "eye", "fit", "floor", "full", "full_like", "gather", "Graph", "index_select", "is_grad_enabled",
+           "linspace", "list_devices", "log", "log1p", "logical_not", "logsumexp", "manual_seed", "matmul",
+           "max", "maximum", "mean", "min", "minimum", "mm", "mul", "narrow", "neg", "nn", "no_grad",
+           "norm", "ones", "ones_like", "onnx", "optim", "OutOfMemory", "Parameter", "permute", "pow",
+           "prod", "rand", "rand_like", "randint", "randn", "randn_like", "reciprocal", "relu",
+           "reset_transfer_stats", "round", "rsqrt", "sigmoid", "sign", "sin", "split", "sqrt", "square",
+           "squeeze", "stack", "std", "sub", "sum", "tanh", "Tensor", "tensor", "TooLarge",
+           "transfer_stats", "transpose", "unsqueeze", "var", "where", "zeros", "zeros_like"]

@@ -8,16 +8,7 @@ requires a gradient while gradients are recorded), as PyTorch refuses them on le
 """
 import numpy as np
 
-from . import autograd, matmul, ops, pointwise
-
-try:  # TEMPORARY while the reduce and views families are being written beside this one
-    from . import reduce
-except ImportError:
-    reduce = None
-try:
-    from . import views
-except ImportError:
-    views = None
+from . import autograd, pointwise, products, reduce, views
 from .tensor import Tensor
 
 
@@ -85,8 +76,8 @@ _OPERATORS = {
     "__and__": lambda a, b: pointwise.binary("logical_and", a, b),
     "__or__": lambda a, b: pointwise.binary("logical_or", a, b),
     "__invert__": pointwise.logical_not,
-    "__matmul__": matmul.matmul, "__rmatmul__": lambda a, b: matmul.matmul(b, a),
-    "__getitem__": getattr(views, "getitem", None), "__bool__": _bool, "__index__": _index,
+    "__matmul__": products.matmul, "__rmatmul__": lambda a, b: products.matmul(b, a),
+    "__getitem__": views.getitem, "__bool__": _bool, "__index__": _index,
     "__hash__": object.__hash__,  # tensors stay hashable by identity beside an element-wise ==, as PyTorch's
 }
 
@@ -101,15 +92,11 @@ _IN_PLACE = {
 
 
 def install():
-    if not hasattr(reduce, "TENSOR_METHODS"):
-        Tensor.sum = lambda self: ops.Sum.apply(self, scale=1.0)
-        Tensor.mean = lambda self: ops.Sum.apply(self, scale=1.0 / max(self.size, 1))
-    for family in (pointwise, reduce, views, matmul):
-        for name, fn in getattr(family, "TENSOR_METHODS", {}).items():
+    for family in (pointwise, reduce, views, products):
+        for name, fn in family.TENSOR_METHODS.items():
             setattr(Tensor, name, fn)
     for name, fn in _OPERATORS.items():
-        if fn is not None:
-            setattr(Tensor, name, fn)
+        setattr(Tensor, name, fn)
     for name, fn in _IN_PLACE.items():
         setattr(Tensor, name, _in_place(name, fn))
     Tensor.type_as = lambda self, other: pointwise.cast(self, other.dtype)

@@ -474,25 +474,89 @@ def masked_fill(x, mask, value):
     return where(mask, value if isinstance(value, Tensor) else (float(value) if x.dtype == FLOAT else value), x)
 
 
-TENSOR_METHODS = {
-    "exp": lambda x: unary("exp", x), "log": lambda x: unary("log", x), "log1p": lambda x: unary("log1p", x),
-    "sqrt": lambda x: unary("sqrt", x), "rsqrt": lambda x: unary("rsqrt", x), "abs": lambda x: unary("abs", x),
-    "sign": lambda x: unary("sign", x), "erf": lambda x: unary("erf", x), "sin": lambda x: unary("sin", x),
-    "cos": lambda x: unary("cos", x), "tanh": lambda x: unary("tanh", x), "sigmoid": lambda x: unary("sigmoid", x),
-    "relu": lambda x: unary("relu", x), "neg": lambda x: unary("neg", x), "floor": lambda x: unary("floor", x),
-    "ceil": lambda x: unary("ceil", x), "round": lambda x: unary("round", x),
-    "reciprocal": lambda x: unary("reciprocal", x), "square": lambda x: unary("pow_scalar", x, 2.0),
-    "clamp": clamp, "clip": clamp, "pow": pow, "add": add, "sub": sub, "mul": mul, "div": div,
-    "maximum": lambda a, b: binary("maximum", a, b), "minimum": lambda a, b: binary("minimum", a, b),
-    "where": lambda x, condition, other: where(condition, x, other), "masked_fill": masked_fill,
-    "logical_not": logical_not, "logical_and": lambda a, b: binary("logical_and", a, b),
-    "logical_or": lambda a, b: binary("logical_or", a, b),
+# ---- PyTorch's function names ----------------------------------------------------------------------------------
+
+def exp(input):
+    return unary("exp", input)
+
+def log(input):
+    return unary("log", input)
+
+def log1p(input):
+    return unary("log1p", input)
+
+def sqrt(input):
+    return unary("sqrt", input)
+
+def rsqrt(input):
+    return unary("rsqrt", input)
+
+def abs(input):
+    return unary("abs", input)
+
+def sign(input):
+    return unary("sign", input)
+
+def erf(input):
+    return unary("erf", input)
+
+def sin(input):
+    return unary("sin", input)
+
+def cos(input):
+    return unary("cos", input)
+
+def tanh(input):
+    return unary("tanh", input)
+
+def sigmoid(input):
+    return unary("sigmoid", input)
+
+def relu(input):
+    return unary("relu", input)
+
+def neg(input):
+    return unary("neg", input)
+
+def floor(input):
+    return unary("floor", input)
+
+def ceil(input):
+    return unary("ceil", input)
+
+def round(input):
+    return unary("round", input)
+
+def reciprocal(input):
+    return unary("reciprocal", input)
+
+
+def square(input):
+    return unary("pow_scalar", input, 2.0)
+
+
+def maximum(input, other):
+    return binary("maximum", input, other)
+
+
+def minimum(input, other):
+    return binary("minimum", input, other)
+
+
+FUNCTIONS = ["exp", "log", "log1p", "sqrt", "rsqrt", "abs", "sign", "erf", "sin", "cos", "tanh", "sigmoid",
+             "relu", "neg", "floor", "ceil", "round", "reciprocal", "square", "maximum", "minimum", "clamp",
+             "where", "pow", "add", "sub", "mul", "div", "logical_not"]  # clnet.<name> as well
+
+TENSOR_METHODS = {name: globals()[name] for name in FUNCTIONS if name != "where"}
+TENSOR_METHODS.update({
+    "clip": clamp, "where": lambda x, condition, other: where(condition, x, other), "masked_fill": masked_fill,
+    "logical_and": lambda a, b: binary("logical_and", a, b), "logical_or": lambda a, b: binary("logical_or", a, b),
     "lt": lambda a, b: binary("lt", a, b), "le": lambda a, b: binary("le", a, b),
     "gt": lambda a, b: binary("gt", a, b), "ge": lambda a, b: binary("ge", a, b),
     "eq": lambda a, b: binary("eq", a, b), "ne": lambda a, b: binary("ne", a, b),
     "float": lambda x: cast(x, FLOAT), "int": lambda x: cast(x, INT), "long": lambda x: cast(x, INT),
     "bool": lambda x: cast(x, BOOL),
-}
+})
 
 
 def broadcast_to(x, shape):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import clnet
-from clnet import creation, matmul, pointwise
+from clnet import creation, pointwise, products
 from conftest import assert_close
 
 torch = pytest.importorskip("torch")
@@ -213,8 +213,8 @@ def test_matmul(dev, rng, sa, sb):
 
 def test_bmm_baddbmm_and_errors(dev, rng):
     a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((3, 2, 4), (3, 4, 5), (1, 5)))
-    _check(dev, rng, [a, b], matmul.bmm, torch.bmm, "bmm", tol=1e-5)
-    _check(dev, rng, [c, a, b], lambda z, x, y: matmul.baddbmm(z, x, y, beta=0.5, alpha=2.0),
+    _check(dev, rng, [a, b], products.bmm, torch.bmm, "bmm", tol=1e-5)
+    _check(dev, rng, [c, a, b], lambda z, x, y: products.baddbmm(z, x, y, beta=0.5, alpha=2.0),
            lambda z, x, y: torch.baddbmm(z, x, y, beta=0.5, alpha=2.0), "baddbmm", tol=1e-5)
     with pytest.raises(ValueError, match=r"matmul: shapes \(3, 2, 4\) and \(3, 5, 4\) cannot be multiplied"):
         clnet.tensor(a, dev) @ clnet.tensor(b.transpose(0, 2, 1).copy(), dev)

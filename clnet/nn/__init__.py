@@ -2,10 +2,13 @@
 from . import functional
 from .layers import (AdaptiveAvgPool2d, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten, Identity, Linear,
                      LocalResponseNorm, LogSoftmax, MaxPool2d, ReLU, ReLU6, Sigmoid, Softmax, Tanh)
-from .loss import CrossEntropyLoss
+from .loss import BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss, NLLLoss, SmoothL1Loss
+from . import modern
+from .modern import *  # noqa: F401,F403  (the layers since 2016: modern.__all__)
 from .module import Module, ModuleList, Sequential
 from ..tensor import Parameter
 
-__all__ = ["AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm2d", "Conv2d", "CrossEntropyLoss", "Dropout", "Flatten",
-           "Identity", "Linear", "LocalResponseNorm", "LogSoftmax", "MaxPool2d", "Module", "ModuleList", "Parameter",
-           "ReLU", "ReLU6", "Sequential", "Sigmoid", "Softmax", "Tanh", "functional"]
+__all__ = modern.__all__ + ["AdaptiveAvgPool2d", "AvgPool2d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm2d", "Conv2d",
+    "CrossEntropyLoss", "Dropout", "Flatten", "Identity", "L1Loss", "Linear", "LocalResponseNorm", "LogSoftmax",
+    "MSELoss", "MaxPool2d", "Module", "ModuleList", "NLLLoss", "Parameter", "ReLU", "ReLU6", "Sequential", "Sigmoid",
+    "SmoothL1Loss", "Softmax", "Tanh", "functional"]

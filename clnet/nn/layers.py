@@ -76,16 +76,20 @@ class Linear(Module):
             (", bias=False" if self.bias is None else "")
 
     def output_shape(self, input_shape):
-        if len(input_shape) != 2 or input_shape[1] != self.in_features:
+        if len(input_shape) < 1 or input_shape[-1] != self.in_features:
             hint = " (add nn.Flatten() before it)" if len(input_shape) > 2 else ""
-            raise ValueError(f"{self!r}: expected input of shape (N, {self.in_features}), got shape "
+            raise ValueError(f"{self!r}: expected input of shape (*, {self.in_features}), got shape "
                              f"{tuple(input_shape)}{hint}")
-        return (input_shape[0], self.out_features)
+        return tuple(input_shape[:-1]) + (self.out_features,)
 
     def forward(self, x, relu=False):
-        """relu: a ReLU fused after the bias (nn.Sequential passes it for a ReLU that follows)."""
-        self.output_shape(x.shape)
-        return ops.Linear.apply(x, self.weight, self.bias, what=repr(self), relu=relu)
+        """relu: a ReLU fused after the bias (nn.Sequential passes it for a ReLU that follows). Leading dimensions
+        other than one batch dimension are folded into it and back (a view: no copy)."""
+        out_shape = self.output_shape(x.shape)
+        if x.ndim != 2:
+            x = x.reshape(-1, self.in_features)
+        y = ops.Linear.apply(x, self.weight, self.bias, what=repr(self), relu=relu)
+        return y if y.shape == out_shape else y.reshape(out_shape)
 
 
 class _Pool2d(Module):
@@ -274,6 +278,10 @@ class BatchNorm2d(Module):
 
     def forward(self, x):
         self.output_shape(x.shape)
+        return self._normalize(x)
+
+    def _normalize(self, x):
+        """x (N, C, H, W) or (N, C) normalised, the running statistics and the batch count updated in training."""
         momentum = 0.0 if self.momentum is None else self.momentum
         counting = self.training and self.track_running_stats
         if counting:
