@@ -313,6 +313,9 @@ def abort(message, status=1, exc_info=None):
         time.sleep(ABORT_GRACE_S)
     finally:
         MPI.COMM_WORLD.Abort(status)
+        # MPICH's MPI_Abort returns at once (the launcher kills the ranks a moment later): nothing of this process
+        # may run on meanwhile (a second report, a step more)
+        os._exit(status)
 
 
 def _install_abort_hooks():

@@ -298,17 +298,35 @@ def test_mpi_that_disagrees_with_its_launcher_is_refused():
     assert seen["PMI_SIZE=1"].startswith("World(rank 0 of 1"), seen["PMI_SIZE=1"]
 
 
+def clnet_train(tmp_path, *args):
+    """The command line of `clnet train lenet` (the checkout's) on 4 training and 2 test images written to
+    tmp_path."""
+    for split, n in (("train", 4), ("t10k", 2)):
+        data.write_idx(tmp_path / f"{split}-images-idx3-ubyte", np.zeros((n, 28, 28), np.uint8))
+        data.write_idx(tmp_path / f"{split}-labels-idx1-ubyte", np.zeros(n, np.uint8))
+    return [sys.executable, "-c", "from clnet.cli import main; main()", "train", "lenet", "--dataset", "mnist",
+            "--data-dir", tmp_path, "--batch", 2, "--epochs", 1, *args]
+
+
 @needs_mpi
 def test_missing_device_under_mpiexec_is_one_line_from_rank_0(tmp_path):
     """`mpiexec -n 2 clnet train --device 99` prints what one process prints, once, and exits 1 (it printed a
     traceback from each rank)."""
-    for split, n in (("train", 4), ("t10k", 2)):
-        data.write_idx(tmp_path / f"{split}-images-idx3-ubyte", np.zeros((n, 28, 28), np.uint8))
-        data.write_idx(tmp_path / f"{split}-labels-idx1-ubyte", np.zeros(n, np.uint8))
-    train = [sys.executable, "-c", "from clnet.cli import main; main()", "train", "lenet", "--dataset", "mnist",
-             "--data-dir", tmp_path, "--batch", 2, "--device", 99]
+    train = clnet_train(tmp_path, "--device", 99)
     rc, out, err, _ = run(train, timeout=60)
     assert rc == 1 and out == "" and err.startswith("Error: no OpenCL device with index 99") and \
         err.count("\n") == 1, (out, err)
     rc2, out2, err2, _ = run([MPIEXEC, "-n", 2] + train, timeout=60)
     assert (rc2, out2, err2) == (1, "", err)
+
+
+@needs_mpi
+def test_command_error_on_rank_0_alone_is_one_report(tmp_path):
+    """A checkpoint rank 0 alone cannot write (its folder is a file) ends both ranks with rank 0's one line and no
+    traceback: MPI_Abort returns before the launcher kills the rank, and the rank reported a second time meanwhile."""
+    (tmp_path / "file").write_text("")
+    rc, out, err, _ = run([MPIEXEC, "-n", 2] + clnet_train(tmp_path, "--device", DEVICE, "--no-tune", "--checkpoint",
+                                                           tmp_path / "file" / "run.ckpt"), timeout=120)
+    reports = [line for line in err.splitlines() if line.startswith("clnet.distributed:")]
+    assert rc != 0 and len(reports) == 1 and "Traceback" not in err, err
+    assert re.match(r"clnet\.distributed: rank 0 of 2 \(host [^)]*\): error: .*run\.ckpt", reports[0]), err
