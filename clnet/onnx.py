@@ -376,10 +376,25 @@ def _tensor_arg(m, n, v, i):
     return v
 
 
+def _as_2d(at):
+    """A 1-D Conv's or pooling's attributes as those of a 2-D one over (N, C, 1, L)."""
+    out = dict(at)
+    for key, one in (("kernel_shape", 1), ("strides", 1), ("dilations", 1)):
+        if key in at:
+            out[key] = [one] + list(at[key])
+    if "pads" in at:
+        out["pads"] = [0, at["pads"][0], 0, at["pads"][1]]
+    return out
+
+
 def _d_conv(m, n, a):
     x, w, b = a[0], a[1], (a[2] if len(a) > 2 else None)
     w, b = _tensor_arg(m, n, w, 1), (None if b is None else _tensor_arg(m, n, b, 2))
     at = n.attrs
+    if x.ndim == 3 and w.ndim == 3:  # 1-D: a 2-D convolution of height 1
+        y = _d_conv(m, _Node1d(n), [x.reshape(x.shape[0], x.shape[1], 1, x.shape[2]),
+                                    w.reshape(w.shape[0], w.shape[1], 1, w.shape[2]), b])[0]
+        return [y.reshape(y.shape[0], y.shape[1], y.shape[3])]
     if x.ndim != 4:
         raise ValueError(f"clnet convolves 4-D (N, C, H, W) inputs, got shape {x.shape}")
     kh, kw = w.shape[2:]
@@ -424,6 +439,23 @@ def _pool_geometry(at, shape):
             o -= 1
         out.append(o)
     return k, s, tuple(begin), tuple(out)
+
+
+class _Node1d:
+    """A node seen as its 2-D counterpart (name, op and inputs kept; attributes from _as_2d)."""
+
+    def __init__(self, n):
+        self.name, self.op, self.inputs, self.attrs = n.name, n.op, n.inputs, _as_2d(n.attrs)
+
+
+def _pool_1d(handler):
+    def run(m, n, a):
+        x = a[0]
+        if x.ndim != 3:
+            return handler(m, n, a)
+        y = handler(m, _Node1d(n), [x.reshape(x.shape[0], x.shape[1], 1, x.shape[2])])[0]
+        return [y.reshape(y.shape[0], y.shape[1], y.shape[3])]
+    return run
 
 
 def _d_maxpool(m, n, a):
@@ -671,13 +703,49 @@ def _binary_plan(op, a_dev, a_shape, b_dev, b_shape):
     channel = _channel_of(small, big)
     if channel is None:
         return None
-    if not channel:
-        raise ValueError(f"{op} of {shapes}: clnet broadcasts a scalar constant, a per-channel vector (1, C, 1, 1) "
-                         "or a tensor of the same shape against a computed tensor; this broadcast needs general "
-                         "broadcasting")
     if op == "Div" and (swapped or small_dev):
-        raise ValueError(f"Div of {shapes}: clnet divides by a constant per-channel vector, not by a computed one")
-    return "channel", swapped
+        raise ValueError(f"Div of {shapes}: clnet divides a computed tensor by constants, not by a computed tensor "
+                         "nor a constant by a computed tensor")
+    if channel:
+        return "channel", swapped
+    if not small_dev:  # a constant broadcast on the host to the result's shape
+        return "expand", swapped
+    first, last = _block(small, len(big))
+    block = _all3(_dim_eq(s, b) for s, b in zip(((1,) * (len(big) - len(small)) + tuple(small))[first:last],
+                                                 big[first:last]))
+    if block is None:
+        return None
+    if block:  # repeated along the axes before and after one block of its own: products with columns of ones
+        return "expand", swapped
+    raise ValueError(f"{op} of {shapes}: clnet repeats a computed tensor along the axes before and after one block "
+                     "of its dimensions; this broadcast needs general broadcasting")
+
+
+def _block(small, rank):
+    """[first, last) of the axes where `small`, aligned to `rank` axes, is not 1 (a shape, its unknown dimensions
+    counted as not 1)."""
+    full = (1,) * (rank - len(small)) + tuple(small)
+    inside = [i for i, s in enumerate(full) if s != 1]
+    return (inside[0], inside[-1] + 1) if inside else (rank, rank)
+
+
+def _expanded(m, n, small, shape, key):
+    """`small` repeated to `shape` (ONNX's broadcasting): a constant on the host (uploaded once per shape); a
+    computed tensor whose dimensions other than 1 form one block, as products with columns of ones (repeats after
+    the block, then before it), so its gradient is the sum over the repeats."""
+    shape = tuple(shape)
+    if _is_host(small):
+        wide = np.ascontiguousarray(np.broadcast_to(np.asarray(small, np.float32), shape))
+        return m.device_constant((n.name, "expand", key, shape), wide)
+    first, last = _block(small.shape, len(shape))
+    K, T = small.size, math.prod(shape[last:])
+    L = math.prod(shape) // (K * T)
+    y = small.reshape(K, 1)
+    if T > 1:  # each value repeated T times: (K, 1) (T, 1)^T
+        y = F.linear(y, m.device_constant(("ones column", T), np.ones((T, 1), np.float32))).reshape(K * T, 1)
+    if L > 1:  # the whole repeated L times: (L, 1) (K T, 1)^T
+        y = F.linear(m.device_constant(("ones column", L), np.ones((L, 1), np.float32)), y)
+    return y.reshape(shape)
 
 
 def _broadcast(m, n, op, a, b):
@@ -701,6 +769,14 @@ def _broadcast(m, n, op, a, b):
         if op == "Mul":
             return ops.Affine.apply(big, alpha=c, beta=0.0)
         return ops.Affine.apply(big, alpha=1.0 / c, beta=0.0)
+    if plan == "expand":
+        wide = _expanded(m, n, 1.0 / small.astype(np.float64) if op == "Div" else small, big.shape,
+                         0 if swapped else 1)
+        if op == "Add":
+            return big + wide
+        if op == "Sub":
+            return wide - big if swapped else big - wide
+        return ops.product(big, wide)
     C = big.shape[1]
     if op == "Add":
         return _per_channel(m, C, None, _as_channels(m, n, small, C, "bias"), big)
@@ -734,6 +810,13 @@ def _clip_bounds(m, n, a):
 
 def _d_clip(m, n, a):
     x = a[0]
+    if any(isinstance(v, Tensor) for v in a[1:3]):  # computed bounds: max(x, lo) = x + relu(lo - x), then
+        y = x                                        # min(y, hi) = y - relu(y - hi) (min > max gives max, as ONNX)
+        if len(a) > 1 and a[1] is not None:
+            y = y + ops.Activation.apply(_expanded(m, n, a[1], x.shape, 1) - y, kind="relu")
+        if len(a) > 2 and a[2] is not None:
+            y = y - ops.Activation.apply(y - _expanded(m, n, a[2], x.shape, 2), kind="relu")
+        return [y]
     lo, hi = _clip_bounds(m, n, a)
     if lo is None and hi is None:
         return [x]
@@ -872,6 +955,16 @@ def _d_transpose(m, n, a):
     return [y.reshape(out_shape)]
 
 
+def _d_neg(m, n, a):
+    return [ops.Affine.apply(a[0], alpha=-1.0, beta=0.0)]
+
+
+def _d_abs(m, n, a):  # relu(x) + relu(-x)
+    x = a[0]
+    return [ops.Activation.apply(x, kind="relu") + ops.Activation.apply(ops.Affine.apply(x, alpha=-1.0, beta=0.0),
+                                                                        kind="relu")]
+
+
 def _d_variadic(op):
     """Sum, Max, Min, Mean of tensors of one shape (checked at load): max(a, b) = a + relu(b - a), min(a, b) =
     a - relu(a - b), each with its gradients through the ReLU (a tie sends the gradient to the earlier input)."""
@@ -901,10 +994,10 @@ DEVICE_OPS = {
     "Conv": _d_conv, "Gemm": _d_gemm, "MatMul": _d_matmul, "Add": _d_binary("Add"), "Sub": _d_binary("Sub"),
     "Mul": _d_binary("Mul"), "Div": _d_binary("Div"), "Relu": _activation("relu"), "Sigmoid": _activation("sigmoid"),
     "Tanh": _activation("tanh"), "Clip": _d_clip, "HardSigmoid": _d_hard_sigmoid, "HardSwish": _d_hard_swish,
-    "LeakyRelu": _d_leaky_relu, "MaxPool": _d_maxpool, "AveragePool": _d_avgpool,
+    "LeakyRelu": _d_leaky_relu, "MaxPool": _pool_1d(_d_maxpool), "AveragePool": _pool_1d(_d_avgpool),
     "GlobalAveragePool": _d_global_avgpool, "GlobalMaxPool": _d_global_maxpool, "ReduceMean": _d_reduce(True),
     "ReduceSum": _d_reduce(False), "BatchNormalization": _d_batchnorm, "Sum": _d_variadic("Sum"),
-    "Max": _d_variadic("Max"), "Min": _d_variadic("Min"), "Mean": _d_variadic("Mean"),
+    "Max": _d_variadic("Max"), "Min": _d_variadic("Min"), "Mean": _d_variadic("Mean"), "Neg": _d_neg, "Abs": _d_abs,
     "LRN": _d_lrn, "Concat": _d_concat, "Flatten": _d_flatten, "Reshape": _d_reshape, "Squeeze": _d_squeeze,
     "Unsqueeze": _d_unsqueeze, "Transpose": _d_transpose, "Softmax": _d_softmax(False),
     "LogSoftmax": _d_softmax(True), "Dropout": _d_dropout, "Identity": lambda m, n, a: [a[0]], "Cast": _d_cast,
@@ -1060,11 +1153,11 @@ def _check_node(m_where, n, opset, consumers, graph_outputs):
 
     if op == "Conv":
         k = at.get("kernel_shape")
-        if k is not None and len(k) != 2:
-            refuse(f"clnet runs 2-D convolutions, this one has a {len(k)}-D kernel {k}")
+        if k is not None and len(k) not in (1, 2):
+            refuse(f"clnet runs 1-D and 2-D convolutions, this one has a {len(k)}-D kernel {k}")
     if op in ("MaxPool", "AveragePool"):
-        if len(at.get("kernel_shape", ())) != 2:
-            refuse(f"clnet pools over 2-D windows, this one has kernel_shape {at.get('kernel_shape')}")
+        if len(at.get("kernel_shape", ())) not in (1, 2):
+            refuse(f"clnet pools over 1-D and 2-D windows, this one has kernel_shape {at.get('kernel_shape')}")
         if any(d != 1 for d in at.get("dilations", (1, 1))):
             refuse(f"dilated pooling (dilations {at['dilations']}) is not supported")
         if op == "MaxPool" and len(n.outputs) > 1 and n.outputs[1] and (n.outputs[1] in consumers or
@@ -1072,7 +1165,7 @@ def _check_node(m_where, n, opset, consumers, graph_outputs):
             refuse("the Indices output of MaxPool is not supported")
         pads = at.get("pads")
         if op == "AveragePool" and at.get("count_include_pad", 0) and pads is not None and \
-                tuple(pads[:2]) != tuple(pads[2:]):
+                tuple(pads[:len(pads) // 2]) != tuple(pads[len(pads) // 2:]):
             refuse(f"an average counting the padding (count_include_pad=1) with pads {list(pads)} that differ at the "
                    "two ends: clnet's divisor assumes equal pads")
     if op == "Cast" and at.get("to") not in _ONNX_DTYPES:
@@ -1181,13 +1274,18 @@ def _need_constant(n, ins, slots, what):
 
 
 def _c_conv(n, ins, opset):
-    _need_rank(n, ins, (4,))
+    w = ins[1][1] if len(ins) > 1 and ins[1] is not None else None
+    _need_rank(n, ins, (3, 4) if w is None else (len(w),) if len(w) in (3, 4) else (4,))
 
 
 def _c_pool(n, ins, opset):
-    _need_rank(n, ins, (4,))
+    k = n.attrs.get("kernel_shape", ())
+    _need_rank(n, ins, (len(k) + 2,))
     shape = ins[0][1]
     at = n.attrs
+    if len(k) == 1:
+        at = _as_2d(at)
+        shape = None if shape is None else (shape[0], shape[1], 1, shape[2])
     if n.op == "AveragePool" and at.get("count_include_pad", 0) and at.get("auto_pad", "NOTSET") in (
             "SAME_UPPER", "SAME_LOWER"):
         if shape is None or not _known(shape[2:]):
@@ -1264,7 +1362,10 @@ def _c_batchnorm(n, ins, opset):
 
 
 def _c_clip(n, ins, opset):
-    _need_constant(n, ins, (1, 2), "a bound")
+    for s in (1, 2):
+        if s < len(ins) and ins[s] is not None and ins[s][0] == "device" and ins[s][1] is not None and \
+                _all3(_dim_eq(d, 1) for d in ins[s][1]) is False:
+            raise ValueError(f"a bound ({n.inputs[s]!r}) of shape {tuple(ins[s][1])}: ONNX's bounds are scalars")
     lo, hi = n.attrs.get("min"), n.attrs.get("max")
     if len(ins) > 1 and ins[1] is not None and ins[1][0] == "const":
         lo = float(np.asarray(ins[1][2]).reshape(-1)[0])
@@ -1333,8 +1434,8 @@ def load(path, device=None, fuse=False):
 
     Parameters
     ----------
-    path : str or os.PathLike
-        The ONNX file.
+    path : str, os.PathLike or onnx.ModelProto
+        The ONNX file (or a model in memory, without external data).
     device : clnet.Device or str, optional
         Where to place the weights now (the file's declared sizes are checked against its memory first); otherwise
         the first call moves them to its input's device.
@@ -1360,7 +1461,18 @@ def load(path, device=None, fuse=False):
     if device is not None and not hasattr(device, "cl_device"):
         from .devices import device as get_device
         device = get_device(device)
-    path, model = _read(onnx, path, device)
+    if isinstance(path, onnx.ModelProto):  # a model in memory (the ONNX backend adapter's): no external data
+        model, path = path, f"<in-memory ONNX model {path.graph.name!r}>"
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(model.graph)):
+            raise OnnxImportError(f"{path}: a model in memory with external data: load it from its file")
+        _check_sizes(onnx, path, model, device)
+        try:
+            onnx.checker.check_model(model)
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise OnnxImportError(f"{path}: not a valid ONNX model ({first})") from e
+    else:
+        path, model = _read(onnx, path, device)
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None:

@@ -24,7 +24,8 @@ T4 = (2, 3, 4, 5)
 
 # (case, nodes, graph inputs, initializers, words the message must hold)
 CASES = [
-    ("clip-bound-input", [h.make_node("Clip", ["x", "lo"], ["y"], name="n")], [("x", T4), ("lo", ())], {}, "bound"),
+    ("clip-vector-bound", [h.make_node("Clip", ["x", "lo"], ["y"], name="n")], [("x", T4), ("lo", (5,))], {},
+     "bounds are scalars"),
     ("dropout-ratio-input", [h.make_node("Dropout", ["x", "r"], ["y"], name="n")], [("x", T4), ("r", ())], {},
      "ratio"),
     ("reducemean-axis-1", [h.make_node("ReduceMean", ["x"], ["y"], axes=[1], name="n")], [("x", T4)], {},

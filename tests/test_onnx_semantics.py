@@ -274,3 +274,56 @@ def test_eval_file_keeps_its_initializers_unless_fused(dev, rng, tmp_path):
     training_path, _ = conv_bn_file(tmp_path / "convbn_training.onnx", rng, training_mode=1)
     with pytest.raises(connx.OnnxImportError, match="exported in training mode"):
         connx.load(training_path, fuse=True)
+
+
+# ---- broadcasting, Clip with computed bounds, Neg, Abs, 1-D convolution and pooling --------------------------------
+
+def test_broadcasts_and_computed_clip_bounds(dev, rng, tmp_path):
+    """Add/Sub/Mul/Div with a constant of any broadcastable shape, computed tensors repeated along leading axes (and
+    a computed scalar), Gemm with a computed scalar bias, Clip with computed bounds, Neg and Abs: NumPy float64's and
+    ONNX Runtime's values, and the gradient of a repeated computed operand (the sum over its repeats)."""
+    h = onnx.helper
+    k1, k2 = f32(rng, 4, 1), f32(rng, 3, 1, 5)
+    nodes = [h.make_node("Add", ["x", "v"], ["a"], name="add_suffix"),     # (3, 4, 5) + computed (5,)
+             h.make_node("Mul", ["x", "k1"], ["b"], name="mul_const"),      # * constant (4, 1)
+             h.make_node("Div", ["x", "k2"], ["c"], name="div_const"),      # / constant (3, 1, 5)
+             h.make_node("Sub", ["s", "x"], ["d"], name="sub_scalar"),      # computed scalar - x
+             h.make_node("Clip", ["x", "lo", "hi"], ["e"], name="clip"),
+             h.make_node("Neg", ["x"], ["f"], name="neg"), h.make_node("Abs", ["x"], ["g"], name="abs"),
+             h.make_node("Gemm", ["m", "w", "s"], ["gm"], name="gemm_scalar_bias")]
+    shape = (3, 4, 5)
+    outs = [(o, shape) for o in "abcdefg"] + [("gm", (2, 3))]
+    path = build(tmp_path / "bcast.onnx", nodes, [("x", shape), ("v", (5,)), ("s", ()), ("lo", ()), ("hi", ()),
+                                                   ("m", (2, 4)), ("w", (4, 3))], outs, dict(k1=k1, k2=k2))
+    x, v, m, w = f32(rng, *shape), f32(rng, 5), f32(rng, 2, 4), f32(rng, 4, 3)
+    s, lo, hi = (np.array(val, np.float32) for val in (0.7, -0.4, 0.5))
+    X = x.astype(np.float64)
+    expected = [X + v, X * k1, X / k2.astype(np.float64), 0.7 - X, np.clip(X, -0.4, 0.5), -X, np.abs(X),
+                m.astype(np.float64) @ w + s]
+    net = connx.load(path, device=dev)
+    tv = clnet.tensor(v, dev, requires_grad=True)
+    got = net(clnet.tensor(x, dev), tv, *(clnet.tensor(t, dev) for t in (s, lo, hi, m, w)))
+    feeds = dict(x=x, v=v, s=s, lo=lo, hi=hi, m=m, w=w)
+    for g, want, ref, (name, _) in zip(got, expected, runtime(path, **feeds), outs):
+        assert_close(g.numpy(), want, name, tol=1e-6)
+        assert_close(g.numpy(), ref, f"{name} against ONNX Runtime", tol=1e-6)
+    got[0].sum().backward()
+    assert_close(tv.grad.numpy(), np.full(5, 12.0), "the repeated operand's gradient", tol=1e-6)
+
+
+def test_one_dimensional_convolution_and_pooling(dev, rng, tmp_path):
+    """Conv, MaxPool and AveragePool over (N, C, L) run as their 2-D forms of height 1 (pads, strides, dilation)."""
+    h = onnx.helper
+    w, b = f32(rng, 4, 3, 3) * 0.3, f32(rng, 4)
+    nodes = [h.make_node("Conv", ["x", "w", "b"], ["c"], pads=[2, 1], strides=[2], dilations=[2], name="conv1d"),
+             h.make_node("MaxPool", ["c"], ["p"], kernel_shape=[2], pads=[0, 1], name="max1d"),
+             h.make_node("AveragePool", ["x"], ["q"], kernel_shape=[3], strides=[2], pads=[1, 1], name="avg1d")]
+    path = build(tmp_path / "conv1d.onnx", nodes, [("x", (2, 3, 11))], [("p", [None] * 3), ("q", [None] * 3)],
+                 dict(w=w, b=b))
+    x = f32(rng, 2, 3, 11)
+    with clnet.no_grad():
+        p, q = (t.numpy() for t in connx.load(path, device=dev)(clnet.tensor(x, dev)))
+    rp, rq = runtime(path, x=x)
+    assert p.shape == rp.shape and q.shape == rq.shape
+    assert_close(p, rp, "Conv 1-D then MaxPool 1-D against ONNX Runtime", tol=1e-5)
+    assert_close(q, rq, "AveragePool 1-D against ONNX Runtime", tol=1e-6)
