@@ -11,6 +11,10 @@ export PATH=/tmp/site/bin:$PATH  # pip --target puts mpich's mpiexec there
 RANKS=${RANKS:-2}
 command -v mpiexec >/dev/null || { echo "no mpiexec: carry the mpich wheel in .whl"; exit 1; }
 python3 -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])" || exit 1
+# An mpiexec of one MPI and an mpi4py loading another make every rank rank 0 of 1: clnet.distributed.init() refuses
+# that (MPIMismatch, naming the launcher's variable); stop here rather than in each job. A likely cure on an image
+# with a system Open MPI, not tried here: put the mpich wheel's libraries first (LD_LIBRARY_PATH=/tmp/site/lib).
+mpiexec -n 2 python3 -c "import clnet.distributed as d; print(d.init())" || exit 1
 nvidia-smi -L
 timed() { local t=$SECONDS; "$@"; echo "wall $((SECONDS - t)) s: $*"; }
 for job in ${JOBS:-tests bench train}; do
