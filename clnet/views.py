@@ -99,9 +99,23 @@ def _copy(dst, dst_base, dst_strides, src, src_base, src_strides, shape, what):
     if not n:
         return
     cshape, dst_st, src_st = layout.coalesce(tuple(shape), tuple(dst_strides), tuple(src_strides))
+    # Each element is copied once, in any order: the launch runs along the dimension where the writes (else the
+    # reads) are contiguous, moved last, so that a GPU's neighbouring work-items touch neighbouring memory and a
+    # CPU's vectorised work-items load or store a vector at once
+    fast = max(range(len(cshape)), key=lambda d: (cshape[d] >= ROW_LAUNCH, dst_st[d] == 1, src_st[d] == 1, cshape[d]))
+    order = [d for d in range(len(cshape)) if d != fast] + [fast]
+    cshape, dst_st, src_st = (tuple(t[d] for d in order) for t in (cshape, dst_st, src_st))
     m = layout.meta(dst.device, cshape, dst_st, src_st)
+    if cshape[-1] >= ROW_LAUNCH:  # a 2-D launch along the last dimension: a row's divisions once, not per element
+        k = _kernel(dst.device, "strided_copy_rows", NDIM=len(cshape), ELEM=_elem(dst))
+        kernels.launch(dst.device, k, (cshape[-1], n // cshape[-1]), None, dst, int(dst_base), src, int(src_base), m,
+                       what=what)
+        return
     k = _kernel(dst.device, "strided_copy", NDIM=len(cshape), ELEM=_elem(dst))
-    kernels.launch(dst.device, k, (n,), None, dst, int(dst_base), src, int(src_base), m, n, what=what)
+    kernels.launch(dst.device, k, (n,), None, dst, int(dst_base), src, int(src_base), m, what=what)
+
+
+ROW_LAUNCH = 16  # strided copies whose last (coalesced) dimension has at least this many elements launch by rows
 
 
 def _fill(dst, base, strides, shape, value, what):
@@ -111,7 +125,7 @@ def _fill(dst, base, strides, shape, value, what):
     cshape, st = layout.coalesce(tuple(shape), tuple(strides))
     m = layout.meta(dst.device, cshape, st)
     k = _kernel(dst.device, "strided_fill", NDIM=len(cshape), ELEM=_elem(dst))
-    kernels.launch(dst.device, k, (n,), None, dst, int(base), m, _bits(value, dst.dtype, what), n, what=what)
+    kernels.launch(dst.device, k, (n,), None, dst, int(base), m, _bits(value, dst.dtype, what), what=what)
 
 
 def _identity(x, shape, strides, base):
@@ -153,8 +167,8 @@ class View(Function):
         keep_meta = layout.meta(dy.device, *_pad_rank(rank, ks, kd, kg))
         red_meta = layout.meta(dy.device, *_pad_rank(rank, rs, rg))
         k = _kernel(dy.device, "strided_sum", NDIM=rank)
-        kernels.launch(dy.device, k, (numel(ks),), None, dx, int(base), dy, keep_meta, red_meta, numel(ks),
-                       numel(rs), what=what)
+        kernels.launch(dy.device, k, (numel(ks),), None, dx, int(base), dy, keep_meta, red_meta, numel(rs),
+                       what=what)
         return dx
 
 
@@ -556,8 +570,8 @@ class Gather(Function):
             cshape, cst = layout.coalesce(index.shape, tuple(st))
             m = layout.meta(x.device, cshape, cst)
             k = _kernel(x.device, "gather_fwd", NDIM=len(cshape), ELEM=_elem(x))
-            kernels.launch(x.device, k, (out.size,), None, x, 0, index, out, m, step, x.shape[dim], out.size,
-                           _oob(x.dtype), what=what)
+            kernels.launch(x.device, k, (out.size,), None, x, 0, index, out, m, step, x.shape[dim], _oob(x.dtype),
+                           what=what)
         self.save(index)
         return out
 
@@ -569,7 +583,7 @@ class Gather(Function):
             return ops.fill(dx, 0.0), None
         m = layout.meta(dy.device, shape, index.shape, contiguous_strides(index.shape))
         k = _kernel(dy.device, "gather_bwd", NDIM=len(shape))
-        kernels.launch(dy.device, k, (dx.size,), None, dy, index, dx, m, dim, dx.size, what=what + " backward")
+        kernels.launch(dy.device, k, (dx.size,), None, dy, index, dx, m, dim, what=what + " backward")
         return dx, None
 
 
