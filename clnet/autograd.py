@@ -9,7 +9,10 @@ soon as its backward has run, so the graph holds device memory for one step only
 
 A backward that produces a leaf's gradient by a matrix product can write straight into the leaf's `.grad`
 (`Function.grad_sink`): with `beta = 1` it costs no extra pass to accumulate, and after zero_grad (which only marks
-each `.grad` as zero) `beta = 0` overwrites it without reading it.
+each `.grad` as zero) `beta = 0` overwrites it without reading it. Inside a Graph capture, only a zero_grad of the
+captured step itself earns the overwrite (`settle_grad`).
+
+Grad mode (`no_grad`, `is_grad_enabled`) is per thread, as PyTorch's is (kernels.context).
 
 `register_post_accumulate_grad_hook(leaf, hook)` (PyTorch's name; also a Tensor method) calls ``hook(leaf)`` during
 backward as soon as the last op that feeds the leaf has run its backward: its `.grad` is complete (queued on the

@@ -10,6 +10,17 @@ buffers, and the host actions that ops registered through `kernels.per_step` (Ad
 corrections, each dropout layer's fresh seed drawn from clnet's random stream, batch norm's `num_batches_tracked`,
 the optimizer's current learning rate). So replays give what eager steps would have given, bit for bit.
 
+Gradients: a zero_grad inside the capture is part of the step (its replays overwrite the gradients, as the eager
+step's backward does after it); a zero_grad before the capture is not, so a captured backward adds to the gradients
+(autograd.settle_grad) and replays without a zero_grad accumulate, as eager micro-steps do. An eager zero_grad
+between replays is honoured (Graph.replay fills the gradients it marked).
+
+Failures: a launch or copy the driver refuses goes through the one enqueue wrapper (kernels.failed): an allocation
+failure is retried once after the pool releases its cache, then is an OutOfMemory. A replay that raises midway has
+run part of the step's host actions and launches, so the graph refuses to replay again (CaptureError).
+
+Threads: a capture records the launches of the thread that runs it (kernels.context), not another thread's.
+
 What it does not repeat: anything else done on the host. Inputs are static tensors: write the next batch into the
 tensors the capture read (`x.write(batch)`, or `x.copy_from(t)`) before each replay, and read the outputs the capture
 produced (the loss, the metrics) after it. Reading a tensor back or writing one from the host inside a capture is
@@ -98,14 +109,17 @@ class Graph:
         if context.capturing is not None:
             raise CaptureError("a Graph is being captured already; captures do not nest")
         context.capturing = self
+        kernels._captures.add(self)  # another thread's release of the pool's cache keeps what this one used
         try:
             yield self
         except BaseException:  # a half-recorded step must never replay: forget it, hold nothing
             context.capturing = None
+            kernels._captures.discard(self)
             self._items, self._seen, self._regions, self._grads, self.launches = [], {}, {}, {}, 0
             self.failed = True
             raise
         context.capturing = None
+        kernels._captures.discard(self)
         self._seal()
 
     def _note(self, storage):

@@ -2,7 +2,12 @@
 
 Every launch goes through `launch`, which converts arguments, pads the global size to the work-group size, records
 profiling events when a profiler is attached (the benchmark's per-layer times), and turns OpenCL failures into
-messages that name the operation and its sizes.
+messages that name the operation and its sizes. That error handling (`failed`, and `enqueue` around a call) is the
+one every launch, replay, host copy, device copy and pool allocation goes through: an allocation failure frees the
+pool's cached buffers and retries once, then is an OutOfMemory; any other failure a KernelError naming what ran.
+
+What a thread is doing (capturing a graph, paused set-up, an attached profiler, autograd's grad mode) is held per
+thread in one object, `context`; `kernels.capturing`, `kernels.profiler` and `kernels._paused` read and set it.
 
 Setting arguments costs far more than enqueueing (PoCL: 208 us of a 266 us GEMM launch, its 30 arguments, against
 7 us for the enqueue; bench/NOTES.md, v3b), and a training step repeats the same launches with the same pooled
@@ -263,6 +268,21 @@ class _Module(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Module
+
+
+_captures = set()  # the graphs being captured now, in any thread (Graph.capture adds and removes itself)
+
+
+class _AnyCapture:
+    @staticmethod
+    def uses(buf):
+        return any(g.uses(buf) for g in list(_captures))
+
+
+def capture_in_progress():
+    """For the pool's release of its cached buffers: an object whose uses(buf) says whether a capture in progress in
+    any thread has used buf (those buffers must stay), or None when no thread captures."""
+    return _AnyCapture if _captures else None
 
 
 class set_up:

@@ -88,7 +88,7 @@ class BufferPool:
 
     def release_cached(self):
         kernels.forget_arguments()  # kept argument sets may name these buffers
-        graph = kernels.capturing  # a capture in progress keeps the free buffers its launches used
+        graph = kernels.capture_in_progress()  # a capture in progress keeps the free buffers its launches used
         kept = {}
         for size, bucket in self.free.items():
             for number, buf in bucket:

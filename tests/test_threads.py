@@ -126,3 +126,27 @@ def test_a_capture_in_another_thread_does_not_refuse_this_threads_host_copies(de
     with pytest.raises(clnet.CaptureError, match="inside Graph.capture"):
         with clnet.Graph().capture():
             x.numpy()
+
+
+def test_another_threads_release_of_the_pool_keeps_what_a_capture_used(dev, rng):
+    """Out of memory in one thread releases the pool's cached buffers; a buffer that a capture in progress in another
+    thread used for a temporary (freed, so cached) must stay: the graph's replays write it."""
+    from clnet.tensor import pool
+    a = rng.standard_normal(41).astype(np.float32)
+    x = clnet.tensor(a, dev)
+    g = clnet.Graph()
+    box = {}
+
+    def capture(pause):
+        with g.capture():
+            tmp = x * 2.0
+            box["y"] = tmp * 3.0
+            del tmp  # back to the pool's cache, and used by a recorded launch
+            pause()  # the main thread releases the cache now
+
+    with Turns(capture):
+        pool(dev).release_cached()
+    assert g.captured
+    x.write(a + 1)
+    g.replay()
+    np.testing.assert_array_equal(box["y"].numpy(), ((a + 1) * np.float32(2)) * np.float32(3))
