@@ -599,6 +599,38 @@ class Conv2d(Function):
         return (dx,) + fresh
 
 
+class _ShapeOnly:
+    """What conv2d_backward reads of its input when only the data gradient is wanted: the shape and the device."""
+    __slots__ = ("shape", "device")
+
+    def __init__(self, shape, device):
+        self.shape, self.device = shape, device
+
+
+class ConvTranspose2d(Function):
+    """y = the transposed convolution of x by w (in_channels, out_channels/groups, KH, KW): the data gradient of the
+    convolution s from y's shape to x's (ConvShape s: input y, weights w, output x), so it runs on that pass's tuned
+    algorithm; its backward is that convolution's forward (for x) and weight gradient (for w). The bias is added by
+    nn.functional.conv_transpose2d."""
+    __slots__ = ("shape", "what")
+
+    def forward(self, x, w, s, what):
+        self.shape, self.what = s, what
+        self.save(x, w)
+        return conv.conv2d_backward(_ShapeOnly((s.N, s.C, s.H, s.W), x.device), w, x, s, None, None, need_dx=True,
+                                    what=what)
+
+    def backward(self, dy):
+        x, w = self.saved
+        s = self.shape
+        (dw,), betas, fresh = _param_grads(self, w.shape)
+        dx = conv.conv2d_forward(dy, w, None, s, what=self.what + " backward (data)") if self.needs[0] else None
+        if dw is not None:
+            conv.conv2d_backward(dy, w, x, s, dw, None, need_dx=False, what=self.what + " backward (weights)",
+                                 betas=(betas[0], 1.0))
+        return (dx,) + fresh
+
+
 class Linear(Function):
     """y = x w^T + b for x (N, I), w (O, I), then ReLU if relu (fused, as Conv2d's)."""
     __slots__ = ("what", "relu")

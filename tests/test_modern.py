@@ -213,3 +213,13 @@ def test_transformer_encoder_layer(dev, rng, norm_first):
                                                           batch_first=True, norm_first=norm_first))
     x = rng.standard_normal((3, 5, 8)).astype(np.float32)
     _compare(dev, rng, ours, theirs, [x], f"TransformerEncoderLayer(norm_first={norm_first})", tol=1e-5)
+
+
+@pytest.mark.parametrize("args", [dict(stride=1, padding=0), dict(stride=2, padding=1, output_padding=1),
+                                  dict(stride=2, padding=0, groups=2), dict(stride=3, padding=2, dilation=2)],
+                         ids=lambda a: str(a))
+def test_conv_transpose2d(dev, rng, args):
+    ours = _move(nn.ConvTranspose2d(4, 6, 3, **args), dev)
+    theirs = _twin(ours, torch.nn.ConvTranspose2d(4, 6, 3, **args))
+    x = rng.standard_normal((2, 4, 5, 7)).astype(np.float32)
+    _compare(dev, rng, ours, theirs, [x], f"ConvTranspose2d {args}", tol=1e-5)

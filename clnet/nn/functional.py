@@ -4,9 +4,10 @@ Every function checks its arguments here, where the user passed them, and names 
 """
 import numpy as np
 
-from .. import kernels, ops, rng
+from .. import kernels, ops, pointwise, products, reduce, rng, views
 from ..ops import _float
 from ..shapes import conv_padding, conv_shape, pair, pool_geometry, pool_output
+from ..tensor import Tensor
 
 
 def _check_bias(what, bias, n):
@@ -30,6 +31,37 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     s = conv_shape(what, input.shape, weight.shape, stride, begin, total, dilation, int(groups))
     _check_bias(what, bias, weight.shape[0])
     return ops.Conv2d.apply(input, weight, bias, s=s, what=what)
+
+
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """The transposed convolution (a convolution's data gradient as a layer), as F.conv_transpose2d: weight
+    (in_channels, out_channels/groups, kH, kW), output size (H - 1) stride - 2 padding + dilation (k - 1) +
+    output_padding + 1."""
+    what = "conv_transpose2d"
+    _float(what, input)
+    _float(what, weight)
+    if weight.ndim != 4 or input.ndim != 4 or input.shape[1] != weight.shape[0]:
+        raise ValueError(f"{what}: input {input.shape} and weight {weight.shape} do not fit: expected input (N, C, H, "
+                         "W) and weight (C, out_channels/groups, kH, kW)")
+    stride, dilation = pair(stride, "stride", what), pair(dilation, "dilation", what)
+    padding, output_padding = pair(padding, "padding", what), pair(output_padding, "output_padding", what)
+    if any(op >= max(st, dl) for op, st, dl in zip(output_padding, stride, dilation)) or min(output_padding) < 0:
+        raise ValueError(f"{what}: output_padding {output_padding} must be smaller than the stride or the dilation")
+    if groups < 1 or weight.shape[0] % groups:
+        raise ValueError(f"{what}: in_channels ({weight.shape[0]}) must be divisible by groups ({groups})")
+    N, _, H, W = input.shape
+    out_c = weight.shape[1] * groups
+    oh, ow = ((n - 1) * st - 2 * p + dl * (k - 1) + op + 1 for n, st, p, dl, k, op in
+              zip((H, W), stride, padding, dilation, weight.shape[2:], output_padding))
+    if oh < 1 or ow < 1:
+        raise ValueError(f"{what}: the output size ({oh}, {ow}) for input {input.shape} is not positive")
+    s = conv_shape(what, (N, out_c, oh, ow), weight.shape, stride, padding, (2 * padding[0], 2 * padding[1]),
+                   dilation, int(groups))
+    if (s.OH, s.OW) != (H, W):
+        raise ValueError(f"{what}: internal: the convolution of ({oh}, {ow}) gives ({s.OH}, {s.OW}), not ({H}, {W})")
+    _check_bias(what, bias, out_c)
+    y = ops.ConvTranspose2d.apply(input, weight, s=s, what=what)
+    return y if bias is None else pointwise.add(y, bias.reshape(1, out_c, 1, 1))
 
 
 def linear(input, weight, bias=None):
@@ -187,8 +219,6 @@ __all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "conv2d", "cross_e
 
 # ---- the general tensor ops' functions (pointwise, reduce, views, matmul): PyTorch's names ---------------------------
 
-from .. import layout, pointwise, products, reduce, views  # noqa: E402
-from ..tensor import Tensor  # noqa: E402
 
 
 def gelu(input, approximate="none"):
@@ -688,7 +718,7 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     return nll * (1 - label_smoothing) + smooth * (label_smoothing / C)
 
 
-__all__ += ["adaptive_max_pool2d", "binary_cross_entropy", "binary_cross_entropy_with_logits", "celu", "elu",
+__all__ += ["adaptive_max_pool2d", "conv_transpose2d", "binary_cross_entropy", "binary_cross_entropy_with_logits", "celu", "elu",
             "embedding", "gelu", "group_norm", "hardsigmoid", "hardswish", "hardtanh", "instance_norm",
             "interpolate", "l1_loss", "layer_norm", "leaky_relu", "mish", "mse_loss", "nll_loss", "normalize",
             "one_hot", "pad", "prelu", "scaled_dot_product_attention", "selu", "silu", "smooth_l1_loss", "softplus",

@@ -126,6 +126,40 @@ class PReLU(Module):
         return F.prelu(x, self.weight)
 
 
+class ConvTranspose2d(Module):
+    """torch.nn.ConvTranspose2d: weight (in_channels, out_channels/groups, kH, kW), PyTorch's initialisation."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                 bias=True, dilation=1):
+        super().__init__()
+        from ..shapes import pair
+        name = f"ConvTranspose2d({in_channels}, {out_channels}, {kernel_size})"
+        self.in_channels, self.out_channels, self.groups = int(in_channels), int(out_channels), int(groups)
+        if self.in_channels % self.groups or self.out_channels % self.groups:
+            raise ValueError(f"{name}: in_channels and out_channels must both be divisible by groups={groups}")
+        self.kernel_size = pair(kernel_size, "kernel_size", name)
+        self.stride, self.padding = pair(stride, "stride", name), pair(padding, "padding", name)
+        self.output_padding, self.dilation = pair(output_padding, "output_padding", name), pair(dilation, "dilation",
+                                                                                                  name)
+        kh, kw = self.kernel_size
+        bound = 1.0 / math.sqrt(self.out_channels // self.groups * kh * kw)  # PyTorch's fan-in of this weight
+        self.weight = Parameter(_uniform((self.in_channels, self.out_channels // self.groups, kh, kw), bound))
+        self.bias = Parameter(_uniform((self.out_channels,), bound)) if bias else None
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}")
+
+    def forward(self, x, output_size=None):
+        op = self.output_padding
+        if output_size is not None:  # the output_padding that gives this size, as PyTorch's forward(x, output_size)
+            size = tuple(output_size)[-2:]
+            op = tuple(o - ((n - 1) * s - 2 * p + d * (k - 1) + 1) for o, n, s, p, d, k in
+                       zip(size, x.shape[2:], self.stride, self.padding, self.dilation, self.kernel_size))
+        return F.conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding, op, self.groups,
+                                  self.dilation)
+
+
 # ---- normalisation -------------------------------------------------------------------------------------------------
 
 class LayerNorm(Module):
@@ -405,7 +439,7 @@ class TransformerEncoderLayer(Module):
         return self.norm2(x + self._ff(x))
 
 
-__all__ = ["AdaptiveMaxPool2d", "BatchNorm1d", "CELU", "ChannelShuffle", "ConstantPad2d", "ELU", "Embedding", "GELU",
+__all__ = ["AdaptiveMaxPool2d", "BatchNorm1d", "CELU", "ChannelShuffle", "ConstantPad2d", "ConvTranspose2d", "ELU", "Embedding", "GELU",
            "GroupNorm", "Hardsigmoid", "Hardswish", "Hardtanh", "InstanceNorm2d", "LayerNorm", "LeakyReLU", "Mish",
            "MultiheadAttention", "PReLU", "ReflectionPad2d", "ReplicationPad2d", "SELU", "SiLU", "Softplus",
            "TransformerEncoderLayer", "Unflatten", "Upsample", "ZeroPad2d"]
