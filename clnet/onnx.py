@@ -487,36 +487,70 @@ def _d_global_avgpool(m, n, a):
 
 
 def _reduce_plan(rank, axes, noop):
-    """How clnet reduces over `axes` of a tensor of `rank`: "identity" (no axes with noop_with_empty_axes), "pool"
-    (H and W of a 4-D tensor, for ReduceMean), "trailing" (a run of axes that ends with the last one: a product with a
-    vector of ones); raises ValueError otherwise."""
+    """The runs of adjacent axes [start, end) that a reduction over `axes` of a tensor of `rank` reduces (all axes
+    when none are given, unless noop_with_empty_axes); None for no reduction. Raises ValueError for an axis out of
+    range."""
     if not axes:
         if noop:
-            return "identity", []
+            return None
         axes = list(range(rank))
-    axes = sorted(ax % rank for ax in axes)
-    if rank == 4 and axes == [2, 3]:
-        return "pool", axes
-    if axes == list(range(rank - len(axes), rank)):
-        return "trailing", axes
-    raise ValueError(f"clnet reduces over trailing axes (a run ending with the last one), got axes {axes} of a "
-                     f"{rank}-D tensor; other axes need the tensor ops' reductions")
+    for ax in axes:
+        if not -rank <= ax < rank:
+            raise ValueError(f"axis {ax} is out of range for a {rank}-D tensor")
+    runs = []
+    for ax in sorted({ax % rank for ax in axes}):
+        if runs and runs[-1][1] == ax:
+            runs[-1][1] = ax + 1
+        else:
+            runs.append([ax, ax + 1])
+    return [tuple(r) for r in runs]
 
 
-def _d_reduce(mean):
+def _reduce_run(m, n, x, start, end, kind):
+    """x reduced over axes [start, end), kept as size 1: with (L, K, T) the sizes before, in and after the run, a sum
+    or mean is a product with a vector of ones (T = 1) or a 1x1 convolution of the (L, K, T, 1) image with a weight
+    of ones (K channels into 1); a max a max pooling of the (L, 1, K, T) image with a (K, 1) window (of -x for a
+    min). Each has its gradient through that op."""
+    shape = tuple(x.shape)
+    L, K, T = math.prod(shape[:start]), math.prod(shape[start:end]), math.prod(shape[end:])
+    out = shape[:start] + (1,) * (end - start) + shape[end:]
+    if K == 1:
+        return x.reshape(out)
+    if kind in ("sum", "mean"):
+        scale = 1.0 / K if kind == "mean" else 1.0
+        if T == 1:
+            ones = m.device_constant(("reduce", K, scale), np.full((1, K), scale, np.float32))
+            return F.linear(x.reshape(L, K), ones).reshape(out)
+        w = m.device_constant(("reduce conv", K, scale), np.full((1, K, 1, 1), scale, np.float32))
+        x4 = x.reshape(L, K, T, 1)
+        s = conv_shape(n.name, x4.shape, w.shape, (1, 1), (0, 0), (0, 0), (1, 1), 1)
+        return ops.Conv2d.apply(x4, w, None, s=s, what=f"{n.op} {n.name} (a sum over axes {start}..{end - 1})"
+                                ).reshape(out)
+    x4 = x.reshape(L, 1, K, T)
+    if kind == "min":
+        x4 = ops.Affine.apply(x4, alpha=-1.0, beta=0.0)
+    y = ops.MaxPool2d.apply(x4, out_shape=(L, 1, 1, T), k=(K, 1), s=(K, 1), p=(0, 0))
+    if kind == "min":
+        y = ops.Affine.apply(y, alpha=-1.0, beta=0.0)
+    return y.reshape(out)
+
+
+def _d_reduce(kind):
     def run(m, n, a):
         x = a[0]
         keep = bool(n.attrs.get("keepdims", 1))
-        plan, axes = _reduce_plan(x.ndim, _axes(m, n, a, 1), n.attrs.get("noop_with_empty_axes", 0))
-        if plan == "identity":
+        runs = _reduce_plan(x.ndim, _axes(m, n, a, 1), n.attrs.get("noop_with_empty_axes", 0))
+        if runs is None:
             return [x]
+        axes = {i for s, e in runs for i in range(s, e)}
         out_shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else \
             tuple(d for i, d in enumerate(x.shape) if i not in axes)
-        if plan == "pool" and mean:
+        if kind == "mean" and x.ndim == 4 and runs == [(2, 3 + 1)]:  # over H and W: global average pooling
             return [_d_global_avgpool(m, n, [x])[0].reshape(out_shape)]
-        K = math.prod(x.shape[axes[0]:])
-        ones = m.device_constant(("reduce", K, mean), np.full((1, K), 1.0 / K if mean else 1.0, np.float32))
-        return [F.linear(x.reshape(x.size // K, K), ones).reshape(out_shape)]
+        y = x
+        for start, end in reversed(runs):
+            y = _reduce_run(m, n, y, start, end, kind)
+        return [y.reshape(out_shape)]
     return run
 
 
@@ -911,8 +945,9 @@ def _d_concat(m, n, a):
 def _transpose_plan(perm, shape):
     """How clnet transposes a computed tensor: "view" (only axes of size 1 move: the memory order is unchanged), "2d"
     (a matrix: a product with the identity), "channels" (the batch axis stays first and the permuted axes precede
-    unmoved trailing ones: a 1x1 convolution with a permutation matrix). Unknown dimensions count as larger than 1.
-    Raises ValueError otherwise."""
+    unmoved trailing ones: a 1x1 convolution with a permutation matrix), "small" (the batch axis moves too, in a
+    tensor whose moved axes are known and small: the same convolution over the whole tensor as one image). Unknown
+    dimensions count as larger than 1 (a negative number at load). Raises ValueError otherwise."""
     moved = [p for p in perm if shape[p] != 1]
     if moved == sorted(moved):
         return "view"
@@ -921,35 +956,45 @@ def _transpose_plan(perm, shape):
     j = len(perm)
     while j > 1 and perm[j - 1] == j - 1:
         j -= 1
-    if perm[0] != 0 or j < 3:
-        raise ValueError(f"Transpose with perm {list(perm)} of shape {tuple(shape)}: clnet transposes matrices and, "
-                         "where the batch axis stays first, axes before unmoved trailing ones (a channel shuffle); "
-                         "this one needs the tensor ops' general transpose")
-    return "channels"
+    if perm[0] == 0 and j >= 3:
+        return "channels"
+    moved = shape[:j]
+    if all(isinstance(d, (int, np.integer)) and d > 0 for d in moved) and math.prod(moved) <= _SMALL_PERMUTATION:
+        return "small"
+    raise ValueError(f"Transpose with perm {list(perm)} of shape {tuple(shape)}: clnet transposes matrices, axes "
+                     "before unmoved trailing ones where the batch axis stays first (a channel shuffle), and "
+                     f"tensors of known size whose moved axes hold at most {_SMALL_PERMUTATION} elements; this one "
+                     "needs the tensor ops' general transpose")
+
+
+_SMALL_PERMUTATION = 1024  # elements a permutation matrix may permute (a 4 MiB matrix)
 
 
 def _d_transpose(m, n, a):
     x = a[0]
     perm = list(n.attrs["perm"]) if "perm" in n.attrs else list(range(x.ndim))[::-1]
     out_shape = tuple(x.shape[p] for p in perm)
-    if _transpose_plan(perm, x.shape) == "view":
-        return [x.reshape(out_shape)]
     plan = _transpose_plan(perm, x.shape)
+    if plan == "view":
+        return [x.reshape(out_shape)]
     if plan == "2d":
         return [_transposed2d(m, x)]
     j = len(perm)
     while j > 1 and perm[j - 1] == j - 1:
         j -= 1
-    # a permutation of the channel-like axes 1..j-1: a 1x1 convolution with a permutation matrix
-    C, P = math.prod(x.shape[1:j]), math.prod(x.shape[j:])
-    key = ("perm", tuple(perm), x.shape[1:j])
+    # a permutation of the axes first..j-1 (first 1: the batch stays; 0: a small tensor, batch and all, as one image)
+    # of a 1x1 convolution with a permutation matrix
+    first = 1 if plan == "channels" else 0
+    lead = x.shape[0] if first else 1
+    C, P = math.prod(x.shape[first:j]), math.prod(x.shape[j:])
+    key = ("perm", tuple(perm), x.shape[first:j])
     w = m._device_constants.get((key, id(m.device)))
     if w is None:
-        source = np.arange(C).reshape(x.shape[1:j]).transpose([p - 1 for p in perm[1:j]]).reshape(-1)
+        source = np.arange(C).reshape(x.shape[first:j]).transpose([p - first for p in perm[first:j]]).reshape(-1)
         eye = np.zeros((C, C, 1, 1), np.float32)
         eye[np.arange(C), source, 0, 0] = 1.0
         w = m.device_constant(key, eye)
-    x4 = x.reshape(x.shape[0], C, P, 1)
+    x4 = x.reshape(lead, C, P, 1)
     s = conv_shape(n.name, x4.shape, w.shape, (1, 1), (0, 0), (0, 0), (1, 1), 1)
     y = ops.Conv2d.apply(x4, w, None, s=s, what=f"Transpose {n.name} (channel permutation)")
     return [y.reshape(out_shape)]
@@ -995,8 +1040,8 @@ DEVICE_OPS = {
     "Mul": _d_binary("Mul"), "Div": _d_binary("Div"), "Relu": _activation("relu"), "Sigmoid": _activation("sigmoid"),
     "Tanh": _activation("tanh"), "Clip": _d_clip, "HardSigmoid": _d_hard_sigmoid, "HardSwish": _d_hard_swish,
     "LeakyRelu": _d_leaky_relu, "MaxPool": _pool_1d(_d_maxpool), "AveragePool": _pool_1d(_d_avgpool),
-    "GlobalAveragePool": _d_global_avgpool, "GlobalMaxPool": _d_global_maxpool, "ReduceMean": _d_reduce(True),
-    "ReduceSum": _d_reduce(False), "BatchNormalization": _d_batchnorm, "Sum": _d_variadic("Sum"),
+    "GlobalAveragePool": _d_global_avgpool, "GlobalMaxPool": _d_global_maxpool, "ReduceMean": _d_reduce("mean"),
+    "ReduceSum": _d_reduce("sum"), "ReduceMax": _d_reduce("max"), "ReduceMin": _d_reduce("min"), "BatchNormalization": _d_batchnorm, "Sum": _d_variadic("Sum"),
     "Max": _d_variadic("Max"), "Min": _d_variadic("Min"), "Mean": _d_variadic("Mean"), "Neg": _d_neg, "Abs": _d_abs,
     "LRN": _d_lrn, "Concat": _d_concat, "Flatten": _d_flatten, "Reshape": _d_reshape, "Squeeze": _d_squeeze,
     "Unsqueeze": _d_unsqueeze, "Transpose": _d_transpose, "Softmax": _d_softmax(False),
@@ -1421,7 +1466,8 @@ def _c_concat(n, ins, opset):
 
 _CHECKS = {
     "Conv": _c_conv, "MaxPool": _c_pool, "AveragePool": _c_pool, "GlobalAveragePool": _c_global_pool,
-    "GlobalMaxPool": _c_global_pool, "ReduceMean": _c_reduce, "ReduceSum": _c_reduce, "Gemm": _c_gemm,
+    "GlobalMaxPool": _c_global_pool, "ReduceMean": _c_reduce, "ReduceSum": _c_reduce,
+    "ReduceMax": _c_reduce, "ReduceMin": _c_reduce, "Gemm": _c_gemm,
     "MatMul": _c_matmul, "Add": _c_binary, "Sub": _c_binary, "Mul": _c_binary, "Div": _c_binary,
     "BatchNormalization": _c_batchnorm, "Clip": _c_clip, "Dropout": _c_dropout, "Reshape": _c_reshape,
     "Squeeze": _c_squeeze, "Unsqueeze": _c_squeeze, "Transpose": _c_transpose, "Cast": _c_cast,

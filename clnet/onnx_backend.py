@@ -2,8 +2,9 @@
 onnxruntime's and onnx-tensorrt's adapters do).
 
 `prepare(model, device)` loads the model with clnet.onnx.load (every refusal there, at load); `run(inputs)` takes
-NumPy arrays and returns NumPy arrays. clnet's computed tensors are float32: a model whose graph inputs or outputs are
-of another type is refused at prepare. The device is an OpenCL device (clnet.device's spec: "auto", "pocl", an
+NumPy arrays and returns NumPy arrays. clnet's computed tensors are float32: graph outputs of another type are refused
+at prepare, and graph inputs of another type (indices, shapes, axes: shape data in clnet) are taken as constants, the
+model loaded with them at the first run that brings each set of their values. The device is an OpenCL device (clnet.device's spec: "auto", "pocl", an
 index); ONNX's "CPU" and "CUDA" names pick the first OpenCL CPU or GPU.
 """
 import numpy as np
@@ -30,16 +31,37 @@ def _device(spec):
     return device(spec)
 
 
-def _float32_only(onnx, model):
+def _split_inputs(onnx, model):
+    """(float32 graph inputs, other graph inputs); refuses outputs that are not float32 tensors."""
     init = {t.name for t in model.graph.initializer}
-    for what, values in (("input", [i for i in model.graph.input if i.name not in init]),
-                         ("output", list(model.graph.output))):
-        for v in values:
-            elem = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else None
-            if elem != onnx.TensorProto.FLOAT:
-                kind = onnx.TensorProto.DataType.Name(elem) if elem is not None else v.type.WhichOneof("value")
-                raise connx.OnnxImportError(f"graph {what} {v.name!r} is of type {kind}: clnet's ONNX backend takes "
-                                            "and returns float32 tensors only")
+    floats, others = [], []
+    for v in model.graph.input:
+        if v.name in init:
+            continue
+        elem = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else None
+        if elem is None:
+            raise connx.OnnxImportError(f"graph input {v.name!r} is a {v.type.WhichOneof('value')}: clnet's ONNX "
+                                        "backend takes tensors only")
+        (floats if elem == onnx.TensorProto.FLOAT else others).append(v.name)
+    for v in model.graph.output:
+        elem = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else None
+        if elem != onnx.TensorProto.FLOAT:
+            kind = onnx.TensorProto.DataType.Name(elem) if elem is not None else v.type.WhichOneof("value")
+            raise connx.OnnxImportError(f"graph output {v.name!r} is of type {kind}: clnet's ONNX backend returns "
+                                        "float32 tensors only")
+    return floats, others
+
+
+def _with_constants(onnx, model, values):
+    """A copy of the model whose graph inputs named in `values` are initializers holding those arrays."""
+    from onnx import numpy_helper
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = [v for v in out.graph.input if v.name not in values]
+    del out.graph.input[:]
+    out.graph.input.extend(keep)
+    out.graph.initializer.extend(numpy_helper.from_array(np.asarray(a), k) for k, a in values.items())
+    return out
 
 
 def backend():
@@ -50,23 +72,35 @@ def backend():
     onnx, base = _backend_base()
 
     class ClnetRep(base.BackendRep):
-        def __init__(self, net, device):
-            self.net, self.device = net, device
+        """A prepared model. Graph inputs of types other than float32 (indices, shapes, axes) are shape data in clnet:
+        the model is loaded with them as constants at the first run that brings each set of their values."""
+
+        def __init__(self, model, device, floats, others):
+            self.model, self.device, self.floats, self.others = model, device, floats, others
+            self.names = [v.name for v in model.graph.input if v.name in set(floats) | set(others)]
+            self.nets = {} if others else {(): connx.load(model, device=device)}
 
         def run(self, inputs, **kwargs):
-            arrays = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
-            if isinstance(inputs, dict):
-                arrays = [inputs[name] for name in self.net.input_names]
+            given = dict(inputs) if isinstance(inputs, dict) else dict(zip(self.names, inputs))
+            for k, a in given.items():
+                if not isinstance(a, (np.ndarray, np.generic, int, float)):
+                    raise connx.OnnxImportError(f"graph input {k!r} comes as a {type(a).__name__} (a type NumPy does "
+                                                "not hold): clnet's ONNX backend takes NumPy arrays")
+            consts = {k: np.asarray(given[k]) for k in self.others}
+            key = tuple((k, a.dtype.str, a.shape, a.tobytes()) for k, a in consts.items())
+            net = self.nets.get(key)
+            if net is None:
+                net = self.nets[key] = connx.load(_with_constants(onnx, self.model, consts), device=self.device)
+            arrays = [given[k] for k in net.input_names]
             with no_grad():
-                out = self.net(*[_to_device(np.asarray(a, np.float32), self.device) for a in arrays])
+                out = net(*[_to_device(np.asarray(a, np.float32), self.device) for a in arrays])
             return tuple(o.numpy() for o in (out if isinstance(out, tuple) else (out,)))
 
     class ClnetBackend(base.Backend):
         @classmethod
         def prepare(cls, model, device="CPU", **kwargs):
-            _float32_only(onnx, model)
-            dev = _device(device)
-            return ClnetRep(connx.load(model, device=dev), dev)
+            floats, others = _split_inputs(onnx, model)
+            return ClnetRep(model, _device(device), floats, others)
 
         @classmethod
         def run_model(cls, model, inputs, device="CPU", **kwargs):

@@ -327,3 +327,54 @@ def test_one_dimensional_convolution_and_pooling(dev, rng, tmp_path):
     assert p.shape == rp.shape and q.shape == rq.shape
     assert_close(p, rp, "Conv 1-D then MaxPool 1-D against ONNX Runtime", tol=1e-5)
     assert_close(q, rq, "AveragePool 1-D against ONNX Runtime", tol=1e-6)
+
+
+@pytest.mark.parametrize("perm", [[1, 0, 2], [2, 1, 0], [1, 2, 0], [0, 2, 1]])
+def test_transposes_of_small_tensors(dev, rng, tmp_path, perm):
+    """Transposes that move the batch axis, of a tensor of known, small size: NumPy's values and the gradient (the
+    inverse permutation of the output's)."""
+    h = onnx.helper
+    x = f32(rng, 2, 3, 4)
+    out_shape = tuple(x.shape[p] for p in perm)
+    path = build(tmp_path / "t.onnx", [h.make_node("Transpose", ["x"], ["y"], perm=perm, name="t")],
+                 [("x", x.shape)], [("y", out_shape)])
+    tx = clnet.tensor(x, dev, requires_grad=True)
+    y = connx.load(path, device=dev)(tx)
+    assert np.array_equal(y.numpy(), np.transpose(x, perm))
+    g = f32(rng, *out_shape)
+    (y * clnet.tensor(g, dev)).sum().backward()
+    assert np.array_equal(tx.grad.numpy(), np.transpose(g, np.argsort(perm)))
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"])
+def test_reductions_over_any_axes(dev, rng, tmp_path, op):
+    """Reductions over a middle axis, over axes that are not adjacent, over the trailing ones and over all (axes as
+    an input, opset 18), with and without keepdims: NumPy float64's and ONNX Runtime's values, and the gradient of the
+    middle-axis one (ones for a sum, 1/K for a mean, the first extreme's position for max and min)."""
+    h = onnx.helper
+    shape = (3, 4, 5, 2)
+    cases = [([1], 1), ([0, 2], 0), ([2, 3], 1), ([], 0)]
+    nodes, outs, inits = [], [], {}
+    fn = {"ReduceSum": np.sum, "ReduceMean": np.mean, "ReduceMax": np.max, "ReduceMin": np.min}[op]
+    x = f32(rng, *shape)
+    expected = []
+    for i, (axes, keep) in enumerate(cases):
+        inits[f"axes{i}"] = np.array(axes, np.int64)
+        nodes.append(h.make_node(op, ["x", f"axes{i}"] if axes else ["x"], [f"y{i}"], keepdims=keep, name=f"r{i}"))
+        want = fn(x.astype(np.float64), axis=tuple(axes) if axes else None, keepdims=bool(keep))
+        outs.append((f"y{i}", np.shape(want)))
+        expected.append(want)
+    path = build(tmp_path / "reduce.onnx", nodes, [("x", shape)], outs, inits, opset=18)
+    net = connx.load(path, device=dev)
+    tx = clnet.tensor(x, dev, requires_grad=True)
+    got = net(tx)
+    for g, want, ref, (name, _) in zip(got, expected, runtime(path, x=x), outs):
+        assert_close(g.numpy(), want, f"{op} {name}", tol=1e-6)
+        assert_close(g.numpy(), ref, f"{op} {name} against ONNX Runtime", tol=1e-6)
+    got[0].sum().backward()
+    if op in ("ReduceSum", "ReduceMean"):
+        grad = np.full(shape, 1.0 if op == "ReduceSum" else 0.25)
+    else:
+        pick = (np.argmax if op == "ReduceMax" else np.argmin)(x, axis=1)
+        grad = (np.arange(4).reshape(1, 4, 1, 1) == pick[:, None]).astype(np.float64)
+    assert_close(tx.grad.numpy(), grad, f"{op} gradient", tol=1e-6)
