@@ -38,7 +38,10 @@
 #define ARG 0       // with COMB 3/4: also the index of the maximum/minimum
 #endif
 #ifndef LSIZE
-#define LSIZE 256   // reduce_fwd's work-group size
+#define LSIZE 256   // reduce_tree's and reduce_loop's work-group size
+#endif
+#ifndef COLS
+#define COLS 1      // reduce_loop: neighbouring outputs per work-item
 #endif
 #if LSIZE & (LSIZE - 1)
 #error "LSIZE must be a power of two"
@@ -81,27 +84,27 @@
 // that no inf - inf appears.
 inline float shift_of(const float m) { return isinf(m) ? 0.0f : m; }
 
-// The value combined for an element v (map): 0 v, 1 |v|, 2 v^2, 3 (v - c)^2, 4 exp(v - shift(c)), 5 |v|^p,
-// 6 v == c, 7 |v| == c, 8 v (1 where v is 0), 9 v == 0. A runtime argument, the same for every work-item (one build
-// serves every map); int values take map 0 only.
-inline T map_value(const int map, const T v, const float c, const float p) {
+// The value combined for an element v, by `map`: 0 v, 1 |v|, 2 v^2, 3 (v - c)^2, 4 exp(v - shift(c)), 5 |v|^p,
+// 6 v == c, 7 |v| == c, 8 v (1 where v is 0), 9 v == 0. A runtime argument, the same for every work-item, so that
+// one build serves every map: reduce_run switches on it outside its loops (a switch inside, compiled as selects,
+// evaluated every map's exp and pow for each element: 10x slower on PoCL). int values take map 0 only.
 #if IS_FLOAT
-    switch (map) {
-    case 1: return fabs(v);
-    case 2: return v * v;
-    case 3: return (v - c) * (v - c);
-    case 4: return exp(v - shift_of(c));
-    case 5: return pow(fabs(v), p);
-    case 6: return v == c ? 1.0f : 0.0f;
-    case 7: return fabs(v) == c ? 1.0f : 0.0f;
-    case 8: return v == 0.0f ? 1.0f : v;
-    case 9: return v == 0.0f ? 1.0f : 0.0f;
-    default: return v;
+#define MAPS(RUN) \
+    switch (map) { \
+    case 1: RUN(fabs(v)); break; \
+    case 2: RUN(v * v); break; \
+    case 3: RUN((v - cc) * (v - cc)); break; \
+    case 4: RUN(exp(v - shift_of(cc))); break; \
+    case 5: RUN(pow(fabs(v), p)); break; \
+    case 6: RUN(v == cc ? 1.0f : 0.0f); break; \
+    case 7: RUN(fabs(v) == cc ? 1.0f : 0.0f); break; \
+    case 8: RUN(v == 0.0f ? 1.0f : v); break; \
+    case 9: RUN(v == 0.0f ? 1.0f : 0.0f); break; \
+    default: RUN(v); break; \
     }
 #else
-    return v;
+#define MAPS(RUN) RUN(v)
 #endif
-}
 
 // v replaces best (max/min): a larger (smaller) value, or a NaN over a number (PyTorch's max propagates NaN).
 #if COMB == 3
@@ -132,74 +135,119 @@ inline int part_offset(__global const int* meta, const int nd, const int first, 
     return off + i * meta[nd + first];
 }
 
-__kernel void reduce_fwd(__global const T* restrict x, __global const int* restrict xi, const int indexed,
-                         __global const float* restrict c, __global T* restrict out, __global int* restrict out_i,
-                         __global const int* restrict meta, const int kd, const int rd, const int R,
-                         const int outputs, const int lanes, const int chunk, const int map, const int fin,
-                         const float scale, const float p) {
-    __local T vals[LSIZE];
 #if ARG
-    __local int ats[LSIZE];
-#endif
-    const int lid = get_local_id(0), lane = lid & (lanes - 1), part = get_group_id(0), parts = get_num_groups(0);
-    const int o = get_group_id(1) * (LSIZE / lanes) + lid / lanes;
-    const int nd = kd + rd;
-    T acc = IDENTITY;
-#if ARG
-    int at = INT_MAX;
-#endif
-    float cc = 0.0f;
-    if (o < outputs) {
-        const int base = part_offset(meta, nd, 0, kd, o);
-        if (c) cc = c[o];
-        const int r1 = min(R, (part + 1) * chunk);
-        const int step = meta[2 * nd - 1];  // the innermost reduced stride
-        for (int r = part * chunk + lane; r < r1; r += lanes) {
-            const int off = base + (rd == 1 ? r * step : part_offset(meta, nd, kd, rd, r));
-            const T v = map_value(map, x[off], cc, p);
-#if ARG
-            const int j = indexed ? xi[off] : r;
-            if (BETTER(v, acc) || (SAME(v, acc) && j < at)) { acc = v; at = j; }
+#define ACCUMULATE(q, m) { const T w = (m); const int j = indexed ? xi[off] : r; \
+                           if (BETTER(w, acc[q]) || (SAME(w, acc[q]) && j < j0[q])) { acc[q] = w; j0[q] = j; } }
 #else
-            acc = combine(acc, v);
+#define ACCUMULATE(q, m) acc[q] = combine(acc[q], (m))
 #endif
-        }
+// The loops over the elements [r0, r1), every `step`-th, of NQ outputs at once (bases base[q], per-output values
+// cc[q]), combining the map expression m of v (the element) into acc[q]: one loop for a single reduced dimension
+// (offsets by multiplication) and one for several (strided.h's divisions, once per r for all NQ outputs).
+#define RUN(m) \
+    if (rd == 1) { \
+        for (int r = r0; r < r1; r += step) { \
+            const int roff = r * stride; \
+            for (int q = 0; q < nq; q++) { \
+                const int off = base[q] + roff; const T v = x[off]; const float cc = ccs[q]; ACCUMULATE(q, m); \
+            } \
+        } \
+    } else { \
+        for (int r = r0; r < r1; r += step) { \
+            const int roff = part_offset(meta, nd, kd, rd, r); \
+            for (int q = 0; q < nq; q++) { \
+                const int off = base[q] + roff; const T v = x[off]; const float cc = ccs[q]; ACCUMULATE(q, m); \
+            } \
+        } \
     }
-    if (lanes > 1) {  // the same for the whole group: every work-item meets the same barriers
-        const int slot = lid;
-        vals[slot] = acc;
-#if ARG
-        ats[slot] = at;
-#endif
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int w = lanes >> 1; w > 0; w >>= 1) {
-            if (lane < w) {
-#if ARG
-                const T v = vals[slot + w];
-                const int j = ats[slot + w];
-                if (BETTER(v, vals[slot]) || (SAME(v, vals[slot]) && j < ats[slot])) { vals[slot] = v; ats[slot] = j; }
-#else
-                vals[slot] = combine(vals[slot], vals[slot + w]);
-#endif
-            }
-            barrier(CLK_LOCAL_MEM_FENCE);
-        }
-        acc = vals[slot];
-#if ARG
-        at = ats[slot];
-#endif
-    }
-    if (lane != 0 || o >= outputs) return;
+
+// acc[q] (and with ARG j0[q], its index) of the elements [r0, r1) of each of NQ outputs, every `step`-th.
+#define REDUCE_RUN(NQ) \
+    const int nd = kd + rd; \
+    const int stride = meta[2 * nd - 1]; /* the innermost reduced dimension's */ \
+    const int nq = NQ; \
+    for (int q = 0; q < nq; q++) { acc[q] = IDENTITY; j0[q] = INT_MAX; } \
+    MAPS(RUN)
+
+// What an output holds: fin of the combined value (see the header).
+inline T finish(T acc, const int fin, const float scale, const float cc) {
 #if IS_FLOAT
     if (fin == 0) acc *= scale;
     else if (fin == 1) acc = sqrt(acc * scale);
     else if (fin == 2) acc = log(acc) + shift_of(cc);
     else if (fin == 3) acc = pow(acc, scale);
 #endif
-    out[o * parts + part] = acc;
+    return acc;
+}
+
+__kernel void reduce_tree(__global const T* restrict x, __global const int* restrict xi, const int indexed,
+                          __global const float* restrict c, __global T* restrict out, __global int* restrict out_i,
+                          __global const int* restrict meta, const int kd, const int rd, const int R,
+                          const int outputs, const int lanes, const int chunk, const int map, const int fin,
+                          const float scale, const float p) {
+    __local T vals[LSIZE];
 #if ARG
-    out_i[o * parts + part] = at;
+    __local int ats[LSIZE];
 #endif
+    const int lid = get_local_id(0), lane = lid & (lanes - 1), part = get_group_id(0), parts = get_num_groups(0);
+    const int o = get_group_id(1) * (LSIZE / lanes) + lid / lanes;
+    T acc[1];
+    int j0[1], base[1];
+    float ccs[1];
+    base[0] = part_offset(meta, kd + rd, 0, kd, min(o, outputs - 1));
+    ccs[0] = c ? c[min(o, outputs - 1)] : 0.0f;
+    const int r0 = part * chunk + lane, r1 = o < outputs ? min(R, (part + 1) * chunk) : 0, step = lanes;
+    REDUCE_RUN(1)
+    const float cc = ccs[0];
+    vals[lid] = acc[0];
+#if ARG
+    ats[lid] = j0[0];
+#endif
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = lanes >> 1; w > 0; w >>= 1) {
+        if (lane < w) {
+#if ARG
+            const T v = vals[lid + w];
+            const int j = ats[lid + w];
+            if (BETTER(v, vals[lid]) || (SAME(v, vals[lid]) && j < ats[lid])) { vals[lid] = v; ats[lid] = j; }
+#else
+            vals[lid] = combine(vals[lid], vals[lid + w]);
+#endif
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lane != 0 || o >= outputs) return;
+    out[o * parts + part] = finish(vals[lid], fin, scale, cc);
+#if ARG
+    out_i[o * parts + part] = ats[lid];
+#endif
+}
+
+__kernel void reduce_loop(__global const T* restrict x, __global const int* restrict xi, const int indexed,
+                          __global const float* restrict c, __global T* restrict out, __global int* restrict out_i,
+                          __global const int* restrict meta, const int kd, const int rd, const int R,
+                          const int outputs, const int parts, const int chunk, const int map, const int fin,
+                          const float scale, const float p) {
+    const int e = get_global_id(0), runs = (outputs + COLS - 1) / COLS;
+    if (e >= runs * parts) return;
+    const int o0 = e % runs * COLS, part = e / runs;
+    T acc[COLS];
+    int j0[COLS], base[COLS];
+    float ccs[COLS];
+    for (int q = 0; q < COLS; q++) {  // the outputs past the last read the last one's elements, and are not written
+        const int o = min(o0 + q, outputs - 1);
+        base[q] = part_offset(meta, kd + rd, 0, kd, o);
+        ccs[q] = c ? c[o] : 0.0f;
+    }
+    const int r0 = part * chunk, r1 = min(R, (part + 1) * chunk), step = 1;
+    REDUCE_RUN(COLS)
+    for (int q = 0; q < COLS && o0 + q < outputs; q++) {
+        const int o = o0 + q;
+        out[o * parts + part] = finish(acc[q], fin, scale, ccs[q]);
+#if ARG
+        out_i[o * parts + part] = j0[q];
+#endif
+    }
 }
 
 // The gradient of element i of x, from its output o's upstream gradient g = scale dy[o] (scale: 1 for a sum,

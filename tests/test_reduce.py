@@ -43,11 +43,11 @@ def plan(request, monkeypatch):
     if request.param == "chosen":
         return request.param
 
-    def forced(outputs, R, contiguous, dev):
+    def forced(outputs, R, contiguous, columns, dev):
         lanes = 1
         if request.param == "tree":
             lanes = builtin_min(reduce._lsize(dev), 1 << (builtin_max(R // 8, 2).bit_length() - 1))
-        return lanes, builtin_max(1, builtin_min(-(-R // (2 * lanes)), 7))
+        return lanes, builtin_max(1, builtin_min(-(-R // (2 * lanes)), 7)), 1
     monkeypatch.setattr(reduce, "_plan", forced)
     return request.param
 
@@ -83,8 +83,13 @@ def test_sum_to_same_shape_is_the_tensor_and_bad_shapes_are_refused(dev, rng):
                 reduce.sum_to(t, bad)
 
 
-def test_sum_to_of_a_large_reduction_splits_into_parts(dev, rng):
-    """(5, 2000) -> (1,): the launch reduce.py plans itself, with a lowered threshold for the split."""
+def test_sum_to_of_a_large_reduction_splits_into_parts(dev, rng, monkeypatch):
+    """(5, 2000) -> (1,): the launch reduce.py plans itself, with a lowered threshold for the split (10 parts of
+    1024 elements, then one tree over the parts)."""
+    monkeypatch.setattr(reduce, "PER_LANE", 4)
+    monkeypatch.setattr(reduce, "CPU_PER_ITEM", 1024)
+    lanes, parts, _ = reduce._plan(1, 10000, True, False, dev)
+    assert parts == -(-10000 // (1024 * lanes // (256 if lanes > 1 else 1)))  # 10 parts of 1024
     x = rng.standard_normal((5, 2000)).astype(np.float32)
     out = reduce.sum_to(clnet.tensor(x, dev), (1,))
     assert_close(out.numpy(), x.astype(np.float64).sum().reshape(1), "sum_to (1,)")
@@ -111,6 +116,36 @@ def test_sum_and_mean(dev, rng, plan, shape, dim, keepdim):
         return
     compare(dev, rng, lambda t: reduce.mean(t, dim, keepdim), lambda t: torch.mean(t, tdim, keepdim), x,
             f"mean {shape} dim {dim}")
+
+
+LAUNCH_CASES = {
+    "var": (lambda t, d: reduce.var(t, d), lambda t, d: torch.var(t, d)),
+    "std": (lambda t, d: reduce.std(t, d, keepdim=True), lambda t, d: torch.std(t, d, keepdim=True)),
+    "max": (lambda t, d: reduce.max(t, d[0]).values, lambda t, d: torch.max(t, d[0]).values),
+    "amin": (lambda t, d: reduce.amin(t, d), lambda t, d: torch.amin(t, d)),
+    "logsumexp": (lambda t, d: reduce.logsumexp(t, d), lambda t, d: torch.logsumexp(t, d)),
+    "prod": (lambda t, d: reduce.prod(t, d[0]), lambda t, d: torch.prod(t, d[0])),
+    "norm": (lambda t, d: reduce.norm(t, 2, d), lambda t, d: torch.norm(t, 2, d)),
+    "norm inf": (lambda t, d: reduce.norm(t, math.inf, d), lambda t, d: torch.norm(t, math.inf, d)),
+    "norm 3": (lambda t, d: reduce.norm(t, 3, d), lambda t, d: torch.norm(t, 3, d)),
+}
+
+
+@pytest.mark.parametrize("kind", LAUNCH_CASES)
+def test_every_reduction_in_every_launch_shape(dev, rng, plan, kind):
+    """What each reduction adds to the sum's launch (a map before combining, a finishing step after the last pass,
+    a per-output value, indices carried through the passes) in the tree, the loop and the split passes."""
+    ours, theirs = LAUNCH_CASES[kind]
+    for shape, dim in (((31, 33), (1,)), ((31, 33), (0,)), ((3, 5, 7), (0, 2)), ((2, 67), (1,))):
+        x = rng.uniform(0.5, 1.5, shape).astype(np.float32) * rng.choice([-1.0, 1.0], shape).astype(np.float32)
+        if kind == "max":
+            x[:, -1] = x.max()  # a maximum at the last index: the first maximum's index travels through the passes
+            x[:, 0] = x.max()
+        compare(dev, rng, lambda t: ours(t, dim), lambda t: theirs(t, dim), x, f"{kind} {shape} dim {dim}",
+                tol=1e-4)
+    if kind == "max":
+        x = ties(rng, (5, 67))
+        assert np.array_equal(reduce.argmax(clnet.tensor(x, dev), 1).numpy(), torch.tensor(x).argmax(1).numpy())
 
 
 # ---- var, std ------------------------------------------------------------------------------------------------------
@@ -160,7 +195,7 @@ EXTREME_CASES = [((31, 33), 1), ((31, 33), 0), ((3, 1, 33), -1), ((2, 3, 5, 7), 
 @pytest.mark.parametrize("shape,dim", EXTREME_CASES)
 @pytest.mark.parametrize("keepdim", [False, True])
 @pytest.mark.parametrize("kind", ["max", "min"])
-def test_max_min_over_a_dim(dev, rng, plan, shape, dim, keepdim, kind):
+def test_max_min_over_a_dim(dev, rng, shape, dim, keepdim, kind):
     for x in (rng.standard_normal(shape).astype(np.float32), ties(rng, shape)):
         t = clnet.tensor(x, dev, requires_grad=True)
         values, indices = getattr(reduce, kind)(t, dim, keepdim)
@@ -178,7 +213,7 @@ def test_max_min_over_a_dim(dev, rng, plan, shape, dim, keepdim, kind):
 @pytest.mark.parametrize("shape,dim", SHAPES_DIMS[:8] + [((5, 1), 1), ((), None)])
 @pytest.mark.parametrize("keepdim", [False, True])
 @pytest.mark.parametrize("kind", ["amax", "amin"])
-def test_amax_amin_split_the_gradient_among_ties(dev, rng, plan, shape, dim, keepdim, kind):
+def test_amax_amin_split_the_gradient_among_ties(dev, rng, shape, dim, keepdim, kind):
     tdim = every(dim, len(shape))
     for x in (rng.standard_normal(shape).astype(np.float32), ties(rng, shape)):
         compare(dev, rng, lambda t: getattr(reduce, kind)(t, dim, keepdim),
@@ -194,7 +229,7 @@ def test_max_min_of_everything(dev, rng, kind):
 @pytest.mark.parametrize("shape,dim", EXTREME_CASES + [((31, 33), None), ((2, 3, 5, 7), None), ((), None)])
 @pytest.mark.parametrize("keepdim", [False, True])
 @pytest.mark.parametrize("kind", ["argmax", "argmin"])
-def test_argmax_argmin(dev, rng, plan, shape, dim, keepdim, kind):
+def test_argmax_argmin(dev, rng, shape, dim, keepdim, kind):
     if dim is None and 0 in shape:
         return
     x = ties(rng, shape)
@@ -231,7 +266,7 @@ def test_extremes_of_nothing_are_refused(dev, kind):
 
 @pytest.mark.parametrize("shape,dim", SHAPES_DIMS)
 @pytest.mark.parametrize("keepdim", [False, True])
-def test_logsumexp(dev, rng, plan, shape, dim, keepdim):
+def test_logsumexp(dev, rng, shape, dim, keepdim):
     x = (rng.standard_normal(shape) * 30).astype(np.float32)  # exp() of these overflows float32 unshifted
     tdim = every(dim, len(shape))
     if math.prod(shape[d] for d in clnet.layout.normalize_dims("", dim, len(shape))) == 0:
@@ -251,7 +286,7 @@ def test_logsumexp_of_infinities(dev):
 @pytest.mark.parametrize("shape,dim", [((31, 33), 1), ((31, 33), 0), ((3, 1, 33), -1), ((2, 3, 5, 7), 1),
                                        ((4, 0, 3), 1), ((5, 1), 1), ((7,), None), ((), None)])
 @pytest.mark.parametrize("keepdim", [False, True])
-def test_prod_with_zeros(dev, rng, plan, shape, dim, keepdim):
+def test_prod_with_zeros(dev, rng, shape, dim, keepdim):
     x = rng.uniform(0.8, 1.25, shape).astype(np.float32)
     x *= rng.choice([-1.0, 1.0], shape).astype(np.float32)
     flat = x.reshape(-1)
@@ -271,7 +306,7 @@ def test_prod_gradient_at_one_and_two_zeros(dev, rng):
 @pytest.mark.parametrize("shape,dim", [((31, 33), 1), ((31, 33), (0, 1)), ((2, 3, 5, 7), (0, 2)), ((33,), None),
                                        ((4, 0, 3), 1), ((5, 1), -1)])
 @pytest.mark.parametrize("keepdim", [False, True])
-def test_norm(dev, rng, plan, p, shape, dim, keepdim):
+def test_norm(dev, rng, p, shape, dim, keepdim):
     x = rng.standard_normal(shape).astype(np.float32)
     if math.isinf(p) if not isinstance(p, str) else False:
         x = np.round(x * 2) / 2  # ties among the largest |x|, of either sign
