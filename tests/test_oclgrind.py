@@ -23,7 +23,7 @@ CHECKS = dict(OCLGRIND_CHECK_API="1", OCLGRIND_DATA_RACES="1")
 
 FAMILIES = ("gemm_tiled", "gemm_block", "gemm_split_transposed", "linear", "im2col", "direct", "winograd_3x3",
             "winograd_5x5", "winograd_4x4", "pooling", "elementwise", "softmax", "optimizers", "batch_norm", "lrn",
-            "cat")
+            "cat", "pointwise", "reduce", "views")
 
 
 def _oclgrind_present():
@@ -262,13 +262,62 @@ def _cat(clnet, dev, rng):
         _backward(clnet, y, rng)
 
 
+def _pointwise(clnet, dev, rng):
+    """Unary forward and backward, a broadcast binary op each way, a comparison, where, a cast and the creation
+    kernels, on sizes that are not multiples of anything."""
+    a, b = _param(clnet, dev, rng, 3, 1, 5), _param(clnet, dev, rng, 4, 1)
+    y = clnet.nn.functional.gelu(a * b + clnet.exp(-a))
+    x64, y64 = a.numpy().astype(np.float64), b.numpy().astype(np.float64)
+    t = x64 * y64 + np.exp(-x64)
+    from math import erf
+    _close(y.numpy(), t * 0.5 * (1 + np.vectorize(erf)(t / np.sqrt(2))), "gelu(a * b + exp(-a))")
+    _backward(clnet, y, rng)
+    w = clnet.where(a > 0, a, b / 2)
+    _close(w.numpy(), np.where(x64 > 0, x64, y64 / 2), "where")
+    _backward(clnet, w, rng)
+    _close((clnet.arange(7, device=dev) % 3).float().numpy(), np.arange(7) % 3, "arange % 3, cast")
+    assert clnet.rand(9, device=dev).numpy().max() < 1 and clnet.eye(3, 2, device=dev).numpy().trace() == 2
+
+
+def _reduce(clnet, dev, rng):
+    x = _param(clnet, dev, rng, 3, 5, 7)
+    x64 = x.numpy().astype(np.float64)
+    for dims in ((1,), (0, 2), None):
+        y = x.sum(dims) if dims is not None else x.sum()
+        _close(y.numpy(), x64.sum(axis=dims), f"sum over {dims}")
+        _backward(clnet, y, rng)
+    v, i = x.max(1)
+    _close(v.numpy(), x64.max(1), "max values")
+    assert (i.numpy() == x64.argmax(1)).all()
+    _backward(clnet, x.var(2).sum() + (x.softmax(0) * x).sum() + x.cumsum(1).mean(), rng)
+    big = _param(clnet, dev, rng, 2, 3000)  # few outputs, long rows: the split tree
+    _close(big.sum(1).numpy(), big.numpy().astype(np.float64).sum(1), "sum of long rows")
+
+
+def _views(clnet, dev, rng):
+    x = _param(clnet, dev, rng, 2, 3, 5)
+    x64 = x.numpy()
+    for y, ref, name in ((x.permute(2, 0, 1), x64.transpose(2, 0, 1), "permute"),
+                         (x[:, 1:, ::2], x64[:, 1:, ::2], "slice"), (x[:, :1].expand(2, 4, 5),
+                                                                       np.broadcast_to(x64[:, :1], (2, 4, 5)),
+                                                                       "expand"),
+                         (clnet.nn.functional.pad(x, (1, 2, 2, 0), mode="reflect"),
+                          np.pad(x64, ((0, 0), (2, 0), (1, 2)), mode="reflect"), "reflect pad")):
+        _close(y.numpy(), ref, name)
+        _backward(clnet, y, rng)
+    idx = clnet.tensor(np.array([4, 0, 4, 1]), dev)
+    y = clnet.index_select(x, 2, idx)
+    _close(y.numpy(), x64[:, :, [4, 0, 4, 1]], "index_select")
+    _backward(clnet, y, rng)
+
+
 RUN = dict(gemm_tiled=_gemm_tiled, gemm_block=_gemm_block, gemm_split_transposed=_gemm_split_transposed,
            linear=_linear, im2col=_im2col, direct=_direct,
            winograd_3x3=lambda c, d, r: _winograd(c, d, r, 3, "winograd"),
            winograd_5x5=lambda c, d, r: _winograd(c, d, r, 5, "winograd"),
            winograd_4x4=lambda c, d, r: _winograd(c, d, r, 3, "winograd4"),
            pooling=_pooling, elementwise=_elementwise, softmax=_softmax, optimizers=_optimizers,
-           batch_norm=_batch_norm, lrn=_lrn, cat=_cat)
+           batch_norm=_batch_norm, lrn=_lrn, cat=_cat, pointwise=_pointwise, reduce=_reduce, views=_views)
 
 
 def _child(family):
