@@ -14,6 +14,7 @@ from . import models, optim, rng
 from .bench import bench, out_of_memory_message
 from .checkpoint import CheckpointError, check_checkpoint_fits, load_checkpoint
 from .devices import DeviceNotFound
+from .errors import Error
 from .kernels import OutOfMemory
 from .devices import device as _device
 from .files import write_atomically
@@ -231,7 +232,10 @@ def train_command(model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
     Under `mpiexec -n N` it trains data-parallel, one rank per device: --batch is the global batch (a multiple of N),
     rank 0 tunes, prints and writes; a failing rank stops them all.
     """
-    world = mpi_world()
+    try:
+        world = mpi_world()
+    except Error as e:  # an mpiexec from another MPI than mpi4py's (distributed.MPIMismatch): one line
+        raise click.ClickException(str(e)) from e
     if world is None:
         status = _train(None, model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name, weight_decay,
                         device_spec, seed, checkpoint, resume, subset, test_subset, log_path, tune, plot_path)

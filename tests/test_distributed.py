@@ -308,6 +308,14 @@ def clnet_train(tmp_path, *args):
             "--data-dir", tmp_path, "--batch", 2, "--epochs", 1, *args]
 
 
+def test_clnet_train_with_a_disagreeing_launcher_is_one_line(tmp_path):
+    """`clnet train` started as one of several ranks by a launcher whose MPI is not mpi4py's: one line, status 1."""
+    rc, out, err, _ = run([str(a) for a in clnet_train(tmp_path)], env=dict(PMI_SIZE="2"))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 1 and len(lines) == 1 and lines[0].startswith("Error: clnet.distributed: the launcher started "
+                                                               "this process as one of 2 ranks (PMI_SIZE=2)"), err
+
+
 @needs_mpi
 def test_missing_device_under_mpiexec_is_one_line_from_rank_0(tmp_path):
     """`mpiexec -n 2 clnet train --device 99` prints what one process prints, once, and exits 1 (it printed a
