@@ -1277,9 +1277,16 @@ def _check_flow(path, nodes, opset, constants, params, inputs, shapes):
     info.update({k: ("device", tuple(v), None) for k, v in params.items()})
     for k in inputs:
         info[k] = ("device", shapes.get(k), None)
+        if shapes.get(k) is not None and 0 in shapes[k]:
+            raise OnnxImportError(f"{path}: graph input {k!r} has shape {tuple(shapes[k])}: clnet holds no empty "
+                                  "tensors")
     for n in nodes:
         where = f"{path}: ONNX node {n.name!r} ({n.op}, opset {opset})"
         ins = [info.get(name, ("device", shapes.get(name), None)) if name else None for name in n.inputs]
+        for name, i in zip(n.inputs, ins):
+            if i is not None and i[0] == "device" and i[1] is not None and 0 in i[1]:
+                raise OnnxImportError(f"{where}: its input {name!r} has shape {tuple(i[1])}: clnet holds no empty "
+                                      "tensors")
         kinds = [i[0] for i in ins if i is not None]
         out_kind = "device"
         if n.op in ("Shape", "Size") or (n.op in HOST_OPS and all(k != "device" for k in kinds)):
