@@ -97,6 +97,9 @@ class _Node:
         return f"ONNX node {self.name!r} ({self.op}, opset {module.opset})"
 
 
+_COMPARED = 4096  # the size up to which device_constant compares a constant with the one it holds
+
+
 class OnnxModule(Module):
     """A network read from an ONNX file (made by `clnet.onnx.load`): forward takes the graph's inputs and returns its
     outputs, in the file's order (one output: the tensor itself).
@@ -148,12 +151,17 @@ class OnnxModule(Module):
 
     # -- running -------------------------------------------------------------------------------------------------
     def device_constant(self, key, array):
-        """A host constant as a tensor on this module's device, uploaded once."""
+        """A host constant as a tensor on this module's device, uploaded once. A small one is compared with what was
+        uploaded under its key and uploaded again where it differs: host values computed from a call's shapes (a
+        mean's 1 / N) may change from call to call."""
         dev = self.device
         k = (key, id(dev))
-        t = self._device_constants.get(k)
-        if t is None:
-            t = self._device_constants[k] = _to_device(np.asarray(array, np.float32), dev)
+        array = np.asarray(array, np.float32)
+        held = self._device_constants.get(k)
+        if held is not None and (array.size > _COMPARED or np.array_equal(held[1], array)):
+            return held[0]
+        t = _to_device(array, dev)
+        self._device_constants[k] = (t, array.copy() if array.size <= _COMPARED else None)
         return t
 
     def forward(self, *inputs):
@@ -989,6 +997,7 @@ def _d_transpose(m, n, a):
     C, P = math.prod(x.shape[first:j]), math.prod(x.shape[j:])
     key = ("perm", tuple(perm), x.shape[first:j])
     w = m._device_constants.get((key, id(m.device)))
+    w = None if w is None else w[0]
     if w is None:
         source = np.arange(C).reshape(x.shape[first:j]).transpose([p - first for p in perm[first:j]]).reshape(-1)
         eye = np.zeros((C, C, 1, 1), np.float32)

@@ -378,3 +378,19 @@ def test_reductions_over_any_axes(dev, rng, tmp_path, op):
         pick = (np.argmax if op == "ReduceMax" else np.argmin)(x, axis=1)
         grad = (np.arange(4).reshape(1, 4, 1, 1) == pick[:, None]).astype(np.float64)
     assert_close(tx.grad.numpy(), grad, f"{op} gradient", tol=1e-6)
+
+
+def test_host_values_from_shapes_follow_each_call(dev, rng, tmp_path):
+    """A value computed on the host from a call's shapes (here the vector [N, 2] from Shape) multiplies as that
+    call's value, not as the first call's."""
+    h = onnx.helper
+    nodes = [h.make_node("Shape", ["x"], ["s"], name="shape"),
+             h.make_node("Cast", ["s"], ["f"], to=onnx.TensorProto.FLOAT, name="cast"),
+             h.make_node("Mul", ["x", "f"], ["y"], name="mul")]
+    path = build(tmp_path / "shapes.onnx", nodes, [("x", ("N", 2))], [("y", ("N", 2))])
+    net = connx.load(path, device=dev)
+    for batch in (2, 3, 2):
+        x = f32(rng, batch, 2)
+        with clnet.no_grad():
+            y = net(clnet.tensor(x, dev)).numpy()
+        assert_close(y, x * np.array([batch, 2.0]), f"batch {batch}", tol=1e-7)
