@@ -5,17 +5,29 @@ Import. The graph becomes an `OnnxModule` whose forward walks the file's nodes i
 the op table, so autograd records it as it records any clnet network and `loss.backward()` trains it. Float
 initializers that are weights (a convolution's or a Gemm's, batch norm's scale and bias, a tensor added or
 multiplied in) become Parameters named by their initializer names, which PyTorch's exporters take from the
-state_dict keys; batch norm's mean and variance become buffers. So `state_dict()` has the file's names and
-`load_state_dict` takes a PyTorch state_dict. Nodes whose inputs are all constants are evaluated once at load;
-Shape-driven subgraphs (`x.view(x.size(0), -1)`) run in NumPy on the host from the shapes of each call's tensors,
-without a kernel or a copy, so a file exported at batch 1 also runs at batch 64. Batch normalization runs with the
-batch's statistics in train() and the stored ones in eval(), as in PyTorch; the module starts in the mode the file
-was exported in. With `fuse=True` (the default) an inference-mode batch norm that follows a convolution is folded
-into the convolution's weights and bias at load.
+state_dict keys; batch norm's mean and variance become buffers. So `state_dict()` has the file's names and values,
+unchanged, and `load_state_dict` takes a PyTorch state_dict. Nodes whose inputs are all constants are evaluated once
+at load; Shape-driven subgraphs (`x.view(x.size(0), -1)`) run in NumPy on the host from the shapes of each call's
+tensors, without a kernel or a copy, so a file exported at batch 1 also runs at batch 64. Batch normalization runs
+with the batch's statistics in train() and the stored ones in eval(), as in PyTorch; the module starts in the mode
+the file was exported in. `fuse=True` (an inference-only optimisation, off by default) folds each inference-mode
+batch norm that follows a convolution into the convolution's weights and bias at load; such a module refuses train().
 
-Every node is checked at load, before any kernel runs: an operator outside the table below, or an attribute clnet
-does not implement, raises `OnnxImportError` naming the operator type, the node and the opset. A damaged or
-truncated file raises it naming the file.
+ONNX's semantics where they differ from PyTorch's: training-mode BatchNormalization moves running_var towards the
+batch's population variance (ONNX's BatchNormalization-14/15), not PyTorch's unbiased one (_d_batchnorm corrects
+clnet's update); Gemm and MatMul multiply as ONNX says whatever B is (a file's weight, a constant, a computed tensor).
+
+Refusals come at load, before any kernel runs. Every node is checked twice: its operator and attributes
+(_check_node), then, following the graph from its inputs, what each handler needs of its inputs (_check_flow: which
+values are constants, which are computed on the host from shapes, which are computed tensors, and their shapes as
+ONNX's shape inference finds them). What clnet cannot run raises `OnnxImportError` naming the node, the operator,
+the opset and the reason; a damaged or truncated file raises it naming the file. Only what depends on a dimension
+unknown at load (a free batch size) is decided by the call, with the same error naming the node. An opset newer than
+NEWEST_OPSET loads with an OnnxOpsetWarning.
+
+Files. External data is read only from files inside the model's folder (no absolute paths, no "..", no symbolic link
+leading out), and the initializers' declared sizes are checked against the device's memory (the host's when no device
+is named) before anything is read or allocated.
 
 Export. `export(model, path, example_input)` runs the model once in eval mode on the example with every op recorded
 (autograd's Function.apply, wrapped for the duration), and writes each recorded op as its ONNX node; parameters and
@@ -1050,7 +1062,8 @@ DEVICE_OPS = {
     "Tanh": _activation("tanh"), "Clip": _d_clip, "HardSigmoid": _d_hard_sigmoid, "HardSwish": _d_hard_swish,
     "LeakyRelu": _d_leaky_relu, "MaxPool": _pool_1d(_d_maxpool), "AveragePool": _pool_1d(_d_avgpool),
     "GlobalAveragePool": _d_global_avgpool, "GlobalMaxPool": _d_global_maxpool, "ReduceMean": _d_reduce("mean"),
-    "ReduceSum": _d_reduce("sum"), "ReduceMax": _d_reduce("max"), "ReduceMin": _d_reduce("min"), "BatchNormalization": _d_batchnorm, "Sum": _d_variadic("Sum"),
+    "ReduceSum": _d_reduce("sum"), "ReduceMax": _d_reduce("max"), "ReduceMin": _d_reduce("min"),
+    "BatchNormalization": _d_batchnorm, "Sum": _d_variadic("Sum"),
     "Max": _d_variadic("Max"), "Min": _d_variadic("Min"), "Mean": _d_variadic("Mean"), "Neg": _d_neg, "Abs": _d_abs,
     "LRN": _d_lrn, "Concat": _d_concat, "Flatten": _d_flatten, "Reshape": _d_reshape, "Squeeze": _d_squeeze,
     "Unsqueeze": _d_unsqueeze, "Transpose": _d_transpose, "Softmax": _d_softmax(False),
@@ -2031,5 +2044,6 @@ def onnxruntime_agreement(path, net, x):
     return worst
 
 
-__all__ = ["OnnxImportError", "OnnxModule", "OnnxOpsetWarning", "bench_setup", "export", "input_shape", "load", "onnxruntime_agreement",
+__all__ = ["OnnxImportError", "OnnxModule", "OnnxOpsetWarning", "bench_setup", "export", "input_shape", "load",
+           "onnxruntime_agreement",
            "onnxruntime_outputs", "run_file"]

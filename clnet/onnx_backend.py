@@ -4,8 +4,8 @@ onnxruntime's and onnx-tensorrt's adapters do).
 `prepare(model, device)` loads the model with clnet.onnx.load (every refusal there, at load); `run(inputs)` takes
 NumPy arrays and returns NumPy arrays. clnet's computed tensors are float32: graph outputs of another type are refused
 at prepare, and graph inputs of another type (indices, shapes, axes: shape data in clnet) are taken as constants, the
-model loaded with them at the first run that brings each set of their values. The device is an OpenCL device (clnet.device's spec: "auto", "pocl", an
-index); ONNX's "CPU" and "CUDA" names pick the first OpenCL CPU or GPU.
+model loaded with them at the first run that brings each set of their values. The device is an OpenCL device
+(clnet.device's spec: "auto", "pocl", an index); ONNX's "CPU" and "CUDA" names pick the first OpenCL CPU or GPU.
 """
 import numpy as np
 

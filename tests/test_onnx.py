@@ -282,7 +282,8 @@ def test_training_step_from_imported_file(dev, exports, name, monkeypatch):
     initializer's name, which is the state_dict key) and batch norm's updated running statistics (ONNX's: the
     population variance), each within 1e-5 (googlenet 1e-4, ResNet-50 2e-2) or ten times PyTorch's own float32 error
     on it, whichever is larger (a first layer's weight gradient sums thousands of terms that largely cancel: PyTorch's
-    float32 misses googlenet's by 1.3e-2); and, for the zoo's networks, the zoo's own clnet model from the same weights within 1e-6."""
+    float32 misses googlenet's by 1.3e-2); and, for the zoo's networks, the zoo's own clnet model from the same
+    weights within 1e-6."""
     import torch
     if name in ("googlenet", "resnet50"):
         one_device_only(dev, name, TRAIN_DEVICE if name == "googlenet" else BIG_DEVICE)
