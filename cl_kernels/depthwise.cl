@@ -9,8 +9,10 @@
 // Each output is KH*KW multiply-adds over one input plane: 2*KH*KW flops per 8 bytes of y and x (stride 1), so every
 // pass is bound by memory traffic, not arithmetic, and none lowers x into columns.
 // Kernels, GPU-shaped (an element per work-item, consecutive work-items along a row: coalesced loads and stores):
-//   conv2d_fwd_depthwise            one output each
-//   conv2d_bwd_data_depthwise       one element of dx each, gathering the outputs whose windows hold it
+//   conv2d_fwd_depthwise            PY outputs down a column each
+//   conv2d_bwd_data_depthwise_s1    stride 1: PY elements of dx down a column each (dy through the flipped window)
+//   conv2d_bwd_data_depthwise       other strides: one element of dx each, gathering the outputs whose windows hold
+//                                   it
 //   conv2d_bwd_weights_depthwise    a work-group of LS work-items per (output channel, run of pixels): each keeps
 //                                   KH*KW sums over the pixels it visits, reduced in local memory at the end
 //   conv2d_depthwise_sum_runs       dw = (dw +) the runs' partial sums, added in order
@@ -27,6 +29,9 @@
 #ifndef KW
 #define KW 3  // window columns
 #endif
+#ifndef PY
+#define PY 4  // GPU forward and stride-1 data gradient: outputs per work-item, down a column (1 to 8)
+#endif
 #ifndef LS
 #define LS 256  // conv2d_bwd_weights_depthwise: work-items per work-group, a power of two (local memory KH*KW*LS floats)
 #endif
@@ -38,6 +43,9 @@
 #endif
 #if LS < 1 || (LS & (LS - 1)) != 0
 #error "LS must be a power of two"
+#endif
+#if PY < 1 || PY > 8
+#error "PY must be between 1 and 8"
 #endif
 
 #define DW_ARGS \
@@ -72,20 +80,86 @@ inline float dw_window_checked(__global const float* xp, const float* wk, const 
     return acc;
 }
 
+// acc[l] += the window's products for PY outputs down a column of one plane src (SRC_H x SRC_W): output l's tap
+// (ky, kx) reads src[y0 + l*ystep + ky*ty][x0 + kx*tx], zero outside the plane. The forward reads x with
+// (ystep, ty, tx) = (SH, DH, DW); the stride-1 data gradient reads dy with (1, -DH, -DW), the window flipped. Where
+// every tap of the column lies inside (most of a plane) no tap is checked.
+inline void dw_column(__global const float* src, const int SRC_H, const int SRC_W, const int y0, const int ystep,
+                      const int ty, const int x0, const int tx, const float* wk, float* acc) {
+    const int ylo = y0 + min(0, (KH - 1) * ty), yhi = y0 + (PY - 1) * ystep + max(0, (KH - 1) * ty);
+    const int xlo = x0 + min(0, (KW - 1) * tx), xhi = x0 + max(0, (KW - 1) * tx);
+    if (ylo >= 0 && yhi < SRC_H && xlo >= 0 && xhi < SRC_W) {
+        __global const float* base = src + y0 * SRC_W + x0;
+#pragma unroll
+        for (int l = 0; l < PY; l++)
+#pragma unroll
+            for (int ky = 0; ky < KH; ky++)
+#pragma unroll
+                for (int kx = 0; kx < KW; kx++)
+                    acc[l] += wk[ky * KW + kx] * base[(l * ystep + ky * ty) * SRC_W + kx * tx];
+        return;
+    }
+#pragma unroll
+    for (int l = 0; l < PY; l++)
+#pragma unroll
+        for (int ky = 0; ky < KH; ky++) {
+            const int iy = y0 + l * ystep + ky * ty;
+            if (iy < 0 || iy >= SRC_H) continue;
+            __global const float* row = src + iy * SRC_W;
+#pragma unroll
+            for (int kx = 0; kx < KW; kx++) {
+                const int ix = x0 + kx * tx;
+                if (ix >= 0 && ix < SRC_W) acc[l] += wk[ky * KW + kx] * row[ix];
+            }
+        }
+}
+
+// Global size N*O*ceil(OH/PY)*OW: work-item q computes PY outputs down column ox of plane (n, o), consecutive
+// work-items on consecutive columns.
 __kernel void conv2d_fwd_depthwise(__global const float* restrict x, __global const float* restrict w,
                                    __global const float* restrict bias, __global float* restrict y, DW_ARGS,
                                    const int flags) {
-    const int q = get_global_id(0), P = OH * OW;
-    if (q >= N * O * P) return;
-    const int plane = q / P, p = q - plane * P;
-    const int oy = p / OW, ox = p - oy * OW;
+    const int q = get_global_id(0), blocks = CEIL_DIV(OH, PY);
+    if (q >= N * O * blocks * OW) return;
+    const int row = q / OW, ox = q - row * OW;  // row: (plane, block of PY output rows)
+    const int plane = row / blocks, oy0 = (row - plane * blocks) * PY;
     const int n = plane / O, o = plane - n * O, M = O / C;
     __global const float* xp = x + ((long)n * C + (M == 1 ? o : o / M)) * H * W;
-    float wk[KK];
+    float wk[KK], acc[PY];
 #pragma unroll
     for (int t = 0; t < KK; t++) wk[t] = w[o * KK + t];
-    const float acc = dw_window_checked(xp, wk, oy * SH - PH, ox * SW - PW, H, W, DH, DW);
-    y[q] = dw_epilogue(acc, bias, o, flags);
+#pragma unroll
+    for (int l = 0; l < PY; l++) acc[l] = 0.0f;
+    dw_column(xp, H, W, oy0 * SH - PH, SH, DH, ox * SW - PW, DW, wk, acc);
+    __global float* out = y + ((long)plane * OH + oy0) * OW + ox;
+#pragma unroll
+    for (int l = 0; l < PY; l++)
+        if (oy0 + l < OH) out[l * OW] = dw_epilogue(acc[l], bias, o, flags);
+}
+
+// Global size N*C*ceil(H/PY)*W, for stride 1 (SH == SW == 1): dx is dy convolved with the flipped window, PY
+// elements of dx down a column per work-item, as the forward.
+__kernel void conv2d_bwd_data_depthwise_s1(__global const float* restrict w, __global const float* restrict dy,
+                                           __global float* restrict dx, DW_ARGS) {
+    const int q = get_global_id(0), blocks = CEIL_DIV(H, PY);
+    if (q >= N * C * blocks * W) return;
+    const int row = q / W, ix = q - row * W;
+    const int plane = row / blocks, iy0 = (row - plane * blocks) * PY;
+    const int n = plane / C, c = plane - n * C, M = O / C;
+    float acc[PY];
+#pragma unroll
+    for (int l = 0; l < PY; l++) acc[l] = 0.0f;
+    for (int m = 0; m < M; m++) {
+        const int o = c * M + m;
+        float wk[KK];
+#pragma unroll
+        for (int t = 0; t < KK; t++) wk[t] = w[o * KK + t];
+        dw_column(dy + ((long)n * O + o) * OH * OW, OH, OW, iy0 + PH, 1, -DH, ix + PW, -DW, wk, acc);
+    }
+    __global float* out = dx + ((long)plane * H + iy0) * W + ix;
+#pragma unroll
+    for (int l = 0; l < PY; l++)
+        if (iy0 + l < H) out[l * W] = acc[l];
 }
 
 // The output coordinate that tap k (offset k*D) maps input coordinate i to, or -1 when none does: i = o*S - P + k*D
@@ -93,7 +167,7 @@ __kernel void conv2d_fwd_depthwise(__global const float* restrict x, __global co
 inline int dw_source(const int i, const int k, const int S, const int P, const int D, const int OUT) {
     const int t = i + P - k * D;
     if (t < 0) return -1;
-    const int o = S == 1 ? t : t / S;
+    const int o = S == 1 ? t : S == 2 ? t >> 1 : t / S;  // (no division at mobilenet's strides)
     return (o * S == t && o < OUT) ? o : -1;
 }
 
@@ -151,14 +225,22 @@ void conv2d_bwd_weights_depthwise(__global const float* restrict x, __global con
         const float g = dyo[(long)n * O * OH * OW + oy * OW + ox];
         __global const float* xp = xc + n * xstride;
         const int iy0 = oy * SH - PH, ix0 = ox * SW - PW;
+        if (iy0 >= 0 && iy0 + (KH - 1) * DH < H && ix0 >= 0 && ix0 + (KW - 1) * DW < W) {  // the window inside
+            __global const float* base = xp + iy0 * W + ix0;
 #pragma unroll
-        for (int ky = 0; ky < KH; ky++) {
-            const int iy = iy0 + ky * DH;
-            const bool row_in = iy >= 0 && iy < H;
+            for (int ky = 0; ky < KH; ky++)
 #pragma unroll
-            for (int kx = 0; kx < KW; kx++) {
-                const int ix = ix0 + kx * DW;
-                if (row_in && ix >= 0 && ix < W) acc[ky * KW + kx] += g * xp[iy * W + ix];
+                for (int kx = 0; kx < KW; kx++) acc[ky * KW + kx] += g * base[ky * DH * W + kx * DW];
+        } else {
+#pragma unroll
+            for (int ky = 0; ky < KH; ky++) {
+                const int iy = iy0 + ky * DH;
+                const bool row_in = iy >= 0 && iy < H;
+#pragma unroll
+                for (int kx = 0; kx < KW; kx++) {
+                    const int ix = ix0 + kx * DW;
+                    if (row_in && ix >= 0 && ix < W) acc[ky * KW + kx] += g * xp[iy * W + ix];
+                }
             }
         }
         ox += dox;

@@ -21,6 +21,7 @@ MAX_TAPS = 64  # the window's taps each weight-gradient work-item keeps in regis
 # pixels are cut into runs until there are about WAVES work-groups per compute unit, each run at least MIN_RUN pixels
 # a work-item. CPUs take a channel per work-item, every image in one run.
 LS_GPU = 256
+PY_GPU = 4  # GPU forward and stride-1 data gradient: outputs down a column per work-item (depthwise.cl's PY)
 WEIGHT_WAVES = 4
 MIN_RUN = 32
 
@@ -46,19 +47,26 @@ def _args(s):
     return (s.N, s.C, s.H, s.W, s.O, s.SH, s.SW, s.PH, s.PW, s.DH, s.DW, s.OH, s.OW)
 
 
-def _kernel(dev, name, s, **defines):
-    return kernels.kernel(dev, "depthwise.cl", name, dict(KH=s.KH, KW=s.KW, **defines))
+def _weight_ls(dev, s):
+    """Work-items per work-group of the GPU weight gradient: its local memory holds KH*KW sums a work-item."""
+    taps = s.KH * s.KW
+    ls = LS_GPU if taps <= 25 else LS_GPU // 2
+    while ls > 32 and taps * ls * 4 > dev.local_mem_size // 2:
+        ls //= 2
+    return ls
+
+
+def _kernel(dev, name, s):
+    """Kernel `name` of depthwise.cl for s's window: one build per window and device, every kernel in it."""
+    return kernels.kernel(dev, "depthwise.cl", name, dict(KH=s.KH, KW=s.KW, PY=PY_GPU, LS=_weight_ls(dev, s)))
 
 
 def weight_runs(dev, s):
     """(runs, chunk, LS) of the weight gradient of shape s on dev: chunk pixels a run on a GPU (images on a CPU), LS
     work-items a work-group (GPU)."""
-    taps = s.KH * s.KW
     if tuning.cpu_shaped(dev):
         return 1, s.N, 1
-    ls = LS_GPU if taps <= 25 else LS_GPU // 2
-    while ls > 32 and taps * ls * 4 > dev.local_mem_size // 2:
-        ls //= 2
+    ls = _weight_ls(dev, s)
     pixels = s.N * s.OH * s.OW
     runs = max(1, min(-(-pixels // (MIN_RUN * ls)), -(-WEIGHT_WAVES * dev.compute_units // s.O)))
     chunk = -(-pixels // runs)
@@ -74,7 +82,8 @@ def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):
     if tuning.cpu_shaped(dev):
         k, size, local = _kernel(dev, "conv2d_fwd_depthwise_rows", s), (s.OH, s.N * s.O), None
     else:
-        k, size, local = _kernel(dev, "conv2d_fwd_depthwise", s), (s.N * s.O * s.OH * s.OW,), (LS_GPU,)
+        size = (s.N * s.O * -(-s.OH // PY_GPU) * s.OW,)
+        k, local = _kernel(dev, "conv2d_fwd_depthwise", s), (LS_GPU,)
     kernels.launch(dev, k, size, local, x, w, bias, y, *_args(s), flags, what=what + " (depthwise)")
     return y
 
@@ -86,6 +95,9 @@ def conv2d_backward_data(w, dy, s, what="Conv2d backward (data)"):
     dx = empty((s.N, s.C, s.H, s.W), dev)
     if tuning.cpu_shaped(dev):
         k, size, local = _kernel(dev, "conv2d_bwd_data_depthwise_rows", s), (s.H, s.N * s.C), None
+    elif (s.SH, s.SW) == (1, 1):
+        size = (s.N * s.C * -(-s.H // PY_GPU) * s.W,)
+        k, local = _kernel(dev, "conv2d_bwd_data_depthwise_s1", s), (LS_GPU,)
     else:
         k, size, local = (_kernel(dev, "conv2d_bwd_data_depthwise", s), (s.N * s.C * s.H * s.W,),
                           (LS_GPU,))
@@ -108,10 +120,10 @@ def conv2d_backward_weights(x, dy, s, dw, beta=1.0, what="Conv2d backward (weigh
         k = _kernel(dev, "conv2d_bwd_weights_depthwise_planes", s)
         kernels.launch(dev, k, (s.O, runs), None, x, dy, out, *_args(s), *tail, what=what + " (depthwise)")
     else:
-        k = _kernel(dev, "conv2d_bwd_weights_depthwise", s, LS=ls)
+        k = _kernel(dev, "conv2d_bwd_weights_depthwise", s)
         kernels.launch(dev, k, (s.O * ls, runs), (ls, 1), x, dy, out, *_args(s), *tail, what=what + " (depthwise)")
     if runs > 1:
         count = s.O * s.KH * s.KW
-        k = kernels.kernel(dev, "depthwise.cl", "conv2d_depthwise_sum_runs", dict(KH=s.KH, KW=s.KW))
+        k = _kernel(dev, "conv2d_depthwise_sum_runs", s)
         kernels.launch(dev, k, (count,), None, out, dw, count, runs, accumulate, what=what + " (depthwise runs)")
     return dw

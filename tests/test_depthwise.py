@@ -18,6 +18,8 @@ CASES = [
     (1, 3, 31, 33, 1, 5, 2, 2, 1),              # mnasnet's 5x5 stride 2
     (2, 2, 17, 19, 1, 7, 1, 3, 1),              # convnext's 7x7
     (1, 3, 31, 33, 1, 3, 1, 2, 2),              # dilation 2
+    (2, 2, 12, 9, 1, 3, 1, 1, 1),               # rows a multiple of the GPU shape's 4 a column: the last block's window
+                                                #   ends on the padding row
     (3, 2, 9, 11, 2, (3, 5), (2, 1), (0, 2), 1),  # rectangular window, unequal strides and paddings
 ]
 
@@ -58,9 +60,9 @@ def test_depthwise_weight_gradient_adds(dev, rng, runs, kernel_shape, monkeypatc
     N, C, H, W, mult = 3, 5, 13, 11, 2
     s = conv_shape("test", (N, C, H, W), (C * mult, 1, 3, 3), (2, 1), (1, 1), (2, 2), (1, 1), C)
     if runs > 1:
-        monkeypatch.setattr(depthwise, "weight_runs",
-                            lambda dev, s: (runs, -(-N // runs), 1) if clnet.tuning.cpu_shaped(dev)
-                            else (runs, -(-N * s.OH * s.OW // runs), 64))
+        default = depthwise.weight_runs
+        monkeypatch.setattr(depthwise, "weight_runs", lambda dev, s: (
+            runs, -(-N // runs) if clnet.tuning.cpu_shaped(dev) else -(-N * s.OH * s.OW // runs), default(dev, s)[2]))
     x = rng.standard_normal((N, C, H, W)).astype(np.float32)
     dy = rng.standard_normal((N, C * mult, s.OH, s.OW)).astype(np.float32)
     w = rng.standard_normal((C * mult, 1, 3, 3)).astype(np.float32)
