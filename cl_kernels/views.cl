@@ -10,7 +10,8 @@
 //   strided_fill   dst[dst_base + off(meta, 0, i)] = value (its bits, as an int) for i < n: x[...] = number
 //   strided_sum    dst[dst_base + off(keep, 0, i)] = sum over r < nred of src[off(keep, 1, i) + off(red, 0, r)]:
 //                  the backward of expand and repeat, which sums the gradient over the broadcast dimensions (float)
-//   index_select_fwd  out (outer, K, inner) = x (outer, D, inner) at index[k] along D (negative indices wrap)
+//   index_select_fwd  out (outer, K, inner) = x (outer, D, inner) at index[k] along D (negative indices wrap); a
+//                  2-D launch (inner, outer * K)
 //   index_select_bwd  dx (outer, D, inner): each element sums dy over the k whose index[k] is its own (a loop over
 //                  the K indices per element: deterministic and atomic-free, O(K) per element)
 //   index_links    for each k < K: links[k] = the next k' > k with the same index (-1: none), links[K + k] = 1
@@ -21,27 +22,28 @@
 //   gather_fwd     out[i] = x[x_base + off(meta, 0, i) + index[i] * dstride], i over index's shape (torch.gather)
 //   gather_bwd     dx[j] = sum of dy[i] over the i whose gather read j: element j loops over index's extent along
 //                  dim (atomic-free); its meta holds x's sizes, index's sizes and index's strides, not coalesced
-//   pad_fwd        out (outer, A, B, C) from x (outer, a, b, c) padded by (pa, pb, pc) before each dimension: value
-//                  outside x (MODE 0, constant; negative pads crop), x's mirror image without the edge (1, reflect),
-//                  x's edge (2, replicate)
-//   pad_bwd        dx (outer, a, b, c) = the sum of dy over the output positions that read each element (reflect and
-//                  replicate; a constant pad's backward is pad_fwd with the pads negated)
+//   pad_fwd        out (outer, A, B, C) from x (outer, a, b, c) padded by (pa, pb, pc) before each dimension: x's
+//                  mirror image without the edge (MODE 1, reflect) or x's edge (2, replicate); a 3-D launch (C, B,
+//                  outer * A) (a constant pad is a fill and a strided copy)
+//   pad_fold       dx (outer, s, inner) = the sum of dy (outer, m, inner) over the positions along m that read each
+//                  element of s, for one padded dimension (pad before it p); a padding's backward folds each of its
+//                  dimensions in turn; a 3-D launch (inner, s, outer)
 // An index outside [-D, D) reads `oob` (NaN's bits for floats) instead of memory outside x. Launches are of exactly
 // the work-items there are (no padding), and the kernels that read a layout from `meta` have no bounds test: PoCL
 // vectorises them only without one (a copy of 2.8M elements took 2-8 ms with a test against a size argument, 0.22 ms
 // without; a plain copy 0.24 ms).
 // Defines: ELEM (the element type moved: uint for 4-byte types, whose bits are copied unchanged, uchar for bool),
-// NDIM (strided.h), MODE (pad: 0 constant, 1 reflect, 2 replicate).
+// NDIM (strided.h), MODE (pad: 1 reflect, 2 replicate).
 #include "strided.h"
 
 #ifndef ELEM
 #define ELEM uint   // element type: its bits are moved, never converted
 #endif
 #ifndef MODE
-#define MODE 0      // pad mode: 0 constant, 1 reflect, 2 replicate
+#define MODE 1      // pad mode: 1 reflect, 2 replicate
 #endif
-#if MODE < 0 || MODE > 2
-#error "MODE must be 0 (constant), 1 (reflect) or 2 (replicate)"
+#if MODE < 1 || MODE > 2
+#error "MODE must be 1 (reflect) or 2 (replicate)"
 #endif
 
 __kernel void strided_copy(__global ELEM* restrict dst, const int dst_base, __global const ELEM* restrict src,
@@ -98,22 +100,18 @@ __kernel void strided_sum(__global float* restrict dst, const int dst_base, __gl
 }
 
 __kernel void index_select_fwd(__global const ELEM* restrict x, __global const int* restrict index,
-                               __global ELEM* restrict out, const int K, const int D, const int inner, const int n,
+                               __global ELEM* restrict out, const int K, const int D, const int inner,
                                const int oob) {
-    const int i = get_global_id(0);
-    if (i >= n) return;
-    const int e = i % inner, ok = i / inner;
+    const int e = get_global_id(0), ok = get_global_id(1);  // (inner, outer * K)
     const int k = ok % K, o = ok / K;
     int j = index[k];
     j = j < 0 ? j + D : j;
-    out[i] = (j >= 0 && j < D) ? x[(o * D + j) * inner + e] : (ELEM)oob;
+    out[ok * inner + e] = (j >= 0 && j < D) ? x[(o * D + j) * inner + e] : (ELEM)oob;
 }
 
 __kernel void index_select_bwd(__global const float* restrict dy, __global const int* restrict index,
-                               __global float* restrict dx, const int K, const int D, const int inner, const int n) {
-    const int i = get_global_id(0);
-    if (i >= n) return;
-    const int e = i % inner, oj = i / inner;
+                               __global float* restrict dx, const int K, const int D, const int inner) {
+    const int e = get_global_id(0), oj = get_global_id(1);  // (inner, outer * D)
     const int j = oj % D, o = oj / D;
     __global const float* row = dy + o * K * inner + e;
     float total = 0.0f;
@@ -121,7 +119,7 @@ __kernel void index_select_bwd(__global const float* restrict dy, __global const
         const int t = index[k];
         if (t == j || t + D == j) total += row[k * inner];
     }
-    dx[i] = total;
+    dx[oj * inner + e] = total;
 }
 
 __kernel void index_links(__global const int* restrict index, __global int* restrict links, const int K,
@@ -142,10 +140,8 @@ __kernel void index_links(__global const int* restrict index, __global int* rest
 
 __kernel void index_select_bwd_chain(__global const float* restrict dy, __global const int* restrict index,
                                      __global const int* restrict links, __global float* restrict dx, const int K,
-                                     const int D, const int inner, const int n) {
-    const int i = get_global_id(0);  // over dy (outer, K, inner)
-    if (i >= n) return;
-    const int e = i % inner, ok = i / inner;
+                                     const int D, const int inner) {
+    const int e = get_global_id(0), ok = get_global_id(1);  // (inner, outer * K), over dy
     const int k = ok % K, o = ok / K;
     const int j = index[k] < 0 ? index[k] + D : index[k];
     if (!links[K + k] || j < 0 || j >= D) return;
@@ -191,13 +187,10 @@ __kernel void gather_bwd(__global const float* restrict dy, __global const int* 
     dx[i] = total;
 }
 
-// The input coordinate that output coordinate o reads along a dimension of input size s padded by p before it;
-// -1 outside the input (constant mode only).
+// The input coordinate that output coordinate o reads along a dimension of input size s padded by p before it.
 inline int pad_source(const int o, const int s, const int p) {
     const int j = o - p;
-#if MODE == 0
-    return (j >= 0 && j < s) ? j : -1;
-#elif MODE == 1
+#if MODE == 1
     return j < 0 ? -j : (j >= s ? 2 * (s - 1) - j : j);
 #else
     return clamp(j, 0, s - 1);
@@ -205,53 +198,29 @@ inline int pad_source(const int o, const int s, const int p) {
 }
 
 __kernel void pad_fwd(__global const ELEM* restrict x, __global ELEM* restrict out, const int A, const int B,
-                      const int C, const int a, const int b, const int c, const int pa, const int pb, const int pc,
-                      const int value, const int n) {
-    const int i = get_global_id(0);
-    if (i >= n) return;
-    const int oc = i % C, ob = (i / C) % B, rest = i / C / B;
+                      const int C, const int a, const int b, const int c, const int pa, const int pb, const int pc) {
+    const int oc = get_global_id(0), ob = get_global_id(1), rest = get_global_id(2);  // (C, B, outer * A)
+    if (ob >= B) return;  // the launch's rows are rounded up to its work-groups
     const int oa = rest % A, outer = rest / A;
     const int jc = pad_source(oc, c, pc), jb = pad_source(ob, b, pb), ja = pad_source(oa, a, pa);
-    out[i] = (ja < 0 || jb < 0 || jc < 0) ? (ELEM)value : x[((outer * a + ja) * b + jb) * c + jc];
+    out[(rest * B + ob) * C + oc] = x[((outer * a + ja) * b + jb) * c + jc];
 }
 
-// The output coordinates along one dimension that read input coordinate j: up to three runs [lo[r], hi[r]] (empty
-// where lo > hi). Reflect: j itself, its mirror before the start and its mirror past the end; replicate: one run,
-// which at an edge covers the padding beside it.
-inline void pad_readers(const int j, const int s, const int m, const int p, int* lo, int* hi) {
+__kernel void pad_fold(__global const float* restrict dy, __global float* restrict dx, const int m, const int s,
+                       const int p, const int inner, const int rows) {
+    const int e = get_global_id(0), j = get_global_id(1), o = get_global_id(2);  // (inner, s, outer)
+    if (j >= rows) return;  // the launch's rows are rounded up to its work-groups
+    __global const float* column = dy + o * m * inner + e;
 #if MODE == 1
-    lo[0] = hi[0] = j + p;
-    lo[1] = hi[1] = (j > 0 && p - j >= 0) ? p - j : -1;
-    lo[2] = hi[2] = (j < s - 1 && p + 2 * (s - 1) - j < m) ? p + 2 * (s - 1) - j : -1;
-    if (lo[1] < 0) hi[1] = -2;
-    if (lo[2] < 0) hi[2] = -2;
+    // j itself, its mirror before the start, its mirror past the end
+    float total = column[(j + p) * inner];
+    if (j > 0 && p - j >= 0) total += column[(p - j) * inner];
+    if (j < s - 1 && p + 2 * (s - 1) - j < m) total += column[(p + 2 * (s - 1) - j) * inner];
 #else
-    lo[0] = j == 0 ? 0 : j + p;
-    hi[0] = j == s - 1 ? m - 1 : j + p;
-    lo[1] = lo[2] = 0;
-    hi[1] = hi[2] = -1;
-#endif
-}
-
-__kernel void pad_bwd(__global const float* restrict dy, __global float* restrict dx, const int A, const int B,
-                      const int C, const int a, const int b, const int c, const int pa, const int pb, const int pc,
-                      const int n) {
-    const int i = get_global_id(0);
-    if (i >= n) return;
-    const int jc = i % c, jb = (i / c) % b, rest = i / c / b;
-    const int ja = rest % a, outer = rest / a;
-    int la[3], ha[3], lb[3], hb[3], lc[3], hc[3];
-    pad_readers(ja, a, A, pa, la, ha);
-    pad_readers(jb, b, B, pb, lb, hb);
-    pad_readers(jc, c, C, pc, lc, hc);
+    // j itself, and at an edge the padding beside it
+    const int lo = j == 0 ? 0 : j + p, hi = j == s - 1 ? m - 1 : j + p;
     float total = 0.0f;
-    for (int ra = 0; ra < 3; ra++)
-        for (int oa = la[ra]; oa <= ha[ra]; oa++)
-            for (int rb = 0; rb < 3; rb++)
-                for (int ob = lb[rb]; ob <= hb[rb]; ob++) {
-                    __global const float* row = dy + ((outer * A + oa) * B + ob) * C;
-                    for (int rc = 0; rc < 3; rc++)
-                        for (int oc = lc[rc]; oc <= hc[rc]; oc++) total += row[oc];
-                }
-    dx[i] = total;
+    for (int q = lo; q <= hi; q++) total += column[q * inner];
+#endif
+    dx[(o * s + j) * inner + e] = total;
 }

@@ -53,7 +53,7 @@ def _elem(t):
     raise TypeError(f"clnet views move 1- or 4-byte elements, not {t.dtype}")
 
 
-def _kernel(dev, name, NDIM=1, ELEM="uint", MODE=0):
+def _kernel(dev, name, NDIM=1, ELEM="uint", MODE=1):
     """Every views.cl kernel with all three defines given (the defaults where a kernel reads none), so that kernels
     of one (NDIM, ELEM, MODE) share one build of the file."""
     return kernels.kernel(dev, "views.cl", name, dict(NDIM=NDIM, ELEM=ELEM, MODE=MODE))
@@ -118,14 +118,16 @@ def _copy(dst, dst_base, dst_strides, src, src_base, src_strides, shape, what):
 ROW_LAUNCH = 16  # strided copies whose last (coalesced) dimension has at least this many elements launch by rows
 
 
-def _fill(dst, base, strides, shape, value, what):
+def _fill(dst, base, strides, shape, value, what, bits=None):
+    """dst[base + strides . c] = value (or the element whose bits are `bits`) at every index c of shape."""
     n = numel(shape)
     if not n:
         return
     cshape, st = layout.coalesce(tuple(shape), tuple(strides))
     m = layout.meta(dst.device, cshape, st)
     k = _kernel(dst.device, "strided_fill", NDIM=len(cshape), ELEM=_elem(dst))
-    kernels.launch(dst.device, k, (n,), None, dst, int(base), m, _bits(value, dst.dtype, what), what=what)
+    bits = _bits(value, dst.dtype, what) if bits is None else bits
+    kernels.launch(dst.device, k, (n,), None, dst, int(base), m, bits, what=what)
 
 
 def _identity(x, shape, strides, base):
@@ -507,7 +509,7 @@ class IndexSelect(Function):
         self.geometry = (x.shape, dim, what)
         if out.size:
             k = _kernel(x.device, "index_select_fwd", ELEM=_elem(x))
-            kernels.launch(x.device, k, (out.size,), None, x, index, out, K, D, inner, out.size, _oob(x.dtype),
+            kernels.launch(x.device, k, (inner, outer * K), None, x, index, out, K, D, inner, _oob(x.dtype),
                            what=what)
         self.save(index)
         return out
@@ -521,13 +523,13 @@ class IndexSelect(Function):
             return dx, None
         if dx.size * K <= K * K + dy.size + dx.size + CHAIN_OVERHEAD:  # a scan of the K indices per element
             k = _kernel(dev, "index_select_bwd")
-            kernels.launch(dev, k, (dx.size,), None, dy, index, dx, K, D, inner, dx.size, what=what + " backward")
+            kernels.launch(dev, k, (inner, outer * D), None, dy, index, dx, K, D, inner, what=what + " backward")
             return dx, None
         links = empty((2 * K,), dev, np.int32)
         kernels.launch(dev, _kernel(dev, "index_links"), (K,), None, index, links, K, D, what=what + " backward")
         ops.fill(dx, 0.0)
         k = _kernel(dev, "index_select_bwd_chain")
-        kernels.launch(dev, k, (dy.size,), None, dy, index, links, dx, K, D, inner, dy.size, what=what + " backward")
+        kernels.launch(dev, k, (inner, outer * K), None, dy, index, links, dx, K, D, inner, what=what + " backward")
         return dx, None
 
 
@@ -667,47 +669,96 @@ def stack(tensors, dim=0):
 
 # ---- pad -----------------------------------------------------------------------------------------------------------
 
-_PAD_MODES = {"constant": 0, "reflect": 1, "replicate": 2}
+_PAD_MODES = {"constant": 0, "reflect": 1, "replicate": 2}  # views.cl's MODE numbers (constant: copies)
+
+
+class ConstantPad(Function):
+    """x padded with `value` by begins[d] before each dimension d to out_shape (negative begins or ends crop)."""
+    __slots__ = ("geometry",)
+
+    def forward(self, x, out_shape, begins, value, what):
+        self.geometry = (x.shape, begins, what)
+        out = empty(out_shape, x.device, x.dtype)
+        _place_box(x, out, begins, value, what)
+        return out
+
+    def backward(self, dy):
+        shape, begins, what = self.geometry
+        dx = empty(shape, dy.device)
+        _place_box(dy, dx, tuple(-b for b in begins), 0.0, what + " backward")  # dy cropped back
+        return dx
+
+
+def _place_box(src, dst, begins, value, what):
+    """dst = value, but src at offset begins[d] along each dimension d where they overlap: a fill where dst reaches
+    past src, and one strided copy of the overlap."""
+    box, dst_base, src_base = [], 0, 0
+    for b, s, o, ds, ss in zip(begins, src.shape, dst.shape, contiguous_strides(dst.shape),
+                               contiguous_strides(src.shape)):
+        start, stop = max(0, b), min(o, b + s)  # the overlap, in dst's coordinates
+        box.append(max(0, stop - start))
+        dst_base += start * ds
+        src_base += (start - b) * ss
+    if numel(box) < dst.size:
+        if dst.dtype == np.float32:
+            ops.fill(dst, float(value))
+        else:
+            _fill(dst, 0, contiguous_strides(dst.shape), dst.shape, value, what)
+    if numel(box):
+        _copy(dst, dst_base, contiguous_strides(dst.shape), src, src_base, contiguous_strides(src.shape), box, what)
 
 
 class Pad(Function):
-    """x (outer, a, b, c) padded by begins (pa, pb, pc) to (outer, A, B, C); the last three dimensions are the padded
-    ones (size 1 and pad 0 where fewer are padded)."""
+    """Reflect (mode 1) or replicate (mode 2) padding of x (outer, a, b, c) by begins (pa, pb, pc) to (outer, A, B,
+    C); the last three dimensions are the padded ones (size 1 and pad 0 where fewer are padded)."""
     __slots__ = ("geometry",)
 
-    def forward(self, x, out_shape, inner, outer_shape, begins, mode, value, what):
+    def forward(self, x, out_shape, inner, outer_shape, begins, mode, what):
         self.geometry = (x.shape, inner, outer_shape, begins, mode, what)
         out = empty(out_shape, x.device, x.dtype)
-        _pad_launch(x, out, inner, outer_shape, begins, mode, _bits(value, x.dtype, what), what)
+        if out.size:
+            k = _kernel(x.device, "pad_fwd", MODE=mode, ELEM=_elem(x))
+            kernels.launch(x.device, k, *_plane_grid(outer_shape[2], outer_shape[1],
+                                                     out.size // (outer_shape[1] * outer_shape[2])),
+                           x, out, *outer_shape, *inner, *begins, what=what)
         return out
 
     def backward(self, dy):
         shape, inner, outer_shape, begins, mode, what = self.geometry
-        dx = empty(shape, dy.device)
-        if not dx.size:
-            return dx
-        if mode == 0:  # a constant pad's gradient is dy cropped back: a pad by the negated amounts
-            _pad_launch(dy, dx, outer_shape, inner, tuple(-p for p in begins), 0, 0, what + " backward")
-            return dx
-        k = _kernel(dy.device, "pad_bwd", MODE=mode)
-        kernels.launch(dy.device, k, (dx.size,), None, dy, dx, *outer_shape, *inner, *begins, dx.size,
-                       what=what + " backward")
-        return dx
+        if not numel(shape):
+            return empty(shape, dy.device)
+        k = _kernel(dy.device, "pad_fold", MODE=mode)
+        g = dy
+        for d in (2, 1, 0):  # fold the padded dimensions one at a time, the last first
+            if outer_shape[d] == inner[d]:
+                continue
+            after = numel(inner[d + 1:])  # the dimensions after d are folded already
+            lead = g.size // (outer_shape[d] * after)
+            folded = empty((lead, inner[d], after), dy.device)
+            kernels.launch(dy.device, k, *_plane_grid(after, inner[d], lead), g, folded, outer_shape[d], inner[d],
+                           begins[d], after, inner[d], what=what + " backward")
+            g = folded
+        return g.reshape(shape)
 
 
-def _pad_launch(x, out, inner, outer_shape, begins, mode, bits, what):
-    """out (..., A, B, C) = x (..., a, b, c) padded: inner = (a, b, c), outer_shape = (A, B, C)."""
-    if out.size:
-        k = _kernel(x.device, "pad_fwd", MODE=mode, ELEM=_elem(x))
-        kernels.launch(x.device, k, (out.size,), None, x, out, *outer_shape, *inner, *begins, bits, out.size,
-                       what=what)
+def _plane_grid(C, B, R):
+    """(global, local) of a 3-D launch over (C, B, R) planes of rows: work-groups of whole short rows, several
+    rows each (left to the driver, PoCL ran a work-group per 30-element row, 5x slower), the rows rounded up to the
+    work-group (the kernels test their row against B)."""
+    if C >= PLANE_ROW:
+        return (C, B, R), None
+    rows = min(B, max(1, PLANE_ROW // C))
+    return (C, -(-B // rows) * rows, R), (C, rows, 1)
+
+
+PLANE_ROW = 256  # work-items a pad work-group spans at least along its rows
 
 
 def pad(x, pad, mode="constant", value=None):
     """x padded as torch.nn.functional.pad: `pad` = (left, right) of the last dimension, then of the one before, ...
-    Modes "constant" (with `value`, 0 by default; negative pads crop; any number of dimensions), "reflect" and
-    "replicate" (the last 1-3 dimensions; reflect's pads smaller than the dimension). One launch each way (a constant
-    pad of more than three dimensions: one per three)."""
+    Modes "constant" (with `value`, 0 by default; negative pads crop; any number of dimensions: a fill and a strided
+    copy each way, the fill left out where nothing is padded), "reflect" and "replicate" (the last 1-3 dimensions;
+    reflect's pads smaller than the dimension; one launch each way)."""
     what = f"pad (mode={mode!r})"
     _tensor_arg(what, x)
     if mode not in _PAD_MODES:
@@ -739,20 +790,20 @@ def pad(x, pad, mode="constant", value=None):
 
 
 def _pad_dims(x, pairs, mode, value, what):
-    """x padded by pairs (of its last len(pairs) dimensions, first padded one first), three dimensions a launch."""
+    """x padded by pairs (of its last len(pairs) dimensions, first padded one first)."""
     k = len(pairs)
-    if k > 3:  # the last three, then those before them with the last three merged into one
-        y = _pad_dims(x, pairs[-3:], mode, value, what)
-        flat = y.reshape(y.shape[:-3] + (numel(y.shape[-3:]),))
-        return _pad_dims(flat, pairs[:-3] + [(0, 0)], mode, value, what).reshape(_padded_shape(x.shape, pairs))
     if k == 0 or all(p == (0, 0) for p in pairs):
         return x
+    out_shape = _padded_shape(x.shape, pairs)
+    if mode == 0:
+        begins = (0,) * (x.ndim - k) + tuple(b for b, _ in pairs)
+        return ConstantPad.apply(x, out_shape=out_shape, begins=begins, value=value, what=what)
     fill = 3 - k
     inner = (1,) * fill + x.shape[x.ndim - k:]
-    outer_shape = (1,) * fill + _padded_shape(x.shape, pairs)[x.ndim - k:]
+    outer_shape = (1,) * fill + out_shape[x.ndim - k:]
     begins = (0,) * fill + tuple(b for b, _ in pairs)
-    return Pad.apply(x, out_shape=_padded_shape(x.shape, pairs), inner=inner, outer_shape=outer_shape,
-                     begins=begins, mode=mode, value=value, what=what)
+    return Pad.apply(x, out_shape=out_shape, inner=inner, outer_shape=outer_shape, begins=begins, mode=mode,
+                     what=what)
 
 
 def _padded_shape(shape, pairs):

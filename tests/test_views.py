@@ -335,6 +335,8 @@ def test_pad_int_and_refusals(dev, rng):
     a = rng.integers(-5, 5, (2, 3)).astype(np.int32)
     y = V.pad(clnet.tensor(a, dev), (1, 2), "reflect")
     np.testing.assert_array_equal(y.numpy(), np.pad(a, ((0, 0), (1, 2)), "reflect"))
+    y = V.pad(clnet.tensor(a, dev), (0, 1, 2, -1), value=7)
+    np.testing.assert_array_equal(y.numpy(), np.pad(a, ((2, 0), (0, 1)), constant_values=7)[:-1])
     x = clnet.tensor(np.ones((2, 3), np.float32), dev)
     with no_launch():
         with pytest.raises(ValueError, match=r"reflect pads must be smaller than the dimension they pad: pad \(3, 0\)"):
