@@ -92,12 +92,13 @@ class Graph:
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
         self._taken = []  # (pool, creation number, buffer, size): freed during capture, out of the pool until we go
         self._grads = {}  # id -> leaf whose .grad the step writes or reads (note_grad)
+        self._leaves = ()  # (leaf, its storage, its .grad) at the end of capture: what replays check has not moved
         self.launches = 0
         # enqueue without events through ctypes (see event_free); False: through pyopencl
         self.event_free = _enqueue_raw is not None
         self.captured = False
         self.failed = False  # its capture raised: nothing to replay
-        self.broken = None  # why a replay failed midway: no more replays (see replay)
+        self.broken = None  # why this graph replays no more: a replay failed midway, or a parameter moved (replay)
 
     # -- capture ---------------------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -190,6 +191,7 @@ class Graph:
                 raise CaptureError("internal: a buffer the capture used is neither alive nor in the pool")
             self._taken.append((p,) + entry)
         self._seen.clear()
+        self._leaves = tuple((t, t.storage, t._grad) for t in self._grads.values())
         self.captured = True
 
     # -- replay ----------------------------------------------------------------------------------------------------
@@ -205,7 +207,14 @@ class Graph:
             raise CaptureError(self._why_not())
         if kernels.context.capturing is not None:
             raise CaptureError("replay() inside another Graph's capture: graphs do not nest")
-        for t in self._grads.values():
+        for t, storage, grad in self._leaves:
+            if t.storage is not storage or t._grad is not grad:
+                self.captured = False
+                self.broken = ("replay(): a parameter or its .grad moved since the capture (an optimizer laid out its "
+                               "flat buffers, or the model moved), and the recorded launches would use the old copies; "
+                               "capture the step again in a new clnet.Graph, after the optimizer's first zero_grad() "
+                               "or step()")
+                raise CaptureError(self.broken)
             if t._grad_zeroed:
                 t.grad  # noqa: B018 -- marked by an eager zero_grad since: reading it fills it (see note_grad)
         queue = self._queue
@@ -236,15 +245,17 @@ class Graph:
                     else:
                         item()
         except BaseException as e:
-            self.captured, self.broken = False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            said = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
+            self.captured = False
+            self.broken = (f"replay() of a graph whose last replay failed midway ({said}): the host state its steps "
+                           "advance (Adam's step count, dropout's seeds, batch norm's count) ran ahead of the "
+                           "device's; capture the step again in a new clnet.Graph")
             raise
         kernels.launch_count += self.launches
 
     def _why_not(self):
         if self.broken is not None:
-            return (f"replay() of a graph whose last replay failed midway ({self.broken}): the host state its steps "
-                    "advance (Adam's step count, dropout's seeds, batch norm's count) ran ahead of the device's; "
-                    "capture the step again in a new clnet.Graph")
+            return self.broken
         if self.failed:
             return "replay() of a graph whose capture raised: capture the step again in a new Graph"
         return "replay() before capture(): record the step first with `with graph.capture():`"

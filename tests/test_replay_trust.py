@@ -271,3 +271,22 @@ def test_reading_into_a_host_array_is_refused_inside_a_capture(dev):
     with pytest.raises(clnet.CaptureError, match=r"reading a tensor of shape \(6,\) back inside Graph.capture"):
         with g.capture():
             t.read_into(out)
+
+
+def test_a_replay_after_the_parameters_moved_is_refused(dev, rng):
+    """A forward and backward captured before the optimizer laid out its flat buffers: the optimizer's first step
+    moves every parameter and gradient, and the graph's launches would go on reading the old weights and writing the
+    old gradients while the optimizer updates the new ones."""
+    model = net(dev, int(rng.integers(0, 2**31)))
+    xb, yb = micro_batches(rng, 1)[0]
+    x, y = clnet.tensor(xb, dev), clnet.tensor(yb, dev)
+    g = clnet.Graph()
+    with g.capture():
+        nn.CrossEntropyLoss()(model(x), y).backward()
+    g.replay()
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    opt.step()  # lays out the flat buffers: the parameters' memory moves
+    for _ in range(2):
+        with pytest.raises(clnet.CaptureError, match=r"a parameter or its \.grad moved since the capture .*first "
+                                                     r"zero_grad\(\) or step\(\)"):
+            g.replay()
