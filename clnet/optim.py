@@ -1,74 +1,155 @@
-"""Optimizers (SGD, Adam, AdamW) with PyTorch's arguments and updates, run as kernels on the device.
+"""Optimizers (SGD, Adam, AdamW, RMSprop) with PyTorch's arguments, parameter groups and updates, run as kernels.
+
+Parameter groups are PyTorch's: `SGD([{"params": backbone, "lr": 0.01}, {"params": head}], lr=0.1, momentum=0.9)`
+gives each group the constructor's hyperparameters except those its dict names; `param_groups[i]["lr"]` (and every
+other hyperparameter) can be changed between steps, eager or replayed, and an lr_scheduler does exactly that.
 
 On its first use an optimizer moves every parameter, its gradient and its state (momentum, Adam's moments) into one
-flat buffer each (a parameter's memory and its .grad become sub-buffers of those), so that `step` is one launch
-whatever the number of parameters: for a small network the launches, not the arithmetic, are the cost of an update.
+flat buffer each, group after group (a parameter's memory and its .grad become sub-buffers of those), so that `step`
+is one launch per group whatever the number of parameters: for a small network the launches, not the arithmetic,
+are the cost of an update. The hyperparameters reach the kernels as kernels.Live arguments that the step's host
+action sets from the groups, so a replayed clnet.Graph step reads the groups as they are at that replay.
 `zero_grad` launches nothing: it marks the gradients zero (Tensor.grad), and the next backward overwrites them.
 The parameters keep their identity; only their memory moves.
 
-`state_dict()` follows PyTorch's shape: {"state": {index: {name: array}}, "param_groups": [{hyperparameters}]}.
+`state_dict()` follows PyTorch's layout: {"state": {index: {name: array}}, "param_groups": [{hyperparameters,
+"params": [indices]}, ...]}, indices counting the parameters group after group; Adam's step count is its group's
+"step" entry (one count per group, all of whose parameters step together).
 """
+import sys
+
 import numpy as np
 
-from . import autograd, kernels, ops
+from . import autograd, kernels, lr_scheduler, ops
 from .graph import CaptureError
 from .tensor import Parameter, Tensor, region_alignment
 
+sys.modules[__name__ + ".lr_scheduler"] = lr_scheduler  # `from clnet.optim.lr_scheduler import StepLR`, as torch's
+
 
 class Optimizer:
-    """The flat-buffer frame shared by every optimizer. Subclasses name their per-parameter state (`state_names`),
-    check their hyperparameters and launch their update in `_update(data, grad, state)`."""
+    """The flat-buffer frame shared by every optimizer. Subclasses name every state they may keep (`state_names`)
+    and those a group's settings need (`_group_state`), normalise and check a group's hyperparameters (`_normalise`,
+    `_check`), and launch one group's update in `_update_group`."""
 
     state_names = ()
-    defaults = {}
 
-    def __init__(self, params, **hyper):
-        self.params = list(params)
-        for i, p in enumerate(self.params):
-            if not isinstance(p, Tensor) or not p.requires_grad:
-                raise TypeError(f"{type(self).__name__}: item {i} of params is not a tensor that requires a gradient "
-                                f"(pass model.parameters())")
-        # one parameter group, PyTorch's shape: editing param_groups[0]["lr"] (or opt.lr) changes the next step
-        self.param_groups = [dict(self.defaults, **hyper, params=self.params)]
+    def __init__(self, params, defaults):
+        object.__setattr__(self, "defaults", dict(defaults))
+        self.params = []  # every parameter, group after group: the flat buffers' order and the state's indices
+        self.param_groups = []
+        if isinstance(params, Tensor):
+            raise TypeError(f"{type(self).__name__}: params must be an iterable of tensors or of dicts (parameter "
+                            f"groups), got one tensor of shape {params.shape}; pass [t] or model.parameters()")
+        params = list(params)
+        if params and all(isinstance(g, dict) for g in params):
+            groups = params
+        elif any(isinstance(g, dict) for g in params):
+            raise TypeError(f"{type(self).__name__}: params mixes parameter groups (dicts) and tensors; put every "
+                            "tensor in a group's 'params'")
+        else:
+            groups = [{"params": params}]
         self._flat = None     # (data, grad, {state name: flat tensor}) once on a device
         self._layout = None   # (storage, grad) per parameter that the flat buffers were made for
-        self._views = {name: [None] * len(self.params) for name in self.state_names}
+        self._spans = []      # per group: (first element, element count) in the flat buffers
+        self._group_bufs = []  # per group: its regions of the flat data, grad and state (None if it has no elements)
+        self._views = {name: [] for name in self.state_names}
         self._pending = None  # state loaded before the flat buffers exist
+        for g in groups:
+            self.add_param_group(g)
+
+    def add_param_group(self, param_group):
+        """Add a group (a dict with "params" and any hyperparameters; the others from the constructor's) to train
+        with the others; the flat buffers are laid out again at the next step."""
+        who = type(self).__name__
+        if not isinstance(param_group, dict) or "params" not in param_group:
+            raise TypeError(f"{who}: a parameter group is a dict with a 'params' entry, got {type(param_group).__name__}")
+        group = dict(param_group)
+        params = group["params"]
+        if isinstance(params, Tensor):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError(f"{who}: a group's params is a set, whose order changes between runs; pass a list")
+        params = list(params)
+        i0 = len(self.param_groups)
+        for i, p in enumerate(params):
+            if not isinstance(p, Tensor) or not p.requires_grad:
+                raise TypeError(f"{who}: item {i} of params{f' of group {i0}' if i0 else ''} is not a tensor that "
+                                "requires a gradient (pass model.parameters())")
+        seen = {id(p) for p in self.params}
+        if len({id(p) for p in params}) != len(params) or any(id(p) in seen for p in params):
+            raise ValueError(f"{who}: a parameter appears twice in the parameter groups (group {i0}); give each "
+                             "parameter to one group, once")
+        for k, v in self.defaults.items():
+            group.setdefault(k, v)
+        self._normalise(group)
+        self._check(group)
+        group["params"] = params
+        self.param_groups.append(group)
+        self.params.extend(params)
+        for views in self._views.values():
+            views.extend([None] * len(params))
+        self._layout = None
+        self._group_added()
+
+    def _group_added(self):
+        pass
 
     @property
     def hyper(self):
-        """The hyperparameters (the one group without its params)."""
+        """The hyperparameters of the first group (without its params)."""
         return {k: v for k, v in self.param_groups[0].items() if k != "params"}
 
-    def __getattr__(self, name):
+    # opt.lr and the like: the one group's hyperparameters, as clnet has always offered (PyTorch has none)
+    def _group_attr(self, name):
         groups = self.__dict__.get("param_groups")
-        if groups is not None and name in groups[0] and name != "params":
-            return groups[0][name]
-        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        if groups and name in groups[0] and name != "params":
+            if len(groups) > 1:
+                raise AttributeError(f"{type(self).__name__}.{name}: the optimizer has {len(groups)} parameter groups; "
+                                     f"use param_groups[i][{name!r}]")
+            return groups[0]
+        return None
+
+    def __getattr__(self, name):
+        group = self._group_attr(name)
+        if group is None:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        return group[name]
 
     def __setattr__(self, name, value):
-        groups = self.__dict__.get("param_groups")
-        if groups is not None and name in groups[0] and name != "params":
-            groups[0][name] = value
-        else:
+        group = self._group_attr(name) if not name.startswith("_") else None
+        if group is None:
             object.__setattr__(self, name, value)
+        else:
+            group[name] = value
+
+    def _needed_state(self):
+        """The states some group needs now, and those kept so far (a group whose momentum went to 0 keeps its
+        buffer, as PyTorch's does)."""
+        names = {n for n, views in self._views.items() if any(v is not None for v in views)}
+        for g in self.param_groups:
+            names.update(self._group_state(g))
+        return [n for n in self.state_names if n in names]
 
     def _flatten(self):
-        """(Re)builds the flat buffers when the parameters are new or were moved; copies their values in."""
-        if self._layout is not None and all(p.storage is s and p._grad is g for p, (s, g) in
-                                            zip(self.params, self._layout)):
+        """(Re)builds the flat buffers when the parameters are new or were moved, or a group now needs a state the
+        buffers lack; copies their values (and the state kept so far) in."""
+        needed = self._needed_state()
+        if self._layout is not None and all(n in self._flat[2] for n in needed) and all(
+                p.storage is s and p._grad is g for p, (s, g) in zip(self.params, self._layout)):
             return
+        who = type(self).__name__
         if any(p.storage is None for p in self.params):
-            raise RuntimeError(f"{type(self).__name__}: a parameter is not on a device yet; call model.to(device) "
-                               "first")
+            raise RuntimeError(f"{who}: a parameter is not on a device yet; call model.to(device) first")
         dev = self.params[0].device
         if any(p.device is not dev for p in self.params):
-            raise RuntimeError(f"{type(self).__name__}: the parameters are on different devices; move the whole "
-                               "model with .to(device)")
+            raise RuntimeError(f"{who}: the parameters are on different devices; move the whole model with "
+                               ".to(device)")
         if kernels.capturing is not None and kernels.capturing.launches:
-            raise CaptureError(f"{type(self).__name__} lays out its parameters at its first zero_grad() or step(); "
-                               "inside a capture that has already recorded launches on the old layout, a replay "
-                               "would train stale copies: run one step (or call zero_grad()) before capturing")
+            raise CaptureError(f"{who} lays out its parameters at its first zero_grad() or step() (and again when a "
+                               "group is added or starts to need momentum); inside a capture that has already "
+                               "recorded launches on the old layout, a replay would train stale copies: run one step "
+                               "(or call zero_grad()) before capturing")
         with kernels.set_up():  # a capture in progress keeps the new layout, not the copies into it
             step = region_alignment(dev) // 4
             offsets, total = [], 0
@@ -78,7 +159,7 @@ class Optimizer:
             old_state = {name: [None if v is None else v.numpy() for v in views]
                          for name, views in self._views.items()}
             data, grad = ops.zeros((total,), dev), ops.zeros((total,), dev)
-            state = {name: ops.zeros((total,), dev) for name in self.state_names}  # zero state: PyTorch's first step
+            state = {name: ops.zeros((total,), dev) for name in needed}  # zero state: PyTorch's first step
             for i, (p, off) in enumerate(zip(self.params, offsets)):
                 new_data, new_grad = data.region(off, p.shape), grad.region(off, p.shape)
                 new_data.copy_from(p)
@@ -86,9 +167,22 @@ class Optimizer:
                     new_grad.copy_from(p.grad)
                 p.storage, p.grad = new_data.storage, new_grad
                 for name in self.state_names:
+                    if name not in state:
+                        self._views[name][i] = None
+                        continue
                     view = self._views[name][i] = state[name].region(off, p.shape)
                     if old_state[name][i] is not None:
                         view.write(old_state[name][i])
+            self._spans, first = [], 0
+            for g in self.param_groups:  # a group's span runs from its first parameter to the next group's
+                last = first + len(g["params"])
+                start = offsets[first] if first < len(offsets) else total
+                end = offsets[last] if last < len(offsets) else total
+                self._spans.append((start, end - start))
+                first = last
+            self._group_bufs = [None if not count else (
+                data.region(start, (count,)), grad.region(start, (count,)),
+                {n: s.region(start, (count,)) for n, s in state.items()}) for start, count in self._spans]
             self._flat = (data, grad, state)
             self._layout = [(p.storage, p.grad) for p in self.params]
             if self._pending is not None:
@@ -121,87 +215,163 @@ class Optimizer:
         else:
             for p in unwritten:
                 p.grad  # noqa: B018 -- reading a .grad marked zero fills it
-        self._update(data, grad, state)
+        groups, layout = self.param_groups, self._layout
+        built = [self._built(g) for g in groups]  # the kernels' defines, fixed for the launches recorded below
 
-    def _update(self, data, grad, state):
+        def host():  # every step's action, replayed ones too: the groups as they are now reach the Live arguments
+            if self._layout is not layout:
+                raise CaptureError(f"{type(self).__name__} laid out its parameters again since this step was "
+                                   "captured (a group was added, a group started to need momentum, or the model "
+                                   "moved), so a replay would train stale copies; capture the step again")
+            for i, (g, b) in enumerate(zip(groups, built)):
+                if self._built(g) != b:
+                    raise CaptureError(f"{type(self).__name__}: param_groups[{i}] changed {self._what_built} since "
+                                       "this step was captured, which its kernel was built for; capture the step "
+                                       "again")
+                self._set_live(i, g)
+        kernels.per_step(host)
+        for i, bufs in enumerate(self._group_bufs):
+            if bufs is not None:
+                self._update_group(i, groups[i], *bufs)
+
+    # -- per optimizer -------------------------------------------------------------------------------------------
+    _what_built = "a setting"
+
+    def _group_state(self, group):
+        return self.state_names
+
+    def _built(self, group):
+        """The group's settings that are compile-time defines of its kernel."""
+        return ()
+
+    def _normalise(self, group):
+        pass
+
+    def _check(self, group):
+        pass
+
+    def _set_live(self, i, group):
+        raise NotImplementedError
+
+    def _update_group(self, i, group, data, grad, state):
         raise NotImplementedError
 
     # -- state ---------------------------------------------------------------------------------------------------
-    def _counters(self):
+    def _counters(self, i):
         return {}
+
+    def _set_counters(self, i, counters):
+        pass
+
+    def _group_indices(self):
+        out, first = [], 0
+        for g in self.param_groups:
+            out.append(list(range(first, first + len(g["params"]))))
+            first += len(g["params"])
+        return out
 
     def state_dict(self):
         if self._pending is not None:  # loaded, not yet on the device: hand back what was loaded
             state = {i: dict(s) for i, s in self._pending["state"].items()}
-            counters = self._pending.get("counters", {})
+            counters = self._pending["counters"]
         else:
             state = {}
-            for i in range(len(self.params)):
-                entry = {name: self._views[name][i].numpy() for name in self.state_names
-                         if self._views[name][i] is not None}
-                if entry:
-                    state[i] = entry
-            counters = self._counters()
-        return {"state": state, "param_groups": [dict(self.hyper, params=list(range(len(self.params))),
-                                                      **counters)]}
+            for g, indices in zip(self.param_groups, self._group_indices()):
+                names = self._group_state(g)
+                for i in indices:
+                    entry = {name: self._views[name][i].numpy() for name in self.state_names
+                             if name in names and self._views[name][i] is not None}
+                    if entry:
+                        state[i] = entry
+            counters = [self._counters(i) for i in range(len(self.param_groups))]
+        groups = [dict({k: v for k, v in g.items() if k != "params"}, params=idx, **c)
+                  for g, idx, c in zip(self.param_groups, self._group_indices(), counters)]
+        return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict):
+        who = f"{type(self).__name__}.load_state_dict"
         try:
-            group, = state_dict["param_groups"]
+            groups = list(state_dict["param_groups"])
             state = {int(i): s for i, s in state_dict["state"].items()}
+            if not all(isinstance(g, dict) for g in groups):
+                raise TypeError("a group is not a dict")
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{type(self).__name__}.load_state_dict: not an optimizer state ({e})") from e
-        if len(group.get("params", self.params)) != len(self.params):
-            raise ValueError(f"{type(self).__name__}.load_state_dict: state for {len(group['params'])} parameters, "
-                             f"this optimizer has {len(self.params)}")
+            raise ValueError(f"{who}: not an optimizer state ({e})") from e
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"{who}: the state has {len(groups)} parameter groups, this optimizer "
+                             f"{len(self.param_groups)}; make the optimizer with the saved run's groups")
+        for i, (saved, group) in enumerate(zip(groups, self.param_groups)):
+            n = len(saved.get("params", group["params"]))
+            if n != len(group["params"]):
+                where = f"group {i}" if len(groups) > 1 else "the optimizer"
+                raise ValueError(f"{who}: state for {n} parameters, {where} has {len(group['params'])}")
         for i, entry in state.items():
             if not 0 <= i < len(self.params):
-                raise ValueError(f"{type(self).__name__}.load_state_dict: no parameter {i}")
+                raise ValueError(f"{who}: no parameter {i}")
             for name, a in entry.items():
                 if name not in self.state_names:
-                    raise ValueError(f"{type(self).__name__}.load_state_dict: unknown state {name!r} (this optimizer "
-                                     f"keeps {list(self.state_names)})")
+                    raise ValueError(f"{who}: unknown state {name!r} (this optimizer keeps {list(self.state_names)})")
                 if tuple(np.shape(a)) != tuple(self.params[i].shape):
-                    raise ValueError(f"{type(self).__name__}.load_state_dict: {name} of parameter {i} has shape "
-                                     f"{np.shape(a)}, the parameter has {self.params[i].shape}")
-        hyper = {k: group[k] for k in self.hyper if k in group}
-        counters = {k: group[k] for k in self._counters() if k in group}
-        self._check(dict(self.hyper, **hyper))
-        self.param_groups[0].update(hyper)
+                    raise ValueError(f"{who}: {name} of parameter {i} has shape {np.shape(a)}, the parameter has "
+                                     f"{self.params[i].shape}")
+        counter_names = set(self._counters(0)) if self.param_groups else set()
+        new_groups = []
+        for saved, group in zip(groups, self.param_groups):
+            new = dict(group, **{k: v for k, v in saved.items() if k != "params" and k not in counter_names})
+            self._normalise(new)
+            self._check(new)
+            new_groups.append(new)
+        for group, new in zip(self.param_groups, new_groups):  # all checked: now change them
+            group.update({k: v for k, v in new.items() if k != "params"})
         loaded = dict(state={i: {n: np.array(a, np.float32) for n, a in s.items()} for i, s in state.items()},
-                      counters=counters)
-        if self._flat is None:
-            self._pending = loaded
-        else:
-            self._load_state(loaded)
+                      counters=[{k: g[k] for k in counter_names if k in g} for g in groups])
+        self._pending = loaded
+        if self._flat is not None:
+            self._flatten()  # lays out again only if the loaded groups need a state the buffers lack
+            if self._pending is not None:
+                pending, self._pending = self._pending, None
+                self._load_state(pending)
 
     def _load_state(self, loaded):
         for name in self.state_names:
             for i, view in enumerate(self._views[name]):
+                if view is None:
+                    continue
                 a = loaded["state"].get(i, {}).get(name)
                 if a is None:
                     ops.fill(view, 0.0)
                 else:
                     view.write(a)
-        for k, v in loaded.get("counters", {}).items():
-            setattr(self, "_" + k, v)
+        for i, c in enumerate(loaded["counters"]):
+            self._set_counters(i, c)
 
-    def _check(self, hyper):
-        pass
+
+def _live(n):
+    return tuple(kernels.Live(None) for _ in range(n))
+
+
+def _f32(*values):
+    return tuple(np.float32(v) for v in values)
 
 
 class SGD(Optimizer):
     """Stochastic gradient descent with momentum, weight decay and Nesterov, as torch.optim.SGD (dampening 0)."""
 
-    defaults = dict(lr=0.01, momentum=0.0, weight_decay=0.0, nesterov=False)
+    state_names = ("momentum_buffer",)
+    _what_built = "whether momentum is 0, or nesterov,"
 
     def __init__(self, params, lr=0.01, momentum=0.0, weight_decay=0.0, nesterov=False):
-        hyper = dict(lr=float(lr), momentum=float(momentum), weight_decay=float(weight_decay), nesterov=bool(nesterov))
-        self._check(hyper)
-        self.state_names = ("momentum_buffer",) if momentum else ()
-        super().__init__(params, **hyper)
-        self._live = kernels.Live(None), kernels.Live(None)  # lr, weight decay: set by each step's host action
-        self._live_set = None  # the (lr, weight decay) they hold: every step's action, eager or replayed, sets both
+        self._live = []  # per group: Live (lr, momentum, weight decay), set by each step's host action
+        self._live_set = []  # per group: the values they hold (converted only when one changed)
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov))
+
+    def _group_added(self):
+        self._live.append(_live(3))
+        self._live_set.append(None)
+
+    def _normalise(self, g):
+        g["lr"], g["momentum"], g["weight_decay"] = float(g["lr"]), float(g["momentum"]), float(g["weight_decay"])
+        g["nesterov"] = bool(g["nesterov"])
 
     def _check(self, h):
         if h["lr"] <= 0 or h["momentum"] < 0 or h["weight_decay"] < 0:
@@ -210,44 +380,52 @@ class SGD(Optimizer):
         if h["nesterov"] and h["momentum"] == 0:
             raise ValueError("SGD: nesterov=True needs momentum > 0")
 
-    def load_state_dict(self, state_dict):
-        saved = state_dict.get("param_groups", [{}])[0].get("momentum", self.momentum)
-        if bool(saved) != bool(self.momentum):
-            raise ValueError(f"SGD.load_state_dict: the state was saved with momentum {saved}, this optimizer has "
-                             f"{self.momentum}; make the optimizer with the saved run's momentum")
-        super().load_state_dict(state_dict)
+    def _group_state(self, g):
+        return ("momentum_buffer",) if g["momentum"] else ()
 
-    def _update(self, data, grad, state):
-        h = self.hyper
-        buf = state.get("momentum_buffer", grad)
-        lr, weight_decay = self._live
+    def _built(self, g):
+        return g["momentum"] != 0, bool(g["nesterov"])
 
-        def hyper():  # read at every step, replayed ones too, so a changed param_groups[0]["lr"] takes effect
-            group = self.param_groups[0]
-            now = (group["lr"], group["weight_decay"])
-            if now != self._live_set:
-                self._live_set = now
-                lr.value, weight_decay.value = np.float32(now[0]), np.float32(now[1])
-        kernels.per_step(hyper)
-        ops.sgd_step(data, grad, buf, lr, h["momentum"], weight_decay, h["nesterov"])
+    def _set_live(self, i, g):
+        now = (g["lr"], g["momentum"], g["weight_decay"])
+        if now != self._live_set[i]:
+            self._live_set[i] = now
+            for live, v in zip(self._live[i], _f32(*now)):
+                live.value = v
+
+    def _update_group(self, i, g, data, grad, state):
+        lr, momentum, weight_decay = self._live[i]
+        buf = state.get("momentum_buffer", grad) if g["momentum"] else grad
+        k = kernels.kernel(data.device, "sgd.cl", "sgd_step", dict(MOMENTUM=g["momentum"] != 0,
+                                                                   NESTEROV=g["nesterov"]))
+        ops._map(data.device, k, data.size, ops.VW, data, grad, buf, data.size, lr, momentum, weight_decay,
+                 what="SGD step")
 
 
 class Adam(Optimizer):
     """Adam as torch.optim.Adam (weight_decay as an L2 term added to the gradient; amsgrad not offered)."""
 
     state_names = ("exp_avg", "exp_avg_sq")
-    defaults = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     decoupled = False
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
         if amsgrad:
             raise ValueError(f"{type(self).__name__}: amsgrad=True is not offered by clnet")
-        hyper = dict(lr=float(lr), betas=(float(betas[0]), float(betas[1])), eps=float(eps),
-                     weight_decay=float(weight_decay))
-        self._check(hyper)
-        super().__init__(params, **hyper)
-        self._step = 0
-        self._live = tuple(kernels.Live(None) for _ in range(5))  # lr, step size, sqrt(1 - b2^t), eps, decay
+        self._steps = []  # per group: steps taken (PyTorch keeps one per parameter; a group's step together)
+        self._live = []   # per group: Live (lr, step size, sqrt(1 - b2^t), b1, b2, eps, decay)
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    def _group_added(self):
+        self._steps.append(0)
+        self._live.append(_live(7))
+
+    def _normalise(self, g):
+        try:
+            b1, b2 = g["betas"]
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{type(self).__name__}: betas must be a pair (b1, b2), got {g['betas']!r}") from e
+        g["lr"], g["betas"], g["eps"] = float(g["lr"]), (float(b1), float(b2)), float(g["eps"])
+        g["weight_decay"] = float(g["weight_decay"])
 
     def _check(self, h):
         b1, b2 = h["betas"]
@@ -256,39 +434,91 @@ class Adam(Optimizer):
                              f"(got lr={h['lr']}, betas={h['betas']}, eps={h['eps']}, "
                              f"weight_decay={h['weight_decay']})")
 
-    def _counters(self):
-        return dict(step=self._step)
+    def _counters(self, i):
+        return dict(step=self._steps[i]) if i < len(self._steps) else dict(step=0)
 
-    def _update(self, data, grad, state):
-        h = self.hyper
-        lr, step_size, bc2_sqrt, eps, weight_decay = self._live
+    def _set_counters(self, i, counters):
+        self._steps[i] = int(counters.get("step", self._steps[i]))
 
-        def advance():  # host state of a step: a replayed graph repeats it (and sees param_groups[0] as it is then)
-            h = self.param_groups[0]
-            self._step += 1
-            b1, b2 = h["betas"]
-            # PyTorch: p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-            lr.value = np.float32(h["lr"])
-            step_size.value = np.float32(h["lr"] / (1.0 - b1 ** self._step))
-            bc2_sqrt.value = np.float32((1.0 - b2 ** self._step) ** 0.5)
-            eps.value, weight_decay.value = np.float32(h["eps"]), np.float32(h["weight_decay"])
-        kernels.per_step(advance)
-        b1, b2 = h["betas"]
-        dev = data.device
-        k = kernels.kernel(dev, "adam.cl", "adam_step", dict(DECOUPLED=self.decoupled))
-        ops._map(dev, k, data.size, ops.VW, data, grad, state["exp_avg"], state["exp_avg_sq"], data.size, lr, step_size,
-                 bc2_sqrt, float(b1), float(b2), eps, weight_decay, what=f"{type(self).__name__} step")
+    def _set_live(self, i, g):
+        self._steps[i] += 1
+        t = self._steps[i]
+        b1, b2 = g["betas"]
+        # PyTorch: p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+        values = _f32(g["lr"], g["lr"] / (1.0 - b1 ** t), (1.0 - b2 ** t) ** 0.5, b1, b2, g["eps"], g["weight_decay"])
+        for live, v in zip(self._live[i], values):
+            live.value = v
+
+    def _update_group(self, i, g, data, grad, state):
+        k = kernels.kernel(data.device, "adam.cl", "adam_step", dict(DECOUPLED=self.decoupled))
+        ops._map(data.device, k, data.size, ops.VW, data, grad, state["exp_avg"], state["exp_avg_sq"], data.size,
+                 *self._live[i], what=f"{type(self).__name__} step")
 
 
 class AdamW(Adam):
     """AdamW as torch.optim.AdamW: weight decay applied to the parameter (p *= 1 - lr * weight_decay) before the
     Adam update, not through the gradient."""
 
-    defaults = dict(Adam.defaults, weight_decay=1e-2)
     decoupled = True
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad)
 
 
-__all__ = ["Adam", "AdamW", "Optimizer", "Parameter", "SGD"]
+class RMSprop(Optimizer):
+    """RMSprop as torch.optim.RMSprop: a running mean of squared gradients (weight `alpha`) divides each gradient;
+    `centered` subtracts the squared running mean of the gradients first; `momentum` keeps a buffer of the divided
+    gradients."""
+
+    state_names = ("square_avg", "momentum_buffer", "grad_avg")
+    _what_built = "whether momentum is 0, or centered,"
+
+    def __init__(self, params, lr=0.01, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False):
+        self._steps = []
+        self._live = []  # per group: Live (lr, alpha, eps, weight decay, momentum)
+        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                                      centered=centered))
+
+    def _group_added(self):
+        self._steps.append(0)
+        self._live.append(_live(5))
+
+    def _normalise(self, g):
+        for k in ("lr", "alpha", "eps", "weight_decay", "momentum"):
+            g[k] = float(g[k])
+        g["centered"] = bool(g["centered"])
+
+    def _check(self, h):
+        if not (h["lr"] > 0 and h["eps"] >= 0 and h["weight_decay"] >= 0 and h["momentum"] >= 0
+                and 0 <= h["alpha"] <= 1):
+            raise ValueError(f"RMSprop: need lr > 0, eps >= 0, weight_decay >= 0, momentum >= 0 and alpha in [0, 1] "
+                             f"(got lr={h['lr']}, alpha={h['alpha']}, eps={h['eps']}, "
+                             f"weight_decay={h['weight_decay']}, momentum={h['momentum']})")
+
+    def _group_state(self, g):
+        return ("square_avg",) + (("momentum_buffer",) if g["momentum"] else ()) + \
+            (("grad_avg",) if g["centered"] else ())
+
+    def _built(self, g):
+        return g["momentum"] != 0, bool(g["centered"])
+
+    def _counters(self, i):
+        return dict(step=self._steps[i]) if i < len(self._steps) else dict(step=0)
+
+    def _set_counters(self, i, counters):
+        self._steps[i] = int(counters.get("step", self._steps[i]))
+
+    def _set_live(self, i, g):
+        self._steps[i] += 1
+        for live, v in zip(self._live[i], _f32(g["lr"], g["alpha"], g["eps"], g["weight_decay"], g["momentum"])):
+            live.value = v
+
+    def _update_group(self, i, g, data, grad, state):
+        momentum, centered = self._built(g)
+        k = kernels.kernel(data.device, "rmsprop.cl", "rmsprop_step", dict(MOMENTUM=momentum, CENTERED=centered))
+        ops._map(data.device, k, data.size, ops.VW, data, grad, state["square_avg"],
+                 state["momentum_buffer"] if momentum else grad, state["grad_avg"] if centered else grad, data.size,
+                 *self._live[i], what="RMSprop step")
+
+
+__all__ = ["Adam", "AdamW", "Optimizer", "Parameter", "RMSprop", "SGD", "lr_scheduler"]

@@ -1,0 +1,335 @@
+"""Parameter groups (each group's hyperparameters on its own parameters, one launch per group, editable between eager
+and replayed steps), RMSprop, and nn.utils' gradient clipping, against torch.optim and torch.nn.utils in float64."""
+import math
+
+import numpy as np
+import pytest
+
+import clnet
+from clnet import kernels, nn, optim
+
+from conftest import needs_torch
+
+pytestmark = needs_torch
+
+
+def net(dev):
+    return nn.Sequential(nn.Linear(7, 5), nn.ReLU(), nn.Linear(5, 3), nn.Linear(3, 1)).to(dev)
+
+
+def torch_twin(model):
+    import torch
+    twin = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3), torch.nn.Linear(3, 1))
+    twin.load_state_dict({k: torch.from_numpy(v) for k, v in model.state_dict().items()})
+    return twin.double()
+
+
+def groups_of(params, group_hyper):
+    """[{"params": first two tensors, **hyper0}, {"params": the rest, **hyper1}]: the first layer against the rest."""
+    return [dict(group_hyper[0], params=params[:2]), dict(group_hyper[1], params=params[2:])]
+
+
+# (clnet class, torch class, constructor defaults, per-group overrides): every optimizer, with groups that differ in
+# the settings that choose the kernel (momentum on or off, nesterov, centered) as well as in the numbers.
+CASES = {
+    "sgd": ("SGD", dict(lr=0.05, momentum=0.9), [dict(lr=0.2, nesterov=True, weight_decay=0.01), dict(momentum=0.0)]),
+    "adam": ("Adam", dict(lr=0.01, betas=(0.8, 0.95)), [dict(weight_decay=0.05), dict(lr=0.03, eps=1e-4)]),
+    "adamw": ("AdamW", dict(lr=0.01), [dict(weight_decay=0.1), dict(lr=0.02, betas=(0.5, 0.9))]),
+    "rmsprop": ("RMSprop", dict(lr=0.01), [dict(momentum=0.5, centered=True, weight_decay=0.02),
+                                           dict(alpha=0.9, eps=1e-3)]),
+    "rmsprop-momentum": ("RMSprop", dict(lr=0.005, momentum=0.9), [dict(), dict(centered=True, lr=0.002)]),
+}
+
+
+def train_pair(dev, rng, case, steps=5):
+    """`steps` real training steps of clnet and torch from the same weights and batches; (model, twin, start)."""
+    import torch
+    cls, defaults, group_hyper = CASES[case]
+    model = net(dev)
+    start = model.state_dict()
+    twin = torch_twin(model)
+    opt = getattr(optim, cls)(groups_of(model.parameters(), group_hyper), **defaults)
+    topt = getattr(torch.optim, cls)(groups_of(list(twin.parameters()), group_hyper), **defaults)
+    for _ in range(steps):
+        x = rng.standard_normal((6, 7)).astype(np.float32)
+        y = rng.standard_normal((6, 1)).astype(np.float32)
+        opt.zero_grad()
+        d = model(clnet.tensor(x, dev)) - clnet.tensor(y, dev)
+        (d * d).mean().backward()
+        opt.step()
+        topt.zero_grad()
+        td = twin(torch.from_numpy(x).double()) - torch.from_numpy(y).double()
+        (td * td).mean().backward()
+        topt.step()
+    return model, twin, start, opt
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_groups_match_torch_training(dev, rng, case):
+    model, twin, start, opt = train_pair(dev, rng, case)
+    theirs = twin.state_dict()
+    lr = max(g["lr"] for g in opt.param_groups)
+    for k, v in model.state_dict().items():
+        # float32 rounds each update and the weight it lands on: the error scales with the weights and five updates
+        # of at most about lr each (RMSprop's first steps move by up to lr / sqrt(1 - alpha)), not with the result
+        scale = np.abs(start[k]).max() + 5 * lr * 10
+        worst = np.abs(v - theirs[k].numpy()).max()
+        assert worst < 2e-6 * scale, f"{case} {k}: error {worst:.2e}, scale {scale:.2e}"
+
+
+def test_one_launch_per_group(dev, rng):
+    model = net(dev)
+    params = model.parameters()
+    opt = optim.RMSprop(groups_of(params, [dict(centered=True), dict(momentum=0.5)]), lr=0.01)
+    opt.zero_grad()
+    for p in params:
+        p.grad.write(rng.standard_normal(p.shape).astype(np.float32))
+    before = kernels.launch_count
+    opt.step()
+    assert kernels.launch_count - before == 2
+
+
+def test_rmsprop_matches_float64_reference(dev, rng):
+    """PyTorch's documented update written out in NumPy, centered with momentum, over four steps of given gradients
+    (a check that does not lean on torch)."""
+    p0 = rng.standard_normal(37).astype(np.float32)
+    w = clnet.Parameter(clnet.tensor(p0, dev))
+    lr, alpha, eps, wd, mom = 0.01, 0.9, 1e-6, 0.1, 0.7
+    opt = optim.RMSprop([w], lr=lr, alpha=alpha, eps=eps, weight_decay=wd, momentum=mom, centered=True)
+    p, sq, ga, buf = p0.astype(np.float64), 0.0, 0.0, 0.0
+    for _ in range(4):
+        g = rng.standard_normal(37).astype(np.float32)
+        opt.zero_grad()
+        w.grad.write(g)
+        opt.step()
+        d = g + wd * p
+        sq = alpha * sq + (1 - alpha) * d * d
+        ga = alpha * ga + (1 - alpha) * d
+        buf = mom * buf + d / (np.sqrt(sq - ga * ga) + eps)
+        p = p - lr * buf
+    worst = np.abs(w.numpy() - p).max()
+    assert worst < 1e-5 * (np.abs(p0).max() + 4 * lr * 10), f"error {worst:.2e}"
+
+
+def test_group_lr_changed_between_replays(dev, rng):
+    """Two groups, each with its own learning rate changed by hand between replays of a captured step: the weights
+    equal those of eager steps with the same changes, bit for bit (each group's Live arguments follow its dict)."""
+    data = [(rng.standard_normal((4, 7)).astype(np.float32), rng.standard_normal((4, 1)).astype(np.float32))
+            for _ in range(5)]
+
+    def run(replayed):
+        clnet.manual_seed(11)
+        model = net(dev)
+        opt = optim.SGD(groups_of(model.parameters(), [dict(lr=0.1), dict(momentum=0.5)]), lr=0.05, momentum=0.9)
+        x, y = clnet.tensor(data[0][0], dev), clnet.tensor(data[0][1], dev)
+
+        def step():
+            opt.zero_grad()
+            d = model(x) - y
+            (d * d).mean().backward()
+            opt.step()
+        step()
+        graph = None
+        for i, (xb, yb) in enumerate(data[1:], 1):
+            opt.param_groups[0]["lr"] = 0.1 / (i + 1)
+            opt.param_groups[1]["lr"] = 0.05 * (i + 1)
+            opt.param_groups[1]["momentum"] = 0.5 + 0.1 * i
+            x.write(xb)
+            y.write(yb)
+            if not replayed:
+                step()
+            elif graph is None:
+                graph = clnet.Graph()
+                with graph.capture():
+                    step()
+            else:
+                graph.replay()
+        return model.state_dict()
+    eager, replayed = run(False), run(True)
+    for k in eager:
+        np.testing.assert_array_equal(eager[k], replayed[k], err_msg=k)
+
+
+def test_replay_refuses_a_group_that_needs_another_kernel(dev, rng):
+    model = net(dev)
+    opt = optim.SGD(groups_of(model.parameters(), [dict(), dict(momentum=0.9)]), lr=0.05)
+    x = clnet.tensor(rng.standard_normal((4, 7)).astype(np.float32), dev)
+
+    def step():
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    step()
+    graph = clnet.Graph()
+    with graph.capture():
+        step()
+    graph.replay()
+    opt.param_groups[1]["momentum"] = 0.0  # the group's kernel was built with a momentum buffer
+    with pytest.raises(clnet.CaptureError, match=r"param_groups\[1\].*capture the step again"):
+        graph.replay()
+
+
+def test_state_dict_layout_and_round_trip(dev, rng):
+    """PyTorch's layout (state by parameter index counted across groups; params as indices per group), and a state
+    loaded into a fresh optimizer continues as the original, bit for bit."""
+    def make():
+        clnet.manual_seed(3)
+        model = net(dev)
+        opt = optim.RMSprop(groups_of(model.parameters(), [dict(momentum=0.9), dict(centered=True, lr=0.02)]),
+                            lr=0.01)
+        return model, opt
+    grads = [[rng.standard_normal(p.shape).astype(np.float32) for p in make()[0].parameters()] for _ in range(4)]
+
+    def step(model, opt, g):
+        opt.zero_grad()
+        for p, gi in zip(model.parameters(), g):
+            p.grad.write(gi)
+        opt.step()
+    a, opt_a = make()
+    for g in grads[:2]:
+        step(a, opt_a, g)
+    state = opt_a.state_dict()
+    assert [g["params"] for g in state["param_groups"]] == [[0, 1], [2, 3, 4, 5]]
+    assert [g["step"] for g in state["param_groups"]] == [2, 2]
+    assert set(state["state"][0]) == {"square_avg", "momentum_buffer"}
+    assert set(state["state"][2]) == {"square_avg", "grad_avg"}
+    assert state["param_groups"][1]["lr"] == 0.02 and state["param_groups"][0]["lr"] == 0.01
+    b, opt_b = make()
+    b.load_state_dict(a.state_dict())
+    opt_b.param_groups[1]["lr"] = 0.5
+    opt_b.load_state_dict(state)
+    assert opt_b.param_groups[1]["lr"] == 0.02
+    for g in grads[2:]:
+        step(a, opt_a, g)
+        step(b, opt_b, g)
+    for p, q in zip(a.parameters(), b.parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())
+    with pytest.raises(ValueError, match="2 parameter groups"):
+        optim.RMSprop(b.parameters()).load_state_dict(state)
+
+
+def test_add_param_group_after_steps(dev, rng):
+    """A group added after a step joins the flat buffers; the first group's momentum survives the new layout."""
+    import torch
+    model = net(dev)
+    twin = torch_twin(model)
+    params, tparams = model.parameters(), list(twin.parameters())
+    opt = optim.SGD(params[:4], lr=0.1, momentum=0.9)
+    topt = torch.optim.SGD(tparams[:4], lr=0.1, momentum=0.9)
+    for i in range(4):
+        if i == 2:
+            opt.add_param_group({"params": params[4:], "lr": 0.3})
+            topt.add_param_group({"params": tparams[4:], "lr": 0.3})
+        n = len(params) if i >= 2 else 4
+        g = [rng.standard_normal(p.shape).astype(np.float32) for p in params[:n]]
+        opt.zero_grad()
+        for p, gi in zip(params, g):
+            p.grad.write(gi)
+        opt.step()
+        for p, gi in zip(tparams, g):
+            p.grad = torch.from_numpy(gi).double()
+        topt.step()
+    for p, t in zip(params, tparams):
+        np.testing.assert_allclose(p.numpy(), t.detach().numpy(), rtol=0, atol=1e-5)
+
+
+def test_group_arguments_are_checked():
+    params = nn.Linear(2, 2).parameters()
+    with pytest.raises(ValueError, match="appears twice"):
+        optim.SGD([{"params": params}, {"params": params[:1]}])
+    with pytest.raises(TypeError, match="mixes parameter groups"):
+        optim.SGD([{"params": params[:1]}, params[1]])
+    with pytest.raises(TypeError, match="one tensor"):
+        optim.SGD(params[0])
+    with pytest.raises(ValueError, match="SGD: lr must be positive"):
+        optim.SGD([{"params": params[:1], "lr": -1.0}, {"params": params[1:]}])
+    with pytest.raises(ValueError, match="RMSprop: need .*alpha"):
+        optim.RMSprop(params, alpha=1.5)
+    opt = optim.Adam([{"params": params[:1], "lr": 0.1}, {"params": params[1:]}], lr=0.01)
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.01] and opt.defaults["lr"] == 0.01
+    with pytest.raises(AttributeError, match=r"2 parameter groups; use param_groups\[i\]\['lr'\]"):
+        opt.lr  # noqa: B018
+
+
+# ---- nn.utils: clipping ------------------------------------------------------------------------------------------
+
+def grads_pair(dev, rng, shapes, scale=1.0):
+    import torch
+    arrays = [(scale * rng.standard_normal(s)).astype(np.float32) for s in shapes]
+    ours = []
+    for a in arrays:
+        p = clnet.Parameter(clnet.tensor(np.zeros(a.shape, np.float32), dev))
+        p.grad = clnet.tensor(a, dev)
+        ours.append(p)
+    theirs = []
+    for a in arrays:
+        t = torch.zeros(a.shape, dtype=torch.float64, requires_grad=True)
+        t.grad = torch.from_numpy(a).double()
+        theirs.append(t)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("norm_type,max_norm", [(2.0, 1.0), (1.0, 3.0), (math.inf, 0.5), (3.5, 100.0)])
+def test_clip_grad_norm_matches_torch(dev, rng, norm_type, max_norm):
+    import torch
+    ours, theirs = grads_pair(dev, rng, [(3, 5), (1,), (33,), (2, 2, 3)])
+    clnet.reset_transfer_stats()
+    total = nn.utils.clip_grad_norm_(ours, max_norm, norm_type=norm_type)
+    assert clnet.transfer_stats()["device_to_host_count"] == 0, "clip_grad_norm_ read the device"
+    expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm, norm_type=norm_type)
+    assert isinstance(total, clnet.Tensor) and total.shape == ()
+    np.testing.assert_allclose(total.numpy(), expected.numpy(), rtol=2e-6)
+    for p, t in zip(ours, theirs):
+        np.testing.assert_allclose(p.grad.numpy(), t.grad.numpy(), rtol=3e-6, atol=1e-7)
+
+
+def test_clip_grad_value_and_nonfinite(dev, rng):
+    import torch
+    ours, theirs = grads_pair(dev, rng, [(4, 3), (5,)], scale=2.0)
+    nn.utils.clip_grad_value_(ours, 0.7)
+    torch.nn.utils.clip_grad_value_(theirs, 0.7)
+    for p, t in zip(ours, theirs):
+        np.testing.assert_array_equal(p.grad.numpy(), t.grad.numpy().astype(np.float32))
+    bad = clnet.Parameter(clnet.tensor(np.zeros(3, np.float32), dev))
+    bad.grad = clnet.tensor(np.array([1.0, np.inf, 2.0], np.float32), dev)
+    with pytest.raises(nn.utils.NonFiniteNorm, match="error_if_nonfinite=False"):
+        nn.utils.clip_grad_norm_([bad], 1.0, error_if_nonfinite=True)
+
+
+def test_clipped_step_replays_as_eager_steps(dev, rng):
+    """zero_grad, backward, clip_grad_norm_ and step captured in one Graph: replays give the eager steps' weights,
+    bit for bit, the clipping factor recomputed on the device from each replay's gradients."""
+    data = [(rng.standard_normal((4, 7)).astype(np.float32), 3 * rng.standard_normal((4, 1)).astype(np.float32))
+            for _ in range(4)]
+
+    def run(replayed):
+        clnet.manual_seed(5)
+        model = net(dev)
+        opt = optim.Adam(model.parameters(), lr=0.05)
+        x, y = clnet.tensor(data[0][0], dev), clnet.tensor(data[0][1], dev)
+        norms = []
+
+        def step():
+            opt.zero_grad()
+            d = model(x) - y
+            (d * d).mean().backward()
+            norms.append(nn.utils.clip_grad_norm_(model.parameters(), 0.5))
+            opt.step()
+        step()
+        graph = None
+        for xb, yb in data[1:]:
+            x.write(xb)
+            y.write(yb)
+            if not replayed:
+                step()
+            elif graph is None:
+                graph = clnet.Graph()
+                with graph.capture():
+                    step()
+            else:
+                graph.replay()
+        return model.state_dict(), float(norms[-1].numpy())
+    (eager, n_eager), (replayed, n_replayed) = run(False), run(True)
+    assert n_eager == n_replayed and n_eager > 0.5  # the clipping acted at the last step
+    for k in eager:
+        np.testing.assert_array_equal(eager[k], replayed[k], err_msg=k)
