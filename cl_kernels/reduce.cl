@@ -119,8 +119,10 @@ inline T combine(const T a, const T b) {
     return a + b;
 #elif COMB == 2
     return a * b;
+#elif COMB == 3
+    return b > a || ISNAN(b) ? b : a;  // a NaN in a stays: nothing is > NaN
 #else
-    return BETTER(b, a) ? b : a;
+    return b < a || ISNAN(b) ? b : a;
 #endif
 }
 
@@ -258,32 +260,33 @@ __kernel void reduce_loop(__global const T* restrict x, __global const int* rest
 // 7 g x |x|^(p-2) / y^(p-1), 0 where y is 0 (p-norm); 8 g exp(x - y) (logsumexp); 9 the product of the others:
 // g y / x without zeros (aux 0), the product of the nonzero values y at the one zero (aux 1), else 0 (prod; y the
 // product of the nonzero values).
+// One loop over a work-item's elements for each formula, the switch outside it (as reduce_run's maps).
+#define EACH(d) for (int k = 0; k < len; k++) { const int i = i0 + k, o = o0 + k * ostep; dx[i] = (d); }
+
 __kernel void reduce_bwd(__global const float* restrict x, __global const float* restrict y,
                          __global const float* restrict dy, __global const float* restrict aux,
-                         __global float* restrict dx, __global const int* restrict meta, const int n, const int grad,
-                         const float scale, const float p) {
-    const int i = get_global_id(0);
-    if (i >= n) return;
-    const int o = strided_offset(meta, 0, i);
-    const float g = dy[o] * scale;
-    float d = g;
+                         __global float* restrict dx, __global const int* restrict meta, const int n,
+                         const int run, const int grad, const float scale, const float p) {
+    // A run of `run` neighbouring elements of one line of the layout's last dimension per work-item (a CPU's
+    // vector loop; a GPU's run is 1), whose outputs step by that dimension's output stride.
+    const int inner = meta[NDIM - 1], per_line = (inner + run - 1) / run, e = get_global_id(0);
+    if (e >= n / inner * per_line) return;
+    const int k0 = e % per_line * run, i0 = e / per_line * inner + k0, len = min(run, inner - k0);
+    const int o0 = strided_offset(meta, 0, i0), ostep = meta[2 * NDIM - 1];
     switch (grad) {
-    case 1: d = g * (x[i] - aux[o]); break;
-    case 2: d = y[o] == 0.0f ? 0.0f : g * (x[i] - aux[o]) / y[o]; break;
-    case 3: d = x[i] == y[o] ? g / aux[o] : 0.0f; break;
-    case 4: d = fabs(x[i]) == y[o] ? sign(x[i]) * g / aux[o] : 0.0f; break;
-    case 5: d = sign(x[i]) * g; break;
-    case 6: d = y[o] == 0.0f ? 0.0f : g * x[i] / y[o]; break;
-    case 7: d = y[o] == 0.0f ? 0.0f : g * x[i] * pow(fabs(x[i]), p - 2.0f) / pow(y[o], p - 1.0f); break;
-    case 8: d = g * exp(x[i] - y[o]); break;
-    case 9: {
-        const float v = x[i], zeros = aux[o];
-        d = zeros == 0.0f ? g * y[o] / v : (zeros == 1.0f && v == 0.0f ? g * y[o] : 0.0f);
-        break;
+    case 1: EACH(dy[o] * scale * (x[i] - aux[o])); break;
+    case 2: EACH(y[o] == 0.0f ? 0.0f : dy[o] * scale * (x[i] - aux[o]) / y[o]); break;
+    case 3: EACH(x[i] == y[o] ? dy[o] * scale / aux[o] : 0.0f); break;
+    case 4: EACH(fabs(x[i]) == y[o] ? sign(x[i]) * dy[o] * scale / aux[o] : 0.0f); break;
+    case 5: EACH(sign(x[i]) * dy[o] * scale); break;
+    case 6: EACH(y[o] == 0.0f ? 0.0f : dy[o] * scale * x[i] / y[o]); break;
+    case 7: EACH(y[o] == 0.0f ? 0.0f : dy[o] * scale * x[i] * pow(fabs(x[i]), p - 2.0f) / pow(y[o], p - 1.0f));
+            break;
+    case 8: EACH(dy[o] * scale * exp(x[i] - y[o])); break;
+    case 9: EACH(aux[o] == 0.0f ? dy[o] * scale * y[o] / x[i]
+                 : (aux[o] == 1.0f && x[i] == 0.0f ? dy[o] * scale * y[o] : 0.0f)); break;
+    default: EACH(dy[o] * scale); break;
     }
-    default: break;
-    }
-    dx[i] = d;
 }
 
 __kernel void index_bwd(__global const int* restrict idx, __global const float* restrict dy,

@@ -40,6 +40,7 @@ PARALLEL_ITEMS, PER_LANE = 1 << 16, 64
 CPU_PARALLEL_ITEMS, CPU_PER_ITEM = 256, 4096
 TREE_FROM = 32  # contiguous reduced elements from which a GPU's lanes share an output (a tree)
 COLUMNS = 16    # neighbouring outputs a CPU's work-item reduces together (a 64-byte line of each row it reads)
+BWD_RUN = 64    # neighbouring elements of a gradient a CPU's work-item writes (a vector loop)
 
 class ValuesIndices(NamedTuple):
     """What max and min over a dimension return, as torch.return_types.max: the values and their int32 indices."""
@@ -212,8 +213,10 @@ def _spread(grad, x_shape, dims, dy, x=None, y=None, aux=None, scale=1.0, p=0.0,
     kshape = _out_shape(x_shape, dims, True)
     sizes, ostrides = layout.coalesce(x_shape, layout.broadcast_strides(kshape, x_shape))
     k = _kernel(dev, "reduce_bwd", NDIM=len(sizes))
-    kernels.launch(dev, k, (n,), (_lsize(dev),), x, y, dy, aux, dx, layout.meta(dev, sizes, ostrides), n, grad,
-                   float(scale), float(p), what=what)
+    run = BWD_RUN if tuning.cpu_shaped(dev) else 1
+    items = n // sizes[-1] * -(-sizes[-1] // run)
+    kernels.launch(dev, k, (items,), (_lsize(dev),), x, y, dy, aux, dx, layout.meta(dev, sizes, ostrides), n, run,
+                   grad, float(scale), float(p), what=what)
     return dx
 
 

@@ -39,9 +39,14 @@ def compare(dev, rng, ours, theirs, x, name, tol=2e-5, grad=True):
 def plan(request, monkeypatch):
     """Each case runs with the launch reduce.py chooses, then forced to lanes sharing each output (a tree) and to a
     work-item per output, each with the reduction split into parts (the passes that large reductions take, down to
-    one part), so both kernels' paths and the later passes run on small shapes."""
+    one part), so both kernels' paths and the later passes run on small shapes; the gradients run GPU-shaped with
+    the tree and CPU-shaped with the loop."""
     if request.param == "chosen":
         return request.param
+    from clnet import tuning
+    # gradients: a GPU's element per work-item, or a CPU's runs of 3 elements (runs that end inside a line)
+    monkeypatch.setattr(tuning, "cpu_shaped", lambda d: request.param == "loop")
+    monkeypatch.setattr(reduce, "BWD_RUN", 3)
 
     def forced(outputs, R, contiguous, columns, dev):
         lanes = 1
