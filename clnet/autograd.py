@@ -137,8 +137,10 @@ def settle_grad(leaf):
     accumulation, or any step without a zero_grad). Settled, the step records the adding form, and a replay after an
     eager zero_grad fills the gradient first (Graph.replay). A mark made by a zero_grad inside the capture is the
     step's own (the graph saw it): its overwrite is recorded, and every replay repeats it."""
+    if _context.paused:  # set-up inside the capture: nothing of it is recorded, so nothing to settle or note
+        return
     graph = _context.capturing
-    if not graph.note_grad(leaf) or _context.paused or not (leaf._grad is None or leaf._grad_zeroed):
+    if not graph.note_grad(leaf) or not (leaf._grad is None or leaf._grad_zeroed):
         return
     with kernels.set_up():
         if leaf._grad is None:
