@@ -507,10 +507,22 @@ def test_inputs_and_outputs_in_the_files_order(dev, rng, tmp_path):
 
 EXPORT_INPUTS = {"lenet": (2, 1, 28, 28), "lenet-wide": (2, 1, 28, 28), "resnet8": (2, 1, 28, 28),
                  "resnet18": (2, 3, 32, 32), "resnet50": (1, 3, 32, 32), "googlenet": (1, 3, 224, 224),
-                 "alexnet": (1, 3, 224, 224), "overfeat": (1, 3, 231, 231), "vgg-a": (1, 3, 224, 224)}
+                 "alexnet": (1, 3, 224, 224), "overfeat": (1, 3, 231, 231), "vgg-a": (1, 3, 224, 224),
+                 "mobilenet_v2": (1, 3, 32, 32)}
 
 
-@pytest.mark.parametrize("name", list(models.MODELS))
+# Zoo models whose ops clnet.onnx.export does not translate yet: the tensor ops' Unary (efficientnet_b0's SiLU) and
+# View (the others' reshapes of computed views) have no ONNX mapping; their export raises naming the op.
+NOT_EXPORTED_YET = {"efficientnet_b0", "shufflenet_v2_x1_0", "convnext_tiny", "vit_b_16"}
+
+
+def test_every_zoo_model_is_exported_or_listed():
+    """A zoo model is either exported below or named in NOT_EXPORTED_YET: none escapes the export test unlisted."""
+    assert set(models.MODELS) == set(EXPORT_INPUTS) | NOT_EXPORTED_YET, \
+        sorted(set(models.MODELS) ^ (set(EXPORT_INPUTS) | NOT_EXPORTED_YET))
+
+
+@pytest.mark.parametrize("name", list(EXPORT_INPUTS))
 def test_zoo_export_matches_onnxruntime(dev, rng, tmp_path, name):
     """Every zoo model written by clnet.onnx.export passes onnx.checker and ONNX Runtime gives clnet's output
     (batch norm in eval mode with moved running statistics); the file declares a free batch dimension."""
@@ -600,12 +612,12 @@ def test_unsupported_attributes_are_refused_at_load(tmp_path):
     h = onnx.helper
     cases = [("LRN", dict(size=4), "even size"),
              ("AveragePool", dict(kernel_shape=[2, 2], pads=[0, 0, 1, 1], count_include_pad=1), "count_include_pad"),
-             ("Conv", dict(kernel_shape=[3]), "2-D convolutions")]
+             ("Conv", dict(kernel_shape=[3, 3, 3]), "1-D and 2-D convolutions")]
     for op, attrs, words in cases:
         inputs = ["x", "w"] if op == "Conv" else ["x"]
-        inits = dict(w=np.ones((1, 1, 3), np.float32)) if op == "Conv" else {}
+        inits = dict(w=np.ones((1, 1, 3, 3, 3), np.float32)) if op == "Conv" else {}
         path = helper_model(str(tmp_path / f"{op}.onnx"), [h.make_node(op, inputs, ["y"], name="n", **attrs)],
-                            [("x", (1, 1, 4, 4) if op != "Conv" else (1, 1, 4))], [("y", (1, 1, 4, 4))], inits)
+                            [("x", (1, 1, 4, 4) if op != "Conv" else (1, 1, 4, 4, 4))], [("y", (1, 1, 4, 4))], inits)
         with no_launch(), pytest.raises(connx.OnnxImportError, match=words) as e:
             connx.load(path)
         assert f"({op}, opset 17)" in str(e.value)
