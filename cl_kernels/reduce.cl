@@ -22,7 +22,7 @@
 //   index_bwd    max/min over one dimension (x seen as (outer, size, inner)): dx = dy at the index kept, else 0.
 //   cumsum       x seen as (outer, size, inner), one work-item per (outer, inner) line; reverse: from the end (the
 //                gradient of a cumulative sum is the reverse cumulative sum of its gradient).
-// Defines: INTEGER (0/1: int values instead of float; T is the values' type), COMB (1 sum, 2 prod, 3 max, 4 min),
+// Defines: INTEGER (0/1: int values instead of float; T is the values' type), BOOLS (0/1: bool input), COMB (1 sum, 2 prod, 3 max, 4 min),
 // ARG (0/1: max or min also give the index), LSIZE (reduce_fwd's work-group size, a power of two), NDIM (strided.h:
 // reduce_bwd's rank). What is combined (map) and the gradient's formula (grad) are runtime arguments, so that a few
 // builds serve every reduction.
@@ -30,6 +30,14 @@
 
 #ifndef INTEGER
 #define INTEGER 0   // int values instead of float
+#endif
+#ifndef BOOLS
+#define BOOLS 0     // reduce_tree, reduce_loop: the input is bool (one byte, 0 or 1) values, combined as int
+#endif
+#if BOOLS
+#define IN uchar
+#else
+#define IN T
 #endif
 #ifndef COMB
 #define COMB 1      // 1 sum, 2 product, 3 maximum, 4 minimum
@@ -50,6 +58,9 @@
 #error "ARG needs COMB 3 (max) or 4 (min)"
 #endif
 
+#if BOOLS && !INTEGER
+#error "BOOLS needs INTEGER"
+#endif
 #if INTEGER
 #define T int
 #define IS_FLOAT 0
@@ -182,7 +193,7 @@ inline T finish(T acc, const int fin, const float scale, const float cc) {
     return acc;
 }
 
-__kernel void reduce_tree(__global const T* restrict x, __global const int* restrict xi, const int indexed,
+__kernel void reduce_tree(__global const IN* restrict x, __global const int* restrict xi, const int indexed,
                           __global const float* restrict c, __global T* restrict out, __global int* restrict out_i,
                           __global const int* restrict meta, const int kd, const int rd, const int R,
                           const int outputs, const int lanes, const int chunk, const int map, const int fin,
@@ -225,7 +236,7 @@ __kernel void reduce_tree(__global const T* restrict x, __global const int* rest
 #endif
 }
 
-__kernel void reduce_loop(__global const T* restrict x, __global const int* restrict xi, const int indexed,
+__kernel void reduce_loop(__global const IN* restrict x, __global const int* restrict xi, const int indexed,
                           __global const float* restrict c, __global T* restrict out, __global int* restrict out_i,
                           __global const int* restrict meta, const int kd, const int rd, const int R,
                           const int outputs, const int parts, const int chunk, const int map, const int fin,

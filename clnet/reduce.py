@@ -130,7 +130,7 @@ def _reduce(x, dims, comb, out_shape, mapping=M_X, arg=False, c=None, fin=F_SCAL
     dev = x.device
     sizes, strides, kd, rd = _layout(x.shape, dims)
     outputs, R = math.prod(sizes[:kd]), math.prod(sizes[kd:])
-    out = empty(out_shape, dev, x.dtype)
+    out = empty(out_shape, dev, INT if x.dtype == BOOL else x.dtype)  # bools add up as int32
     idx = empty(out_shape, dev, INT) if arg else None
     if outputs == 0:
         return (out, idx) if arg else out
@@ -147,13 +147,16 @@ def _launch(x, xi, sizes, strides, kd, rd, outputs, R, comb, mapping, arg, c, fi
         defines["ARG"] = 1
     if x.dtype != FLOAT:
         defines["INTEGER"] = 1
+    if x.dtype == BOOL:
+        defines["BOOLS"] = 1
     meta = layout.meta(dev, sizes, strides)
     chunk = -(-R // parts) if R else 1
     if parts > 1:
         parts = -(-R // chunk)
         # first pass: each part of an output's elements into its partial, unfinished; then the (outputs, parts)
         # partials, reduced over their last dimension with the indices they carry, into out
-        target, target_idx = empty((outputs, parts), dev, x.dtype), (empty((outputs, parts), dev, INT) if arg else None)
+        target = empty((outputs, parts), dev, out.dtype)
+        target_idx = empty((outputs, parts), dev, INT) if arg else None
         first = (F_SCALE, 1.0)
     else:
         target, target_idx, first = out, idx, (fin, scale)
@@ -403,12 +406,13 @@ def sum(x, dim=None, keepdim=False):
     Parameters
     ----------
     x : Tensor
-        float32 or int32 (an int32 sum is int32, not PyTorch's int64; it records no gradient).
+        float32, int32 or bool (an int32 or bool sum is int32, not PyTorch's int64; it records no gradient: a
+        count of a mask, ``(pred == labels).sum()``, is one launch).
     dim : int or tuple of int, optional
     keepdim : bool
         Keep the reduced dimensions as size 1.
     """
-    _tensor("sum", x, (FLOAT, INT))
+    _tensor("sum", x, (FLOAT, INT, BOOL))
     dims = _dims("sum", x, dim)
     if x.dtype != FLOAT:
         return _reduce(x, dims, SUM, _out_shape(x.shape, dims, keepdim), what="sum")

@@ -1,6 +1,7 @@
 """The reduction family (clnet/reduce.py, cl_kernels/reduce.cl): forward and backward against PyTorch in float64, on
 odd shapes, empty and size-1 dimensions, every dim (negative ones too), keepdim both ways, and both launch shapes
 (a work-group tree per output and a loop per output), split into parts and not."""
+import importlib
 import math
 
 import numpy as np
@@ -382,6 +383,18 @@ def test_int32_reductions(dev, rng):
         assert ours.dtype == np.int32 and np.array_equal(ours.numpy(), theirs.numpy())
 
 
+def test_bool_sums_count(dev, rng, plan):
+    """A mask's count, (pred == labels).sum(): int32, over any dims, through every launch shape and its passes."""
+    if np.dtype(np.bool_) not in importlib.import_module("clnet.tensor").DTYPES:
+        pytest.skip("this checkout's tensors hold no bool yet")
+    x = rng.random((5, 67)) < 0.3
+    t = clnet.tensor(x, dev)
+    assert t.dtype == np.bool_
+    for dim in (None, 0, 1, (0, 1)):
+        out = reduce.sum(t, dim)
+        assert out.dtype == np.int32 and np.array_equal(out.numpy(), x.sum(axis=dim)), f"dim {dim}"
+
+
 def test_bad_arguments_are_refused_before_any_launch(dev, rng):
     t = clnet.tensor(rng.standard_normal((3, 4)).astype(np.float32), dev)
     i = clnet.tensor(np.arange(12, dtype=np.int32).reshape(3, 4), dev)
@@ -402,3 +415,32 @@ def test_bad_arguments_are_refused_before_any_launch(dev, rng):
             reduce.var(t, 1, True, correction=0)
         with pytest.raises(TypeError, match="sum: expected a clnet tensor"):
             reduce.sum(np.zeros(3))
+
+
+def test_a_replayed_graph_repeats_the_reductions(dev, rng):
+    """Reductions inside a captured step (layouts made once, per-output intermediates from the pool, split passes)
+    replay on the next batch written into the same input, forward and (accumulated) gradient as eager runs give."""
+    def step(x):
+        total = reduce.sum(reduce.var(x, 0)) + reduce.sum(reduce.logsumexp(x, (0, 2)))
+        total = total + reduce.sum(reduce.max(x, 1).values) + reduce.sum(reduce.norm(x, 2, -1))
+        total.backward()
+        return total, reduce.sum_to(x.grad, (1, 5, 1))
+
+    batches = [rng.standard_normal((3, 5, 67)).astype(np.float32) for _ in range(3)]
+    eager_x = clnet.tensor(batches[0], dev, requires_grad=True)
+    expected = []
+    for b in batches:
+        eager_x.write(b)
+        total, grad_sum = step(eager_x)
+        expected.append((total.numpy(), eager_x.grad.numpy(), grad_sum.numpy()))
+    x = clnet.tensor(batches[0], dev, requires_grad=True)
+    graph = clnet.Graph()
+    with graph.capture():
+        total, grad_sum = step(x)
+    for i, b in enumerate(batches):
+        if i:
+            x.write(b)
+            graph.replay()
+        for got, want, name in zip((total.numpy(), x.grad.numpy(), grad_sum.numpy()), expected[i],
+                                   ("output", "gradient", "sum_to of the gradient")):
+            assert np.array_equal(got, want), f"replay {i}: {name} differs from the eager step's"
