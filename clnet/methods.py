@@ -58,36 +58,57 @@ def _copy(self, src):
     return pointwise.broadcast_to(src, self.shape) if src.shape != self.shape else src
 
 
+def _reflected(fn, name):
+    def method(self, other):
+        return fn(other, self)
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+def _neg(self):
+    return pointwise.unary("neg", self) if self.dtype == np.float32 else pointwise.mul(self, -1)
+
+
+def _abs(self):
+    return pointwise.unary("abs", self)
+
+
+def _floordiv(a, b):
+    return pointwise.binary("floor_divide", a, b)
+
+
+def _mod(a, b):
+    return pointwise.binary("remainder", a, b)
+
+
 _OPERATORS = {
-    "__add__": pointwise.add, "__radd__": lambda a, b: pointwise.add(b, a),
-    "__sub__": pointwise.sub, "__rsub__": lambda a, b: pointwise.sub(b, a),
-    "__mul__": pointwise.mul, "__rmul__": lambda a, b: pointwise.mul(b, a),
-    "__truediv__": pointwise.div, "__rtruediv__": lambda a, b: pointwise.div(b, a),
-    "__floordiv__": lambda a, b: pointwise.binary("floor_divide", a, b),
-    "__rfloordiv__": lambda a, b: pointwise.binary("floor_divide", b, a),
-    "__mod__": lambda a, b: pointwise.binary("remainder", a, b),
-    "__rmod__": lambda a, b: pointwise.binary("remainder", b, a),
-    "__pow__": pointwise.pow, "__rpow__": lambda a, b: pointwise.pow(b, a),
-    "__neg__": lambda a: pointwise.unary("neg", a) if a.dtype == np.float32 else pointwise.mul(a, -1),
-    "__abs__": lambda a: pointwise.unary("abs", a),
-    "__lt__": lambda a, b: pointwise.binary("lt", a, b), "__le__": lambda a, b: pointwise.binary("le", a, b),
-    "__gt__": lambda a, b: pointwise.binary("gt", a, b), "__ge__": lambda a, b: pointwise.binary("ge", a, b),
-    "__eq__": lambda a, b: pointwise.binary("eq", a, b), "__ne__": lambda a, b: pointwise.binary("ne", a, b),
-    "__and__": lambda a, b: pointwise.binary("logical_and", a, b),
-    "__or__": lambda a, b: pointwise.binary("logical_or", a, b),
+    "__add__": pointwise.add, "__radd__": _reflected(pointwise.add, "__radd__"),
+    "__sub__": pointwise.sub, "__rsub__": _reflected(pointwise.sub, "__rsub__"),
+    "__mul__": pointwise.mul, "__rmul__": _reflected(pointwise.mul, "__rmul__"),
+    "__truediv__": pointwise.div, "__rtruediv__": _reflected(pointwise.div, "__rtruediv__"),
+    "__floordiv__": _floordiv, "__rfloordiv__": _reflected(_floordiv, "__rfloordiv__"),
+    "__mod__": _mod, "__rmod__": _reflected(_mod, "__rmod__"),
+    "__pow__": pointwise.pow, "__rpow__": _reflected(pointwise.pow, "__rpow__"),
+    "__neg__": _neg, "__abs__": _abs,
+    "__lt__": pointwise.TENSOR_METHODS["lt"], "__le__": pointwise.TENSOR_METHODS["le"],
+    "__gt__": pointwise.TENSOR_METHODS["gt"], "__ge__": pointwise.TENSOR_METHODS["ge"],
+    "__eq__": pointwise.TENSOR_METHODS["eq"], "__ne__": pointwise.TENSOR_METHODS["ne"],
+    "__and__": pointwise.TENSOR_METHODS["logical_and"], "__or__": pointwise.TENSOR_METHODS["logical_or"],
     "__invert__": pointwise.logical_not,
-    "__matmul__": products.matmul, "__rmatmul__": lambda a, b: products.matmul(b, a),
+    "__matmul__": products.matmul, "__rmatmul__": _reflected(products.matmul, "__rmatmul__"),
     "__getitem__": views.getitem, "__bool__": _bool, "__index__": _index,
     "__hash__": object.__hash__,  # tensors stay hashable by identity beside an element-wise ==, as PyTorch's
 }
 
+def _zero(self):
+    return _fill(self, 0)
+
+
 _IN_PLACE = {
     "add_": pointwise.add, "sub_": pointwise.sub, "mul_": pointwise.mul, "div_": pointwise.div,
     "pow_": pointwise.pow, "clamp_": pointwise.clamp, "clip_": pointwise.clamp,
-    "masked_fill_": pointwise.masked_fill, "relu_": lambda x: pointwise.unary("relu", x),
-    "fill_": _fill, "zero_": lambda x: _fill(x, 0), "copy_": _copy,
-    "exp_": lambda x: pointwise.unary("exp", x), "sqrt_": lambda x: pointwise.unary("sqrt", x),
-    "neg_": lambda x: pointwise.unary("neg", x), "abs_": lambda x: pointwise.unary("abs", x),
+    "masked_fill_": pointwise.masked_fill, "relu_": pointwise.relu, "fill_": _fill, "zero_": _zero, "copy_": _copy,
+    "exp_": pointwise.exp, "sqrt_": pointwise.sqrt, "neg_": _neg, "abs_": _abs,
 }
 
 
@@ -99,8 +120,17 @@ def install():
         setattr(Tensor, name, fn)
     for name, fn in _IN_PLACE.items():
         setattr(Tensor, name, _in_place(name, fn))
-    Tensor.type_as = lambda self, other: pointwise.cast(self, other.dtype)
-    Tensor.is_floating_point = lambda self: self.dtype == np.float32
+    Tensor.type_as = _type_as
+    Tensor.is_floating_point = _is_floating_point
+
+
+def _type_as(self, other):
+    """self cast to other's dtype."""
+    return pointwise.cast(self, other.dtype)
+
+
+def _is_floating_point(self):
+    return self.dtype == np.float32
 
 
 install()

@@ -548,15 +548,32 @@ FUNCTIONS = ["exp", "log", "log1p", "sqrt", "rsqrt", "abs", "sign", "erf", "sin"
              "where", "pow", "add", "sub", "mul", "div", "logical_not"]  # clnet.<name> as well
 
 TENSOR_METHODS = {name: globals()[name] for name in FUNCTIONS if name != "where"}
-TENSOR_METHODS.update({
-    "clip": clamp, "where": lambda x, condition, other: where(condition, x, other), "masked_fill": masked_fill,
-    "logical_and": lambda a, b: binary("logical_and", a, b), "logical_or": lambda a, b: binary("logical_or", a, b),
-    "lt": lambda a, b: binary("lt", a, b), "le": lambda a, b: binary("le", a, b),
-    "gt": lambda a, b: binary("gt", a, b), "ge": lambda a, b: binary("ge", a, b),
-    "eq": lambda a, b: binary("eq", a, b), "ne": lambda a, b: binary("ne", a, b),
-    "float": lambda x: cast(x, FLOAT), "int": lambda x: cast(x, INT), "long": lambda x: cast(x, INT),
-    "bool": lambda x: cast(x, BOOL),
-})
+def _method_where(self, condition, other):
+    """self where condition is true, else other (Tensor.where)."""
+    return where(condition, self, other)
+
+
+def _binary_method(op):
+    def method(self, other):
+        return binary(op, self, other)
+    method.__name__ = method.__qualname__ = op
+    method.__doc__ = f"The element-wise {BINARY[op].symbol} of self and other (broadcast)."
+    return method
+
+
+def _cast_method(name, dtype):
+    def method(self):
+        return cast(self, dtype)
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"self as {dtype} (itself when it is one)."
+    return method
+
+
+TENSOR_METHODS.update({"clip": clamp, "where": _method_where, "masked_fill": masked_fill})
+TENSOR_METHODS.update({op: _binary_method(op) for op in ("logical_and", "logical_or", "lt", "le", "gt", "ge", "eq",
+                                                         "ne")})
+TENSOR_METHODS.update({name: _cast_method(name, dtype) for name, dtype in (("float", FLOAT), ("int", INT),
+                                                                          ("long", INT), ("bool", BOOL))})
 
 
 def broadcast_to(x, shape):
