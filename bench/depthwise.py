@@ -232,6 +232,21 @@ def network(args, dev, torch, tdev, name, folder, cb, connx):
         print(f"{name} b{args.batch} {tag}: eager {rec[tag]['eager_ms']:.2f} ms, replayed {replay:.2f} ms "
               f"({launches} launches)", flush=True)
         del runner, model
+    if torch is not None and tdev == "cpu":  # PyTorch CPU's eager step (no graphs there)
+        xt, yt = torch.from_numpy(x), torch.from_numpy(labels.astype(np.int64))
+        opt = torch.optim.SGD(tm.parameters(), lr=0.01, momentum=0.9)
+        samples = []
+        for i in range(args.warmup + args.iterations):
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=False)
+            torch.nn.functional.cross_entropy(tm(xt), yt).backward()
+            opt.step()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        rec["torch_eager_ms"] = statistics.median(samples[args.warmup:])
+        c = rec["clnet"]
+        print(f"{name} b{args.batch} torch CPU ({torch.get_num_threads()} threads): eager {rec['torch_eager_ms']:.1f} "
+              f"ms; clnet replayed / torch {rec['torch_eager_ms'] / c['replay_ms']:.2f}x, eager / eager "
+              f"{rec['torch_eager_ms'] / c['eager_ms']:.2f}x", flush=True)
     if torch is not None and tdev != "cpu":
         tm = tm.to(tdev)
         xt = torch.from_numpy(x).to(tdev)
