@@ -383,6 +383,16 @@ class SGD(Optimizer):
     def _group_state(self, g):
         return ("momentum_buffer",) if g["momentum"] else ()
 
+    def load_state_dict(self, state_dict):
+        saved_groups = state_dict.get("param_groups", []) if isinstance(state_dict, dict) else []
+        for i, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            saved = saved.get("momentum", group["momentum"]) if isinstance(saved, dict) else group["momentum"]
+            if bool(saved) != bool(group["momentum"]):
+                where = f" in group {i}" if len(self.param_groups) > 1 else ""
+                raise ValueError(f"SGD.load_state_dict: the state was saved with momentum {saved}, this optimizer "
+                                 f"has {group['momentum']}{where}; make the optimizer with the saved run's momentum")
+        super().load_state_dict(state_dict)
+
     def _built(self, g):
         return g["momentum"] != 0, bool(g["nesterov"])
 
