@@ -16,13 +16,14 @@
 //                before any number, as PyTorch).
 //                Each value is map_value(x) before it is combined; `c` is a per-output value (a mean, a maximum)
 //                that map and fin read. The result is then fin: 0 v * scale, 1 sqrt(v * scale), 2 log(v) + c (c
-//                taken as 0 where it is infinite, as map 4 does), 3 pow(v, scale).
+//                taken as 0 where it is infinite, as map 4 does), 3 pow(v, scale), 4 v != 0, 5 v == 0 (any, all:
+//                counts of maps 10 and 9 into a bool).
 //   reduce_bwd   dx[i] = scale * dy[o(i)] * a formula (grad)  of x[i], y[o], aux[o]; o(i) is the output element input
 //                element i reduced into, read through strided.h (the output's strides broadcast over x's shape).
 //   index_bwd    max/min over one dimension (x seen as (outer, size, inner)): dx = dy at the index kept, else 0.
 //   cumsum       x seen as (outer, size, inner), one work-item per (outer, inner) line; reverse: from the end (the
 //                gradient of a cumulative sum is the reverse cumulative sum of its gradient).
-// Defines: INTEGER (0/1: int values instead of float; T is the values' type), BOOLS (0/1: bool input), COMB (1 sum, 2 prod, 3 max, 4 min),
+// Defines: INTEGER (0/1: int values instead of float; T is the values' type), BOOLS (0/1: bool input), BOOL_OUT (0/1: bool output), COMB (1 sum, 2 prod, 3 max, 4 min),
 // ARG (0/1: max or min also give the index), LSIZE (reduce_fwd's work-group size, a power of two), NDIM (strided.h:
 // reduce_bwd's rank). What is combined (map) and the gradient's formula (grad) are runtime arguments, so that a few
 // builds serve every reduction.
@@ -34,10 +35,18 @@
 #ifndef BOOLS
 #define BOOLS 0     // reduce_tree, reduce_loop: the input is bool (one byte, 0 or 1) values, combined as int
 #endif
+#ifndef BOOL_OUT
+#define BOOL_OUT 0  // reduce_tree, reduce_loop: the output is bool (fin 4 or 5 gives 0 or 1)
+#endif
 #if BOOLS
 #define IN uchar
 #else
 #define IN T
+#endif
+#if BOOL_OUT
+#define OUT uchar
+#else
+#define OUT T
 #endif
 #ifndef COMB
 #define COMB 1      // 1 sum, 2 product, 3 maximum, 4 minimum
@@ -96,9 +105,9 @@
 inline float shift_of(const float m) { return isinf(m) ? 0.0f : m; }
 
 // The value combined for an element v, by `map`: 0 v, 1 |v|, 2 v^2, 3 (v - c)^2, 4 exp(v - shift(c)), 5 |v|^p,
-// 6 v == c, 7 |v| == c, 8 v (1 where v is 0), 9 v == 0. A runtime argument, the same for every work-item, so that
+// 6 v == c, 7 |v| == c, 8 v (1 where v is 0), 9 v == 0, 10 v != 0 (a NaN too). A runtime argument, the same for every work-item, so that
 // one build serves every map: reduce_run switches on it outside its loops (a switch inside, compiled as selects,
-// evaluated every map's exp and pow for each element: 10x slower on PoCL). int values take map 0 only.
+// evaluated every map's exp and pow for each element: 10x slower on PoCL). int values take maps 0, 9 and 10.
 #if IS_FLOAT
 #define MAPS(RUN) \
     switch (map) { \
@@ -111,10 +120,16 @@ inline float shift_of(const float m) { return isinf(m) ? 0.0f : m; }
     case 7: RUN(fabs(v) == cc ? 1.0f : 0.0f); break; \
     case 8: RUN(v == 0.0f ? 1.0f : v); break; \
     case 9: RUN(v == 0.0f ? 1.0f : 0.0f); break; \
+    case 10: RUN(v != 0.0f ? 1.0f : 0.0f); break; \
     default: RUN(v); break; \
     }
 #else
-#define MAPS(RUN) RUN(v)
+#define MAPS(RUN) \
+    switch (map) { \
+    case 9: RUN(v == 0 ? 1 : 0); break; \
+    case 10: RUN(v != 0 ? 1 : 0); break; \
+    default: RUN(v); break; \
+    }
 #endif
 
 // v replaces best (max/min): a larger (smaller) value, or a NaN over a number (PyTorch's max propagates NaN).
@@ -190,11 +205,13 @@ inline T finish(T acc, const int fin, const float scale, const float cc) {
     else if (fin == 2) acc = log(acc) + shift_of(cc);
     else if (fin == 3) acc = pow(acc, scale);
 #endif
+    if (fin == 4) acc = acc != 0 ? 1 : 0;
+    else if (fin == 5) acc = acc == 0 ? 1 : 0;
     return acc;
 }
 
 __kernel void reduce_tree(__global const IN* restrict x, __global const int* restrict xi, const int indexed,
-                          __global const float* restrict c, __global T* restrict out, __global int* restrict out_i,
+                          __global const float* restrict c, __global OUT* restrict out, __global int* restrict out_i,
                           __global const int* restrict meta, const int kd, const int rd, const int R,
                           const int outputs, const int lanes, const int chunk, const int map, const int fin,
                           const float scale, const float p) {
@@ -237,7 +254,7 @@ __kernel void reduce_tree(__global const IN* restrict x, __global const int* res
 }
 
 __kernel void reduce_loop(__global const IN* restrict x, __global const int* restrict xi, const int indexed,
-                          __global const float* restrict c, __global T* restrict out, __global int* restrict out_i,
+                          __global const float* restrict c, __global OUT* restrict out, __global int* restrict out_i,
                           __global const int* restrict meta, const int kd, const int rd, const int R,
                           const int outputs, const int parts, const int chunk, const int map, const int fin,
                           const float scale, const float p) {

@@ -28,9 +28,9 @@ from .tensor import Tensor, empty, too_large
 FLOAT, INT, BOOL = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.bool_)
 SUM, PROD, MAX, MIN = 1, 2, 3, 4  # reduce.cl's COMB
 # reduce.cl's map: the function of each element that is combined
-M_X, M_ABS, M_SQUARE, M_SQDEV, M_EXP, M_POWABS, M_EQ, M_ABSEQ, M_NONZERO, M_ISZERO = range(10)
+M_X, M_ABS, M_SQUARE, M_SQDEV, M_EXP, M_POWABS, M_EQ, M_ABSEQ, M_NONZERO, M_ISZERO, M_NOTZERO = range(11)
 # reduce.cl's finishing step of reduce_fwd
-F_SCALE, F_SQRT, F_LOGSHIFT, F_POW = range(4)
+F_SCALE, F_SQRT, F_LOGSHIFT, F_POW, F_ANY, F_ALL = range(6)
 # reduce.cl's grad (reduce_bwd's formula)
 G_SUM, G_VAR, G_STD, G_TIES, G_INFNORM, G_L1, G_L2, G_PNORM, G_LSE, G_PROD = range(10)
 
@@ -126,16 +126,21 @@ def _kernel(dev, name, **defines):
 
 def _reduce(x, dims, comb, out_shape, mapping=M_X, arg=False, c=None, fin=F_SCALE, scale=1.0, p=0.0, what=""):
     """x reduced over dims (sorted, distinct) into a new tensor of out_shape (values; with arg, (values, int32
-    indices)); no graph."""
+    indices)); no graph. Bools add up as int32; fin F_ANY and F_ALL give bools."""
     dev = x.device
     sizes, strides, kd, rd = _layout(x.shape, dims)
     outputs, R = math.prod(sizes[:kd]), math.prod(sizes[kd:])
-    out = empty(out_shape, dev, INT if x.dtype == BOOL else x.dtype)  # bools add up as int32
+    out = empty(out_shape, dev, BOOL if fin in (F_ANY, F_ALL) else _acc_dtype(x))
     idx = empty(out_shape, dev, INT) if arg else None
     if outputs == 0:
         return (out, idx) if arg else out
     _launch(x, None, sizes, strides, kd, rd, outputs, R, comb, mapping, arg, c, fin, scale, p, out, idx, what)
     return (out, idx) if arg else out
+
+
+def _acc_dtype(x):
+    """What reduce.cl combines x's values as: int32 for int32 and bool, float32 for float32."""
+    return FLOAT if x.dtype == FLOAT else INT
 
 
 def _launch(x, xi, sizes, strides, kd, rd, outputs, R, comb, mapping, arg, c, fin, scale, p, out, idx, what):
@@ -150,12 +155,14 @@ def _launch(x, xi, sizes, strides, kd, rd, outputs, R, comb, mapping, arg, c, fi
     if x.dtype == BOOL:
         defines["BOOLS"] = 1
     meta = layout.meta(dev, sizes, strides)
+    if parts == 1 and out.dtype == BOOL:
+        defines["BOOL_OUT"] = 1
     chunk = -(-R // parts) if R else 1
     if parts > 1:
         parts = -(-R // chunk)
         # first pass: each part of an output's elements into its partial, unfinished; then the (outputs, parts)
         # partials, reduced over their last dimension with the indices they carry, into out
-        target = empty((outputs, parts), dev, out.dtype)
+        target = empty((outputs, parts), dev, _acc_dtype(x))
         target_idx = empty((outputs, parts), dev, INT) if arg else None
         first = (F_SCALE, 1.0)
     else:
@@ -194,7 +201,7 @@ def sum_to(x, shape):
     if x.shape == shape:
         return x
     lead = x.ndim - len(shape)
-    if lead < 0 or any(s != 1 and s != x.shape[lead + i] for i, s in enumerate(shape)):
+    if lead < 0 or builtins.any(s != 1 and s != x.shape[lead + i] for i, s in enumerate(shape)):
         raise ValueError(f"sum_to: shape {shape} does not broadcast to the tensor's shape {x.shape}; pass a shape "
                          "whose sizes are 1 or x's, aligned at the right")
     _tensor("sum_to", x, (FLOAT, INT))
@@ -542,6 +549,24 @@ def argmin(x, dim=None, keepdim=False):
     return _argextreme("argmin", x, dim, keepdim, MIN)
 
 
+def any(x, dim=None, keepdim=False):
+    """Whether any element over `dim` (int, tuple or None) is nonzero (True, or a NaN), as torch.any: a bool
+    tensor; an empty reduction is False."""
+    return _truth("any", x, dim, keepdim, M_NOTZERO, F_ANY)
+
+
+def all(x, dim=None, keepdim=False):
+    """Whether every element over `dim` is nonzero, as torch.all: a bool tensor; an empty reduction is True."""
+    return _truth("all", x, dim, keepdim, M_ISZERO, F_ALL)
+
+
+def _truth(what, x, dim, keepdim, mapping, fin):
+    """any and all count the nonzero (zero) elements and give whether the count is nonzero (zero)."""
+    _tensor(what, x, (FLOAT, INT, BOOL))
+    dims = _dims(what, x, dim)
+    return _reduce(x, dims, SUM, _out_shape(x.shape, dims, keepdim), mapping=mapping, fin=fin, what=what)
+
+
 def logsumexp(x, dim, keepdim=False):
     """log(sum(exp(x))) over `dim` (int or tuple), as torch.logsumexp, computed around the maximum (no overflow);
     an empty reduction is -inf."""
@@ -607,7 +632,7 @@ def log_softmax(x, dim):
 TENSOR_METHODS = {
     "sum": sum, "mean": mean, "var": var, "std": std, "max": max, "min": min, "amax": amax, "amin": amin,
     "argmax": argmax, "argmin": argmin, "logsumexp": logsumexp, "prod": prod, "norm": norm, "cumsum": cumsum,
-    "softmax": softmax, "log_softmax": log_softmax, "sum_to_size": lambda x, *shape: sum_to(x, _shape(shape)),
+    "softmax": softmax, "log_softmax": log_softmax, "any": any, "all": all, "sum_to_size": lambda x, *shape: sum_to(x, _shape(shape)),
 }
 
 

@@ -383,6 +383,25 @@ def test_int32_reductions(dev, rng):
         assert ours.dtype == np.int32 and np.array_equal(ours.numpy(), theirs.numpy())
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.bool_])
+def test_any_all(dev, rng, plan, dtype):
+    if np.dtype(dtype) not in importlib.import_module("clnet.tensor").DTYPES:
+        pytest.skip("this checkout's tensors hold no bool yet")
+    x = (rng.random((5, 67)) < 0.97).astype(dtype)  # rows with zeros and rows without, some all zero
+    x[1] = 0
+    x[2] = 1
+    if dtype == np.float32:
+        x[3, 5], x[1, 7] = np.nan, -0.0  # a NaN is nonzero; -0.0 is zero
+    t, tx = clnet.tensor(x, dev), torch.tensor(x)
+    for dim in (None, 0, 1, (0, 1)):
+        for kind in ("any", "all"):
+            out = getattr(reduce, kind)(t, dim, keepdim=dim == 1)
+            expected = getattr(torch, kind)(tx, dim=every(dim, 2), keepdim=dim == 1)
+            assert out.dtype == np.bool_ and np.array_equal(out.numpy(), expected.numpy()), f"{kind} dim {dim}"
+    empty = clnet.tensor(np.zeros((3, 0), dtype), dev)
+    assert reduce.any(empty, 1).numpy().tolist() == [False] * 3 and reduce.all(empty, 1).numpy().tolist() == [True] * 3
+
+
 def test_bool_sums_count(dev, rng, plan):
     """A mask's count, (pred == labels).sum(): int32, over any dims, through every launch shape and its passes."""
     if np.dtype(np.bool_) not in importlib.import_module("clnet.tensor").DTYPES:
