@@ -80,17 +80,6 @@ inline float dw_window_checked(__global const float* xp, const float* wk, const 
     return acc;
 }
 
-// dw_column's taps where all lie inside the plane: none checked.
-inline void dw_interior(__global const float* base, const int SRC_W, const int ystep, const int ty, const int tx,
-                        const float* wk, float* acc) {
-#pragma unroll
-    for (int l = 0; l < PY; l++)
-#pragma unroll
-        for (int ky = 0; ky < KH; ky++)
-#pragma unroll
-            for (int kx = 0; kx < KW; kx++) acc[l] += wk[ky * KW + kx] * base[(l * ystep + ky * ty) * SRC_W + kx * tx];
-}
-
 // acc[l] += the window's products for PY outputs down a column of one plane src (SRC_H x SRC_W): output l's tap
 // (ky, kx) reads src[y0 + l*ystep + ky*ty][x0 + kx*tx], zero outside the plane. The forward reads x with
 // (ystep, ty, tx) = (SH, DH, DW); the stride-1 data gradient reads dy with (1, -DH, -DW), the window flipped. Where
@@ -101,12 +90,13 @@ inline void dw_column(__global const float* src, const int SRC_H, const int SRC_
     const int xlo = x0 + min(0, (KW - 1) * tx), xhi = x0 + max(0, (KW - 1) * tx);
     if (ylo >= 0 && yhi < SRC_H && xlo >= 0 && xhi < SRC_W) {
         __global const float* base = src + y0 * SRC_W + x0;
-        // Called with the row steps as constants (stride and dilation 1: the forward's and the data gradient's
-        // common case), the compiler sees that output l's tap row ky is output l+1's row ky-1 and loads each of the
-        // column's PY+KH-1 rows once, not PY*KH times.
-        if (ystep == 1 && ty == 1) dw_interior(base, SRC_W, 1, 1, tx, wk, acc);
-        else if (ystep == 1 && ty == -1) dw_interior(base, SRC_W, 1, -1, tx, wk, acc);
-        else dw_interior(base, SRC_W, ystep, ty, tx, wk, acc);
+#pragma unroll
+        for (int l = 0; l < PY; l++)
+#pragma unroll
+            for (int ky = 0; ky < KH; ky++)
+#pragma unroll
+                for (int kx = 0; kx < KW; kx++)
+                    acc[l] += wk[ky * KW + kx] * base[(l * ystep + ky * ty) * SRC_W + kx * tx];
         return;
     }
 #pragma unroll
@@ -235,8 +225,9 @@ void conv2d_bwd_weights_depthwise(__global const float* restrict x, __global con
         const float g = dyo[(long)n * O * OH * OW + oy * OW + ox];
         __global const float* xp = xc + n * xstride;
         const int iy0 = oy * SH - PH, ix0 = ox * SW - PW;
-        // (no interior path here: on 14x14 and 7x7 planes a warp's pixels straddle the border, and the two paths
-        // together ran 1.3x the checked one alone; bench/NOTES.md)
+        // (no unchecked path for the window's interior here: on 28x28 to 7x7 planes a warp's pixels straddle the
+        // border and run both paths; with it the H200 took 1.3x as long there, bench/results/h200-depthwise-v1
+        // against v2)
 #pragma unroll
         for (int ky = 0; ky < KH; ky++) {
             const int iy = iy0 + ky * DH;
