@@ -9,6 +9,7 @@ requires a gradient while gradients are recorded), as PyTorch refuses them on le
 import numpy as np
 
 from . import autograd, pointwise, products, reduce, views
+from .devices import Device
 from .tensor import Tensor
 
 
@@ -112,6 +113,69 @@ _IN_PLACE = {
 }
 
 
+_original_to = Tensor.to
+
+
+def _to(self, *args, dtype=None, device=None):
+    """x.to(device), x.to(dtype) or both, as torch.Tensor.to: self when nothing changes."""
+    for a in args:
+        if isinstance(a, (str, Device)) and not _is_dtype(a):
+            device = a
+        else:
+            dtype = a
+    out = self
+    if dtype is not None:
+        out = pointwise.cast(out, dtype)
+    if device is not None:
+        out = _original_to(out, device)
+    return out
+
+
+def _is_dtype(a):
+    if isinstance(a, Device):
+        return False
+    try:
+        np.dtype(a)
+        return True
+    except TypeError:
+        return a in (bool, "bool")
+
+
+def _clone(self):
+    """A copy of self in new memory (differentiable, as torch.Tensor.clone)."""
+    return pointwise.add(self, 0) if self.dtype == np.float32 else pointwise.cast(pointwise.add(self, 0), self.dtype)
+
+
+def _tolist(self):
+    return self.numpy().tolist()
+
+
+def _triangle(lower):
+    def method(self, diagonal=0):
+        if self.ndim < 2:
+            raise ValueError(f"{'tril' if lower else 'triu'}: expected a tensor of at least 2 dimensions, got shape "
+                             f"{self.shape}")
+        rows, cols = self.shape[-2:]
+        keep = np.tri(rows, cols, diagonal, dtype=bool) if lower else ~np.tri(rows, cols, diagonal - 1, dtype=bool)
+        mask = pointwise.constant_array(self.device, keep)
+        return pointwise.where(mask, self, 0 if self.dtype != np.float32 else 0.0)
+    method.__name__ = "tril" if lower else "triu"
+    method.__doc__ = (f"The {'lower' if lower else 'upper'} triangle of the last two dimensions (the rest zero), "
+                      "as torch.tril/triu.")
+    return method
+
+
+def _transposed(self):
+    if self.ndim > 2:
+        raise ValueError(f"x.T: expects a tensor of at most 2 dimensions, got shape {self.shape}; use "
+                         "x.permute(...) or x.mT")
+    return views.t(self)
+
+
+def _matrix_transposed(self):
+    return views.transpose(self, -2, -1)
+
+
 def install():
     for family in (pointwise, reduce, views, products):
         for name, fn in family.TENSOR_METHODS.items():
@@ -120,6 +184,9 @@ def install():
         setattr(Tensor, name, fn)
     for name, fn in _IN_PLACE.items():
         setattr(Tensor, name, _in_place(name, fn))
+    Tensor.to, Tensor.clone, Tensor.tolist = _to, _clone, _tolist
+    Tensor.tril, Tensor.triu = _triangle(True), _triangle(False)
+    Tensor.T, Tensor.mT = property(_transposed), property(_matrix_transposed)
     Tensor.type_as = _type_as
     Tensor.is_floating_point = _is_floating_point
 

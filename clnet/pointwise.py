@@ -147,6 +147,23 @@ def constant(dev, value, dtype):
     return t
 
 
+_arrays = OrderedDict()
+
+
+def constant_array(dev, array):
+    """A cached device copy of a small host array (a mask, a table), made once outside any capture's recording."""
+    array = np.ascontiguousarray(array)
+    key = (id(dev), array.dtype.str, array.shape, array.tobytes())
+    t = _arrays.get(key)
+    if t is None:
+        with kernels.set_up():
+            t = Tensor(array.shape, array.dtype, dev).write(array)
+        _arrays[key] = t
+        if len(_arrays) > 256:
+            _arrays.popitem(last=False)
+    return t
+
+
 def scalar_dtype(value):
     if isinstance(value, (bool, np.bool_)):
         return BOOL

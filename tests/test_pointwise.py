@@ -220,3 +220,17 @@ def test_bmm_baddbmm_and_errors(dev, rng):
         clnet.tensor(a, dev) @ clnet.tensor(b.transpose(0, 2, 1).copy(), dev)
     with pytest.raises(ValueError, match=r"batch dimensions\): shapes \(3,\) and \(2,\) do not broadcast"):
         clnet.tensor(a, dev) @ clnet.tensor(b[:2], dev)
+
+
+def test_tensor_conveniences(dev, rng):
+    a = _away(rng, (3, 4, 5))
+    _check(dev, rng, [a], lambda x: x.tril(), torch.tril, "tril")
+    _check(dev, rng, [a], lambda x: x.triu(1), lambda x: x.triu(1), "triu(1)")
+    _check(dev, rng, [a], lambda x: x.clone() * 2, lambda x: x.clone() * 2, "clone")
+    _check(dev, rng, [a], lambda x: x.mT, lambda x: x.mT, "mT")
+    x = clnet.tensor(a, dev)
+    assert x.to(np.int32).dtype == np.int32 and x.to(dev) is x and x.to(dtype=np.float32) is x
+    np.testing.assert_array_equal(x.to(np.int64).numpy(), a.astype(np.int32))
+    assert x[0, 0].tolist() == a[0, 0].tolist()
+    with pytest.raises(ValueError, match=r"x.T: expects a tensor of at most 2 dimensions"):
+        x.T
