@@ -51,6 +51,9 @@ def devices():
                    f"    type {r['type']}, {r['compute_units']} compute units, global memory "
                    f"{r['global_mem'] / 2**30:.1f} GiB, local memory {r['local_mem'] / 1024:.0f} KiB, "
                    f"{r['version']}, driver {r['driver']}")
+        if not r["usable"]:
+            click.echo(f"    unusable: its compiler cannot build a kernel here ({r['problem']}); clnet never picks "
+                       "it (Debian's pocl-opencl-icd or Intel's CPU runtime runs on this CPU)")
 
 
 @main.command()

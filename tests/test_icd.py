@@ -217,3 +217,26 @@ def test_import_writes_nothing_and_the_first_device_use_registers(tmp_path):
         assert {lib for platform, lib in expected.items() if platform in present} <= set(got["registered"]), got
     else:
         assert not present and got["directory"] is None, got
+
+
+def test_a_device_that_cannot_build_is_listed_unusable_and_never_picked(monkeypatch):
+    """A device whose compiler fails every build (PyPI's PoCL 3.0 on a CPU its LLVM 14 does not know) is listed with
+    the compiler's words and skipped by auto/cpu; asked for by index it is refused with the fix."""
+    import clnet
+    from clnet import devices
+    rows = [r for r in clnet.list_devices() if r["usable"] and not r["simulator"]]
+    if not rows:
+        pytest.skip("no usable device")
+    victim = devices._all_cl_devices()[rows[0]["index"]]
+    monkeypatch.setitem(devices._problems, victim.int_ptr, "error: unknown target CPU 'generic'")
+    listed = {r["index"]: r for r in clnet.list_devices()}[rows[0]["index"]]
+    assert not listed["usable"] and listed["problem"] == "error: unknown target CPU 'generic'"
+    with pytest.raises(clnet.DeviceNotFound, match=r"cannot compile OpenCL kernels here \(error: unknown target CPU "
+                                                   r"'generic'\)"):
+        clnet.device(rows[0]["index"])
+    others = [r for r in rows[1:]]
+    if others:
+        assert clnet.device("auto").index != rows[0]["index"]
+    else:
+        with pytest.raises(clnet.DeviceNotFound, match="no usable OpenCL device"):
+            clnet.device("auto")
