@@ -1,4 +1,4 @@
-"""ONNX import and export (clnet/onnx.py): networks exported from PyTorch run in clnet as ONNX Runtime (CPU) runs
+"""ONNX import and export (clnet/onnx/): networks exported from PyTorch run in clnet as ONNX Runtime (CPU) runs
 them, and train one step with every gradient PyTorch's (float64) within float32's error; clnet's zoo exported by
 clnet.onnx.export passes onnx.checker and matches ONNX Runtime; unknown operators, damaged files and a missing onnx
 package are refused with errors that name them.

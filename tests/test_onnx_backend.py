@@ -1,5 +1,5 @@
 """ONNX's own backend node tests (onnx.backend.test.case.node: the cases every ONNX backend runs, generated here by
-the onnx package with its expected outputs) through clnet's backend adapter (clnet.onnx_backend), on one device (PoCL
+the onnx package with its expected outputs) through clnet's backend adapter (clnet.onnx.backend), on one device (PoCL
 where present).
 
 Every case whose operators are all in clnet's ONNX table, with float32 outputs and float32 data among its inputs (other
@@ -21,7 +21,7 @@ from onnx_needed import require
 
 onnx = require("onnx")
 import clnet.onnx as connx  # noqa: E402
-from clnet.onnx_backend import backend  # noqa: E402
+from clnet.onnx.backend import backend  # noqa: E402
 
 # Case names (without "test_") by reason; every one must be refused at load.
 _ELEMENTWISE = "has no kernel for this op on computed tensors yet (the tensor ops' elementwise families)"

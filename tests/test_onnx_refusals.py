@@ -1,5 +1,5 @@
 """What clnet's ONNX importer cannot run is refused by clnet.onnx.load, before any kernel runs, naming the node, the
-operator, the opset and the reason (clnet/onnx.py's load-time checks); external data is read only from inside the
+operator, the opset and the reason (clnet/onnx/checks.py); external data is read only from inside the
 model's folder; declared sizes are checked against the device before anything is read or allocated; an opset newer
 than the importer knows warns. Also: the ONNX tests fail rather than skip where the onnx extra should be there."""
 import os

@@ -1,4 +1,4 @@
-"""ONNX's semantics where clnet's importer once differed (clnet/onnx.py): a Gemm or MatMul whose B is a computed
+"""ONNX's semantics where clnet's importer once differed (clnet/onnx/): a Gemm or MatMul whose B is a computed
 tensor (a graph input) multiplied as ONNX says, not as if transposed; training-mode BatchNormalization updating
 running_var with the population variance, as ONNX specifies; asymmetric and auto_pad pooling pads; variadic Sum, Max,
 Min and Mean; the file's initializers kept under their names, unchanged, unless fuse=True (which refuses training).

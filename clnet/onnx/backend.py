@@ -9,19 +9,20 @@ model loaded with them at the first run that brings each set of their values. Th
 """
 import numpy as np
 
-from . import onnx as connx
-from .autograd import no_grad
-from .tensor import tensor as _to_device
+from ..autograd import no_grad
+from ..tensor import tensor as _to_device
+from .common import OnnxImportError, _onnx
+from .load import load
 
 
 def _backend_base():
-    onnx = connx._onnx()
+    onnx = _onnx()
     import onnx.backend.base as base
     return onnx, base
 
 
 def _device(spec):
-    from .devices import device, list_devices
+    from ..devices import device, list_devices
     if spec in (None, "CPU", "CUDA"):
         want = "cpu" if spec in (None, "CPU") else "gpu"
         for d in list_devices():
@@ -40,14 +41,14 @@ def _split_inputs(onnx, model):
             continue
         elem = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else None
         if elem is None:
-            raise connx.OnnxImportError(f"graph input {v.name!r} is a {v.type.WhichOneof('value')}: clnet's ONNX "
+            raise OnnxImportError(f"graph input {v.name!r} is a {v.type.WhichOneof('value')}: clnet's ONNX "
                                         "backend takes tensors only")
         (floats if elem == onnx.TensorProto.FLOAT else others).append(v.name)
     for v in model.graph.output:
         elem = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else None
         if elem != onnx.TensorProto.FLOAT:
             kind = onnx.TensorProto.DataType.Name(elem) if elem is not None else v.type.WhichOneof("value")
-            raise connx.OnnxImportError(f"graph output {v.name!r} is of type {kind}: clnet's ONNX backend returns "
+            raise OnnxImportError(f"graph output {v.name!r} is of type {kind}: clnet's ONNX backend returns "
                                         "float32 tensors only")
     return floats, others
 
@@ -78,19 +79,19 @@ def backend():
         def __init__(self, model, device, floats, others):
             self.model, self.device, self.floats, self.others = model, device, floats, others
             self.names = [v.name for v in model.graph.input if v.name in set(floats) | set(others)]
-            self.nets = {} if others else {(): connx.load(model, device=device)}
+            self.nets = {} if others else {(): load(model, device=device)}
 
         def run(self, inputs, **kwargs):
             given = dict(inputs) if isinstance(inputs, dict) else dict(zip(self.names, inputs))
             for k, a in given.items():
                 if not isinstance(a, (np.ndarray, np.generic, int, float)):
-                    raise connx.OnnxImportError(f"graph input {k!r} comes as a {type(a).__name__} (a type NumPy does "
+                    raise OnnxImportError(f"graph input {k!r} comes as a {type(a).__name__} (a type NumPy does "
                                                 "not hold): clnet's ONNX backend takes NumPy arrays")
             consts = {k: np.asarray(given[k]) for k in self.others}
             key = tuple((k, a.dtype.str, a.shape, a.tobytes()) for k, a in consts.items())
             net = self.nets.get(key)
             if net is None:
-                net = self.nets[key] = connx.load(_with_constants(onnx, self.model, consts), device=self.device)
+                net = self.nets[key] = load(_with_constants(onnx, self.model, consts), device=self.device)
             arrays = [given[k] for k in net.input_names]
             with no_grad():
                 out = net(*[_to_device(np.asarray(a, np.float32), self.device) for a in arrays])

@@ -1,0 +1,123 @@
+"""OnnxModule: the network an ONNX file describes, as a clnet module whose forward walks the file's nodes."""
+
+import os
+
+import numpy as np
+
+from ..errors import Error
+from ..nn.module import Module
+from ..tensor import Tensor, tensor as _to_device
+from .common import OnnxImportError, _is_host
+
+
+# ---- the imported network ------------------------------------------------------------------------------------------
+
+class _Node:
+    __slots__ = ("op", "name", "inputs", "outputs", "attrs", "run", "frees")
+
+    def __init__(self, op, name, inputs, outputs, attrs, run):
+        self.op, self.name, self.inputs, self.outputs, self.attrs, self.run = op, name, inputs, outputs, attrs, run
+        self.frees = ()
+
+    def where(self, module):
+        return f"ONNX node {self.name!r} ({self.op}, opset {module.opset})"
+
+
+_COMPARED = 4096  # the size up to which device_constant compares a constant with the one it holds
+
+
+class OnnxModule(Module):
+    """A network read from an ONNX file (made by `clnet.onnx.load`): forward takes the graph's inputs and returns its
+    outputs, in the file's order (one output: the tensor itself).
+
+    ``state_dict()`` is keyed by initializer names. Weights that a MatMul or a Gemm with transB=0 reads as (in, out)
+    are held as (out, in) for the dense kernels; state_dict and load_state_dict give and take them in the file's
+    layout."""
+
+    def __init__(self, path, opset, inputs, outputs, nodes, constants, transposed):
+        super().__init__()
+        d = self.__dict__
+        d["path"], d["opset"], d["input_names"], d["output_names"] = path, opset, inputs, outputs
+        d["_nodes"], d["_constants"], d["_transposed"] = nodes, constants, transposed
+        d["_device_constants"] = {}
+        last_use = {}
+        for i, n in enumerate(nodes):
+            for name in n.inputs:
+                if name:
+                    last_use[name] = i
+        keep = set(outputs)
+        for i, n in enumerate(nodes):  # activations leave the forward's table after their last reader
+            n.frees = tuple(name for name in dict.fromkeys(n.inputs)
+                            if name and last_use.get(name) == i and name not in keep)
+
+    def extra_repr(self):
+        return f"{os.path.basename(str(self.path))!r}, {len(self._nodes)} nodes, opset {self.opset}"
+
+    def train(self, mode=True):
+        if mode and self.__dict__.get("fused"):
+            raise OnnxImportError(f"{self._name()}: loaded with fuse=True, its batch norms folded into the "
+                                  "convolutions for inference; load the file with fuse=False to train it")
+        return super().train(mode)
+
+    # -- weights in the file's layout ----------------------------------------------------------------------------
+    def state_dict(self):
+        out = super().state_dict()
+        for k in self._transposed:
+            out[k] = np.ascontiguousarray(out[k].T)
+        return out
+
+    def load_state_dict(self, state_dict, strict=True):
+        fixed = dict(state_dict)
+        for k in self._transposed:
+            if k in fixed:
+                v = fixed[k]
+                a = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
+                fixed[k] = np.ascontiguousarray(a.T)
+        return super().load_state_dict(fixed, strict)
+
+    # -- running -------------------------------------------------------------------------------------------------
+    def device_constant(self, key, array):
+        """A host constant as a tensor on this module's device, uploaded once. A small one is compared with what was
+        uploaded under its key and uploaded again where it differs: host values computed from a call's shapes (a
+        mean's 1 / N) may change from call to call."""
+        dev = self.device
+        k = (key, id(dev))
+        array = np.asarray(array, np.float32)
+        held = self._device_constants.get(k)
+        if held is not None and (array.size > _COMPARED or np.array_equal(held[1], array)):
+            return held[0]
+        t = _to_device(array, dev)
+        self._device_constants[k] = (t, array.copy() if array.size <= _COMPARED else None)
+        return t
+
+    def forward(self, *inputs):
+        if len(inputs) != len(self.input_names):
+            raise TypeError(f"{self._name()}: the graph takes {len(self.input_names)} inputs "
+                            f"({', '.join(self.input_names)}), got {len(inputs)}")
+        env = dict(self._constants)
+        params = self._parameters
+        buffers = self._buffers
+        env.update(params)
+        env.update(buffers)
+        for name, x in zip(self.input_names, inputs):
+            if not isinstance(x, Tensor):
+                raise TypeError(f"{self._name()}: input {name!r} must be a clnet tensor, got {type(x).__name__}")
+            env[name] = x
+        for n in self._nodes:
+            args = [env[name] if name else None for name in n.inputs]
+            try:
+                results = n.run(self, n, args)
+            except Error:
+                raise
+            except (ValueError, TypeError) as e:  # a shape the call brought that load could not see
+                raise OnnxImportError(f"{self.path}: {n.where(self)}: {e}") from e
+            for name, v in zip(n.outputs, results):
+                if name:
+                    env[name] = v
+            for name in n.frees:
+                env.pop(name, None)
+        outs = []
+        for name in self.output_names:
+            v = env[name]
+            outs.append(self.device_constant(name, v) if _is_host(v) else v)
+        return outs[0] if len(outs) == 1 else tuple(outs)
