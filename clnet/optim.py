@@ -17,6 +17,7 @@ The parameters keep their identity; only their memory moves.
 "step" entry (one count per group, all of whose parameters step together).
 """
 import sys
+import weakref
 
 import numpy as np
 
@@ -25,6 +26,27 @@ from .graph import CaptureError
 from .tensor import Parameter, Tensor, region_alignment
 
 sys.modules[__name__ + ".lr_scheduler"] = lr_scheduler  # `from clnet.optim.lr_scheduler import StepLR`, as torch's
+
+_flat_grads = weakref.WeakValueDictionary()  # id(storage) -> an optimizer's flat gradient tensor over it
+
+
+def grad_span(grads):
+    """The region of one optimizer's flat gradient buffer that holds exactly `grads` and the zero padding between
+    them (so one launch can read or scale them all: nn.utils.clip_grad_norm_), or None where they are not laid out
+    so: other tensors, another optimizer's, or with another parameter's gradient between two of them."""
+    parent = getattr(grads[0].storage, "parent", None) if grads else None
+    flat = _flat_grads.get(id(parent)) if parent is not None else None
+    if flat is None or flat.storage is not parent:
+        return None
+    if any(getattr(g.storage, "parent", None) is not parent for g in grads):
+        return None
+    align = region_alignment(flat.device)
+    pieces = sorted((g.storage.offset, -(-max(g.size, 1) * 4 // align) * align) for g in grads)
+    for (offset, taken), (following, _) in zip(pieces, pieces[1:]):
+        if following != offset + taken:  # a gap holds another parameter's gradient (or two share one)
+            return None
+    start, end = pieces[0][0], pieces[-1][0] + pieces[-1][1]
+    return flat.region(start // 4, ((end - start) // 4,))
 
 
 class Optimizer:
@@ -184,6 +206,7 @@ class Optimizer:
                 data.region(start, (count,)), grad.region(start, (count,)),
                 {n: s.region(start, (count,)) for n, s in state.items()}) for start, count in self._spans]
             self._flat = (data, grad, state)
+            _flat_grads[id(grad.storage)] = grad
             self._layout = [(p.storage, p.grad) for p in self.params]
             if self._pending is not None:
                 pending, self._pending = self._pending, None

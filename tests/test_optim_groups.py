@@ -333,3 +333,37 @@ def test_clipped_step_replays_as_eager_steps(dev, rng):
     assert n_eager == n_replayed and n_eager > 0.5  # the clipping acted at the last step
     for k in eager:
         np.testing.assert_array_equal(eager[k], replayed[k], err_msg=k)
+
+
+@pytest.mark.parametrize("which", ["all", "every other"])
+def test_clip_grad_norm_over_an_optimizers_gradients(dev, rng, which):
+    """Gradients in an optimizer's flat buffer: all of them are clipped in a fixed number of launches (one span), a
+    subset with other gradients between them one by one; both as torch's. A NaN norm leaves the buffer's padding
+    zero: the next norm, of finite gradients, is finite."""
+    import torch
+    model = net(dev)
+    twin = torch_twin(model)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    opt.zero_grad()
+    x = rng.standard_normal((6, 7)).astype(np.float32)
+    (model(clnet.tensor(x, dev)) ** 2).sum().backward()
+    (twin(torch.from_numpy(x).double()) ** 2).sum().backward()
+    ours, theirs = model.parameters(), list(twin.parameters())
+    if which == "every other":
+        ours, theirs = ours[::2], theirs[::2]
+    before = kernels.launch_count
+    total = nn.utils.clip_grad_norm_(ours, 0.3)
+    launches = kernels.launch_count - before
+    expected = torch.nn.utils.clip_grad_norm_(theirs, 0.3)
+    assert (launches <= 8) == (which == "all"), f"{launches} launches"
+    np.testing.assert_allclose(total.numpy(), expected.numpy(), rtol=2e-6)
+    for p, t in zip(ours, theirs):
+        np.testing.assert_allclose(p.grad.numpy(), t.grad.numpy(), rtol=3e-6, atol=1e-8)
+    if which == "all":
+        ours[0].grad.write(np.full(ours[0].shape, np.nan, np.float32))
+        assert np.isnan(nn.utils.clip_grad_norm_(ours, 0.3).numpy())
+        fresh = [rng.standard_normal(p.shape).astype(np.float32) for p in ours]
+        for p, g in zip(ours, fresh):
+            p.grad.write(g)
+        ref = np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in fresh))
+        np.testing.assert_allclose(nn.utils.clip_grad_norm_(ours, 0.3).numpy(), ref, rtol=2e-6, equal_nan=False)

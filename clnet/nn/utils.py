@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from .. import autograd, pointwise, reduce, views
+from .. import autograd, optim, pointwise, reduce, views
 from ..errors import Error
 from ..graph import CaptureError, refuse_in_capture
 from ..tensor import Tensor, tensor
@@ -65,6 +65,12 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     -------
     Tensor
         The total norm before clipping, a 0-d tensor on the gradients' device (0.0 on the host with no gradients).
+
+    Notes
+    -----
+    Gradients laid out by a clnet optimizer (after its first zero_grad or step) are clipped in a fixed number of
+    launches whatever their count; there an element that is exactly 0 stays 0 when the norm is NaN (PyTorch's gives
+    NaN), so that the buffer's padding never turns NaN.
     """
     what = "clip_grad_norm_"
     p = _norm_type(what, norm_type)
@@ -72,9 +78,15 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     grads = _grads(what, parameters)
     if not grads:
         return tensor(np.float32(0.0))
+    # an optimizer's gradients lie in one flat buffer: one norm and one scaling over their span (its padding is
+    # zero, which adds nothing to a p-norm of p > 0 and must stay zero: a NaN factor leaves zeros alone there)
+    span = optim.grad_span(grads) if len(grads) > 1 and p > 0 else None
     with autograd.no_grad():
-        norms = [reduce.norm(g, p) for g in grads]
-        total = norms[0] if len(norms) == 1 else reduce.norm(views.stack(norms), p)
+        if span is not None:
+            total = reduce.norm(span, p)
+        else:
+            norms = [reduce.norm(g, p) for g in grads]
+            total = norms[0] if len(norms) == 1 else reduce.norm(views.stack(norms), p)
         if error_if_nonfinite:
             try:
                 refuse_in_capture(f"{what}(error_if_nonfinite=True) reads the norm back")
@@ -86,8 +98,11 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
                                     "they cannot be clipped; find where the loss turned non-finite, or pass "
                                     "error_if_nonfinite=False")
         scale = pointwise.clamp(pointwise.div(max_norm, pointwise.add(total, 1e-6)), max=1.0)
-        for g in grads:
-            g.mul_(scale)
+        if span is not None:
+            span.copy_from(pointwise.where(span != 0, pointwise.mul(span, scale), 0.0))
+        else:
+            for g in grads:
+                g.mul_(scale)
     return total
 
 
