@@ -244,7 +244,7 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
     epochs, batch : int
         Number of epochs and batch size; the last batch of an epoch may be smaller.
     optimizer : clnet.optim.Optimizer, optional
-        SGD, Adam or AdamW over the model's parameters; SGD from ``lr``, ``momentum`` and ``weight_decay`` when not
+        SGD, Adam, AdamW or RMSprop over the model's parameters (groups allowed); SGD from ``lr``, ``momentum`` and ``weight_decay`` when not
         given.
     device : str or clnet.Device, optional
         The model's device if it has one, else ``"auto"``.
@@ -354,7 +354,7 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
     # repeats launches and clnet's own per-step host work only, so steps with host work of someone else's run
     # eagerly: a data-parallel step's all-reduce, an optimizer class of the user's, a module hook.
     replayer = StepReplayer(train_step, enabled=graphs and world is None
-                            and type(optimizer) in (optim.SGD, optim.Adam, optim.AdamW)
+                            and type(optimizer) in (optim.SGD, optim.Adam, optim.AdamW, optim.RMSprop)
                             and not _has_hooks(model))
 
     def count(at_step, at_epoch, n, s_loss, s_correct, shown=1):

@@ -367,3 +367,26 @@ def test_clip_grad_norm_over_an_optimizers_gradients(dev, rng, which):
             p.grad.write(g)
         ref = np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in fresh))
         np.testing.assert_allclose(nn.utils.clip_grad_norm_(ours, 0.3).numpy(), ref, rtol=2e-6, equal_nan=False)
+
+
+def test_fit_replays_rmsprop_with_groups_as_eager_steps(dev, rng, monkeypatch):
+    """clnet.fit captures and replays an RMSprop step (two groups, one centered with momentum) and ends with the
+    eager run's weights, bit for bit."""
+    from clnet import graph
+    images = rng.standard_normal((70, 1, 6, 6)).astype(np.float32)
+    labels = rng.integers(0, 3, 70).astype(np.int32)
+    replays = []
+    real = graph.Graph.replay
+    monkeypatch.setattr(graph.Graph, "replay", lambda g: (replays.append(1), real(g)))
+    runs = {}
+    for graphs in (False, True):
+        clnet.manual_seed(8)
+        model = nn.Sequential(nn.Flatten(), nn.Linear(36, 5), nn.ReLU(), nn.Linear(5, 3)).to(dev)
+        params = model.parameters()
+        opt = optim.RMSprop([{"params": params[:2], "centered": True, "momentum": 0.5}, {"params": params[2:]}],
+                            lr=0.01)
+        clnet.fit(model, (images, labels), epochs=1, batch=16, optimizer=opt, device=dev, graphs=graphs)
+        runs[graphs] = model.state_dict()
+    assert len(replays) == 4 - 2  # 4 batches of 16 (the first eager, the second captured), 1 of 6 eager
+    for k in runs[False]:
+        np.testing.assert_array_equal(runs[False][k], runs[True][k], err_msg=k)
