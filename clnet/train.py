@@ -244,8 +244,8 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
     epochs, batch : int
         Number of epochs and batch size; the last batch of an epoch may be smaller.
     optimizer : clnet.optim.Optimizer, optional
-        SGD, Adam, AdamW or RMSprop over the model's parameters (groups allowed); SGD from ``lr``, ``momentum`` and ``weight_decay`` when not
-        given.
+        SGD, Adam, AdamW or RMSprop over the model's parameters (groups allowed); SGD from ``lr``, ``momentum``
+        and ``weight_decay`` when not given.
     device : str or clnet.Device, optional
         The model's device if it has one, else ``"auto"``.
     seed : int
