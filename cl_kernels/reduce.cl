@@ -21,6 +21,8 @@
 //   reduce_bwd   dx[i] = scale * dy[o(i)] * a formula (grad)  of x[i], y[o], aux[o]; o(i) is the output element input
 //                element i reduced into, read through strided.h (the output's strides broadcast over x's shape).
 //   index_bwd    max/min over one dimension (x seen as (outer, size, inner)): dx = dy at the index kept, else 0.
+//   softmax_rows_fwd, softmax_rows_bwd  softmax and log-softmax over a last dimension, lanes of a work-group per
+//                row (a GPU's; softmax.cl's kernels serve every other case).
 //   cumsum       x seen as (outer, size, inner), one work-item per (outer, inner) line; reverse: from the end (the
 //                gradient of a cumulative sum is the reverse cumulative sum of its gradient).
 // Defines: INTEGER (0/1: int values instead of float; T is the values' type), BOOLS (0/1: bool input), BOOL_OUT (0/1: bool output), COMB (1 sum, 2 prod, 3 max, 4 min),
@@ -336,4 +338,58 @@ __kernel void cumsum(__global const T* restrict x, __global T* restrict y, const
         s += x[off];
         y[off] = s;
     }
+}
+
+// The sum (or, with is_max, the maximum) of v over each run of `lanes` neighbouring work-items of the group (a
+// pairwise tree in part[]), returned to all of them; every work-item of the group must call it.
+inline float lanes_combine(float v, __local float* part, const int lid, const int lane, const int lanes,
+                           const int is_max) {
+    part[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = lanes >> 1; w > 0; w >>= 1) {
+        if (lane < w) part[lid] = is_max ? fmax(part[lid], part[lid + w]) : part[lid] + part[lid + w];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    v = part[lid - lane];
+    barrier(CLK_LOCAL_MEM_FENCE);  // part[] is written again by the next call
+    return v;
+}
+
+// softmax_rows_fwd / softmax_rows_bwd: softmax (log: log-softmax) over the last dimension of (rows, C), GPU-shaped:
+// `lanes` neighbouring work-items of a group of LSIZE share a row (softmax.cl's kernels give a row to one
+// work-item, whose neighbours then read C elements apart), LSIZE / lanes rows a group. Forward y from x; backward
+// dx from the output y and its gradient dy: y (dy - sum(dy y)), or for log-softmax dy - exp(y) sum(dy).
+__kernel void softmax_rows_fwd(__global const float* restrict x, __global float* restrict y, const int rows,
+                               const int C, const int lanes, const int log_softmax) {
+    __local float part[LSIZE];
+    const int lid = get_local_id(0), lane = lid & (lanes - 1);
+    const int row = get_group_id(0) * (LSIZE / lanes) + lid / lanes;
+    const int n = row < rows ? C : 0, base = row * C;
+    float m = -INFINITY;
+    for (int c = lane; c < n; c += lanes) m = fmax(m, x[base + c]);
+    m = lanes_combine(m, part, lid, lane, lanes, 1);
+    float s = 0.0f;
+    for (int c = lane; c < n; c += lanes) s += exp(x[base + c] - m);
+    s = lanes_combine(s, part, lid, lane, lanes, 0);
+    if (log_softmax) {
+        const float lse = m + log(s);
+        for (int c = lane; c < n; c += lanes) y[base + c] = x[base + c] - lse;
+    } else {
+        const float inv = 1.0f / s;
+        for (int c = lane; c < n; c += lanes) y[base + c] = exp(x[base + c] - m) * inv;
+    }
+}
+
+__kernel void softmax_rows_bwd(__global const float* restrict y, __global const float* restrict dy,
+                               __global float* restrict dx, const int rows, const int C, const int lanes,
+                               const int log_softmax) {
+    __local float part[LSIZE];
+    const int lid = get_local_id(0), lane = lid & (lanes - 1);
+    const int row = get_group_id(0) * (LSIZE / lanes) + lid / lanes;
+    const int n = row < rows ? C : 0, base = row * C;
+    float s = 0.0f;
+    for (int c = lane; c < n; c += lanes) s += log_softmax ? dy[base + c] : dy[base + c] * y[base + c];
+    s = lanes_combine(s, part, lid, lane, lanes, 0);
+    for (int c = lane; c < n; c += lanes)
+        dx[base + c] = log_softmax ? dy[base + c] - exp(y[base + c]) * s : y[base + c] * (dy[base + c] - s);
 }

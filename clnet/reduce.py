@@ -609,6 +609,34 @@ def cumsum(x, dim):
     return Cumsum.apply(x, dim=d)
 
 
+class SoftmaxRows(Function):
+    """Softmax or log-softmax over the last dimension, GPU-shaped: lanes of a work-group share each row."""
+    __slots__ = ("log",)
+
+    def forward(self, x, log):
+        self.log = log
+        y = empty(x.shape, x.device)
+        _softmax_rows("softmax_rows_fwd", (x, y), x.shape[-1], log, "log_softmax" if log else "softmax")
+        self.save(y)
+        return y
+
+    def backward(self, dy):
+        y, = self.saved
+        dx = empty(y.shape, y.device)
+        _softmax_rows("softmax_rows_bwd", (y, dy, dx), y.shape[-1], self.log,
+                      ("log_softmax" if self.log else "softmax") + " backward")
+        return dx
+
+
+def _softmax_rows(name, tensors, C, log, what):
+    dev = tensors[0].device
+    lsize = _lsize(dev)
+    lanes = builtins.min(lsize, 1 << (C.bit_length() - 1))
+    rows = tensors[0].size // C
+    kernels.launch(dev, _kernel(dev, name, LSIZE=lsize), (-(-rows // (lsize // lanes)) * lsize,), (lsize,), *tensors,
+                   rows, C, lanes, int(log), what=what)
+
+
 def _softmax(what, x, dim, log):
     _tensor(what, x)
     if dim is None:
@@ -616,6 +644,9 @@ def _softmax(what, x, dim, log):
     d = layout.normalize_dim(what, dim, x.ndim)
     if not x.shape:
         return ops.Softmax.apply(x.reshape(1), dim=0, log=log).reshape(())
+    if d == x.ndim - 1 and x.shape[-1] >= TREE_FROM and x.size and not tuning.cpu_shaped(x.device):
+        # a GPU's rows: softmax.cl's work-item per row would read C apart from its neighbours'
+        return SoftmaxRows.apply(x, log=log)
     return ops.Softmax.apply(x, dim=d, log=log)
 
 

@@ -348,11 +348,12 @@ def test_cumsum_every_dim(dev, rng, shape):
                 f"cumsum {shape} dim {dim}")
 
 
-@pytest.mark.parametrize("shape", [(31, 33), (2, 3, 5, 7), (33,), (4, 0, 3), (5, 1), ()])
+@pytest.mark.parametrize("shape", [(31, 33), (2, 3, 5, 7), (33,), (4, 0, 3), (5, 1), (), (3, 300), (2, 0)])
 @pytest.mark.parametrize("kind", ["softmax", "log_softmax"])
-def test_softmax_every_dim(dev, rng, shape, kind):
-    """The gradient, y (dy - sum(dy y)) (softmax) or dy - exp(y) sum(dy), can cancel to far below its terms: each
-    element is compared with the size of the terms it sums."""
+def test_softmax_every_dim(dev, rng, kernel_shape, shape, kind):
+    """In both kernel shapes (a GPU's last dimension: lanes per row, from 32 elements); the gradient, y (dy -
+    sum(dy y)) (softmax) or dy - exp(y) sum(dy), can cancel to far below its terms: each element is compared with
+    the size of the terms it sums."""
     x = (rng.standard_normal(shape) * 5).astype(np.float32)
     for dim in range(-max(len(shape), 1), max(len(shape), 1)):
         t = clnet.tensor(x, dev, requires_grad=True)
@@ -463,3 +464,19 @@ def test_a_replayed_graph_repeats_the_reductions(dev, rng):
         for got, want, name in zip((total.numpy(), x.grad.numpy(), grad_sum.numpy()), expected[i],
                                    ("output", "gradient", "sum_to of the gradient")):
             assert np.array_equal(got, want), f"replay {i}: {name} differs from the eager step's"
+
+
+def test_tensor_methods(dev, rng):
+    """The family's functions as Tensor methods (methods.py installs TENSOR_METHODS), PyTorch's spellings."""
+    x = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    t, tx = clnet.tensor(x, dev), torch64(x, False)
+    for ours, theirs in [
+            (t.sum(1), tx.sum(1)), (t.mean(dim=(1, 2)), tx.mean(dim=(1, 2))), (t.var(0, keepdim=True), tx.var(0, keepdim=True)),
+            (t.std(), tx.std()), (t.max(), tx.max()), (t.max(1).values, tx.max(1).values), (t.amin(-1), tx.amin(-1)),
+            (t.logsumexp(2), tx.logsumexp(2)), (t.prod(0), tx.prod(0)), (t.norm(dim=1), tx.norm(dim=1)),
+            (t.cumsum(1), tx.cumsum(1)), (t.softmax(-1), tx.softmax(-1)), (t.log_softmax(0), tx.log_softmax(0)),
+            (t.sum_to_size(5, 1), tx.sum_to_size(5, 1))]:
+        assert_close(ours.numpy(), theirs.numpy(), "method", tol=1e-4)
+    assert np.array_equal(t.argmax(1).numpy(), tx.argmax(1).numpy())
+    assert np.array_equal(t.max(2).indices.numpy(), tx.max(2).indices.numpy())
+    assert (t > 0).any().item() == bool((tx > 0).any())
