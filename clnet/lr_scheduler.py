@@ -1,4 +1,4 @@
-"""Learning-rate schedules with torch.optim.lr_scheduler's names, arguments and step() semantics (clnet.optim.lr_scheduler).
+"""Learning-rate schedules (clnet.optim.lr_scheduler) with torch.optim.lr_scheduler's names, arguments and step().
 
 A scheduler sets `group["lr"]` of each of its optimizer's parameter groups (OneCycleLR also the momentum, or Adam's
 beta1). The optimizers read their groups at every step, eager or replayed (their per-step action, kernels.per_step),

@@ -85,7 +85,8 @@ class Optimizer:
         with the others; the flat buffers are laid out again at the next step."""
         who = type(self).__name__
         if not isinstance(param_group, dict) or "params" not in param_group:
-            raise TypeError(f"{who}: a parameter group is a dict with a 'params' entry, got {type(param_group).__name__}")
+            raise TypeError(f"{who}: a parameter group is a dict with a 'params' entry, got "
+                            f"{type(param_group).__name__}")
         group = dict(param_group)
         params = group["params"]
         if isinstance(params, Tensor):
