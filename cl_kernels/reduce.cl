@@ -1,34 +1,34 @@
 // Reductions over any dimensions of a contiguous tensor, their gradients, and cumulative sums (clnet/reduce.py).
 //
-// Layout of reduce_fwd: the input seen as (kept dimensions..., reduced dimensions...), each part coalesced on its
-// own (layout.py), in layout.py's `meta` format: the nd = kd + rd sizes, then the input's strides for them. Output o
-// (row-major over the kept part) reduces the R values at offset(kept part, o) + offset(reduced part, r), r < R.
-//   reduce_fwd   work-groups of LSIZE work-items (always that size: PoCL compiles a kernel again for each local
-//                size): `lanes` neighbours (a runtime power of two) share one output, each taking every lanes-th
-//                element, and add up in a pairwise tree in local memory; LSIZE / lanes outputs per group, along the
-//                launch's second dimension. lanes 1 is a plain loop per output (many outputs whose
-//                neighbours are neighbours in memory: a column's sum), lanes up to LSIZE a tree per output (long
-//                contiguous rows, few outputs). Work-group column p of the parts = get_num_groups(0) covers
-//                r in [p chunk, (p + 1) chunk) and writes out[o parts + p]; with parts > 1 that is an unfinished
-//                partial (fin 0, scale 1) that a second launch over the (outputs, parts) partials reduces.
-//                With `indexed`, the candidate index of each value is xi[its offset] (the partial indices of a first
-//                pass), else r; ARG writes the index of the chosen value to out_i (the first one on ties, a NaN
-//                before any number, as PyTorch).
-//                Each value is map_value(x) before it is combined; `c` is a per-output value (a mean, a maximum)
-//                that map and fin read. The result is then fin: 0 v * scale, 1 sqrt(v * scale), 2 log(v) + c (c
-//                taken as 0 where it is infinite, as map 4 does), 3 pow(v, scale), 4 v != 0, 5 v == 0 (any, all:
-//                counts of maps 10 and 9 into a bool).
-//   reduce_bwd   dx[i] = scale * dy[o(i)] * a formula (grad)  of x[i], y[o], aux[o]; o(i) is the output element input
+// Layout of reduce_tree and reduce_loop: the input seen as (kept dimensions..., reduced dimensions...), each part
+// coalesced on its own (layout.py), in layout.py's `meta` format: the nd = kd + rd sizes, then the input's strides
+// for them. Output o (row-major over the kept part) reduces the R values at offset(kept part, o) +
+// offset(reduced part, r), r < R. Both split each output's elements into parts of `chunk`: part p covers
+// r in [p chunk, (p + 1) chunk) and writes out[o parts + p]; with parts > 1 that is an unfinished partial (fin 0,
+// scale 1) that a second launch over the (outputs, parts) partials reduces. With `indexed`, the candidate index of
+// each value is xi[its offset] (the partial indices of a first pass), else r; ARG writes the index of the chosen
+// value to out_i (the first one on ties, a NaN before any number, as PyTorch). Each value is mapped (map, see MAPS)
+// before it is combined; `c` is a per-output value (a mean, a maximum) that map and fin read. The result is then
+// fin: 0 v * scale, 1 sqrt(v * scale), 2 log(v) + c (c taken as 0 where it is infinite, as map 4 does),
+// 3 pow(v, scale), 4 v != 0, 5 v == 0 (any, all: counts of maps 10 and 9 into a bool).
+//   reduce_tree  (a GPU's, for contiguous elements) work-groups of LSIZE work-items (always that size: PoCL
+//                compiles a kernel again for each local size): `lanes` neighbours (a runtime power of two) share
+//                one output, each taking every lanes-th element, then a pairwise tree in local memory; LSIZE / lanes
+//                outputs per group along the launch's second dimension, the parts along its first.
+//   reduce_loop  a work-item per COLS neighbouring outputs and part (a GPU's COLS is 1: neighbouring work-items
+//                read neighbouring outputs' elements; a CPU's 16, a cache line of each row it reads).
+//   reduce_bwd   dx[i] = scale * dy[o(i)] * a formula (grad) of x[i], y[o], aux[o]; o(i) is the output element input
 //                element i reduced into, read through strided.h (the output's strides broadcast over x's shape).
 //   index_bwd    max/min over one dimension (x seen as (outer, size, inner)): dx = dy at the index kept, else 0.
 //   softmax_rows_fwd, softmax_rows_bwd  softmax and log-softmax over a last dimension, lanes of a work-group per
 //                row (a GPU's; softmax.cl's kernels serve every other case).
 //   cumsum       x seen as (outer, size, inner), one work-item per (outer, inner) line; reverse: from the end (the
 //                gradient of a cumulative sum is the reverse cumulative sum of its gradient).
-// Defines: INTEGER (0/1: int values instead of float; T is the values' type), BOOLS (0/1: bool input), BOOL_OUT (0/1: bool output), COMB (1 sum, 2 prod, 3 max, 4 min),
-// ARG (0/1: max or min also give the index), LSIZE (reduce_fwd's work-group size, a power of two), NDIM (strided.h:
-// reduce_bwd's rank). What is combined (map) and the gradient's formula (grad) are runtime arguments, so that a few
-// builds serve every reduction.
+// Defines: INTEGER (0/1: int values instead of float; T is the values' type), BOOLS (0/1: bool input), BOOL_OUT
+// (0/1: bool output), COMB (1 sum, 2 prod, 3 max, 4 min), ARG (0/1: max or min also give the index), LSIZE (the
+// work-group size, a power of two), COLS (reduce_loop's outputs per work-item), NDIM (strided.h: reduce_bwd's
+// rank). What is combined (map), the finishing step (fin) and the gradient's formula (grad) are runtime arguments,
+// so that a few builds serve every reduction.
 #include "strided.h"
 
 #ifndef INTEGER
@@ -107,9 +107,10 @@
 inline float shift_of(const float m) { return isinf(m) ? 0.0f : m; }
 
 // The value combined for an element v, by `map`: 0 v, 1 |v|, 2 v^2, 3 (v - c)^2, 4 exp(v - shift(c)), 5 |v|^p,
-// 6 v == c, 7 |v| == c, 8 v (1 where v is 0), 9 v == 0, 10 v != 0 (a NaN too). A runtime argument, the same for every work-item, so that
-// one build serves every map: reduce_run switches on it outside its loops (a switch inside, compiled as selects,
-// evaluated every map's exp and pow for each element: 10x slower on PoCL). int values take maps 0, 9 and 10.
+// 6 v == c, 7 |v| == c, 8 v (1 where v is 0), 9 v == 0, 10 v != 0 (a NaN too). A runtime argument, the same
+// for every work-item, so that one build serves every map: REDUCE_RUN switches on it outside its loops (a switch
+// inside, compiled as selects, evaluated every map's exp and pow for each element: 10x slower on PoCL). int values
+// take maps 0, 9 and 10.
 #if IS_FLOAT
 #define MAPS(RUN) \
     switch (map) { \
@@ -290,7 +291,7 @@ __kernel void reduce_loop(__global const IN* restrict x, __global const int* res
 // 7 g x |x|^(p-2) / y^(p-1), 0 where y is 0 (p-norm); 8 g exp(x - y) (logsumexp); 9 the product of the others:
 // g y / x without zeros (aux 0), the product of the nonzero values y at the one zero (aux 1), else 0 (prod; y the
 // product of the nonzero values).
-// One loop over a work-item's elements for each formula, the switch outside it (as reduce_run's maps).
+// One loop over a work-item's elements for each formula, the switch outside it (as MAPS).
 #define EACH(d) for (int k = 0; k < len; k++) { const int i = i0 + k, o = o0 + k * ostep; dx[i] = (d); }
 
 __kernel void reduce_bwd(__global const float* restrict x, __global const float* restrict y,

@@ -29,7 +29,7 @@ FLOAT, INT, BOOL = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.bool_)
 SUM, PROD, MAX, MIN = 1, 2, 3, 4  # reduce.cl's COMB
 # reduce.cl's map: the function of each element that is combined
 M_X, M_ABS, M_SQUARE, M_SQDEV, M_EXP, M_POWABS, M_EQ, M_ABSEQ, M_NONZERO, M_ISZERO, M_NOTZERO = range(11)
-# reduce.cl's finishing step of reduce_fwd
+# reduce.cl's finishing step (fin) of reduce_tree and reduce_loop
 F_SCALE, F_SQRT, F_LOGSHIFT, F_POW, F_ANY, F_ALL = range(6)
 # reduce.cl's grad (reduce_bwd's formula)
 G_SUM, G_VAR, G_STD, G_TIES, G_INFNORM, G_L1, G_L2, G_PNORM, G_LSE, G_PROD = range(10)
@@ -176,8 +176,9 @@ def _launch(x, xi, sizes, strides, kd, rd, outputs, R, comb, mapping, arg, c, fi
         if cols > 1:
             defines["COLS"] = cols
         k = _kernel(dev, "reduce_loop", **defines)
-        kernels.launch(dev, k, (-(-outputs // cols) * parts,), (lsize,), x, xi, int(xi is not None), c, target, target_idx, meta,
-                       kd, rd, R, outputs, parts, chunk, mapping, first[0], float(first[1]), float(p), what=what)
+        kernels.launch(dev, k, (-(-outputs // cols) * parts,), (lsize,), x, xi, int(xi is not None), c, target,
+                       target_idx, meta, kd, rd, R, outputs, parts, chunk, mapping, first[0], float(first[1]),
+                       float(p), what=what)
     if parts > 1:
         _launch(target, target_idx, (outputs, parts), (parts, 1), 1, 1, outputs, parts, comb, M_X, arg, c, fin,
                 scale, p, out, idx, what)
@@ -663,7 +664,8 @@ def log_softmax(x, dim):
 TENSOR_METHODS = {
     "sum": sum, "mean": mean, "var": var, "std": std, "max": max, "min": min, "amax": amax, "amin": amin,
     "argmax": argmax, "argmin": argmin, "logsumexp": logsumexp, "prod": prod, "norm": norm, "cumsum": cumsum,
-    "softmax": softmax, "log_softmax": log_softmax, "any": any, "all": all, "sum_to_size": lambda x, *shape: sum_to(x, _shape(shape)),
+    "softmax": softmax, "log_softmax": log_softmax, "any": any, "all": all,
+    "sum_to_size": lambda x, *shape: sum_to(x, _shape(shape)),
 }
 
 
