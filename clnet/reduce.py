@@ -201,15 +201,21 @@ def sum_to(x, shape):
     shape = tuple(int(s) for s in shape)
     if x.shape == shape:
         return x
-    lead = x.ndim - len(shape)
-    if lead < 0 or builtins.any(s != 1 and s != x.shape[lead + i] for i, s in enumerate(shape)):
-        raise ValueError(f"sum_to: shape {shape} does not broadcast to the tensor's shape {x.shape}; pass a shape "
-                         "whose sizes are 1 or x's, aligned at the right")
+    dims = _sum_to_dims("sum_to", x.shape, shape)
     _tensor("sum_to", x, (FLOAT, INT))
-    dims = tuple(d for d in range(x.ndim) if (d < lead or shape[d - lead] == 1) and x.shape[d] != 1)
+    dims = tuple(d for d in dims if x.shape[d] != 1)
     if not dims:  # only size-1 dimensions go: the same elements
         return x._alias(shape)
     return _reduce(x, dims, SUM, shape, what="sum_to")
+
+
+def _sum_to_dims(what, x_shape, shape):
+    """The dimensions of x_shape that summing to `shape` reduces (those `shape` was broadcast along)."""
+    lead = len(x_shape) - len(shape)
+    if lead < 0 or builtins.any(s != 1 and s != x_shape[lead + i] for i, s in enumerate(shape)):
+        raise ValueError(f"{what}: shape {shape} does not broadcast to the tensor's shape {x_shape}; pass a shape "
+                         "whose sizes are 1 or x's, aligned at the right")
+    return tuple(d for d in range(len(x_shape)) if d < lead or shape[d - lead] == 1)
 
 
 # ---- the backward launch -------------------------------------------------------------------------------------------
@@ -661,13 +667,19 @@ def log_softmax(x, dim):
     return _softmax("log_softmax", x, dim, True)
 
 
+def sum_to_size(x, *size):
+    """x summed to `size` (sizes, or one tuple of them), as Tensor.sum_to_size: `sum_to`, recorded in the graph
+    (its gradient spreads the output's back over x's shape)."""
+    shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else tuple(size)
+    _tensor("sum_to_size", x, (FLOAT, INT))
+    dims = _sum_to_dims("sum_to_size", x.shape, shape)
+    if x.dtype != FLOAT or x.shape == shape:
+        return sum_to(x, shape)
+    return Sum.apply(x, dims=dims, keepdim=True, scale=1.0).reshape(shape)
+
+
 TENSOR_METHODS = {
     "sum": sum, "mean": mean, "var": var, "std": std, "max": max, "min": min, "amax": amax, "amin": amin,
     "argmax": argmax, "argmin": argmin, "logsumexp": logsumexp, "prod": prod, "norm": norm, "cumsum": cumsum,
-    "softmax": softmax, "log_softmax": log_softmax, "any": any, "all": all,
-    "sum_to_size": lambda x, *shape: sum_to(x, _shape(shape)),
+    "softmax": softmax, "log_softmax": log_softmax, "any": any, "all": all, "sum_to_size": sum_to_size,
 }
-
-
-def _shape(shape):
-    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)

@@ -478,6 +478,7 @@ def test_tensor_methods(dev, rng):
             (t.cumsum(1), tx.cumsum(1)), (t.softmax(-1), tx.softmax(-1)), (t.log_softmax(0), tx.log_softmax(0)),
             (t.sum_to_size(5, 1), tx.sum_to_size(5, 1))]:
         assert_close(ours.numpy(), theirs.numpy(), "method", tol=1e-4)
+    compare(dev, rng, lambda a: a.sum_to_size((5, 1)), lambda a: a.sum_to_size((5, 1)), x, "sum_to_size")
     assert np.array_equal(t.argmax(1).numpy(), tx.argmax(1).numpy())
     assert np.array_equal(t.max(2).indices.numpy(), tx.max(2).indices.numpy())
     assert (t > 0).any().item() == bool((tx > 0).any())
