@@ -426,6 +426,8 @@ def sum(x, dim=None, keepdim=False):
     keepdim : bool
         Keep the reduced dimensions as size 1.
     """
+    if dim is None and not keepdim and getattr(x, "dtype", None) == FLOAT and x.size > kernels.INDEX_LIMIT:
+        return ops.Sum.apply(x, scale=1.0)  # every element of a tensor past the index limit: ops.Sum splits
     _tensor("sum", x, (FLOAT, INT, BOOL))
     dims = _dims("sum", x, dim)
     if x.dtype != FLOAT:
@@ -435,6 +437,8 @@ def sum(x, dim=None, keepdim=False):
 
 def mean(x, dim=None, keepdim=False):
     """The mean over `dim` (int, tuple or None), as torch.mean; an empty reduction is NaN."""
+    if dim is None and not keepdim and getattr(x, "dtype", None) == FLOAT and x.size > kernels.INDEX_LIMIT:
+        return ops.Sum.apply(x, scale=1.0 / x.size)  # as sum: ops.Sum splits its launches
     _tensor("mean", x)
     dims = _dims("mean", x, dim)
     R = _reduced_count(x.shape, dims)
