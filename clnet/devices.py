@@ -21,6 +21,7 @@ import pyopencl.characterize
 
 from .files import UnsafeFolder, open_folder, write_atomically
 from .errors import Error
+from .sources import source
 
 SYSTEM_VENDOR_DIR = "/etc/OpenCL/vendors"
 # Vendor libraries that implement the ICD interface, by the file names their drivers install.
@@ -328,7 +329,6 @@ def _all_cl_devices():
     return sorted(devices, key=is_simulator)
 
 
-_PROBE = "__kernel void clnet_probe(__global float* x) { x[get_global_id(0)] = 1.0f; }"
 _problems = {}
 
 
@@ -341,7 +341,7 @@ def build_problem(cl_device):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                cl.Program(cl.Context([cl_device]), _PROBE).build()
+                cl.Program(cl.Context([cl_device]), source("probe.cl")).build()
             _problems[key] = None
         except cl.Error as e:
             lines = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower() and ln.strip()]

@@ -26,15 +26,11 @@ import threading
 import types
 import warnings
 from collections import OrderedDict
-from importlib import resources
 
 import numpy as np
 import pyopencl as cl
 from .errors import Error
-
-
-class KernelError(Error, RuntimeError):
-    pass
+from .sources import KernelError, kernel_dir, source  # noqa: F401  (kernels.KernelError, kernel_dir: public)
 
 
 # Elements one launch may index: the kernels' indices and sizes are 32-bit ints. An op over a larger tensor splits
@@ -79,31 +75,8 @@ def memory_note(dev):
             f"{pool(dev).allocated_bytes / 2**20:.0f} MiB")
 
 
-def kernel_dir():
-    """cl_kernels/ as installed in the wheel (clnet.cl_kernels), else beside the package in a source checkout."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for candidate in (os.path.join(here, "cl_kernels"), os.path.join(os.path.dirname(here), "cl_kernels")):
-        if os.path.isfile(os.path.join(candidate, "common.h")):
-            return candidate
-    try:
-        path = str(resources.files("clnet.cl_kernels"))
-        if os.path.isfile(os.path.join(path, "common.h")):
-            return path
-    except ModuleNotFoundError:
-        pass
-    raise KernelError("clnet's OpenCL sources (cl_kernels/) are missing from the installation; reinstall clnet")
-
-
 _programs = {}
-_sources = {}
 build_count = 0
-
-
-def _source(filename):
-    if filename not in _sources:
-        with open(os.path.join(kernel_dir(), filename)) as f:
-            _sources[filename] = f.read()
-    return _sources[filename]
 
 
 def build_options(dev):
@@ -154,7 +127,7 @@ def program(dev, filename, defines=None):
         options += build_options(dev)
         _quiet_builds()
         try:
-            prog = cl.Program(dev.context, _source(filename)).build(options=options)
+            prog = cl.Program(dev.context, source(filename)).build(options=options)
         except cl.RuntimeError as e:  # pyopencl's message holds the build log
             raise KernelError(f"building {filename} with {' '.join(options)} failed on {dev.name}:\n{e}") from e
         if verbose:

@@ -378,6 +378,18 @@ def _f32(*values):
     return tuple(np.float32(v) for v in values)
 
 
+class _Counted(Optimizer):
+    """An optimizer that counts each group's steps (Adam's bias corrections, RMSprop's state): `self._steps`, one
+    per group, saved as the group's "step" as PyTorch saves it (PyTorch keeps one per parameter; a group steps
+    together)."""
+
+    def _counters(self, i):
+        return dict(step=self._steps[i]) if i < len(self._steps) else dict(step=0)
+
+    def _set_counters(self, i, counters):
+        self._steps[i] = int(counters.get("step", self._steps[i]))
+
+
 class SGD(Optimizer):
     """Stochastic gradient descent with momentum, weight decay and Nesterov, as torch.optim.SGD (dampening 0)."""
 
@@ -436,7 +448,7 @@ class SGD(Optimizer):
                  what="SGD step")
 
 
-class Adam(Optimizer):
+class Adam(_Counted):
     """Adam as torch.optim.Adam (weight_decay as an L2 term added to the gradient; amsgrad not offered)."""
 
     state_names = ("exp_avg", "exp_avg_sq")
@@ -445,7 +457,7 @@ class Adam(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
         if amsgrad:
             raise ValueError(f"{type(self).__name__}: amsgrad=True is not offered by clnet")
-        self._steps = []  # per group: steps taken (PyTorch keeps one per parameter; a group's step together)
+        self._steps = []  # per group (_Counted)
         self._live = []   # per group: Live (lr, step size, sqrt(1 - b2^t), b1, b2, eps, decay)
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
@@ -467,12 +479,6 @@ class Adam(Optimizer):
             raise ValueError(f"{type(self).__name__}: need lr > 0, eps >= 0, weight_decay >= 0 and betas in [0, 1) "
                              f"(got lr={h['lr']}, betas={h['betas']}, eps={h['eps']}, "
                              f"weight_decay={h['weight_decay']})")
-
-    def _counters(self, i):
-        return dict(step=self._steps[i]) if i < len(self._steps) else dict(step=0)
-
-    def _set_counters(self, i, counters):
-        self._steps[i] = int(counters.get("step", self._steps[i]))
 
     def _set_live(self, i, g):
         self._steps[i] += 1
@@ -499,7 +505,7 @@ class AdamW(Adam):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad)
 
 
-class RMSprop(Optimizer):
+class RMSprop(_Counted):
     """RMSprop as torch.optim.RMSprop: a running mean of squared gradients (weight `alpha`) divides each gradient;
     `centered` subtracts the squared running mean of the gradients first; `momentum` keeps a buffer of the divided
     gradients."""
@@ -508,7 +514,7 @@ class RMSprop(Optimizer):
     _what_built = "whether momentum is 0, or centered,"
 
     def __init__(self, params, lr=0.01, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False):
-        self._steps = []
+        self._steps = []  # per group (_Counted)
         self._live = []  # per group: Live (lr, alpha, eps, weight decay, momentum)
         super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
                                       centered=centered))
@@ -535,12 +541,6 @@ class RMSprop(Optimizer):
 
     def _built(self, g):
         return g["momentum"] != 0, bool(g["centered"])
-
-    def _counters(self, i):
-        return dict(step=self._steps[i]) if i < len(self._steps) else dict(step=0)
-
-    def _set_counters(self, i, counters):
-        self._steps[i] = int(counters.get("step", self._steps[i]))
 
     def _set_live(self, i, g):
         self._steps[i] += 1

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import kernels, layout, ops
+from . import autograd, kernels, layout, ops, reduce
 from .autograd import Function
 from .tensor import Tensor, empty, too_large
 
@@ -211,7 +211,6 @@ def cast(x, dtype):
         return x
     if dtype == BOOL:
         return binary("ne", x, 0)
-    from . import autograd
     with autograd.no_grad():
         return Cast.apply(x, dtype=dtype)
 
@@ -269,7 +268,6 @@ class Binary(Function):
         return out
 
     def backward(self, dy):
-        from . import reduce
         (sa, sb), spec = self.shapes, BINARY[self.op]
         need_a, need_b = self.needs
         if not spec.saves:  # add, sub
@@ -316,7 +314,6 @@ def binary(op, a, b):
     a, b = _operand(what, a, dev, work), _operand(what, b, dev, work)
     if spec.grad and work == FLOAT:
         return Binary.apply(a, b, op=op, out_shape=out_shape, out_dtype=out_dtype)
-    from . import autograd
     with autograd.no_grad():
         return Binary.apply(a, b, op=op, out_shape=out_shape, out_dtype=out_dtype)
 
@@ -436,7 +433,6 @@ class Where(Function):
         return out
 
     def backward(self, dy):
-        from . import reduce
         cond, = self.saved
         sa, sb = self.shapes
         need_a, need_b = self.needs[1], self.needs[2]
@@ -469,7 +465,6 @@ def where(condition, input, other):
         condition = binary("ne", condition, 0.0)
     if dtype == FLOAT:
         return Where.apply(condition, a, b, out_shape=out_shape)
-    from . import autograd
     with autograd.no_grad():
         return Where.apply(condition, a, b, out_shape=out_shape)
 
@@ -604,6 +599,5 @@ def broadcast_to(x, shape):
     zero = constant(x.device, 0, x.dtype)
     if x.dtype == FLOAT:
         return Binary.apply(x, zero, op="add", out_shape=shape, out_dtype=x.dtype)
-    from . import autograd
     with autograd.no_grad():
         return Binary.apply(x, zero, op="add", out_shape=shape, out_dtype=x.dtype)

@@ -6,7 +6,7 @@ shape first (a strided copy). Transposes cost nothing: backward's A^T and B^T ar
 """
 import math
 
-from . import layout
+from . import layout, ops, pointwise, reduce, views
 from .autograd import Function
 from .gemm import Mat, gemm
 from .tensor import Tensor, empty
@@ -32,7 +32,6 @@ class BatchedMatMul(Function):
         out = empty((batch, M, N), a.device)
         if out.size:
             if K == 0:
-                from . import ops
                 ops.fill(out, 0.0)
             else:
                 gemm(M, N, K, a, Mat(bs=M * K if Ba > 1 else 0, rs=K, cs=1), b,
@@ -52,14 +51,12 @@ class BatchedMatMul(Function):
             gemm(M, K, N, dc, Mat(bs=M * N, rs=N, cs=1), b, Mat(bs=K * N if Bb > 1 else 0, rs=1, cs=N), da,
                  Mat(bs=M * K, rs=K, cs=1), alpha=self.alpha, batch=batch, what="matmul backward (first operand)")
             if Ba == 1 and batch > 1:
-                from . import reduce
                 da = reduce.sum_to(da, (1, M, K))
         if self.needs[1]:  # dB = A^T @ dC
             db = empty((batch, K, N), dc.device)
             gemm(K, N, M, a, Mat(bs=M * K if Ba > 1 else 0, rs=1, cs=K), dc, Mat(bs=M * N, rs=N, cs=1), db,
                  Mat(bs=K * N, rs=N, cs=1), alpha=self.alpha, batch=batch, what="matmul backward (second operand)")
             if Bb == 1 and batch > 1:
-                from . import reduce
                 db = reduce.sum_to(db, (1, K, N))
         return da, db
 
@@ -80,7 +77,6 @@ def _batched(a, b, what, alpha=1.0):
         if math.prod(own) == 1:
             return x.reshape(1, rows, cols)
         if tuple(own) != batch_shape:
-            from . import views
             x = views.expand(x, batch_shape + (rows, cols))
         return x.reshape(nb, rows, cols)
     out = BatchedMatMul.apply(flat(a, M, K), flat(b, K, N), batch=max(nb, 1) if nb else 0, alpha=alpha)
@@ -124,7 +120,6 @@ def baddbmm(input, batch1, batch2, beta=1.0, alpha=1.0):
     """beta * input + alpha * (batch1 @ batch2), input broadcast to the product's shape, as torch.baddbmm."""
     if batch1.ndim != 3 or batch2.ndim != 3:
         raise ValueError(f"baddbmm: expected 3-D batches, got shapes {batch1.shape} and {batch2.shape}")
-    from . import pointwise
     product = _batched(_float("baddbmm", batch1), _float("baddbmm", batch2), "baddbmm", alpha=float(alpha))
     if beta == 0:
         return product
