@@ -3,14 +3,14 @@
 Each op checks its arguments where the user passed them (naming the op, the shapes and the fix), launches its
 kernels, saves only what its backward needs, and its backward returns the input gradients (or accumulates a leaf's
 straight into its .grad). Layers (nn/) and nn.functional call these; the heavy lifting lives one level down
-(conv.py: convolution and dense products, gemm.py, norm.py), and nothing here talks to OpenCL discovery or copies
+(conv.py: convolution and dense products, gemm.py, normalization.py), and nothing here talks to OpenCL discovery or copies
 to the host.
 """
 import sys
 
 import numpy as np
 
-from . import autograd, conv, kernels, norm, tuning
+from . import autograd, conv, kernels, normalization, tuning
 from .autograd import Function
 from .tensor import Numel, Tensor, chunks, empty, run_limit, tensor, too_large
 
@@ -656,7 +656,7 @@ class BatchNormTrain(Function):
     __slots__ = ()
 
     def forward(self, x, weight, bias, running_mean, running_var, momentum, eps):
-        y, mean, invstd = norm.batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentum, eps)
+        y, mean, invstd = normalization.batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentum, eps)
         self.save(x, weight, mean, invstd)
         return y
 
@@ -664,7 +664,7 @@ class BatchNormTrain(Function):
         x, weight, mean, invstd = self.saved
         C = x.shape[1]
         (dw, db), betas, fresh = _param_grads(self, (C,), (C,))
-        dx = norm.batch_norm_backward(dy, x, weight, mean, invstd, self.needs[0], dw, db, _one_beta((dw, db), betas))
+        dx = normalization.batch_norm_backward(dy, x, weight, mean, invstd, self.needs[0], dw, db, _one_beta((dw, db), betas))
         return (dx,) + fresh
 
 
@@ -673,13 +673,13 @@ class BatchNormEval(BatchNormTrain):
 
     def forward(self, x, weight, bias, running_mean, running_var, eps):
         self.save(x, weight, running_mean, running_var, eps)
-        return norm.batch_norm_eval_forward(x, weight, bias, running_mean, running_var, eps)
+        return normalization.batch_norm_eval_forward(x, weight, bias, running_mean, running_var, eps)
 
     def backward(self, dy):
         x, weight, running_mean, running_var, eps = self.saved
         C = x.shape[1]
         (dw, db), betas, fresh = _param_grads(self, (C,), (C,))
-        dx = norm.batch_norm_eval_backward(dy, x, weight, running_mean, running_var, eps, self.needs[0], dw, db,
+        dx = normalization.batch_norm_eval_backward(dy, x, weight, running_mean, running_var, eps, self.needs[0], dw, db,
                                            _one_beta((dw, db), betas))
         return (dx,) + fresh
 
@@ -690,13 +690,13 @@ class LocalResponseNorm(Function):
 
     def forward(self, x, size, alpha, beta, k):
         self.params = (size, alpha, beta, k)
-        y, scale = norm.lrn_forward(x, size, alpha, beta, k)
+        y, scale = normalization.lrn_forward(x, size, alpha, beta, k)
         self.save(x, y, scale)
         return y
 
     def backward(self, dy):
         x, y, scale = self.saved
-        return norm.lrn_backward(x, y, scale, dy, *self.params)
+        return normalization.lrn_backward(x, y, scale, dy, *self.params)
 
 
 # ---- optimizer updates (no graph) ----------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
-"""Batch normalisation and local response normalisation kernels (clnet/norm.py) against float64 NumPy references
+"""Batch normalisation and local response normalisation kernels (clnet/normalization.py) against float64 NumPy references
 written from the definitions, and against PyTorch where installed; both kernel shapes on every device."""
 import numpy as np
 import pytest
 
 import clnet
-from clnet import norm, tuning
+from clnet import normalization as norm, tuning
 from conftest import HAVE_TORCH, assert_close, assert_close_to_terms
 
 if HAVE_TORCH:

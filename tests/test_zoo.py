@@ -1,6 +1,8 @@
 """Networks that are not chains: Inception and residual blocks against PyTorch in float64 (forward, every gradient,
 batch norm's running statistics), the zoo's structure against its PyTorch twin, and what a branched training step
 costs: exactly the batch and labels up and the loss down, and no memory growth over 50 steps."""
+import gc
+
 import numpy as np
 import pytest
 
@@ -147,6 +149,7 @@ def test_branched_step_transfers_and_memory(dev, rng, build, shape):
         opt.step()
         return float(loss)
 
+    gc.collect()  # earlier tests' garbage, freed mid-loop, would hand this step other buffers from the pool
     for _ in range(4):  # the first steps allocate (gradients, flat optimizer buffers) and settle the pool
         step()
     dev.synchronize()
