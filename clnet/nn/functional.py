@@ -309,7 +309,7 @@ def embedding(input, weight, padding_idx=None):
     rows = views.index_select(weight, 0, input.reshape(-1))
     if padding_idx is not None:
         keep = input.reshape(-1, 1) != int(padding_idx) % weight.shape[0]
-        rows = pointwise.where(keep, rows, views.index_select(weight, 0, input.reshape(-1)).detach())
+        rows = pointwise.where(keep, rows, rows.detach())  # the padding row's values, without their gradient
     return rows.reshape(input.shape + (weight.shape[1],))
 
 
