@@ -11,7 +11,9 @@ import fcntl
 import json
 import os
 import stat
+import sys
 import time
+import types
 import warnings
 
 from . import kernels
@@ -522,7 +524,6 @@ class Recorder:
         self.sites.setdefault(key, (candidates, run))
 
 
-recorder = None   # set by the autotuner while it records
 # Tuning changes speed, not accuracy: no candidate sums longer float32 runs than the default (run_length), and
 # algorithms with a larger float32 error than the default's are tried only when this is True (set it before the first
 # run, or pass --less-accurate to `clnet tune` / `clnet bench`). Today that is Winograd F(4x4,3x3): 4-5x F(2x2,3x3)'s
@@ -534,7 +535,24 @@ recorder = None   # set by the autotuner while it records
 # agreement rule (2x cuDNN's error against float64): alexnet 1.8e-3 against 9.5e-4, overfeat 3.3e-3 against 2.0e-3
 # (H200, v8); overfeat at batch 128 on PoCL 2.3e-3 against 1.6e-3. AlexNet's margin is thin.
 allow_less_accurate = False
-used = None       # set by the benchmark: {profiler tag: {key: description of the choice that ran}}
+
+# What this thread records, as grad mode and the capture state are its own (kernels.context): a benchmark or a tuner
+# in one thread sees none of the choices another thread's ops make. `tuning.recorder` (a Recorder, set by the
+# autotuner while it records) and `tuning.used` (set by the benchmark: {profiler tag: {key: description of the choice
+# that ran}}) read and set them; None records nothing.
+_RECORDER, _USED = "tuning_recorder", "tuning_used"
+
+
+def _mine(name):
+    return getattr(kernels.context, name, None)  # a thread that never set it records nothing
+
+
+class _Module(types.ModuleType):
+    recorder = property(lambda m: _mine(_RECORDER), lambda m, v: setattr(kernels.context, _RECORDER, v))
+    used = property(lambda m: _mine(_USED), lambda m, v: setattr(kernels.context, _USED, v))
+
+
+sys.modules[__name__].__class__ = _Module
 
 
 # (device, key, allow_less_accurate) -> what valid() made of the cached entry (None: rejected); cleared when
@@ -547,6 +565,7 @@ def choose(dev, key, default, candidates=None, run=None, valid=None):
     """The tuned choice for key on dev, else default() (the device class's entry); a cached choice that valid()
     rejects (returns a false value for) is ignored with a warning, and one it accepts runs as valid returned it.
     While the autotuner records, the site is remembered with candidates() (the default first) and run."""
+    recorder = _mine(_RECORDER)
     if recorder is not None and candidates is not None:
         options = candidates()
         if len(options) > 1:
@@ -569,13 +588,14 @@ def choose(dev, key, default, candidates=None, run=None, valid=None):
         choice = _defaults.get((dev, key))
         if choice is None:
             choice = _defaults[(dev, key)] = default()
-    if used is not None:  # (describe builds a string: not on every launch)
+    if _mine(_USED) is not None:  # (describe builds a string: not on every launch)
         note_used(key, describe(choice))
     return choice
 
 
 def note_used(key, description):
     """What ran at a site, for the benchmark's kernel column (`used`), tuned or not."""
+    used = _mine(_USED)
     if used is not None:
         used.setdefault(kernels.profiler.tag if kernels.profiler else None, {})[key] = description
 
