@@ -152,17 +152,9 @@ def settle_grad(leaf):
 def _untouched(graph, shape, dev):
     """A new tensor whose buffer no launch the graph recorded has used. A gradient made during a capture that
     replays add to must keep its values from one replay to the next, and a buffer the pool hands out may be one that
-    an earlier launch of the step used for a temporary, which every replay writes again."""
-    aside = []  # free buffers the step used: skipped (the pool gets them back when these go)
-    _context.capturing = None  # allocations seen by no graph until checked
-    try:
-        while True:
-            t = empty(shape, dev)
-            if not graph.uses(t.storage.buffer):
-                break
-            aside.append(t)
-    finally:
-        _context.capturing = graph
+    an earlier launch of the step used for a temporary, which every replay writes again: made in set-up (as here,
+    inside settle_grad), a tensor gets none of those (tensor.BufferPool._unheld)."""
+    t = empty(shape, dev)
     graph._note(t.storage)
     return t
 

@@ -88,7 +88,7 @@ class Graph:
         self._items = []  # (clone, global size, local size, live args) launches; callables (copies, host actions)
         self._queue = self._device = None  # bound at the first recorded launch
         self._seen = {}  # id(cl buffer) -> (buffer, its pool, [weak references to its storages]) during capture
-        self._regions = {}  # id -> sub-buffer storage a launch touched, kept alive (it keeps its parent alive)
+        self._regions = {}  # id -> sub-buffer or set-up storage a launch touched, kept alive (a sub-buffer: its parent)
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
         self._taken = []  # (pool, creation number, buffer, size): freed during capture, out of the pool until we go
         self._grads = {}  # id -> leaf whose .grad the step writes or reads (note_grad)
@@ -127,6 +127,10 @@ class Graph:
         if hasattr(storage, "parent"):  # a sub-buffer or window: keep it (and so its parent) alive
             self._regions[id(storage)] = storage
             return
+        if storage.set_up:
+            # Made in set-up (a cached layout or constant): kept alive too, or a cache letting it go during the
+            # capture would hand its buffer, whose contents no replay writes again, to a temporary of the step
+            self._regions[id(storage)] = storage
         buf = storage.buffer
         entry = self._seen.get(id(buf))
         if entry is None:

@@ -77,6 +77,9 @@ def memory_note(dev):
 
 _programs = {}
 build_count = 0
+# Builds and the caches of programs and kernels are shared by threads: a miss is built under _build_lock (looked up
+# again there, so a program is built once); a hit takes no lock (one dictionary read).
+_build_lock = threading.RLock()
 
 
 def build_options(dev):
@@ -122,7 +125,12 @@ def program(dev, filename, defines=None):
     items = tuple(sorted((defines or {}).items()))
     key = (dev.context.int_ptr, filename, items)
     prog = _programs.get(key)
-    if prog is None:
+    if prog is not None:
+        return prog
+    with _build_lock:
+        prog = _programs.get(key)
+        if prog is not None:
+            return prog
         options = [f"-D{k}={int(v) if isinstance(v, bool) else v}" for k, v in items]
         options += build_options(dev)
         _quiet_builds()
@@ -148,6 +156,10 @@ class Kernel:
 
 
 _kernels = {}
+# Held from a launch's look-up of its clone to its enqueue: threads share the clones, and one taken back for another
+# argument set (or a Live argument set again) between another thread's look-up and enqueue would launch that thread's
+# kernel on the wrong arguments.
+_launch_lock = threading.RLock()
 CLONES_PER_KERNEL = 1024  # argument sets kept per kernel: every launch of one kernel in a step fits (ResNet-50
 # launches its batch-norm and element-wise kernels 50-150 times a step; a cycle longer than the cache misses always)
 
@@ -157,7 +169,10 @@ def kernel(dev, filename, name, defines=None):
     key = (id(dev), filename, name, tuple(sorted((defines or {}).items())))
     k = _kernels.get(key)
     if k is None:
-        k = _kernels[key] = Kernel(program(dev, filename, defines), name)
+        with _build_lock:
+            k = _kernels.get(key)
+            if k is None:
+                k = _kernels[key] = Kernel(program(dev, filename, defines), name)
     return k
 
 
@@ -166,10 +181,11 @@ def forget_arguments():
     their arguments name (a clone's cache key holds those): a kernel argument does not keep a buffer alive, and
     NVIDIA's driver (580) crashed releasing clones whose sub-buffer arguments were gone. At exit too, before the
     interpreter tears its objects down in no particular order."""
-    for k in _kernels.values():
-        keys = list(k.clones)
-        k.clones.clear()
-        del keys
+    with _build_lock, _launch_lock:
+        for k in list(_kernels.values()):
+            keys = list(k.clones)
+            k.clones.clear()
+            del keys
 
 
 atexit.register(forget_arguments)
@@ -250,6 +266,14 @@ class _AnyCapture:
     @staticmethod
     def uses(buf):
         return any(g.uses(buf) for g in list(_captures))
+
+
+def held_by_capture(buf):
+    """Whether a capture in progress, other than the one this thread is recording into now, has used buf: a free
+    buffer the pool must not hand out here (BufferPool._unheld). A capture's own temporaries may reuse its buffers,
+    since every replay repeats their writes in the order of the capture; set-up inside it (paused) may not."""
+    own = context.capturing if not context.paused else None
+    return any(g is not own and g.uses(buf) for g in list(_captures))
 
 
 def capture_in_progress():
@@ -353,10 +377,11 @@ def launch(dev, k, global_size, local_size, *args, what=""):
         return None
 
     def enqueue():
-        clone, live = _with_args(k, args)
-        for i in live:
-            clone.set_arg(i, args[i].value)
-        return cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
+        with _launch_lock:
+            clone, live = _with_args(k, args)
+            for i in live:
+                clone.set_arg(i, args[i].value)
+            return cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
     try:
         ev = enqueue()
     except NeedsStaging:  # a window of a tensor past INDEX_LIMIT, found before anything was queued

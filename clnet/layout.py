@@ -7,6 +7,7 @@ The layout reaches a kernel as a small int32 device tensor (`meta`), cached per 
 operand's strides (cl_kernels/strided.h reads it).
 """
 import math
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -66,6 +67,7 @@ def coalesce(shape, *strides):
 
 _meta = OrderedDict()
 META_CACHE = 4096  # layouts kept per process (a captured graph keeps the ones it uses alive itself)
+_meta_lock = threading.RLock()  # threads share the cache (a hit moves its entry, a miss may let the oldest go)
 
 
 def meta(dev, shape, *strides):
@@ -75,16 +77,17 @@ def meta(dev, shape, *strides):
         raise ValueError(f"clnet: a layout of {len(shape)} dimensions that do not merge is more than the {MAX_DIMS} "
                          "the kernels index; reshape to fewer dimensions")
     key = (id(dev), shape) + strides
-    t = _meta.get(key)
-    if t is not None:
-        _meta.move_to_end(key)
-        return t
-    values = np.array(shape + sum(strides, ()), np.int32)
-    with kernels.set_up():
-        t = Tensor(values.shape, np.int32, dev).write(values)
-    _meta[key] = t
-    if len(_meta) > META_CACHE:
-        _meta.popitem(last=False)
+    with _meta_lock:
+        t = _meta.get(key)
+        if t is not None:
+            _meta.move_to_end(key)
+            return t
+        values = np.array(shape + sum(strides, ()), np.int32)
+        with kernels.set_up():
+            t = Tensor(values.shape, np.int32, dev).write(values)
+        _meta[key] = t
+        if len(_meta) > META_CACHE:
+            _meta.popitem(last=False)
     return t
 
 

@@ -1,6 +1,7 @@
 """The one class that owns device memory, its buffer pool, and every host<->device copy (counted)."""
 import heapq
 import math
+import threading
 
 import numpy as np
 import pyopencl as cl
@@ -39,6 +40,9 @@ class BufferPool:
         self.allocated_bytes = 0
         self.created = 0
         self.max_alloc = dev.cl_device.max_mem_alloc_size  # the largest single buffer the device allows
+        # Threads share the pool. Reentrant: a storage freed by the garbage collector while this thread holds the
+        # lock (an allocation inside take can start a collection) gives its buffer back from inside the lock.
+        self.lock = threading.RLock()
 
     @staticmethod
     def rounded(nbytes):
@@ -50,10 +54,12 @@ class BufferPool:
     def take(self, nbytes):
         """(buffer, its creation number, rounded size)."""
         size = self.rounded(nbytes)
-        bucket = self.free.get(size)
-        if bucket:
-            number, buf = heapq.heappop(bucket)
-            return buf, number, size
+        with self.lock:
+            bucket = self.free.get(size)
+            if bucket:
+                entry = heapq.heappop(bucket) if not kernels._captures else self._unheld(bucket)
+                if entry is not None:
+                    return entry[1], entry[0], size
         limit = self.max_alloc
         if size > limit >= nbytes:  # the rounding alone would pass the device's largest buffer: take it exact
             size = nbytes
@@ -66,60 +72,93 @@ class BufferPool:
         except cl.Error as e:  # the one wrapper's handler: released cache and one retry, or OutOfMemory/KernelError
             buf = kernels.failed(self.device, e, f"allocating {size / 2**20:.1f} MiB",
                                  lambda: cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size), wanted=size)
-        self.allocated_bytes += size
-        self.created += 1
-        return buf, self.created, size
+        with self.lock:
+            self.allocated_bytes += size
+            self.created += 1
+            return buf, self.created, size
+
+    @staticmethod
+    def _unheld(bucket):
+        """The first free (creation number, buffer) of the bucket that no capture in progress holds for itself, or
+        None. While a graph is captured, the buffers its recorded launches used stay in the pool when freed, for the
+        capture's own later temporaries (it replays them in the same order); anything else (set-up inside the capture,
+        which no replay repeats: a layout, a constant; another thread's tensors) taking one would be overwritten by
+        every replay (kernels.held_by_capture)."""
+        aside, found = [], None
+        while bucket:
+            entry = heapq.heappop(bucket)
+            if not kernels.held_by_capture(entry[1]):
+                found = entry
+                break
+            aside.append(entry)
+        for entry in aside:
+            heapq.heappush(bucket, entry)
+        return found
 
     def give(self, buf, number, size):
-        heapq.heappush(self.free.setdefault(size, []), (number, buf))
+        with self.lock:
+            heapq.heappush(self.free.setdefault(size, []), (number, buf))
 
     def withdraw(self, buf):
         """Take a free buffer out of the pool (a captured graph keeps it): (creation number, buffer, size), or None
         when it is not free."""
         size = buf.size
-        bucket = self.free.get(size, [])
-        for i, (number, b) in enumerate(bucket):
-            if b is buf:
-                bucket[i] = bucket[-1]
-                bucket.pop()
-                heapq.heapify(bucket)
-                return number, buf, size
+        with self.lock:
+            bucket = self.free.get(size, [])
+            for i, (number, b) in enumerate(bucket):
+                if b is buf:
+                    bucket[i] = bucket[-1]
+                    bucket.pop()
+                    heapq.heapify(bucket)
+                    return number, buf, size
         return None
 
     def release_cached(self):
         kernels.forget_arguments()  # kept argument sets may name these buffers
         graph = kernels.capture_in_progress()  # a capture in progress keeps the free buffers its launches used
-        kept = {}
-        for size, bucket in self.free.items():
-            for number, buf in bucket:
-                if graph is not None and graph.uses(buf):
-                    kept.setdefault(size, []).append((number, buf))
-                else:
-                    self.allocated_bytes -= buf.size
-                    buf.release()
-        for bucket in kept.values():
-            heapq.heapify(bucket)
-        self.free = kept
+        with self.lock:
+            kept = {}
+            for size, bucket in self.free.items():
+                for number, buf in bucket:
+                    if graph is not None and graph.uses(buf):
+                        kept.setdefault(size, []).append((number, buf))
+                    else:
+                        self.allocated_bytes -= buf.size
+                        buf.release()
+            for bucket in kept.values():
+                heapq.heapify(bucket)
+            self.free = kept
 
 
 _pools = {}
+_pools_lock = threading.Lock()
 
 
 def pool(dev):
-    if dev not in _pools:
-        _pools[dev] = BufferPool(dev)
-    return _pools[dev]
+    p = _pools.get(dev)
+    if p is None:
+        with _pools_lock:
+            p = _pools.get(dev)
+            if p is None:
+                p = _pools[dev] = BufferPool(dev)
+    return p
 
 
 class _Storage:
-    """A pooled buffer shared by a tensor and its reshaped views; back to the pool when the last one goes."""
-    __slots__ = ("buffer", "number", "size", "pool", "__weakref__")
+    """A pooled buffer shared by a tensor and its reshaped views; back to the pool when the last one goes.
+
+    `set_up`: made in set-up (kernels.set_up: a cached layout or constant, an optimizer's flat buffers), whose
+    contents no replay writes again. A graph whose launches use one keeps it alive (Graph._note), so that it cannot
+    return to the pool (for a temporary of a step to overwrite) while the graph may replay."""
+    __slots__ = ("buffer", "number", "size", "pool", "set_up", "__weakref__")
 
     def __init__(self, dev, nbytes):
         self.pool = pool(dev)
         self.buffer, self.number, self.size = self.pool.take(nbytes)
-        if kernels.capturing is not None:  # the graph must know every buffer that lives past its capture
-            kernels.capturing._note(self)
+        c = kernels.context
+        self.set_up = c.paused > 0
+        if c.capturing is not None and not self.set_up:  # the graph must know every buffer the step allocates
+            c.capturing._note(self)
 
     def whole(self):
         return self.buffer, 0

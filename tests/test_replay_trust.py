@@ -3,6 +3,8 @@ steps' sums bit for bit, wherever zero_grad runs; an allocation failure in a rep
 frees the pool's cache and retries once, then is a clnet.OutOfMemory (other failures a KernelError naming what ran);
 a replay that fails midway leaves a graph that refuses to replay again; a host read is refused inside a capture.
 Failures are injected (PoCL and Intel's runtime do not run out of memory on these sizes)."""
+import gc
+
 import numpy as np
 import pyopencl as cl
 import pytest
@@ -290,3 +292,66 @@ def test_a_replay_after_the_parameters_moved_is_refused(dev, rng):
         with pytest.raises(clnet.CaptureError, match=r"a parameter or its \.grad moved since the capture .*first "
                                                      r"zero_grad\(\) or step\(\)"):
             g.replay()
+
+
+def drain(dev, nbytes):
+    """Tensors holding every free buffer of the pool's bucket for nbytes, so that the next buffers of that size a test
+    frees are the only ones the pool can hand out (its choice is then known)."""
+    gc.collect()  # earlier tests' garbage, freed later, would hand the pool other buffers of that size
+    held, bucket = [], pool(dev).rounded(nbytes)
+    while pool(dev).free.get(bucket):
+        held.append(clnet.ops.empty((1,), dev))
+    return held
+
+
+@pytest.mark.parametrize("made", ["layout", "constant"])
+def test_set_up_made_inside_a_capture_takes_no_buffer_a_replay_writes(dev, rng, made):
+    """A layout (the int32 table a broadcast reads) or a scalar constant first made inside a capture is uploaded
+    once, outside the recording. Given the buffer of a temporary that the step had freed, every replay's launch into
+    that temporary would overwrite it: the step after it would read zeros for its layout (every element then reads
+    element 0) or its constant."""
+    n = int(rng.integers(3000, 60000))  # a layout and a constant no earlier test made
+    c = float(rng.uniform(0.3, 0.7))
+    x = clnet.tensor(rng.standard_normal(n).astype(np.float32), dev)
+    b = clnet.tensor(rng.standard_normal(1).astype(np.float32), dev)
+    held = drain(dev, 4)
+    g = clnet.Graph()
+    with g.capture():
+        tmp = clnet.ops.empty((4,), dev)  # as large as the layout (three int32) and the constant
+        clnet.ops.fill(tmp, 0.0)  # a recorded launch writing zeros into a buffer ...
+        del tmp  # ... back to the pool, the only free one of its size
+        y = x + b if made == "layout" else clnet.maximum(x, c)
+    del held
+    a = rng.standard_normal(n).astype(np.float32)
+    x.write(a)
+    g.replay()
+    expected = a + b.numpy() if made == "layout" else np.maximum(a, np.float32(c))
+    np.testing.assert_array_equal(y.numpy(), expected)
+
+
+def test_a_layout_evicted_from_its_cache_inside_a_capture_is_not_handed_out_again(dev, rng, monkeypatch):
+    """A layout made before the capture and used by one of its launches, then pushed out of the layout cache by a
+    newer one: its buffer must stay the graph's (a temporary of the step given it would overwrite it at every
+    replay)."""
+    from collections import OrderedDict
+    from clnet import layout
+    monkeypatch.setattr(layout, "_meta", OrderedDict())
+    monkeypatch.setattr(layout, "META_CACHE", 1)
+    n = int(rng.integers(3000, 60000))
+    x = clnet.tensor(rng.standard_normal(n).astype(np.float32), dev)
+    b = clnet.tensor(rng.standard_normal(1).astype(np.float32), dev)
+    x2 = clnet.tensor(rng.standard_normal((3, n)).astype(np.float32), dev)
+    x + b  # the layout of x + b, cached
+    held = drain(dev, 4)
+    g = clnet.Graph()
+    with g.capture():
+        y = x + b
+        z = x2 + b  # another layout: the cache (of one) lets the first go
+        tmp = clnet.ops.empty((4,), dev)  # as large as the layout (three int32) and the constant
+        clnet.ops.fill(tmp, 0.0)
+    del held
+    a = rng.standard_normal(n).astype(np.float32)
+    x.write(a)
+    g.replay()
+    np.testing.assert_array_equal(y.numpy(), a + b.numpy())
+    np.testing.assert_array_equal(z.numpy(), x2.numpy() + b.numpy())

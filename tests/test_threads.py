@@ -2,6 +2,7 @@
 no_grad in one thread leaves another's ops recorded, a capture in one thread records none of another's launches, and
 a profiler attached in one thread collects only that thread's. The threads take turns through events, so each check
 happens while the other thread is inside its block."""
+import sys
 import threading
 
 import numpy as np
@@ -150,3 +151,85 @@ def test_another_threads_release_of_the_pool_keeps_what_a_capture_used(dev, rng)
     x.write(a + 1)
     g.replay()
     np.testing.assert_array_equal(box["y"].numpy(), ((a + 1) * np.float32(2)) * np.float32(3))
+
+
+def test_threads_launching_the_same_kernel_each_get_their_own_arguments(dev, rng, monkeypatch):
+    """Threads share each kernel's clones with arguments set (kernels._with_args) and the buffer pool. With one
+    clone a kernel, every launch takes the clone back from another argument set and sets it again: without a lock, a
+    thread's launch could be enqueued with the arguments another thread had just set, or two threads could take one
+    pooled buffer. Each thread's results must be its own."""
+    monkeypatch.setattr(kernels, "CLONES_PER_KERNEL", 1)
+    threads, rounds, n = 4, 200, 33
+    data = [rng.standard_normal(n).astype(np.float32) for _ in range(threads)]
+    inputs = [clnet.tensor(a, dev) for a in data]
+    errors, results = [], [None] * threads
+    start = threading.Barrier(threads)
+
+    def work(i):
+        try:
+            start.wait(30)
+            x, out = inputs[i], []
+            for r in range(rounds):
+                out.append(x * float(i + 1) + float(r))  # one kernel, every thread, new buffers and scalars each round
+            results[i] = [t.numpy() for t in out]
+        except BaseException as e:
+            errors.append(e)
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads change turns between nearly any two bytecodes
+    try:
+        pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join(120)
+    finally:
+        sys.setswitchinterval(previous)
+    assert not errors, errors[0]
+    for i in range(threads):
+        for r in range(rounds):
+            np.testing.assert_array_equal(results[i][r], data[i] * np.float32(i + 1) + np.float32(r),
+                                          err_msg=f"thread {i}, round {r}")
+
+
+def test_a_release_of_the_pool_and_another_threads_free_take_turns(dev):
+    """One thread releases the pool's cached buffers while another frees a tensor: the freed buffer must end up in
+    the pool, usable, whatever point of the release the free comes at (unguarded, it went into the dictionary the
+    release was replacing, lost, or changed that dictionary's size under the release's loop)."""
+    from clnet.tensor import pool
+    p = pool(dev)
+    cached = [ops.empty((7,), dev) for _ in range(3)]
+    del cached  # free buffers for the release to walk through
+    box = [ops.empty((123457,), dev)]  # freed by a third thread, mid-release
+    freed = box[0].storage.buffer
+
+    class Stall:
+        """A capture in progress, as the pool's release sees one: at its first question it hands the turn over."""
+        def __init__(self):
+            self.pause = None
+
+        def uses(self, buf):
+            if self.pause is not None:
+                pause, self.pause = self.pause, None
+                pause()
+            return False
+
+    stall = Stall()
+
+    def release(pause):
+        stall.pause = pause
+        kernels._captures.add(stall)
+        try:
+            p.release_cached()
+        finally:
+            kernels._captures.discard(stall)
+
+    freeing = threading.Thread(target=box.pop)
+    with Turns(release):
+        freeing.start()
+        freeing.join(0.5)  # guarded, it waits for the release to finish
+    freeing.join(30)
+    assert not freeing.is_alive()
+    assert any(b is freed for bucket in p.free.values() for _, b in bucket), "the freed buffer left the pool"
+    t = ops.full((123457,), dev, 3.0)  # the pool hands it out again, and it works
+    np.testing.assert_array_equal(t.numpy(), np.full(123457, 3.0, np.float32))
