@@ -1,14 +1,18 @@
 """Checkpoints: one ``.npz`` file (no pickle) holding the weights and buffers, the optimizer's state as arrays, and
-a JSON record of the model (name and architecture), the run's configuration, the position (epoch, step), the
-random-stream state and the history so far. Written atomically (files.write_atomically): an interrupted write never
-leaves a broken checkpoint.
+a JSON record of the model (name and architecture), the optimizer's type and every parameter group's settings (lr,
+momentum, weight decay, betas, Adam's step count, a scheduler's initial_lr, and the parameters each group holds), the
+lr scheduler's state when the run has one, the run's configuration, the position (epoch, step), the random-stream
+state and the history so far. Written atomically (files.write_atomically): an interrupted write never leaves a broken
+checkpoint.
 """
+import copy
 import json
 import math
 import os
 import stat
 import zipfile
 import zlib
+from collections import Counter
 
 import numpy as np
 
@@ -17,24 +21,93 @@ from .files import write_atomically
 from .errors import Error
 
 FORMAT = "clnet-checkpoint"
-VERSION = 2  # 2: buffers (batch norm) in the model, optimizer state keyed by parameter and name
+VERSION = 3  # 3: every parameter group and the lr scheduler; 2: buffers (batch norm), optimizer state per parameter
+READS = (2, 3)  # a version 2 record holds the first group's settings only (one group: all version 2 could write)
 
 
 class CheckpointError(Error, ValueError):
     """A checkpoint that cannot be read, or that does not fit the model or run it is loaded into."""
 
 
-def save_checkpoint(path, model, optimizer, meta):
-    """Write model weights and buffers, optimizer state and the JSON-able ``meta`` record to PATH atomically."""
+def save_checkpoint(path, model, optimizer, meta, scheduler=None):
+    """Write model weights and buffers, the optimizer's state (every parameter group), the lr scheduler's state (if
+    given) and the JSON-able ``meta`` record to PATH atomically."""
     arrays = {f"model/{k}": v for k, v in model.state_dict().items()}
     state = optimizer.state_dict()
     for i, entry in state["state"].items():
         for name, a in entry.items():
             arrays[f"optim/{i}/{name}"] = a
-    group = {k: v for k, v in state["param_groups"][0].items() if k != "params"}
-    record = dict(meta, format=FORMAT, version=VERSION, optimizer=dict(type=type(optimizer).__name__, **group))
+    record = dict(meta, format=FORMAT, version=VERSION,
+                  optimizer=dict(type=type(optimizer).__name__, param_groups=state["param_groups"]),
+                  scheduler=None if scheduler is None else scheduler_record(scheduler))
     arrays["meta"] = np.array(json.dumps(record))
     write_atomically(path, lambda f: np.savez(f, **arrays))
+
+
+def scheduler_record(scheduler):
+    """The checkpoint's record of an lr scheduler: its type and its state_dict() as JSON. CheckpointError for a
+    scheduler (one of the user's) whose state JSON cannot hold: checked by fit before the first step."""
+    record = dict(type=type(scheduler).__name__, state=_to_json(scheduler.state_dict()))
+    try:
+        json.dumps(record, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"the lr scheduler {type(scheduler).__name__}'s state_dict() cannot be saved in a "
+                              f"checkpoint ({e}): keep numbers, strings, lists and dicts in it") from e
+    return record
+
+
+# A scheduler's state is plain numbers, strings, lists and dicts, but for MultiStepLR's Counter of milestones (integer
+# keys, which JSON would turn into strings): it is written as {COUNTER: [[milestone, count], ...]}.
+COUNTER = "__Counter__"
+
+
+def _to_json(value):
+    if isinstance(value, Counter):
+        return {COUNTER: sorted([k, n] for k, n in value.items())}
+    if isinstance(value, dict):
+        return {k: _to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v) for v in value]
+    return value
+
+
+def _from_json(value):
+    if isinstance(value, dict):
+        if set(value) == {COUNTER}:
+            pairs = value[COUNTER]
+            if not (isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and all(_whole(x, -2**53)
+                                                    for x in p) for p in pairs)):
+                raise ValueError(f"{pairs!r} is not a list of [milestone, count] pairs")
+            return Counter(dict(pairs))
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    return value
+
+
+def _like(own, theirs, where):
+    """ValueError naming WHERE unless the scheduler state THEIRS has the layout of OWN (the state of the scheduler
+    it is loaded into): the same keys, lists of the same lengths, values of the same kinds, finite numbers. The values
+    themselves are the checkpoint's, as PyTorch's load_state_dict takes them."""
+    if isinstance(own, Counter):
+        if not isinstance(theirs, Counter):
+            raise ValueError(f"{where} is {theirs!r}, expected milestones")
+    elif isinstance(own, dict):
+        if not isinstance(theirs, dict) or set(theirs) != set(own):
+            keys = sorted(theirs) if isinstance(theirs, dict) else theirs
+            raise ValueError(f"{where} holds {keys!r}, expected {sorted(own)}")
+        for k in own:
+            _like(own[k], theirs[k], f"{where}[{k!r}]")
+    elif isinstance(own, (list, tuple)):
+        if not isinstance(theirs, list) or len(theirs) != len(own):
+            raise ValueError(f"{where} is {theirs!r}, expected a list of {len(own)}")
+        for i, (a, b) in enumerate(zip(own, theirs)):
+            _like(a, b, f"{where}[{i}]")
+    elif isinstance(own, bool) or own is None or isinstance(own, str):
+        if type(theirs) is not type(own):
+            raise ValueError(f"{where} is {theirs!r}, expected {'a string' if isinstance(own, str) else type(own)}")
+    elif isinstance(own, (int, float)) and not _number(theirs, -math.inf):
+        raise ValueError(f"{where} is {theirs!r}, expected a finite number")
 
 
 # np.savez writes a zip archive; every zip file starts with a local file header.
@@ -152,15 +225,35 @@ def _check_record(path, meta):
         np.random.default_rng().bit_generator.state = meta["rng_state"]
     except (TypeError, ValueError, KeyError) as e:
         bad("rng_state", meta["rng_state"], f"the state of NumPy's PCG64 generator ({e})")
-    group = meta["optimizer"]
-    if not isinstance(group, dict) or not isinstance(group.get("type"), str):
-        bad("optimizer", group, "a mapping with the optimizer's type and settings")
-    for key, v in group.items():
-        if key == "type" or isinstance(v, bool):
+    opt = meta["optimizer"]
+    if (not isinstance(opt, dict) or set(opt) != {"type", "param_groups"} or not isinstance(opt["type"], str)
+            or not isinstance(opt["param_groups"], list) or not opt["param_groups"]
+            or not all(isinstance(g, dict) for g in opt["param_groups"])):
+        bad("optimizer", opt, "a mapping of the optimizer's type and its parameter groups")
+    first = 0  # each group's params count on from the previous group's, as an optimizer's state_dict numbers them
+    for i, group in enumerate(opt["param_groups"]):
+        where = f"optimizer param_groups[{i}]"
+        params = group.get("params")
+        if params is None and meta["version"] == 2:  # the optimizer's only group: all of its parameters
             continue
-        values = v if isinstance(v, list) else [v]
-        if not values or not all(_number(x) for x in values):
-            bad(f"optimizer {key}", v, "a finite number of at least 0")
+        if not isinstance(params, list) or params != list(range(first, first + len(params))):
+            bad(f"{where} params", params, f"the parameters' numbers from {first} on")
+        first += len(params)
+        for key, v in group.items():
+            if key == "params" or isinstance(v, bool):
+                continue
+            values = v if isinstance(v, list) else [v]
+            if not values or not all(_number(x) for x in values):
+                bad(f"{where} {key}", v, "a finite number of at least 0")
+    sched = meta["scheduler"]
+    if sched is not None and (not isinstance(sched, dict) or set(sched) != {"type", "state"}
+                              or not isinstance(sched["type"], str) or not isinstance(sched["state"], dict)):
+        bad("scheduler", sched, "none or a mapping of the lr scheduler's type and state")
+    if sched is not None:
+        try:
+            sched["state"] = _from_json(sched["state"])
+        except ValueError as e:
+            bad("scheduler state", sched["state"], f"an lr scheduler's state ({e})")
 
 
 RUNNING = ("loss", "correct", "seen", "seconds", "wait")  # the unfinished epoch's sums (train.fit)
@@ -193,12 +286,16 @@ def load_checkpoint(path):
         # a truncated archive has lost its directory (at the end); a flipped byte fails a member's checksum
         raise CheckpointError(f"checkpoint {path} is damaged (cut short or corrupted: an interrupted copy, a full "
                               f"disk?); use an earlier checkpoint") from e
-    if meta.get("version") != VERSION:
+    if meta.get("version") not in READS:
         raise CheckpointError(f"checkpoint {path} has format version {meta.get('version')}; this clnet reads "
-                              f"version {VERSION}")
+                              f"versions {', '.join(map(str, READS))}")
+    if meta["version"] == 2 and isinstance(meta.get("optimizer"), dict):  # one group, no scheduler
+        group = {k: v for k, v in meta["optimizer"].items() if k != "type"}
+        meta["optimizer"] = dict(type=meta["optimizer"].get("type"), param_groups=[group])
+        meta.setdefault("scheduler", None)
     try:
         for key in ("model", "architecture", "epoch", "step", "global_step", "rng_state", "config", "history",
-                    "optimizer"):
+                    "optimizer", "scheduler"):
             meta[key]
     except KeyError as e:
         raise CheckpointError(f"checkpoint {path} is damaged: its record lacks {e}") from e
@@ -211,8 +308,7 @@ def load_checkpoint(path):
             if len(parts) != 3 or not parts[1].isdigit():
                 raise CheckpointError(f"checkpoint {path} is damaged: {k!r} is not an optimizer state's name")
             state.setdefault(int(parts[1]), {})[parts[2]] = v
-    group = dict(meta["optimizer"])
-    optimizer_state = dict(type=group.pop("type"), state=state, param_groups=[group])
+    optimizer_state = dict(type=meta["optimizer"]["type"], state=state, param_groups=meta["optimizer"]["param_groups"])
     return dict(meta, path=path, state_dict=state_dict, optimizer_state=optimizer_state)
 
 
@@ -255,11 +351,48 @@ def _check_array(where, what, a, dtype):
                                   a.dtype.kind in "iu" else "") + f"; the model's buffer holds {dtype}")
 
 
-def load_into(ckpt, model, optimizer, model_name=None):
-    """Check that ckpt fits, then load its weights, optimizer state and random-stream state.
+def _groups_text(sizes):
+    return (f"{len(sizes)} parameter group{'s' if len(sizes) != 1 else ''} of "
+            + (", ".join(map(str, sizes[:-1])) + " and " if len(sizes) > 1 else "")
+            + f"{sizes[-1]} parameter{'s' if sizes[-1] != 1 else ''}")
 
-    Everything is checked before anything is applied: on a CheckpointError the model, the optimizer and the random
-    stream are as they were."""
+
+def _check_groups(where, saved_groups, optimizer):
+    """CheckpointError unless the checkpoint's parameter groups are the optimizer's: as many, each as large."""
+    own = [len(g["params"]) for g in optimizer.param_groups]
+    theirs = [len(g.get("params", ())) if "params" in g else sum(own) for g in saved_groups]
+    if theirs != own:
+        raise CheckpointError(f"{where} holds {_groups_text(theirs)}, the optimizer has {_groups_text(own)}; make "
+                              "the optimizer with the saved run's parameter groups")
+
+
+def _check_scheduler(where, saved, scheduler):
+    """CheckpointError unless the checkpoint holds the state of a scheduler of SCHEDULER's type and layout, or holds
+    none and none is given (a resumed run continues its schedule, or runs without one, as it did)."""
+    if saved is None and scheduler is None:
+        return
+    if saved is None:
+        raise CheckpointError(f"{where} holds no lr scheduler, the run has a {type(scheduler).__name__}; resume "
+                              "without a scheduler, as the saved run ran")
+    if scheduler is None:
+        raise CheckpointError(f"{where} holds a {saved['type']} lr scheduler's state, the run has none; pass the "
+                              f"saved run's {saved['type']} to continue its schedule")
+    if saved["type"] != type(scheduler).__name__:
+        raise CheckpointError(f"{where} holds a {saved['type']} lr scheduler's state, the run has a "
+                              f"{type(scheduler).__name__}; resume with the checkpoint's scheduler")
+    try:
+        _like(scheduler.state_dict(), saved["state"], "state")
+    except ValueError as e:
+        raise CheckpointError(f"{where}: its {saved['type']}'s {e}; make the scheduler with the saved run's "
+                              "arguments") from e
+
+
+def load_into(ckpt, model, optimizer, model_name=None, scheduler=None):
+    """Check that ckpt fits, then load its weights, optimizer state (every parameter group), the lr scheduler's state
+    and the random-stream state.
+
+    Everything is checked before anything is applied: on a CheckpointError the model, the optimizer, the scheduler
+    and the random stream are as they were."""
     check_checkpoint_fits(ckpt, model, model_name)
     where = f"checkpoint {ckpt['path']}"
     if optimizer is not None:
@@ -267,13 +400,17 @@ def load_into(ckpt, model, optimizer, model_name=None):
         if saved != type(optimizer).__name__:
             raise CheckpointError(f"{where} holds {saved} state, the run uses {type(optimizer).__name__}; resume "
                                   f"with the checkpoint's optimizer")
+        _check_groups(where, ckpt["optimizer_state"]["param_groups"], optimizer)
         for i, entry in ckpt["optimizer_state"]["state"].items():
             for name, a in entry.items():
                 _check_array(where, f"the optimizer's {name} of parameter {i}", a, np.dtype(np.float32))
+        _check_scheduler(where, ckpt["scheduler"], scheduler)
     try:
         if optimizer is not None:  # it checks the whole state before it changes anything
             optimizer.load_state_dict(ckpt["optimizer_state"])
         model.load_state_dict(ckpt["state_dict"])  # keys, shapes and values checked above: it cannot fail midway
     except (KeyError, ValueError, TypeError) as e:
         raise CheckpointError(f"{where}: {e}") from e
+    if scheduler is not None:  # its layout was checked above
+        scheduler.load_state_dict(copy.deepcopy(ckpt["scheduler"]["state"]))
     rng.set_state(ckpt["rng_state"])  # checked by load_checkpoint

@@ -18,9 +18,9 @@ import click
 import numpy as np
 
 from . import data as data_mod
-from . import files, nn, optim, rng
+from . import files, lr_scheduler, nn, optim, rng
 from .autograd import no_grad
-from .checkpoint import CheckpointError, load_checkpoint, load_into, save_checkpoint
+from .checkpoint import CheckpointError, load_checkpoint, load_into, save_checkpoint, scheduler_record
 from .devices import device as _device
 from .files import write_atomically
 from .graph import CaptureError, StepReplayer
@@ -207,11 +207,31 @@ def _write_log(path, record):
 
 
 def _check_hyper(optimizer):
-    """FitError unless the optimizer's settings are finite numbers (NaN passes every `lr > 0` test)."""
-    for k, v in optimizer.param_groups[0].items():
-        values = v if isinstance(v, (tuple, list)) else (v,)
-        if k != "params" and any(isinstance(x, float) and not math.isfinite(x) for x in values):
-            raise FitError(f"fit: the optimizer's {k} is {v}; it must be a finite number")
+    """FitError unless every group's settings are finite numbers (NaN passes every `lr > 0` test)."""
+    groups = optimizer.param_groups
+    for i, group in enumerate(groups):
+        for k, v in group.items():
+            values = v if isinstance(v, (tuple, list)) else (v,)
+            if k != "params" and any(isinstance(x, float) and not math.isfinite(x) for x in values):
+                where = f"param_groups[{i}]'s " if len(groups) > 1 else ""
+                raise FitError(f"fit: the optimizer's {where}{k} is {v}; it must be a finite number")
+
+
+SCHEDULER_INTERVALS = ("epoch", "step")
+
+
+def _check_scheduler(scheduler, optimizer, interval):
+    """FitError unless scheduler is a clnet lr scheduler driving the optimizer fit trains with."""
+    if interval not in SCHEDULER_INTERVALS:
+        raise FitError(f"fit: scheduler_interval is {interval!r}; pass 'epoch' (PyTorch's usual loop) or 'step'")
+    if scheduler is None:
+        return
+    if not isinstance(scheduler, lr_scheduler.LRScheduler):
+        raise FitError(f"fit: the scheduler is a {type(scheduler).__name__}, not a clnet.optim.lr_scheduler "
+                       "scheduler; make one over the optimizer (clnet.optim.lr_scheduler.StepLR(optimizer, ...))")
+    if scheduler.optimizer is not optimizer:
+        raise FitError(f"fit: the {type(scheduler).__name__} drives another optimizer than the one fit trains with; "
+                       "pass optimizer=scheduler.optimizer (or make the scheduler over fit's optimizer)")
 
 
 def _check_data(train_data, test_data):
@@ -231,7 +251,8 @@ def _check_data(train_data, test_data):
 
 def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, lr=0.01, momentum=0.9,
         weight_decay=0.0, device=None, seed=0, checkpoint=None, resume=None, max_steps=None, log=None,
-        progress=False, echo=None, model_name=None, config=None, interrupt_checkpoint=None, graphs=True):
+        progress=False, echo=None, model_name=None, config=None, interrupt_checkpoint=None, graphs=True,
+        scheduler=None, scheduler_interval="epoch"):
     """Train ``model`` with cross-entropy on ``train_data`` for ``epochs`` epochs, on the device.
 
     Parameters
@@ -244,8 +265,17 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
     epochs, batch : int
         Number of epochs and batch size; the last batch of an epoch may be smaller.
     optimizer : clnet.optim.Optimizer, optional
-        SGD, Adam, AdamW or RMSprop over the model's parameters (groups allowed); SGD from ``lr``, ``momentum``
-        and ``weight_decay`` when not given.
+        SGD, Adam, AdamW or RMSprop over the model's parameters (groups allowed); the scheduler's optimizer when
+        only ``scheduler`` is given; else SGD from ``lr``, ``momentum`` and ``weight_decay``.
+    scheduler : clnet.optim.lr_scheduler.LRScheduler, optional
+        A learning-rate schedule over ``optimizer``. As in PyTorch's usual loop, fit calls ``scheduler.step()`` once
+        at the end of each epoch (after the epoch's test), so epoch ``e`` trains with the lr the schedule gives for
+        ``e``; with ``scheduler_interval="step"`` it calls it after every optimizer step instead (OneCycleLR's and
+        warm-up's way; give OneCycleLR ``total_steps=epochs * steps per epoch``). Each step reads the groups' lr
+        when it runs, replayed steps too. Checkpoints hold the scheduler's state, and ``resume`` needs a scheduler
+        of the same type and arguments, made fresh over the fresh optimizer: the run continues its schedule.
+    scheduler_interval : {"epoch", "step"}
+        When the scheduler steps (above).
     device : str or clnet.Device, optional
         The model's device if it has one, else ``"auto"``.
     seed : int
@@ -288,16 +318,21 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
     dev = _device(device if device is not None else (model.device or "auto"))
     model.to(dev)
     model.train()
+    if optimizer is None and scheduler is not None:
+        optimizer = getattr(scheduler, "optimizer", None)
     if optimizer is None:
         for k, v in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
             if not (isinstance(v, (int, float)) and math.isfinite(v)):
                 raise FitError(f"fit: {k} is {v}; it must be a finite number")
         optimizer = optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     _check_hyper(optimizer)
+    _check_scheduler(scheduler, optimizer, scheduler_interval)
     if rank == 0:
         for path, what in ((checkpoint or interrupt_checkpoint, "the checkpoint"), (log, "the log")):
             if path is not None:
                 check_writable(path, what)
+        if scheduler is not None and (checkpoint or interrupt_checkpoint) is not None:
+            scheduler_record(scheduler)  # a user's scheduler whose state JSON cannot hold: said before the first step
     name = model_name or type(model).__name__
     config = dict(config or {}, batch=int(batch), seed=int(seed), train_images=len(train_data))
     history, epoch, step, global_step = [], 0, 0, 0
@@ -309,7 +344,7 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
                 raise CheckpointError(f"checkpoint {ckpt['path']} was made with {key} {ckpt['config'].get(key)}, "
                                       f"this run has {config[key]}; resuming needs the same {key} to continue "
                                       f"the same run")
-        load_into(ckpt, model, optimizer, model_name)
+        load_into(ckpt, model, optimizer, model_name, scheduler)
         history, epoch, step, global_step = list(ckpt["history"]), ckpt["epoch"], ckpt["step"], ckpt["global_step"]
         sums.update(ckpt.get("running", {}))
         config = dict(ckpt["config"], **{k: v for k, v in config.items() if k not in ckpt["config"]})
@@ -326,7 +361,7 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
         if path is not None:
             if rank == 0:
                 try:
-                    save_checkpoint(path, model, optimizer, meta())
+                    save_checkpoint(path, model, optimizer, meta(), scheduler)
                 except OSError as e:  # a full disk, a folder that went away: the last checkpoint stays whole
                     raise CheckpointError(
                         f"cannot write the checkpoint {path} ({e.strerror or e}); "
@@ -390,7 +425,7 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
         return "lower the learning rate" + (f" (it is {lr})" if lr is not None else "")
 
     figures = _StepFigures(dev, count)
-    bar = t_epoch = loader = None
+    bar = t_epoch = loader = stepped_lr = None
     with _StopFlag(echo) as flag:
         while epoch < epochs and not (flag.set or result["stopped"]):
             order = data_mod.epoch_order(len(train_data), config["seed"], epoch)
@@ -419,6 +454,9 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
                             model.skip_step()
                         model.finish()
                         optimizer.step()
+                    if scheduler is not None and scheduler_interval == "step":
+                        stepped_lr = [g["lr"] for g in optimizer.param_groups]  # what this step trained with
+                        scheduler.step()  # outside the step's capture: the next step reads its lr, replayed or not
                     last = flag.set or (max_steps is not None and global_step + 1 >= max_steps)
                     # The next batch's upload is queued behind this step before its results are read.
                     item = None if last else next(it, None)
@@ -459,6 +497,10 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
                 record.update(test_loss=ev["loss"], test_accuracy=ev["accuracy"],
                               eval_seconds=time.perf_counter() - t_eval)
                 result["final"] = ev
+            record["lr"] = (stepped_lr if scheduler is not None and scheduler_interval == "step"
+                            else [g["lr"] for g in optimizer.param_groups])  # the epoch's last step's, per group
+            if scheduler is not None and scheduler_interval == "epoch":
+                scheduler.step()
             history.append(record)
             epoch, step = epoch + 1, 0
             sums = dict(loss=0.0, correct=0, seen=0, seconds=0.0, wait=0.0)

@@ -280,7 +280,10 @@ def rewrite(path, out, meta=None, arrays=None):
     ("running", {"loss": "x"}, "running is {'loss': 'x'}"),
     ("config", {"batch": 0, "train_images": 40}, "config batch is 0"),
     ("config", {"batch": 16, "train_images": 40, "lr": "fast"}, "config lr is 'fast'"),
-    ("optimizer", {"type": "SGD", "lr": None, "momentum": 0.9}, "optimizer lr is None"),
+    ("optimizer", {"type": "SGD", "lr": 0.1}, "optimizer is {'type': 'SGD', 'lr': 0.1}, expected a mapping"),
+    ("optimizer", {"type": "SGD", "param_groups": [{"params": [0, 1, 2, 3], "lr": None}]},
+     "optimizer param_groups[0] lr is None"),
+    ("scheduler", {"type": "StepLR"}, "scheduler is {'type': 'StepLR'}, expected none or a mapping"),
     ("model", 3, "model is 3, expected a string"),
 ])
 def test_a_record_of_the_wrong_types_is_refused_naming_the_field(saved, tmp_path, field, value, words):
