@@ -10,7 +10,7 @@ import click
 
 from . import data as data_mod
 from . import devices as device_mod
-from . import models, optim, rng
+from . import lr_scheduler, models, optim, rng
 from .bench import bench, out_of_memory_message
 from .checkpoint import CheckpointError, check_checkpoint_fits, load_checkpoint
 from .devices import DeviceNotFound
@@ -192,8 +192,15 @@ def _optimizer(name, params, cfg):
     return OPTIMIZERS[name](params, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
 
 
+def _scheduler(name, opt, cfg):
+    """The --schedule's lr scheduler, stepped by fit after each epoch: cosine falls from --lr towards 0 over the
+    epochs of the run that started it (a resumed run keeps that span: its checkpoint holds the schedule)."""
+    return lr_scheduler.CosineAnnealingLR(opt, T_max=cfg["epochs"]) if name == "cosine" else None
+
+
+SCHEDULES = ("constant", "cosine")
 DEFAULTS = dict(epochs=10, batch=64, lr=0.01, momentum=0.9, weight_decay=0.0, seed=0, subset=None, optimizer="sgd",
-                test_subset=None)
+                test_subset=None, schedule="constant")
 
 
 @click.command("train")
@@ -212,6 +219,9 @@ DEFAULTS = dict(epochs=10, batch=64, lr=0.01, momentum=0.9, weight_decay=0.0, se
               help="sgd (default), adam or adamw (these take --lr and --weight-decay; try --lr 0.001).")
 @click.option("--weight-decay", type=click.FloatRange(min=0), default=None, callback=_finite,
               help="L2 weight decay (default 0).")
+@click.option("--schedule", type=click.Choice(SCHEDULES), default=None,
+              help="Learning rate over the epochs: constant (default) or cosine (from --lr towards 0 over --epochs: "
+                   "PyTorch's CosineAnnealingLR(T_max=epochs), stepped after each epoch).")
 @click.option("--device", "device_spec", default="auto", show_default=True,
               help="auto, gpu, cpu, an index from `clnet devices`, or a name substring.")
 @click.option("--seed", type=int, default=None, help="Seed of initialisation and shuffling (default 0).")
@@ -225,8 +235,8 @@ DEFAULTS = dict(epochs=10, batch=64, lr=0.01, momentum=0.9, weight_decay=0.0, se
               help="autotune the model's shapes missing from the cache first [default: on GPUs]")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="PNG of the loss and accuracy curves (needs matplotlib: pip install 'clnet[plot]').")
-def train_command(model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name, weight_decay, device_spec,
-                  seed, checkpoint, resume, subset, test_subset, log_path, tune, plot_path):
+def train_command(model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name, weight_decay, schedule,
+                  device_spec, seed, checkpoint, resume, subset, test_subset, log_path, tune, plot_path):
     """Train MODEL (lenet, lenet-wide, resnet8) on MNIST or Fashion-MNIST, reporting test accuracy after each epoch.
 
     Ctrl-C (or SIGTERM) finishes the current step, writes a checkpoint, prints the command that continues the run
@@ -241,19 +251,20 @@ def train_command(model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
         raise click.ClickException(str(e)) from e
     if world is None:
         status = _train(None, model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name, weight_decay,
-                        device_spec, seed, checkpoint, resume, subset, test_subset, log_path, tune, plot_path)
+                        schedule, device_spec, seed, checkpoint, resume, subset, test_subset, log_path, tune,
+                        plot_path)
     else:
         from . import distributed
         with distributed.stop_all_on_failure():  # an interrupted run left it cleanly on every rank: no abort
             status = _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name,
-                            weight_decay, device_spec, seed, checkpoint, resume, subset, test_subset, log_path, tune,
-                            plot_path)
+                            weight_decay, schedule, device_spec, seed, checkpoint, resume, subset, test_subset,
+                            log_path, tune, plot_path)
     if status:
         click.get_current_context().exit(status)
 
 
-def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name, weight_decay, device_spec,
-           seed, checkpoint, resume, subset, test_subset, log_path, tune, plot_path):
+def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimizer_name, weight_decay, schedule,
+           device_spec, seed, checkpoint, resume, subset, test_subset, log_path, tune, plot_path):
     """The train command's work; returns the exit status of an interrupted run (128 + the signal), else None."""
     echo = click.echo if world is None or world.rank == 0 else (lambda *a, **k: None)
     _check_model(model)
@@ -266,7 +277,7 @@ def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
             except WriteError as e:
                 raise click.ClickException(str(e)) from e
     given = dict(epochs=epochs, batch=batch, lr=lr, momentum=momentum, weight_decay=weight_decay, seed=seed,
-                 subset=subset, optimizer=optimizer_name, test_subset=test_subset)
+                 subset=subset, optimizer=optimizer_name, test_subset=test_subset, schedule=schedule)
     ckpt = None
     if resume:
         try:
@@ -276,9 +287,9 @@ def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
         if ckpt["model"] != model:
             raise click.ClickException(f"checkpoint {resume} holds a {ckpt['model']!r} model, not {model!r}")
         stored = ckpt["config"]
-        conflicts = [f"--{k.replace('_', '-')} {given[k]} (checkpoint: {stored.get(k)})" for k in
-                     ("batch", "lr", "momentum", "weight_decay", "seed", "subset", "test_subset", "optimizer")
-                     if given[k] is not None and given[k] != stored.get(k)]
+        conflicts = [f"--{k.replace('_', '-')} {given[k]} (checkpoint: {stored.get(k, DEFAULTS[k])})" for k in
+                     ("batch", "lr", "momentum", "weight_decay", "seed", "subset", "test_subset", "optimizer",
+                      "schedule") if given[k] is not None and given[k] != stored.get(k, DEFAULTS[k])]
         if dataset is not None and dataset != stored.get("dataset"):
             conflicts.append(f"--dataset {dataset} (checkpoint: {stored.get('dataset')})")
         if conflicts:
@@ -286,7 +297,8 @@ def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
                                        f"from it: {', '.join(conflicts)}. Leave them out.")
         dataset = stored.get("dataset")
         for what, value, known in (("data set", dataset, (None,) + data_mod.DATASETS),
-                                   ("optimizer", stored.get("optimizer", "sgd"), tuple(OPTIMIZERS))):
+                                   ("optimizer", stored.get("optimizer", "sgd"), tuple(OPTIMIZERS)),
+                                   ("schedule", stored.get("schedule", "constant"), SCHEDULES)):
             if value not in known:
                 raise click.ClickException(f"checkpoint {resume} is damaged: its record's {what} {value!r} is not "
                                            "one clnet knows; use an earlier checkpoint")
@@ -315,18 +327,20 @@ def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
         distributed.tune_on_rank0(lambda: tune_first(net, shape, dev, tune, click.echo), dev)
         net = distributed.DataParallel(net)
     opt = _optimizer(cfg["optimizer"], net.parameters(), cfg)
+    sched = _scheduler(cfg["schedule"], opt, cfg)
     echo(f"training {model} on {dataset} ({len(train_data)} training, {len(test_data)} test images) on "
          f"{dev.name} ({dev.platform_name}): batch {cfg['batch']}, {cfg['optimizer']} lr {cfg['lr']}, "
          + (f"momentum {cfg['momentum']}, " if cfg["optimizer"] == "sgd" else "")
          + f"weight decay {cfg['weight_decay']}, seed {cfg['seed']}"
+         + (f", {cfg['schedule']} schedule" if sched is not None else "")
          + (f"; data-parallel over {world.size} ranks, {cfg['batch'] // world.size} images each" if world else ""))
     try:
         result = fit(net, train_data, test_data, epochs=cfg["epochs"], batch=cfg["batch"], optimizer=opt,
-                     device=dev, seed=cfg["seed"], checkpoint=checkpoint, resume=ckpt, log=log_path,
+                     scheduler=sched, device=dev, seed=cfg["seed"], checkpoint=checkpoint, resume=ckpt, log=log_path,
                      progress=True, model_name=model, interrupt_checkpoint=f"{model}-{dataset}-interrupted.ckpt",
                      config=dict(dataset=dataset, lr=cfg["lr"], momentum=cfg["momentum"],
                                  weight_decay=cfg["weight_decay"], subset=cfg["subset"], optimizer=cfg["optimizer"],
-                                 test_subset=test_subset))
+                                 test_subset=test_subset, schedule=cfg["schedule"]))
     except (CheckpointError, Diverged, FitError, WriteError) as e:
         raise click.ClickException(str(e)) from e
     except OutOfMemory as e:

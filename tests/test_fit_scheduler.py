@@ -2,15 +2,17 @@
 ends bit for bit where the uninterrupted one does; a checkpoint whose groups or scheduler do not match the run is
 refused before anything is applied; the schedule reaches replayed steps (the lr is each replay's argument)."""
 import json
+import math
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import clnet
-from clnet import checkpoint, nn, optim, rng, train
+from clnet import checkpoint, cli, optim, rng, train
 from clnet.optim import lr_scheduler
 
-from test_train import strip_times, synthetic, tiny_model
+from test_train import needs_fashion, strip_times, synthetic, tiny_model
 
 STEPS_PER_EPOCH = 4  # synthetic(64) in batches of 16
 EPOCHS = 3
@@ -247,3 +249,20 @@ def test_fit_refuses_a_scheduler_it_cannot_follow():
     bad.param_groups[1]["weight_decay"] = float("nan")
     with pytest.raises(train.FitError, match=r"the optimizer's param_groups\[1\]'s weight_decay is nan"):
         train.fit(model, data, optimizer=bad, device="cpu")
+
+
+@needs_fashion
+def test_train_command_follows_a_cosine_schedule(dev, tmp_path):
+    ckpt, log = tmp_path / "lenet.ckpt", tmp_path / "log.json"
+    args = ["lenet", "--dataset", "fashion-mnist", "--subset", "64", "--test-subset", "32", "--epochs", "2", "--batch",
+            "32", "--lr", "0.02", "--schedule", "cosine", "--device", str(dev.index), "--no-tune", "--checkpoint",
+            str(ckpt), "--log", str(log)]
+    r = CliRunner().invoke(cli.train_command, args)
+    assert r.exit_code == 0 and "cosine schedule" in r.output, r.output
+    lrs = [e["lr"] for e in json.loads(log.read_text())["epochs"]]
+    assert lrs[0] == [0.02] and lrs[1] == [pytest.approx(0.02 * (1 + math.cos(math.pi / 2)) / 2, rel=1e-12)]
+    saved = checkpoint.load_checkpoint(ckpt)
+    assert saved["config"]["schedule"] == "cosine" and saved["scheduler"]["type"] == "CosineAnnealingLR"
+    assert (saved["scheduler"]["state"]["T_max"], saved["scheduler"]["state"]["last_epoch"]) == (2, 2)
+    r = CliRunner().invoke(cli.train_command, ["lenet", "--resume", str(ckpt), "--schedule", "constant"])
+    assert r.exit_code == 1 and "--schedule constant (checkpoint: cosine)" in r.output, r.output
