@@ -289,9 +289,10 @@ def load_checkpoint(path):
     if meta.get("version") not in READS:
         raise CheckpointError(f"checkpoint {path} has format version {meta.get('version')}; this clnet reads "
                               f"versions {', '.join(map(str, READS))}")
-    if meta["version"] == 2 and isinstance(meta.get("optimizer"), dict):  # one group, no scheduler
-        group = {k: v for k, v in meta["optimizer"].items() if k != "type"}
-        meta["optimizer"] = dict(type=meta["optimizer"].get("type"), param_groups=[group])
+    if meta["version"] == 2:  # one group, no scheduler
+        if isinstance(meta.get("optimizer"), dict):
+            group = {k: v for k, v in meta["optimizer"].items() if k != "type"}
+            meta["optimizer"] = dict(type=meta["optimizer"].get("type"), param_groups=[group])
         meta.setdefault("scheduler", None)
     try:
         for key in ("model", "architecture", "epoch", "step", "global_step", "rng_state", "config", "history",
