@@ -49,6 +49,11 @@ def test_bench_lenet_json(tmp_path, dev):
     t = d["clnet"]["transfers_per_iteration"]
     # The batch is uploaded once, as PyTorch's is: an iteration copies only the 4-byte loss back.
     assert t == dict(host_to_device_bytes=0, host_to_device_count=0, device_to_host_bytes=4, device_to_host_count=1)
+    # weights, their gradients and SGD's momentum at least, each 4 bytes a parameter
+    parameters = sum(p.size for p in models.build("lenet").state_dict().values())
+    memory = d["clnet"]["memory"]
+    assert memory["eager_peak_bytes"] >= 3 * 4 * parameters and memory["with_graph_bytes"] >= memory["eager_peak_bytes"]
+    assert f"peak device memory of the eager step: clnet {memory['eager_peak_bytes'] / 1e6:.1f} MB" in r.output
 
 
 def test_bench_list():
@@ -109,6 +114,78 @@ def test_module_rows_follow_paths_and_hooks_go_away(dev):
     assert kernels.profiler is None
 
 
+def test_peak_memory_grows_with_the_batch_as_the_activations(dev):
+    """The pool's high-water mark of a step: going from batch 4 to 36 adds at least every module's output for the
+    32 more images (each is alive at once in a training step) and at most a few times that (their gradients, the
+    masks, the lowered inputs of the convolutions), not what earlier work left cached."""
+    peaks, outputs = {}, {}
+    for batch in (4, 36):
+        clnet.manual_seed(0)
+        model = models.build("lenet")
+        described = bench.describe(model, (batch, 1, 28, 28), dev)
+        outputs[batch] = sum(int(np.prod(m["output"])) for m in described if m["leaf"] and m["output"]) * 4
+        x = np.random.default_rng(batch).standard_normal((batch, 1, 28, 28)).astype(np.float32)
+        res = bench.run_clnet(model, dev, x, np.arange(batch, dtype=np.int32) % 10, 1, 1, False, progress=False)
+        peaks[batch] = res["memory"]["eager_peak_bytes"]
+    grown, counted = peaks[36] - peaks[4], outputs[36] - outputs[4]
+    assert counted <= grown <= 6 * counted, (grown, counted)
+
+
+def test_memory_line_names_each_measure():
+    """With PyTorch on a GPU, both sides' peaks, each named by what it measures (figures as --compare cuda fills)."""
+    result = dict(clnet=dict(memory=dict(eager_peak_bytes=3_210_000_000, with_graph_bytes=3_300_000_000)),
+                  compare=dict(engine="cuDNN", memory=dict(eager_peak_bytes=980_000_000,
+                                                           eager_peak_reserved_bytes=1_100_000_000,
+                                                           with_graph_reserved_bytes=2_050_000_000)))
+    line = bench.memory_line(result)
+    assert line.startswith("peak device memory of the eager step: clnet 3.21 GB (its buffer pool's high-water mark")
+    assert "3.30 GB with the step captured" in line
+    assert "cuDNN 1.10 GB held by PyTorch's caching allocator (torch.cuda.max_memory_reserved" in line
+    assert "980.0 MB in tensors at most (max_memory_allocated)" in line and "2.05 GB held with its CUDA graph" in line
+    result["compare"]["memory"] = None  # PyTorch on the CPU: no allocator figures
+    assert "PyTorch" not in bench.memory_line(result) and "cuDNN" not in bench.memory_line(result)
+
+
+@needs_torch
+def test_agreement_switches_dropout_and_stochastic_depth_off(dev, rng):
+    """Two engines draw different dropout masks: the agreement check runs every random layer as identity (batch norm
+    still in training mode), in clnet, PyTorch float32 and float64 alike, and puts them back in training mode."""
+    import torch
+    from clnet.models import modern_blocks
+
+    def net(lib):
+        return lib.nn.Sequential(lib.nn.Linear(6, 8), lib.nn.ReLU(), lib.nn.BatchNorm1d(8), lib.nn.Dropout(0.5),
+                                 modern_blocks(lib)["StochasticDepth"](0.5), lib.nn.Linear(8, 3))
+    clnet.manual_seed(0)
+    model = net(clnet).to(dev)
+    tm = net(torch)
+    tm.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in model.state_dict().items()})
+    x = rng.standard_normal((16, 6)).astype(np.float32)
+    labels = rng.integers(0, 3, 16).astype(np.int32)
+    agreement = bench.check_agreement(model, dev, tm, torch.device("cpu"), x, labels)
+    assert max(v["clnet_vs_fp64"] for v in agreement.values()) < 1e-5, agreement
+    assert max(v["vs_torch"] for v in agreement.values()) < 1e-5, agreement
+    assert all(m.training for m in model.modules()) and all(m.training for m in tm.modules())
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_attention_flops_count_projections_and_both_products(dev, batch_first):
+    """An attention of 5 queries over 3 keys (N 2, E 8): q, k, v projections and q k^T and the weights times v, the
+    out_proj in its own row."""
+    class Cross(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=batch_first)
+
+        def forward(self, x):
+            keys = x[:, :3] if batch_first else x[:3]
+            return self.attn(x, keys, keys, need_weights=False)[0]
+    rows = {m["path"]: m for m in bench.describe(Cross(), (2, 5, 8) if batch_first else (5, 2, 8), dev)}
+    n, q, k, e = 2, 5, 3, 8
+    assert rows["attn"]["forward_flop"] == 2 * n * q * e * e + 2 * 2 * n * k * e * e + 2 * 2 * n * q * k * e
+    assert rows["attn.out_proj"]["forward_flop"] == 2 * n * q * e * e
+
+
 @needs_torch
 def test_compare_torch_cpu_agrees(tmp_path, dev):
     path = tmp_path / "cmp.json"
@@ -122,6 +199,7 @@ def test_compare_torch_cpu_agrees(tmp_path, dev):
     assert max(v["clnet_vs_fp64"] for v in agreement.values()) < 1e-4
     assert max(v["vs_torch"] for v in agreement.values()) < 1e-4
     assert d["compare"]["total_ms"] > 0 and np.isfinite(d["compare"]["ratio_time"])
+    assert d["compare"]["memory"] is None  # PyTorch's CPU allocator reports no peak
     assert all(L["torch_forward_ms"] is not None for L in d["layers"])  # every row is a leaf
     table = markdown_table(r.output)
     assert table[0][:3] == [" # ", " module ", " type "] and all(len(row) == len(table[0]) for row in table)
