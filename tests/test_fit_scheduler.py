@@ -206,11 +206,26 @@ def test_version_2_checkpoints_still_load(tmp_path):
     assert (opt.lr, opt.momentum, opt.weight_decay) == (0.125, 0.5, 0.25)
 
 
-@pytest.mark.parametrize("interval", ["epoch", "step"])
-def test_the_schedule_reaches_replayed_steps(dev, monkeypatch, interval):
+REPLAYED = {  # (optimizer, scheduler, scheduler_interval, the per-epoch lr of its groups or None)
+    "sgd-steplr-per-epoch": (lambda m: optim.SGD(groups(m, lr=0.02, momentum=0.0), lr=0.1, momentum=0.9),
+                             lambda o: lr_scheduler.StepLR(o, step_size=1, gamma=0.25), "epoch",
+                             [[0.1, 0.02], [0.025, 0.005]]),
+    "sgd-steplr-per-step": (lambda m: optim.SGD(groups(m, lr=0.02, momentum=0.0), lr=0.1, momentum=0.9),
+                            lambda o: lr_scheduler.StepLR(o, step_size=3, gamma=0.25), "step",
+                            [[0.025, 0.005], [0.1 / 16, 0.02 / 16]]),
+    # beta1 cycles too: a runtime argument of the replayed step as the lr is
+    "adamw-onecycle-per-step": (lambda m: optim.AdamW(groups(m, lr=1e-3), lr=1e-2),
+                                lambda o: lr_scheduler.OneCycleLR(o, max_lr=[2e-2, 4e-3], total_steps=8), "step",
+                                None),
+}
+
+
+@pytest.mark.parametrize("case", list(REPLAYED))
+def test_the_schedule_reaches_replayed_steps(dev, monkeypatch, case):
     """fit's replayed steps read the lr the scheduler set (a runtime argument of the replay, not baked into the
     capture): graphs on and off give the same weights bit for bit, and both differ from the unscheduled run."""
     from clnet import graph
+    make_opt, make_sched, interval, expected_lr = REPLAYED[case]
     replays = []
     real = graph.Graph.replay
     monkeypatch.setattr(graph.Graph, "replay", lambda g: (replays.append(1), real(g)))
@@ -218,15 +233,15 @@ def test_the_schedule_reaches_replayed_steps(dev, monkeypatch, interval):
     for graphs, schedule in ((False, True), (True, True), (True, False)):
         clnet.manual_seed(3)
         m = tiny_model().to(dev)
-        o = optim.SGD(groups(m, lr=0.02, momentum=0.0), lr=0.1, momentum=0.9)
-        s = lr_scheduler.StepLR(o, step_size=1 if interval == "epoch" else 3, gamma=0.25) if schedule else None
+        o = make_opt(m)
+        s = make_sched(o) if schedule else None
         r = train.fit(m, synthetic(64), epochs=2, batch=16, optimizer=o, scheduler=s, scheduler_interval=interval,
                       device=dev, graphs=graphs)
         runs[graphs, schedule] = m.state_dict(), [e["lr"] for e in r["epochs"]]
     assert len(replays) == 2 * (2 * STEPS_PER_EPOCH - 2)  # two runs with graphs: the first step eager, the second
     (eager, eager_lr), (replayed, replayed_lr) = runs[False, True], runs[True, True]  # captured
-    assert eager_lr == replayed_lr == ([[0.1, 0.02], [0.025, 0.005]] if interval == "epoch"
-                                       else [[0.025, 0.005], [0.1 / 16, 0.02 / 16]])
+    assert eager_lr == replayed_lr and eager_lr != runs[True, False][1]
+    assert expected_lr is None or eager_lr == expected_lr
     for k in eager:
         np.testing.assert_array_equal(eager[k], replayed[k], err_msg=k)
     plain = runs[True, False][0]
