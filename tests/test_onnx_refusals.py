@@ -27,25 +27,28 @@ CASES = [
     ("clip-vector-bound", [h.make_node("Clip", ["x", "lo"], ["y"], name="n")], [("x", T4), ("lo", (5,))], {},
      "bounds are scalars"),
     ("dropout-ratio-input", [h.make_node("Dropout", ["x", "r"], ["y"], name="n")], [("x", T4), ("r", ())], {},
-     "ratio"),
-    ("reduceprod-computed", [h.make_node("ReduceProd", ["x"], ["y"], axes=[1], name="n")], [("x", T4)], {},
-     "ReduceProd of a computed tensor"),
-    ("transpose-free-batch", [h.make_node("Transpose", ["x"], ["y"], perm=[1, 0, 2, 3], name="n")],
-     [("x", ("N", 3, 4, 5))], {}, "perm [1, 0, 2, 3]"),
-    ("add-broadcast", [h.make_node("Add", ["x", "z"], ["y"], name="n")], [("x", T4), ("z", (2, 1, 4, 5))], {},
-     "general broadcasting"),
-    ("div-computed", [h.make_node("Div", ["x", "z"], ["y"], name="n")], [("x", T4), ("z", T4)], {},
-     "computed divisor"),
-    ("cast-int", [h.make_node("Cast", ["x"], ["y"], to=onnx.TensorProto.INT64, name="n")], [("x", T4)], {},
-     "ONNX type 7"),
-    ("gather-computed", [h.make_node("Gather", ["x", "i"], ["y"], axis=1, name="n")], [("x", T4)],
-     dict(i=np.array([0, 2], np.int64)), "Gather of a computed tensor"),
-    ("matmul-batched-b", [h.make_node("MatMul", ["x", "z"], ["y"], name="n")], [("x", T4), ("z", (2, 3, 5, 4))], {},
-     "batched"),
+     "'ratio'"),
+    ("reduce-computed-axes", [h.make_node("ReduceSum", ["x", "a"], ["y"], name="n")], [("x", T4), ("a", (1,))], {},
+     "'axes'"),
+    ("pool-3d", [h.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2, 2], name="n")], [("x", (1, 2, 4, 4, 4))],
+     {}, "1-D and 2-D windows"),
+    ("range-computed", [h.make_node("Range", ["x", "z", "d"], ["y"], name="n")], [("x", ()), ("z", ())],
+     dict(d=np.array(1.0, np.float32)), "Range of a computed tensor"),
+    ("mod-fmod", [h.make_node("Mod", ["x", "z"], ["y"], fmod=1, name="n")], [("x", T4), ("z", T4)], {}, "fmod=1"),
+    ("cast-double", [h.make_node("Cast", ["x"], ["y"], to=onnx.TensorProto.DOUBLE, name="n")], [("x", T4)], {},
+     "ONNX type 11"),
+    ("convtranspose-3d", [h.make_node("ConvTranspose", ["x", "w"], ["y"], name="n")], [("x", (1, 3, 4, 4, 4))],
+     dict(w=np.ones((3, 2, 2, 2, 2), np.float32)), "3-D"),
+    ("pad-wrap", [h.make_node("Pad", ["x", "p"], ["y"], mode="wrap", name="n")], [("x", T4)],
+     dict(p=np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)), "mode 'wrap'"),
+    ("slice-empty", [h.make_node("Slice", ["x", "s", "e"], ["y"], name="n")], [("x", T4)],
+     dict(s=np.array([3], np.int64), e=np.array([1], np.int64)), "no empty tensors"),
     ("reshape-computed-shape", [h.make_node("Reshape", ["x", "s"], ["y"], name="n")], [("x", T4), ("s", (2,))], {},
-     "target shape"),
-    ("clip-empty-range", [h.make_node("Clip", ["x", "lo", "hi"], ["y"], name="n")], [("x", T4)],
-     dict(lo=np.array(1.0, np.float32), hi=np.array(0.5, np.float32)), "min 1.0 >= max 0.5"),
+     "'shape'"),
+    ("expand-too-large", [h.make_node("Expand", ["c", "s"], ["y"], name="n")], [],
+     dict(c=np.ones((1,), np.float32), s=np.array([1 << 13, 1 << 13, 2], np.int64)), "more than clnet folds"),
+    ("constant-of-shape-too-large", [h.make_node("ConstantOfShape", ["s"], ["y"], name="n")], [],
+     dict(s=np.array([1 << 20, 1 << 10], np.int64)), "more than clnet folds"),
     ("conv-3d-input", [h.make_node("Conv", ["x", "w"], ["y"], name="n")], [("x", (1, 3, 4))],
      dict(w=np.ones((2, 3, 3, 3), np.float32)), "4-D"),
 ]
@@ -56,9 +59,10 @@ def test_refused_at_load_with_node_op_opset_and_reason(tmp_path, case, nodes, in
     """Each of these once failed only when run (or ran wrong): now load refuses it, before any kernel, with the
     node, the operator, the opset and the reason, as clnet.onnx's error (a clnet.Error)."""
     path = str(tmp_path / f"{case}.onnx")
-    graph_inputs = [h.make_tensor_value_info(n, onnx.TensorProto.INT64 if case.startswith("reshape") and n == "s"
-                                             else onnx.TensorProto.FLOAT, s) for n, s in inputs]
-    out_type = onnx.TensorProto.INT64 if case == "cast-int" else onnx.TensorProto.FLOAT
+    ints = {("reshape-computed-shape", "s"), ("reduce-computed-axes", "a")}
+    graph_inputs = [h.make_tensor_value_info(n, onnx.TensorProto.INT64 if (case, n) in ints else onnx.TensorProto.FLOAT,
+                                             s) for n, s in inputs]
+    out_type = onnx.TensorProto.DOUBLE if case == "cast-double" else onnx.TensorProto.FLOAT
     graph = h.make_graph(nodes, "g", graph_inputs, [h.make_tensor_value_info("y", out_type, [None] * 4)],
                          [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])

@@ -2,9 +2,10 @@
 onnxruntime's and onnx-tensorrt's adapters do).
 
 `prepare(model, device)` loads the model with clnet.onnx.load (every refusal there, at load); `run(inputs)` takes
-NumPy arrays and returns NumPy arrays. clnet's computed tensors are float32: graph outputs of another type are refused
-at prepare, and graph inputs of another type (indices, shapes, axes: shape data in clnet) are taken as constants, the
-model loaded with them at the first run that brings each set of their values. The device is an OpenCL device
+NumPy arrays and returns NumPy arrays. Graph outputs other than float32 are refused at prepare. Graph inputs of other types (indices,
+shapes, axes: shape data in clnet), and float32 ones that only inputs clnet needs on the host read (Resize's scales
+and roi, Pad's value, Dropout's ratio: constants in the files exporters write), are taken as constants, the model
+loaded with them at the first run that brings each set of their values. The device is an OpenCL device
 (clnet.device's spec: "auto", "pocl", an index); ONNX's "CPU" and "CUDA" names pick the first OpenCL CPU or GPU.
 """
 import numpy as np
@@ -12,6 +13,8 @@ import numpy as np
 from ..autograd import no_grad
 from ..tensor import tensor as _to_device
 from .common import OnnxImportError, _onnx
+from .handlers import OPS
+from .host import HOST_OPS
 from .load import load
 
 
@@ -32,8 +35,17 @@ def _device(spec):
     return device(spec)
 
 
+def _host_only(graph, name):
+    """Whether every node reading `name` needs it on the host (an input slot the import table takes from constants
+    and shapes only: Resize's scales, Pad's value, Dropout's ratio, Range's bounds), or none reads it."""
+    uses = [(n.op_type, s) for n in graph.node for s, i in enumerate(n.input) if i == name]
+    return all((op in OPS and s in OPS[op].host) or (op not in OPS and op in HOST_OPS)
+                              for op, s in uses)
+
+
 def _split_inputs(onnx, model):
-    """(float32 graph inputs, other graph inputs); refuses outputs that are not float32 tensors."""
+    """(float32 graph inputs, other graph inputs: those of other types and float32 ones that only host slots read);
+    refuses outputs that are not float32 tensors."""
     init = {t.name for t in model.graph.initializer}
     floats, others = [], []
     for v in model.graph.input:
@@ -43,7 +55,8 @@ def _split_inputs(onnx, model):
         if elem is None:
             raise OnnxImportError(f"graph input {v.name!r} is a {v.type.WhichOneof('value')}: clnet's ONNX "
                                         "backend takes tensors only")
-        (floats if elem == onnx.TensorProto.FLOAT else others).append(v.name)
+        computed = elem == onnx.TensorProto.FLOAT and not _host_only(model.graph, v.name)
+        (floats if computed else others).append(v.name)
     for v in model.graph.output:
         elem = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else None
         if elem != onnx.TensorProto.FLOAT:
@@ -84,6 +97,8 @@ def backend():
         def run(self, inputs, **kwargs):
             given = dict(inputs) if isinstance(inputs, dict) else dict(zip(self.names, inputs))
             for k, a in given.items():
+                if isinstance(a, onnx.TensorProto):  # a type NumPy holds only through onnx's own dtypes (bfloat16)
+                    given[k] = a = onnx.numpy_helper.to_array(a)
                 if not isinstance(a, (np.ndarray, np.generic, int, float)):
                     raise OnnxImportError(f"graph input {k!r} comes as a {type(a).__name__} (a type NumPy does "
                                                 "not hold): clnet's ONNX backend takes NumPy arrays")

@@ -1,26 +1,56 @@
-"""The device ops: each ONNX operator on computed tensors as nn.functional and the op table run it, with the
-plans (broadcasting, transposes, reductions, pooling geometry) that load's checks share."""
+"""The import table: each ONNX operator on computed tensors, as clnet's tensor ops run it (pointwise, reduce, views,
+products, nn.functional), with beside it what load must check of its node: the inputs that must be known on the host
+(constants of the file, or values computed from shapes), the float initializers it trains (Parameters) or keeps
+(buffers), and the refusals that depend on shapes and attributes (each a function of the node and what load knows
+of its inputs, raising ValueError with the reason).
+
+The elementwise operators come from the engine's own tables (pointwise.UNARY and pointwise.BINARY name each op's
+ONNX counterpart); the attributes ONNX gives them are read here."""
 
 import math
+from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .. import autograd, ops
+from .. import autograd, ops, pointwise, products, reduce, views
 from ..nn import functional as F
 from ..shapes import conv_shape
 from ..tensor import Tensor
-from .common import _is_host
+from .common import _host_int_list, _is_host
 from .host import HOST_OPS, _axes, _flatten_shape, _reshape_shape, _reshape_target, _squeezed_shape, _unsqueezed_shape
 
 
-# ---- device ops ----------------------------------------------------------------------------------------------------
+# ---- inputs ---------------------------------------------------------------------------------------------------------
 
 def _tensor_arg(m, n, v, i):
-    """Input i as a device tensor (a host constant uploaded once)."""
+    """Input i as a device tensor: a host value uploaded once under the node's name (floats as float32, integers as
+    int32, booleans as bool)."""
     if _is_host(v):
         return m.device_constant((n.name, i), v)
     return v
 
+
+def _operands(m, n, a, b, slots=(0, 1)):
+    """Two operands of a broadcasting op (inputs `slots` of the node): a host value of one element that does not raise
+    the other's rank is passed as a number (one cached constant, the engine's fast paths), another host value is
+    uploaded."""
+    out = []
+    for i, v, other in ((slots[0], a, b), (slots[1], b, a)):
+        if _is_host(v) and v.size == 1 and v.ndim <= getattr(other, "ndim", 0):
+            x = v.reshape(-1)[0]
+            out.append(bool(x) if v.dtype == np.bool_ else int(x) if v.dtype.kind in "iu" else float(x))
+        else:
+            out.append(_tensor_arg(m, n, v, i))
+    if not isinstance(out[0], Tensor) and not isinstance(out[1], Tensor):  # two numbers: one of them a tensor
+        out[0] = _tensor_arg(m, n, a, slots[0])
+    return out
+
+
+def _int(v):
+    return isinstance(v, Tensor) and v.dtype.kind in "iu"
+
+
+# ---- convolution, pooling, batch normalization --------------------------------------------------------------------
 
 def _as_2d(at):
     """A 1-D Conv's or pooling's attributes as those of a 2-D one over (N, C, 1, L)."""
@@ -117,88 +147,6 @@ def _d_avgpool(m, n, a):
                                 count_include_pad=bool(n.attrs.get("count_include_pad", 0)))]
 
 
-def _d_global_maxpool(m, n, a):
-    x = a[0]
-    return [ops.MaxPool2d.apply(x, out_shape=tuple(x.shape[:2]) + (1, 1), k=x.shape[2:], s=x.shape[2:], p=(0, 0))]
-
-
-def _d_global_avgpool(m, n, a):
-    x = a[0]
-    if x.ndim != 4:
-        raise ValueError(f"GlobalAveragePool: clnet pools 4-D inputs, got shape {x.shape}")
-    if x.shape[2:] == (1, 1):
-        return [x]
-    return [ops.AvgPool2d.apply(x, out_shape=x.shape[:2] + (1, 1), k=x.shape[2:], s=x.shape[2:], p=(0, 0),
-                                count_include_pad=True)]
-
-
-def _reduce_plan(rank, axes, noop):
-    """The runs of adjacent axes [start, end) that a reduction over `axes` of a tensor of `rank` reduces (all axes
-    when none are given, unless noop_with_empty_axes); None for no reduction. Raises ValueError for an axis out of
-    range."""
-    if not axes:
-        if noop:
-            return None
-        axes = list(range(rank))
-    for ax in axes:
-        if not -rank <= ax < rank:
-            raise ValueError(f"axis {ax} is out of range for a {rank}-D tensor")
-    runs = []
-    for ax in sorted({ax % rank for ax in axes}):
-        if runs and runs[-1][1] == ax:
-            runs[-1][1] = ax + 1
-        else:
-            runs.append([ax, ax + 1])
-    return [tuple(r) for r in runs]
-
-
-def _reduce_run(m, n, x, start, end, kind):
-    """x reduced over axes [start, end), kept as size 1: with (L, K, T) the sizes before, in and after the run, a sum
-    or mean is a product with a vector of ones (T = 1) or a 1x1 convolution of the (L, K, T, 1) image with a weight
-    of ones (K channels into 1); a max a max pooling of the (L, 1, K, T) image with a (K, 1) window (of -x for a
-    min). Each has its gradient through that op."""
-    shape = tuple(x.shape)
-    L, K, T = math.prod(shape[:start]), math.prod(shape[start:end]), math.prod(shape[end:])
-    out = shape[:start] + (1,) * (end - start) + shape[end:]
-    if K == 1:
-        return x.reshape(out)
-    if kind in ("sum", "mean"):
-        scale = 1.0 / K if kind == "mean" else 1.0
-        if T == 1:
-            ones = m.device_constant(("reduce", K, scale), np.full((1, K), scale, np.float32))
-            return F.linear(x.reshape(L, K), ones).reshape(out)
-        w = m.device_constant(("reduce conv", K, scale), np.full((1, K, 1, 1), scale, np.float32))
-        x4 = x.reshape(L, K, T, 1)
-        s = conv_shape(n.name, x4.shape, w.shape, (1, 1), (0, 0), (0, 0), (1, 1), 1)
-        return ops.Conv2d.apply(x4, w, None, s=s, what=f"{n.op} {n.name} (a sum over axes {start}..{end - 1})"
-                                ).reshape(out)
-    x4 = x.reshape(L, 1, K, T)
-    if kind == "min":
-        x4 = ops.Affine.apply(x4, alpha=-1.0, beta=0.0)
-    y = ops.MaxPool2d.apply(x4, out_shape=(L, 1, 1, T), k=(K, 1), s=(K, 1), p=(0, 0))
-    if kind == "min":
-        y = ops.Affine.apply(y, alpha=-1.0, beta=0.0)
-    return y.reshape(out)
-
-
-def _d_reduce(kind):
-    def run(m, n, a):
-        x = a[0]
-        keep = bool(n.attrs.get("keepdims", 1))
-        runs = _reduce_plan(x.ndim, _axes(m, n, a, 1), n.attrs.get("noop_with_empty_axes", 0))
-        if runs is None:
-            return [x]
-        axes = {i for s, e in runs for i in range(s, e)}
-        out_shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else \
-            tuple(d for i, d in enumerate(x.shape) if i not in axes)
-        if kind == "mean" and x.ndim == 4 and runs == [(2, 3 + 1)]:  # over H and W: global average pooling
-            return [_d_global_avgpool(m, n, [x])[0].reshape(out_shape)]
-        y = x
-        for start, end in reversed(runs):
-            y = _reduce_run(m, n, y, start, end, kind)
-        return [y.reshape(out_shape)]
-    return run
-
 
 def _copy(t):
     with autograd.no_grad():
@@ -234,305 +182,387 @@ def _d_batchnorm(m, n, a):
     return [y.reshape(shape), mean, var]
 
 
-def _transposed2d(m, x):
-    """x (R, C) transposed, for a computed 2-D x: linear(I_C, x) = I_C x^T, with x's gradient through the product
-    (clnet has no transpose kernel for computed matrices)."""
-    eye = m.device_constant(("eye", x.shape[1]), np.eye(x.shape[1], dtype=np.float32))
-    return F.linear(eye, x)
 
 
-def _d_gemm(m, n, a):
-    """Y = alpha op(A) op(B) + beta C. F.linear computes x w^T, so a B read as (in, out) (transB=0) is transposed
-    first: a file's weight once, at load (held as (out, in)); a constant once, on upload; a computed B each call."""
-    x, w = a[0], a[1]
-    c = a[2] if len(a) > 2 else None
+
+def _d_global_pool(kind):
+    def run(m, n, a):
+        x = a[0]
+        if x.ndim == 4 and x.shape[2:] == (1, 1):
+            return [x]
+        if x.ndim == 4 and kind == "max":
+            return [ops.MaxPool2d.apply(x, out_shape=tuple(x.shape[:2]) + (1, 1), k=x.shape[2:], s=x.shape[2:],
+                                        p=(0, 0))]
+        if x.ndim == 4:
+            return [ops.AvgPool2d.apply(x, out_shape=x.shape[:2] + (1, 1), k=x.shape[2:], s=x.shape[2:], p=(0, 0),
+                                        count_include_pad=True)]
+        dims = tuple(range(2, x.ndim))
+        return [reduce.amax(x, dims, keepdim=True) if kind == "max" else reduce.mean(x, dims, keepdim=True)]
+    return run
+
+
+# ---- elementwise: the engine's tables, with ONNX's attributes --------------------------------------------------------
+
+_UNARY = {spec.onnx: name for name, spec in pointwise.UNARY.items() if spec.onnx}
+_UNARY_PARAMS = {  # the unary kernels' scalar parameters from ONNX's attributes (defaults ONNX's)
+    "LeakyRelu": lambda at: (float(at.get("alpha", 0.01)),),
+    "Elu": lambda at: (float(at.get("alpha", 1.0)),),
+    "Celu": lambda at: (float(at.get("alpha", 1.0)),),
+    "Softplus": lambda at: (1.0, 20.0),  # ONNX's log(1 + e^x); PyTorch's linear tail past 20 is within float32's eps
+}
+
+
+def _d_unary(onnx_name):
+    name = _UNARY[onnx_name]
+    params = _UNARY_PARAMS.get(onnx_name, lambda at: ())
+
+    def run(m, n, a):
+        x = _tensor_arg(m, n, a[0], 0)
+        if name in ("relu", "sigmoid", "tanh") and x.dtype == np.float32:
+            return [ops.Activation.apply(x, kind=name)]
+        return [pointwise.unary(name, x, *params(n.attrs))]
+    return run
+
+
+def _d_selu(m, n, a):  # gamma * elu(x, alpha)
     at = n.attrs
-    x = _tensor_arg(m, n, x, 0)
-    if at.get("transA", 0):
-        x = _transposed2d(m, x)
-    if _is_host(w):
-        w = m.device_constant((n.name, 1), np.ascontiguousarray(w if at.get("transB", 0) else w.T))
-    elif not at.get("transB", 0):
-        w = _transposed2d(m, w)
-    alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
-    N = w.shape[0]
-    bias = None
-    if c is not None:
-        if tuple(c.shape) in ((N,), (1, N)) and beta == 1.0 and alpha == 1.0:
-            bias = _tensor_arg(m, n, c, 2)
-            bias = bias if bias.shape == (N,) else bias.reshape(N)
-        elif beta != 1.0:
-            c = c * beta
-    y = F.linear(x, w, bias)
-    if alpha != 1.0:
-        y = ops.Affine.apply(y, alpha=alpha, beta=0.0)
-    if c is not None and bias is None:
-        y = _broadcast(m, n, "Add", y, c)
-    return [y]
+    alpha, gamma = float(at.get("alpha", 1.67326319217681884765625)), float(at.get("gamma", 1.05070102214813232421875))
+    return [pointwise.mul(pointwise.unary("elu", a[0], alpha), gamma)]
 
 
-def _d_matmul(m, n, a):
-    """ONNX's (NumPy's) matmul, where B is 1-D or 2-D: a weight of the file (held as (out, in), transB set at load), a
-    constant, or a computed matrix; A computed of any rank, or a 2-D constant when B is computed."""
-    x, w = a
-    if _is_host(x):  # A constant, B computed: A B = (B^T A^T)^T
-        return [_transposed2d(m, F.linear(_transposed2d(m, w), m.device_constant((n.name, 0), x)))]
-    vector = x.ndim == 1
-    if vector:
-        x = x.reshape(1, x.shape[0])
-    if w.ndim == 1:  # (K,): the product drops the last axis
-        wt = m.device_constant((n.name, 1), w.reshape(1, -1)) if _is_host(w) else w.reshape(1, w.shape[0])
-        y = F.linear(x, wt)
-        return [y.reshape(y.shape[:-1]) if not vector else y.reshape(())]
-    if _is_host(w):
-        w = m.device_constant((n.name, 1), np.ascontiguousarray(w.T))
-    elif not n.attrs.get("transB", 0):
-        w = _transposed2d(m, w)
-    y = F.linear(x, w)
-    return [y.reshape(y.shape[1:]) if vector else y]
+def _d_hard_sigmoid(m, n, a):  # max(0, min(1, alpha x + beta))
+    at = n.attrs
+    y = ops.Affine.apply(a[0], alpha=float(at.get("alpha", 0.2)), beta=float(at.get("beta", 0.5)))
+    return [pointwise.clamp(y, 0.0, 1.0)]
 
 
-# Per-channel operands of Add, Sub, Mul, Div run as an evaluation-mode batch norm with mean 0, variance 1 and eps 0
-# (y = x * weight + bias exactly): one elementwise pass with the gradients of x, weight and bias.
+def _d_gelu(m, n, a):
+    return [pointwise.unary("gelu_tanh" if n.attrs.get("approximate", "none") == "tanh" else "gelu", a[0])]
 
-def _as_channels(m, n, v, C, key, transform=None):
+
+def _c_gelu(n, ins, opset):
+    if n.attrs.get("approximate", "none") not in ("none", "tanh"):
+        raise ValueError(f"approximate={n.attrs['approximate']!r}: ONNX's Gelu takes 'none' or 'tanh'")
+
+
+def _d_prelu(m, n, a):
+    x, slope = a[0], _tensor_arg(m, n, a[1], 1)
+    return [pointwise.where(x > 0.0, x, x * slope)]
+
+
+_BINARY = {spec.onnx: name for name, spec in pointwise.BINARY.items() if spec.onnx and spec.onnx not in ("Max", "Min")}
+
+
+def _d_binary(onnx_name):
+    name = _BINARY[onnx_name]
+
+    def run(m, n, a):
+        x, y = _operands(m, n, a[0], a[1])
+        if name == "add":
+            return [pointwise.add(x, y)]
+        if name == "sub":
+            return [pointwise.sub(x, y)]
+        if name == "mul":
+            return [pointwise.mul(x, y)]
+        if name == "div":
+            if (_int(x) or isinstance(x, int)) and (_int(y) or isinstance(y, int)):  # ONNX's integer division truncates
+                return [pointwise.cast(pointwise.div(x, y, rounding_mode="trunc"), np.int32)]
+            return [pointwise.div(x, y)]
+        if name == "pow":
+            return [pointwise.pow(x, float(y) if isinstance(y, int) else y)]
+        return [pointwise.binary(name, x, y)]
+    return run
+
+
+def _c_mod(n, ins, opset):
+    if n.attrs.get("fmod", 0):
+        raise ValueError("Mod with fmod=1 (C's fmod, the dividend's sign) of a computed tensor: clnet's remainder "
+                         "takes the divisor's sign (fmod=0)")
+
+
+def _d_not(m, n, a):
+    return [pointwise.logical_not(_tensor_arg(m, n, a[0], 0))]
+
+
+def _d_variadic(op):
+    """Sum, Max, Min, Mean of any number of tensors, broadcast (a tie of Max or Min sends the gradient to the earlier
+    input)."""
+    def run(m, n, a):
+        y = _tensor_arg(m, n, a[0], 0)
+        for i, v in enumerate(a[1:], 1):
+            y, t = _operands(m, n, y, v, (0, i))
+            if op in ("Sum", "Mean"):
+                y = pointwise.add(y, t)
+            else:
+                y = pointwise.binary("maximum" if op == "Max" else "minimum", y, t)
+        if op == "Mean" and len(a) > 1:
+            y = pointwise.mul(y, 1.0 / len(a))
+        return [y]
+    return run
+
+
+def _clip_bound(m, n, a, i):
+    if i >= len(a) or a[i] is None:
+        return None
+    v = a[i]
     if _is_host(v):
-        arr = v.reshape(C).astype(np.float32)
-        return m.device_constant((n.name, key), transform(arr) if transform else arr)
-    t = v.reshape(C)
-    if transform is not None:
-        t = transform(t)
-    return t
-
-
-def _per_channel(m, C, weight, bias, x):
-    zeros = m.device_constant(("zeros", C), np.zeros(C, np.float32))
-    ones = m.device_constant(("ones", C), np.ones(C, np.float32))
-    return ops.BatchNormEval.apply(x, weight, bias, zeros, ones, eps=0.0)
-
-
-def _dim_eq(x, y):
-    """Whether two dimensions are equal: True or False where known, None where one is unknown at load (a free
-    dimension's name, or None)."""
-    if isinstance(x, (int, np.integer)) and isinstance(y, (int, np.integer)):
-        return int(x) == int(y)
-    if isinstance(x, str) and x == y:
-        return True
-    return None
-
-
-def _all3(values):
-    """False if any is False, else None if any is unknown (None), else True."""
-    values = list(values)
-    if any(v is False for v in values):
-        return False
-    return None if any(v is None for v in values) else True
-
-
-def _fits(small, big):
-    """Whether shape `small` broadcasts to exactly shape `big` (three-valued, as _dim_eq)."""
-    if len(small) > len(big):
-        return False
-    full = (1,) * (len(big) - len(small)) + tuple(small)
-    return _all3(True if s == 1 else _dim_eq(s, b) for s, b in zip(full, big))
-
-
-def _channel_of(small, big):
-    """Whether `small` broadcasts to `big` as a per-channel vector: (1, C, 1, ...) against a 4-D (N, C, H, W), or
-    (C,) / (1, C) against (N, C) (three-valued)."""
-    if len(big) not in (2, 4) or len(small) > len(big):
-        return False
-    full = (1,) * (len(big) - len(small)) + tuple(small)
-    return _all3([_dim_eq(full[1], big[1])] + [_dim_eq(s, 1) for i, s in enumerate(full) if i != 1])
-
-
-def _binary_plan(op, a_dev, a_shape, b_dev, b_shape):
-    """How clnet runs `a op b` (Add, Sub, Mul, Div) under ONNX's broadcasting, from which operands are computed (on
-    the device) and their shapes. Returns (plan, swapped): plan "host" (NumPy), "same" (equal shapes), "scalar" (a
-    constant of one element) or "channel" (a per-channel vector), swapped when b sets the result's shape; None where
-    load cannot tell (an unknown dimension: the call decides). Raises ValueError with what clnet lacks."""
-    if not a_dev and not b_dev:
-        return "host", False
-    if a_shape is None or b_shape is None:
-        return None
-    shapes = f"shapes {tuple(a_shape)} and {tuple(b_shape)}"
-    candidates = []
-    for big_dev, big, small, swapped in ((a_dev, a_shape, b_shape, False), (b_dev, b_shape, a_shape, True)):
-        if big_dev:
-            candidates.append((_fits(small, big), swapped, big, small))
-    fit = next((c for c in candidates if c[0]), None)
-    if fit is None:
-        if any(c[0] is None for c in candidates):
-            return None
-        raise ValueError(f"{op} of {shapes}: clnet broadcasts a scalar, a per-channel vector or a tensor of the "
-                         "same shape against a computed tensor; this broadcast needs general broadcasting")
-    known, swapped, big, small = fit
-    small_dev = a_dev if swapped else b_dev
-    if known is None:
-        return None
-    if _all3(_dim_eq(s, b) for s, b in zip(small, big)) and len(small) == len(big):
-        if op == "Div" and (swapped or small_dev):
-            raise ValueError(f"Div of {shapes} with a computed divisor: clnet has no elementwise division of "
-                             "tensors (it divides by constants)")
-        return "same", swapped
-    if not small_dev and math.prod(s for s in small) == 1 and all(isinstance(s, (int, np.integer)) for s in small):
-        if op == "Div" and swapped:
-            raise ValueError(f"Div of {shapes}: clnet divides a computed tensor by a constant, not a constant by a "
-                             "computed tensor")
-        return "scalar", swapped
-    channel = _channel_of(small, big)
-    if channel is None:
-        return None
-    if op == "Div" and (swapped or small_dev):
-        raise ValueError(f"Div of {shapes}: clnet divides a computed tensor by constants, not by a computed tensor "
-                         "nor a constant by a computed tensor")
-    if channel:
-        return "channel", swapped
-    if not small_dev:  # a constant broadcast on the host to the result's shape
-        return "expand", swapped
-    first, last = _block(small, len(big))
-    block = _all3(_dim_eq(s, b) for s, b in zip(((1,) * (len(big) - len(small)) + tuple(small))[first:last],
-                                                 big[first:last]))
-    if block is None:
-        return None
-    if block:  # repeated along the axes before and after one block of its own: products with columns of ones
-        return "expand", swapped
-    raise ValueError(f"{op} of {shapes}: clnet repeats a computed tensor along the axes before and after one block "
-                     "of its dimensions; this broadcast needs general broadcasting")
-
-
-def _block(small, rank):
-    """[first, last) of the axes where `small`, aligned to `rank` axes, is not 1 (a shape, its unknown dimensions
-    counted as not 1)."""
-    full = (1,) * (rank - len(small)) + tuple(small)
-    inside = [i for i, s in enumerate(full) if s != 1]
-    return (inside[0], inside[-1] + 1) if inside else (rank, rank)
-
-
-def _expanded(m, n, small, shape, key):
-    """`small` repeated to `shape` (ONNX's broadcasting): a constant on the host (uploaded once per shape); a
-    computed tensor whose dimensions other than 1 form one block, as products with columns of ones (repeats after
-    the block, then before it), so its gradient is the sum over the repeats."""
-    shape = tuple(shape)
-    if _is_host(small):
-        wide = np.ascontiguousarray(np.broadcast_to(np.asarray(small, np.float32), shape))
-        return m.device_constant((n.name, "expand", key, shape), wide)
-    first, last = _block(small.shape, len(shape))
-    K, T = small.size, math.prod(shape[last:])
-    L = math.prod(shape) // (K * T)
-    y = small.reshape(K, 1)
-    if T > 1:  # each value repeated T times: (K, 1) (T, 1)^T
-        y = F.linear(y, m.device_constant(("ones column", T), np.ones((T, 1), np.float32))).reshape(K * T, 1)
-    if L > 1:  # the whole repeated L times: (L, 1) (K T, 1)^T
-        y = F.linear(m.device_constant(("ones column", L), np.ones((L, 1), np.float32)), y)
-    return y.reshape(shape)
-
-
-def _broadcast(m, n, op, a, b):
-    """a op b with ONNX's broadcasting, where clnet has a kernel for it (_binary_plan)."""
-    a_dev, b_dev = isinstance(a, Tensor), isinstance(b, Tensor)
-    plan, swapped = _binary_plan(op, a_dev, tuple(a.shape), b_dev, tuple(b.shape))
-    if plan == "host":
-        return HOST_OPS[op](m, n, [a, b])[0]
-    big, small = (b, a) if swapped else (a, b)
-    if plan == "same":
-        if op == "Div":  # big / constant: times the constant's reciprocal
-            return ops.product(big, m.device_constant((n.name, "1/"), 1.0 / small.astype(np.float64)))
-        a, b = _tensor_arg(m, n, a, 0), _tensor_arg(m, n, b, 1)
-        return a + b if op == "Add" else a - b if op == "Sub" else ops.product(a, b)
-    if plan == "scalar":
-        c = float(small.reshape(-1)[0])
-        if op == "Add":
-            return ops.Affine.apply(big, alpha=1.0, beta=c)
-        if op == "Sub":
-            return ops.Affine.apply(big, alpha=-1.0 if swapped else 1.0, beta=c if swapped else -c)
-        if op == "Mul":
-            return ops.Affine.apply(big, alpha=c, beta=0.0)
-        return ops.Affine.apply(big, alpha=1.0 / c, beta=0.0)
-    if plan == "expand":
-        wide = _expanded(m, n, 1.0 / small.astype(np.float64) if op == "Div" else small, big.shape,
-                         0 if swapped else 1)
-        if op == "Add":
-            return big + wide
-        if op == "Sub":
-            return wide - big if swapped else big - wide
-        return ops.product(big, wide)
-    C = big.shape[1]
-    if op == "Add":
-        return _per_channel(m, C, None, _as_channels(m, n, small, C, "bias"), big)
-    if op == "Mul":
-        return _per_channel(m, C, _as_channels(m, n, small, C, "weight"), None, big)
-    if op == "Div":
-        return _per_channel(m, C, _as_channels(m, n, small, C, "weight", lambda t: 1.0 / t), None, big)
-    # Sub: big - small, or small - big
-    if swapped:
-        ones = m.device_constant(("-ones", C), -np.ones(C, np.float32))
-        return _per_channel(m, C, ones, _as_channels(m, n, small, C, "bias"), big)
-    neg = (lambda t: -t) if _is_host(small) else (lambda t: t * -1.0)
-    return _per_channel(m, C, None, _as_channels(m, n, small, C, "-bias", neg), big)
-
-
-def _d_binary(op):
-    return lambda m, n, a: [_broadcast(m, n, op, a[0], a[1])]
-
-
-def _activation(kind):
-    return lambda m, n, a: [ops.Activation.apply(a[0], kind=kind)]
-
-
-def _clip_bounds(m, n, a):
-    if "min" in n.attrs or "max" in n.attrs:  # opset < 11
-        return n.attrs.get("min"), n.attrs.get("max")
-    lo = float(a[1].reshape(-1)[0]) if len(a) > 1 and a[1] is not None else None
-    hi = float(a[2].reshape(-1)[0]) if len(a) > 2 and a[2] is not None else None
-    return lo, hi
+        x = v.reshape(-1)[0]
+        return int(x) if v.dtype.kind in "iu" else float(x)
+    return v.reshape(())
 
 
 def _d_clip(m, n, a):
     x = a[0]
-    if any(isinstance(v, Tensor) for v in a[1:3]):  # computed bounds: max(x, lo) = x + relu(lo - x), then
-        y = x                                        # min(y, hi) = y - relu(y - hi) (min > max gives max, as ONNX)
-        if len(a) > 1 and a[1] is not None:
-            y = y + ops.Activation.apply(_expanded(m, n, a[1], x.shape, 1) - y, kind="relu")
-        if len(a) > 2 and a[2] is not None:
-            y = y - ops.Activation.apply(y - _expanded(m, n, a[2], x.shape, 2), kind="relu")
-        return [y]
-    lo, hi = _clip_bounds(m, n, a)
+    if "min" in n.attrs or "max" in n.attrs:  # opset < 11
+        lo, hi = n.attrs.get("min"), n.attrs.get("max")
+    else:
+        lo, hi = _clip_bound(m, n, a, 1), _clip_bound(m, n, a, 2)
     if lo is None and hi is None:
         return [x]
-    if lo == 0.0 and hi == 6.0:
-        return [ops.Activation.apply(x, kind="relu6")]
-    if hi is None:  # lo + relu(x - lo)
-        return [ops.Affine.apply(ops.Activation.apply(ops.Affine.apply(x, alpha=1.0, beta=-lo), kind="relu"),
-                                 alpha=1.0, beta=lo)]
-    if lo is None:  # hi - relu(hi - x)
-        return [ops.Affine.apply(ops.Activation.apply(ops.Affine.apply(x, alpha=-1.0, beta=hi), kind="relu"),
-                                 alpha=-1.0, beta=hi)]
-    if hi <= lo:
-        raise ValueError(f"Clip with min {lo} >= max {hi} is not supported")
-    scale = 6.0 / (hi - lo)  # lo + relu6((x - lo) * scale) / scale
-    inner = ops.Affine.apply(x, alpha=scale, beta=-lo * scale)
-    return [ops.Affine.apply(ops.Activation.apply(inner, kind="relu6"), alpha=1.0 / scale, beta=lo)]
+    if lo == 0.0 and hi == 6.0 and x.dtype == np.float32:
+        return [pointwise.unary("relu6", x)]
+    return [pointwise.clamp(x, lo, hi)]
 
 
-def _hard_sigmoid(x, alpha, beta):
-    """max(0, min(1, alpha x + beta)) = relu6(6 alpha x + 6 beta) / 6."""
-    inner = ops.Affine.apply(x, alpha=6.0 * alpha, beta=6.0 * beta)
-    return ops.Affine.apply(ops.Activation.apply(inner, kind="relu6"), alpha=1.0 / 6.0, beta=0.0)
+def _c_clip(n, ins, opset):
+    for s in (1, 2):
+        if s < len(ins) and ins[s] is not None and ins[s][1] is not None and math.prod(
+                d if isinstance(d, (int, np.integer)) else 2 for d in ins[s][1]) != 1:
+            raise ValueError(f"a bound ({n.inputs[s]!r}) of shape {tuple(ins[s][1])}: ONNX's bounds are scalars")
 
 
-def _d_hard_sigmoid(m, n, a):
-    return [_hard_sigmoid(a[0], float(n.attrs.get("alpha", 0.2)), float(n.attrs.get("beta", 0.5)))]
+def _d_where(m, n, a):
+    cond = _tensor_arg(m, n, a[0], 0)
+    x, y = _operands(m, n, a[1], a[2], (1, 2))
+    if not isinstance(x, Tensor) and not isinstance(y, Tensor):
+        x = _tensor_arg(m, n, a[1], 1)
+    return [pointwise.where(cond, x, y)]
 
 
-def _d_hard_swish(m, n, a):
-    return [ops.product(a[0], _hard_sigmoid(a[0], 1.0 / 6.0, 0.5))]
+_CASTS = {1: np.float32, 6: np.int32, 7: np.int32, 9: np.bool_}  # ONNX types a computed tensor is cast to
 
 
-def _d_leaky_relu(m, n, a):
-    x, alpha = a[0], float(n.attrs.get("alpha", 0.01))  # relu(x) - alpha relu(-x)
-    neg = ops.Activation.apply(ops.Affine.apply(x, alpha=-1.0, beta=0.0), kind="relu")
-    return [ops.Axpby.apply(ops.Activation.apply(x, kind="relu"), neg, alpha=1.0, beta=-alpha)]
+def _d_cast(m, n, a):
+    return [pointwise.cast(a[0], _CASTS[n.attrs["to"]])]
+
+
+def _c_cast(n, ins, opset):
+    if n.attrs.get("to") not in _CASTS:
+        raise ValueError(f"Cast of a computed tensor to ONNX type {n.attrs.get('to')}: clnet's tensors hold float32, "
+                         "int32 (for int32 and int64) and bool")
+
+
+def _d_trilu(m, n, a):
+    x = a[0]
+    k = int(np.asarray(a[1]).reshape(-1)[0]) if len(a) > 1 and a[1] is not None else 0
+    rows, cols = x.shape[-2:]
+    keep = np.triu(np.ones((rows, cols), bool), k) if n.attrs.get("upper", 1) else np.tril(np.ones((rows, cols),
+                                                                                                  bool), k)
+    mask = m.device_constant((n.name, "mask", rows, cols, k), keep)
+    return [pointwise.where(mask, x, 0.0 if x.dtype == np.float32 else 0)]
+
+
+def _c_trilu(n, ins, opset):
+    _need_rank(n, ins, range(2, 9))
+
+
+
+# ---- load-time checks shared by the entries ------------------------------------------------------------------------
+
+def _need_rank(n, ins, ranks, what="input"):
+    shape = ins[0][1]
+    if shape is not None and len(shape) not in ranks:
+        ranks = list(ranks)
+        said = " or ".join(f"{r}-D" for r in ranks) if len(ranks) <= 3 else f"{ranks[0]}-D to {ranks[-1]}-D"
+        raise ValueError(f"clnet runs {n.op} on {said} {what}s, got shape {tuple(shape)}")
+
+
+def _known(shape):
+    return shape is not None and all(isinstance(d, (int, np.integer)) for d in shape)
+
+
+def _const(ins, i):
+    """Input i's value where load knows it (a constant of the file), else None."""
+    return ins[i][2] if i < len(ins) and ins[i] is not None and ins[i][0] == "const" else None
+
+
+def _c_conv(n, ins, opset):
+    w = ins[1][1] if len(ins) > 1 and ins[1] is not None else None
+    _need_rank(n, ins, (3, 4) if w is None else (len(w),) if len(w) in (3, 4) else (4,))
+
+
+def _c_pool(n, ins, opset):
+    k = n.attrs.get("kernel_shape", ())
+    _need_rank(n, ins, (len(k) + 2,))
+    shape = ins[0][1]
+    at = n.attrs
+    if len(k) == 1:
+        at = _as_2d(at)
+        shape = None if shape is None else (shape[0], shape[1], 1, shape[2])
+    if n.op == "AveragePool" and at.get("count_include_pad", 0) and at.get("auto_pad", "NOTSET") in (
+            "SAME_UPPER", "SAME_LOWER"):
+        if shape is None or not _known(shape[2:]):
+            raise ValueError("an average counting the padding with auto_pad SAME over a size unknown at load: the "
+                             "pads may differ at the two ends, which clnet's divisor does not take")
+        begin, total = _padding(at, shape[2:], at["kernel_shape"], at.get("strides", (1, 1)), (1, 1))
+        if any(2 * b != t for b, t in zip(begin, total)):
+            raise ValueError(f"an average counting the padding with auto_pad SAME gives pads {begin} and "
+                             f"{tuple(t - b for b, t in zip(begin, total))} at the two ends: clnet's divisor assumes "
+                             "equal pads")
+    if shape is not None and _known(shape[2:]):
+        _pool_geometry(at, (1, 1) + tuple(shape[2:]))
+
+
+def _c_batchnorm(n, ins, opset):
+    shape = ins[0][1]
+    if shape is not None and len(shape) < 2:
+        raise ValueError(f"clnet normalises inputs of 2 dimensions or more (N, C, ...), got shape {tuple(shape)}")
+
+
+def _c_concat(n, ins, opset):
+    for i in ins:
+        if i is not None and i[0] == "host":
+            raise ValueError("it joins a computed tensor with a value computed from shapes on the host")
+
+
+# ---- reductions ----------------------------------------------------------------------------------------------------
+
+def _reduce_dims(rank, axes, noop):
+    """The dimensions a reduction over `axes` reduces (all when none are given, unless noop_with_empty_axes: None,
+    no reduction). Raises ValueError for an axis out of range."""
+    if not axes:
+        return None if noop else tuple(range(rank))
+    for ax in axes:
+        if not -rank <= ax < rank:
+            raise ValueError(f"axis {ax} is out of range for a {rank}-D tensor")
+    return tuple(sorted({ax % rank for ax in axes}))
+
+
+def _prod(x, dims, keep):
+    for d in sorted(dims, reverse=True):
+        x = reduce.prod(x, d, keepdim=keep)
+    return x
+
+
+_REDUCTIONS = {  # ONNX's reductions: (over dims, keepdim), and the map each applies alone where nothing is reduced
+    "ReduceSum": (lambda x, d, k: reduce.sum(x, d, k), lambda x: x),
+    "ReduceMean": (lambda x, d, k: reduce.mean(x, d, k), lambda x: x),
+    "ReduceMax": (lambda x, d, k: reduce.amax(x, d, k), lambda x: x),
+    "ReduceMin": (lambda x, d, k: reduce.amin(x, d, k), lambda x: x),
+    "ReduceProd": (_prod, lambda x: x),
+    "ReduceL1": (lambda x, d, k: reduce.sum(pointwise.abs(x), d, k), pointwise.abs),
+    "ReduceL2": (lambda x, d, k: reduce.norm(x, 2, d, k), pointwise.abs),
+    "ReduceSumSquare": (lambda x, d, k: reduce.sum(pointwise.mul(x, x), d, k), lambda x: pointwise.mul(x, x)),
+    "ReduceLogSum": (lambda x, d, k: pointwise.log(reduce.sum(x, d, k)), pointwise.log),
+    "ReduceLogSumExp": (lambda x, d, k: reduce.logsumexp(x, d, k), lambda x: x),
+}
+
+
+def _d_reduce(op):
+    over, alone = _REDUCTIONS[op]
+
+    def run(m, n, a):
+        x = a[0]
+        dims = _reduce_dims(x.ndim, _axes(m, n, a, 1), n.attrs.get("noop_with_empty_axes", 0))
+        if dims is None:
+            return [alone(x)]
+        return [over(x, dims, bool(n.attrs.get("keepdims", 1)))]
+    return run
+
+
+def _c_reduce(n, ins, opset):
+    shape = ins[0][1]
+    if shape is None:
+        return
+    if "axes" in n.attrs:
+        axes = _host_int_list(n.attrs["axes"])
+    elif len(ins) > 1 and ins[1] is not None:
+        if ins[1][0] != "const":
+            return  # computed from shapes: the call decides
+        axes = _host_int_list(ins[1][2])
+    else:
+        axes = []
+    _reduce_dims(len(shape), axes, n.attrs.get("noop_with_empty_axes", 0))
+
+
+def _d_arg(kind):
+    def run(m, n, a):
+        x = a[0]
+        fn = reduce.argmax if kind == "max" else reduce.argmin
+        return [fn(x, int(n.attrs.get("axis", 0)) % x.ndim, bool(n.attrs.get("keepdims", 1)))]
+    return run
+
+
+def _c_arg(n, ins, opset):
+    if n.attrs.get("select_last_index", 0):
+        raise ValueError("select_last_index=1: clnet's argmax and argmin give the first index of the extreme")
+
+
+def _d_softmax(log):
+    def run(m, n, a):
+        x = a[0]
+        fn = reduce.log_softmax if log else reduce.softmax
+        axis = int(n.attrs.get("axis", -1 if m.opset >= 13 else 1)) % max(x.ndim, 1)
+        if m.opset < 13:  # over the trailing dimensions from axis, flattened
+            return [fn(x.reshape(_flatten_shape(x.shape, axis)), 1).reshape(x.shape)]
+        return [fn(x, axis)]
+    return run
+
+
+# ---- normalisations ------------------------------------------------------------------------------------------------
+
+def _normalised(x, dims, eps):
+    """(x - mean) / sqrt(var + eps) over dims (the population variance), the mean and 1 / sqrt(var + eps)."""
+    mean = reduce.mean(x, dims, keepdim=True)
+    centred = pointwise.sub(x, mean)
+    var = reduce.mean(pointwise.mul(centred, centred), dims, keepdim=True)
+    inv = pointwise.rsqrt(pointwise.add(var, float(eps)))
+    return pointwise.mul(centred, inv), mean, inv
+
+
+def _d_layer_norm(m, n, a):
+    """ONNX's LayerNormalization: over the dimensions from `axis` on; Mean and InvStdDev (its optional outputs) keep
+    the reduced dimensions as 1."""
+    x = a[0]
+    axis = int(n.attrs.get("axis", -1)) % x.ndim
+    y, mean, inv = _normalised(x, tuple(range(axis, x.ndim)), n.attrs.get("epsilon", 1e-5))
+    y = pointwise.mul(y, _tensor_arg(m, n, a[1], 1))
+    if len(a) > 2 and a[2] is not None:
+        y = pointwise.add(y, _tensor_arg(m, n, a[2], 2))
+    return [y, mean, inv]
+
+
+def _d_group_norm(m, n, a):
+    """ONNX's GroupNormalization: scale and bias per channel (opset 21), or per group (opset 18)."""
+    x, scale, bias = a[0], _tensor_arg(m, n, a[1], 1), _tensor_arg(m, n, a[2], 2)
+    G = int(n.attrs["num_groups"])
+    N, C = x.shape[:2]
+    y, _, _ = _normalised(x.reshape(N, G, -1), (2,), n.attrs.get("epsilon", 1e-5))
+    if m.opset < 21:
+        y = pointwise.add(pointwise.mul(y, scale.reshape(1, G, 1)), bias.reshape(1, G, 1)).reshape(x.shape)
+        return [y]
+    per = (1, C) + (1,) * (x.ndim - 2)
+    return [pointwise.add(pointwise.mul(y.reshape(x.shape), scale.reshape(per)), bias.reshape(per))]
+
+
+def _c_group_norm(n, ins, opset):
+    _need_rank(n, ins, range(3, 9))
+    shape = ins[0][1]
+    G = int(n.attrs.get("num_groups", 0))
+    if shape is not None and isinstance(shape[1], (int, np.integer)) and (G < 1 or shape[1] % G):
+        raise ValueError(f"num_groups={G} does not divide the {shape[1]} channels of shape {tuple(shape)}")
+
+
+def _d_instance_norm(m, n, a):
+    x = a[0]
+    y, _, _ = _normalised(x, tuple(range(2, x.ndim)), n.attrs.get("epsilon", 1e-5))
+    per = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    return [pointwise.add(pointwise.mul(y, _tensor_arg(m, n, a[1], 1).reshape(per)),
+                          _tensor_arg(m, n, a[2], 2).reshape(per))]
+
+
+def _c_instance_norm(n, ins, opset):
+    _need_rank(n, ins, range(3, 9))
 
 
 def _d_lrn(m, n, a):
@@ -541,24 +571,142 @@ def _d_lrn(m, n, a):
                                   float(at.get("bias", 1.0)))]
 
 
-def _d_softmax(log):
-    def run(m, n, a):
-        x = a[0]
-        default = -1 if m.opset >= 13 else 1
-        axis = int(n.attrs.get("axis", default)) % x.ndim
-        if m.opset < 13 and axis != x.ndim - 1:  # softmax over the flattened trailing dimensions
-            y = ops.Softmax.apply(x.reshape(_flatten_shape(x.shape, axis)), dim=1, log=log)
-            return [y.reshape(x.shape)]
-        return [ops.Softmax.apply(x, dim=axis, log=log)]
-    return run
+# ---- products ------------------------------------------------------------------------------------------------------
 
+def _d_matmul(m, n, a):
+    """ONNX's (NumPy's) matmul. A 2-D weight of the file is held as (out, in) (load sets transB) for the dense
+    kernels; every other pair, of any ranks, is the engine's batched matmul."""
+    x, w = a
+    if n.attrs.get("transB", 0):
+        return [F.linear(_tensor_arg(m, n, x, 0), w)]
+    return [products.matmul(_tensor_arg(m, n, x, 0), _tensor_arg(m, n, w, 1))]
+
+
+def _d_gemm(m, n, a):
+    """Y = alpha op(A) op(B) + beta C, C broadcast. A B read as (out, in) (transB=1, or a file's weight that load
+    holds so) goes through the dense kernels with C as their bias where it is one; others are the engine's matmul."""
+    at = n.attrs
+    x, w = _tensor_arg(m, n, a[0], 0), _tensor_arg(m, n, a[1], 1)
+    c = a[2] if len(a) > 2 and a[2] is not None else None
+    alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
+    if at.get("transA", 0):
+        x = views.t(x)
+    if at.get("transB", 0):
+        N = w.shape[0]
+        if c is not None and tuple(c.shape) in ((N,), (1, N)) and alpha == 1.0 and beta == 1.0:
+            return [F.linear(x, w, _tensor_arg(m, n, c, 2).reshape(N))]
+        y = F.linear(x, w)
+    else:
+        y = products.matmul(x, w)
+    if alpha != 1.0:
+        y = pointwise.mul(y, alpha)
+    if c is not None and beta != 0.0:
+        c = m.device_constant((n.name, 2, beta), np.asarray(c, np.float32) * beta) if _is_host(c) else \
+            (c if beta == 1.0 else pointwise.mul(c, beta))
+        y = pointwise.add(y, c)
+    return [y]
+
+
+def _c_gemm(n, ins, opset):
+    for s, what in ((0, "A"), (1, "B")):
+        shape = ins[s][1]
+        if shape is not None and len(shape) != 2:
+            raise ValueError(f"its {what} ({n.inputs[s]!r}) has shape {tuple(shape)}; Gemm takes matrices")
+
+
+def _c_matmul(n, ins, opset):
+    for s in (0, 1):
+        shape = ins[s][1]
+        if shape is not None and len(shape) == 0:
+            raise ValueError(f"{n.inputs[s]!r} is a scalar; MatMul takes tensors of one dimension or more")
+
+
+def _einsum_terms(equation, ranks):
+    """The letters of each operand and of the output, '...' spelt out as capital letters for the ranks given (None:
+    unknown, only the letters are checked). Raises ValueError for what clnet does not run (a letter twice in one
+    operand: a diagonal)."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise ValueError(f"equation {equation!r} names {len(terms)} operands, the node has {len(ranks)}")
+    spelt, widest = [], 0
+    for t, r in zip(terms, ranks):
+        if "..." in t:
+            k = None if r is None else r - (len(t) - 3)
+            widest = max(widest, k or 0)
+            spelt.append((t, k))
+        else:
+            spelt.append((t, 0))
+    fill = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:widest]
+    letters = []
+    for t, k in spelt:
+        s = t.replace("...", fill[widest - k:] if k is not None else "") if "..." in t else t
+        if len(set(s)) != len(s):
+            raise ValueError(f"equation {equation!r}: a letter twice in one operand ({t!r}, a diagonal) is not "
+                             "supported")
+        letters.append(s)
+    if arrow:
+        result = out.replace("...", fill)
+    else:
+        once = [c for c in sorted(set("".join(letters))) if "".join(letters).count(c) == 1 and c not in fill]
+        result = fill + "".join(once)
+    return letters, result
+
+
+def _einsum_pair(x, xs, y, ys, keep):
+    """x (letters xs) times y (letters ys), summed over the letters they share that `keep` does not hold: (letters
+    of the result, the result) through one batched matmul."""
+    batch = [c for c in xs if c in ys and c in keep]
+    inner = [c for c in xs if c in ys and c not in keep]
+    left = [c for c in xs if c not in ys]
+    right = [c for c in ys if c not in xs]
+    size = dict(zip(xs, x.shape))
+    size.update({c: max(size.get(c, 1), s) for c, s in zip(ys, y.shape)})
+    a = views.permute(x, *[xs.index(c) for c in batch + left + inner])
+    b = views.permute(y, *[ys.index(c) for c in batch + inner + right])
+    lead_a, lead_b = a.shape[:len(batch)], b.shape[:len(batch)]
+    k = math.prod(size[c] for c in inner)
+    a = a.reshape(lead_a + (math.prod(size[c] for c in left), k))
+    b = b.reshape(lead_b + (k, math.prod(size[c] for c in right)))
+    z = products.matmul(a, b)
+    z = z.reshape(z.shape[:len(batch)] + tuple(size[c] for c in left + right))
+    return "".join(batch + left + right), z
+
+
+def _d_einsum(m, n, a):
+    xs = [_tensor_arg(m, n, v, i) for i, v in enumerate(a)]
+    letters, result = _einsum_terms(n.attrs["equation"], [x.ndim for x in xs])
+    for i, (x, s) in enumerate(zip(xs, letters)):  # letters no other operand nor the result holds: summed first
+        elsewhere = set(result).union(*[set(t) for j, t in enumerate(letters) if j != i])
+        gone = [d for d, c in enumerate(s) if c not in elsewhere]
+        if gone:
+            xs[i] = reduce.sum(x, tuple(gone))
+            letters[i] = "".join(c for c in s if c in elsewhere)
+    s, z = letters[0], xs[0]
+    for i in range(1, len(xs)):
+        keep = set(result).union(*[set(t) for t in letters[i + 1:]])
+        s, z = _einsum_pair(z, s, xs[i], letters[i], keep)
+    if s != result:
+        z = views.permute(z, *[s.index(c) for c in result]) if len(s) > 1 else z
+    return [z]
+
+
+def _c_einsum(n, ins, opset):
+    _einsum_terms(n.attrs.get("equation", ""), [None if i[1] is None else len(i[1]) for i in ins])
+
+
+
+# ---- shapes, views and indexing ------------------------------------------------------------------------------------
 
 def _d_dropout(m, n, a):
+    """Dropout in train() (with the file's ratio), the identity in eval(); a training_mode input of False keeps it
+    the identity in train() too."""
     x = a[0]
-    ratio = n.attrs.get("ratio", 0.5)
-    if len(a) > 1 and a[1] is not None:
-        ratio = float(a[1].reshape(-1)[0])
-    return [F.dropout(x, float(ratio), m.training), None]
+    ratio = float(np.asarray(a[1]).reshape(-1)[0]) if len(a) > 1 and a[1] is not None else \
+        float(n.attrs.get("ratio", 0.5))
+    on = m.training and (bool(np.asarray(a[2]).reshape(-1)[0]) if len(a) > 2 and a[2] is not None else True)
+    return [F.dropout(x, ratio, on) if on and ratio > 0.0 else x, None]
 
 
 def _d_reshape(m, n, a):
@@ -579,134 +727,436 @@ def _d_unsqueeze(m, n, a):
 
 
 def _d_concat(m, n, a):
-    xs = [_tensor_arg(m, n, v, i) for i, v in enumerate(a)]
-    return [ops.cat(xs, dim=int(n.attrs["axis"]) % xs[0].ndim)]
-
-
-def _transpose_plan(perm, shape):
-    """How clnet transposes a computed tensor: "view" (only axes of size 1 move: the memory order is unchanged), "2d"
-    (a matrix: a product with the identity), "channels" (the batch axis stays first and the permuted axes precede
-    unmoved trailing ones: a 1x1 convolution with a permutation matrix), "small" (the batch axis moves too, in a
-    tensor whose moved axes are known and small: the same convolution over the whole tensor as one image). Unknown
-    dimensions count as larger than 1 (a negative number at load). Raises ValueError otherwise."""
-    moved = [p for p in perm if shape[p] != 1]
-    if moved == sorted(moved):
-        return "view"
-    if len(perm) == 2:
-        return "2d"
-    j = len(perm)
-    while j > 1 and perm[j - 1] == j - 1:
-        j -= 1
-    if perm[0] == 0 and j >= 3:
-        return "channels"
-    moved = shape[:j]
-    if all(isinstance(d, (int, np.integer)) and d > 0 for d in moved) and math.prod(moved) <= _SMALL_PERMUTATION:
-        return "small"
-    raise ValueError(f"Transpose with perm {list(perm)} of shape {tuple(shape)}: clnet transposes matrices, axes "
-                     "before unmoved trailing ones where the batch axis stays first (a channel shuffle), and "
-                     f"tensors of known size whose moved axes hold at most {_SMALL_PERMUTATION} elements; this one "
-                     "needs the tensor ops' general transpose")
-
-
-_SMALL_PERMUTATION = 1024  # elements a permutation matrix may permute (a 4 MiB matrix)
+    xs = [_tensor_arg(m, n, v, i) for i, v in enumerate(a) if not (_is_host(v) and v.size == 0)]
+    if len(xs) == 1:
+        return xs
+    axis = int(n.attrs["axis"]) % xs[0].ndim
+    return [ops.cat(xs, dim=axis) if xs[0].dtype == np.float32 else views.cat(xs, dim=axis)]
 
 
 def _d_transpose(m, n, a):
     x = a[0]
     perm = list(n.attrs["perm"]) if "perm" in n.attrs else list(range(x.ndim))[::-1]
-    out_shape = tuple(x.shape[p] for p in perm)
-    plan = _transpose_plan(perm, x.shape)
-    if plan == "view":
-        return [x.reshape(out_shape)]
-    if plan == "2d":
-        return [_transposed2d(m, x)]
-    j = len(perm)
-    while j > 1 and perm[j - 1] == j - 1:
-        j -= 1
-    # a permutation of the axes first..j-1 (first 1: the batch stays; 0: a small tensor, batch and all, as one image)
-    # of a 1x1 convolution with a permutation matrix
-    first = 1 if plan == "channels" else 0
-    lead = x.shape[0] if first else 1
-    C, P = math.prod(x.shape[first:j]), math.prod(x.shape[j:])
-    key = ("perm", tuple(perm), x.shape[first:j])
-    w = m._device_constants.get((key, id(m.device)))
-    w = None if w is None else w[0]
-    if w is None:
-        source = np.arange(C).reshape(x.shape[first:j]).transpose([p - first for p in perm[first:j]]).reshape(-1)
-        eye = np.zeros((C, C, 1, 1), np.float32)
-        eye[np.arange(C), source, 0, 0] = 1.0
-        w = m.device_constant(key, eye)
-    x4 = x.reshape(lead, C, P, 1)
-    s = conv_shape(n.name, x4.shape, w.shape, (1, 1), (0, 0), (0, 0), (1, 1), 1)
-    y = ops.Conv2d.apply(x4, w, None, s=s, what=f"Transpose {n.name} (channel permutation)")
-    return [y.reshape(out_shape)]
+    return [views.permute(x, *perm) if x.ndim > 1 else x]
 
 
-def _d_neg(m, n, a):
-    return [ops.Affine.apply(a[0], alpha=-1.0, beta=0.0)]
+def _slice_args(n, a, rank):
+    """[(axis, start, stop, step)] of a Slice node (inputs from opset 10 on, attributes before)."""
+    if "starts" in n.attrs:
+        starts, ends, axes, steps = n.attrs["starts"], n.attrs["ends"], n.attrs.get("axes"), None
+    else:
+        starts, ends = _host_int_list(a[1]), _host_int_list(a[2])
+        axes = _host_int_list(a[3]) if len(a) > 3 and a[3] is not None else None
+        steps = _host_int_list(a[4]) if len(a) > 4 and a[4] is not None else None
+    axes = list(axes) if axes is not None else list(range(len(starts)))
+    steps = list(steps) if steps is not None else [1] * len(starts)
+    return [(ax % rank, int(s), int(e), int(st)) for s, e, ax, st in zip(starts, ends, axes, steps)]
 
 
-def _d_abs(m, n, a):  # relu(x) + relu(-x)
+def _d_slice(m, n, a):
+    """Positive steps as one strided copy; a negative step as a gather of the indices it visits."""
     x = a[0]
-    return [ops.Activation.apply(x, kind="relu") + ops.Activation.apply(ops.Affine.apply(x, alpha=-1.0, beta=0.0),
-                                                                        kind="relu")]
+    key, backwards = [slice(None)] * x.ndim, []
+    for ax, s, e, st in _slice_args(n, a, x.ndim):
+        if st == 0:
+            raise ValueError("a Slice step of 0")
+        if st > 0:
+            key[ax] = slice(s, e, st)
+        else:
+            backwards.append((ax, np.arange(*slice(s, e, st).indices(x.shape[ax])), s, e, st))
+    y = views.getitem(x, tuple(key)) if any(k != slice(None) for k in key) else x
+    for ax, index, s, e, st in backwards:
+        y = views.index_select(y, ax, m.device_constant((n.name, "steps", ax, s, e, st, x.shape[ax]), index))
+    return [y]
 
 
-def _d_variadic(op):
-    """Sum, Max, Min, Mean of tensors of one shape (checked at load): max(a, b) = a + relu(b - a), min(a, b) =
-    a - relu(a - b), each with its gradients through the ReLU (a tie sends the gradient to the earlier input)."""
-    def run(m, n, a):
-        xs = [_tensor_arg(m, n, v, i) for i, v in enumerate(a)]
-        y = xs[0]
-        for t in xs[1:]:
-            if op in ("Sum", "Mean"):
-                y = y + t
-            elif op == "Max":
-                y = y + ops.Activation.apply(t - y, kind="relu")
-            else:
-                y = y - ops.Activation.apply(y - t, kind="relu")
-        if op == "Mean" and len(xs) > 1:
-            y = ops.Affine.apply(y, alpha=1.0 / len(xs), beta=0.0)
-        return [y]
-    return run
+def _d_split(m, n, a):
+    x = a[0]
+    axis = int(n.attrs.get("axis", 0)) % x.ndim
+    D = x.shape[axis]
+    if len(a) > 1 and a[1] is not None:
+        sizes = _host_int_list(a[1])
+    elif "split" in n.attrs:
+        sizes = _host_int_list(n.attrs["split"])
+    else:
+        k = int(n.attrs.get("num_outputs", len(n.outputs)))
+        step = -(-D // k)
+        sizes = [min(step, D - i * step) for i in range(k)]
+    if sum(sizes) != D or len(sizes) != len(n.outputs) or min(sizes) < 0:
+        raise ValueError(f"Split of dimension {axis} ({D}) into {sizes} for {len(n.outputs)} outputs")
+    pieces = iter(views.split(x, [s for s in sizes if s], axis))
+    # an empty piece (a RotaryEmbedding's part left unrotated, of length 0) as an empty host array: clnet holds no
+    # empty tensors, and Concat leaves such pieces out
+    return [next(pieces) if s else np.zeros(x.shape[:axis] + (0,) + x.shape[axis + 1:], np.float32) for s in sizes]
 
 
-def _d_cast(m, n, a):
-    if n.attrs["to"] != 1:
-        raise ValueError("Cast of a computed tensor to a type other than float32 is not supported")
-    return [a[0]]
+def _d_gather(m, n, a):
+    """x's entries at `indices` along axis (negative indices from the end): one index_select of the flattened
+    indices; the result has x's shape with that axis replaced by the indices' shape."""
+    x, index = _tensor_arg(m, n, a[0], 0), a[1]
+    axis = int(n.attrs.get("axis", 0)) % x.ndim
+    D = x.shape[axis]
+    if _is_host(index):
+        flat = np.asarray(index).astype(np.int64).reshape(-1)
+        if flat.size and (flat.min() < -D or flat.max() >= D):
+            raise ValueError(f"Gather indices in [{flat.min()}, {flat.max()}] out of range for dimension {axis} of "
+                             f"size {D}")
+        flat = m.device_constant((n.name, 1, D), np.where(flat < 0, flat + D, flat).astype(np.int32))
+    else:
+        flat = pointwise.where(index < 0, pointwise.add(index, D), index).reshape(index.size)
+    y = views.index_select(x, axis, flat)
+    return [y.reshape(x.shape[:axis] + tuple(index.shape) + x.shape[axis + 1:])]
 
 
-DEVICE_OPS = {
-    "Conv": _d_conv, "Gemm": _d_gemm, "MatMul": _d_matmul, "Add": _d_binary("Add"), "Sub": _d_binary("Sub"),
-    "Mul": _d_binary("Mul"), "Div": _d_binary("Div"), "Relu": _activation("relu"), "Sigmoid": _activation("sigmoid"),
-    "Tanh": _activation("tanh"), "Clip": _d_clip, "HardSigmoid": _d_hard_sigmoid, "HardSwish": _d_hard_swish,
-    "LeakyRelu": _d_leaky_relu, "MaxPool": _pool_1d(_d_maxpool), "AveragePool": _pool_1d(_d_avgpool),
-    "GlobalAveragePool": _d_global_avgpool, "GlobalMaxPool": _d_global_maxpool, "ReduceMean": _d_reduce("mean"),
-    "ReduceSum": _d_reduce("sum"), "ReduceMax": _d_reduce("max"), "ReduceMin": _d_reduce("min"),
-    "BatchNormalization": _d_batchnorm, "Sum": _d_variadic("Sum"),
-    "Max": _d_variadic("Max"), "Min": _d_variadic("Min"), "Mean": _d_variadic("Mean"), "Neg": _d_neg, "Abs": _d_abs,
-    "LRN": _d_lrn, "Concat": _d_concat, "Flatten": _d_flatten, "Reshape": _d_reshape, "Squeeze": _d_squeeze,
-    "Unsqueeze": _d_unsqueeze, "Transpose": _d_transpose, "Softmax": _d_softmax(False),
-    "LogSoftmax": _d_softmax(True), "Dropout": _d_dropout, "Identity": lambda m, n, a: [a[0]], "Cast": _d_cast,
+def _d_gather_elements(m, n, a):
+    x, index = _tensor_arg(m, n, a[0], 0), a[1]
+    axis = int(n.attrs.get("axis", 0)) % x.ndim
+    D = x.shape[axis]
+    if _is_host(index):
+        i = np.asarray(index).astype(np.int64)
+        index = m.device_constant((n.name, 1, D), np.where(i < 0, i + D, i).astype(np.int32))
+    else:
+        index = pointwise.where(index < 0, pointwise.add(index, D), index)
+    return [views.gather(x, axis, index)]
+
+
+def _d_expand(m, n, a):
+    x = _tensor_arg(m, n, a[0], 0)
+    shape = tuple(np.broadcast_shapes(tuple(x.shape), tuple(_host_int_list(a[1]))))
+    return [pointwise.broadcast_to(x, shape)]
+
+
+def _d_tile(m, n, a):
+    return [views.tile(_tensor_arg(m, n, a[0], 0), *_host_int_list(a[1]))]
+
+
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}
+
+
+def _pad_pairs(n, a, rank):
+    """[(before, after)] per dimension of a Pad node (pads and axes as inputs from opset 11, attributes before)."""
+    at = n.attrs
+    if "pads" in at or "paddings" in at:
+        pads, axes = _host_int_list(at.get("pads", at.get("paddings"))), None
+    else:
+        pads = _host_int_list(a[1])
+        axes = _host_int_list(a[3]) if len(a) > 3 and a[3] is not None else None
+    axes = [ax % rank for ax in axes] if axes is not None else list(range(rank))
+    k = len(axes)
+    if len(pads) != 2 * k:
+        raise ValueError(f"Pad with {len(pads)} pads for {k} axes: ONNX gives a begin and an end for each")
+    pairs = [(0, 0)] * rank
+    for i, ax in enumerate(axes):
+        pairs[ax] = (pads[i], pads[i + k])
+    return pairs
+
+
+def _pad_value(n, a):
+    if "value" in n.attrs:
+        return n.attrs["value"]
+    if len(a) > 2 and a[2] is not None and np.asarray(a[2]).size:
+        return np.asarray(a[2]).reshape(-1)[0].item()
+    return 0
+
+
+def _d_pad(m, n, a):
+    x = a[0]
+    mode = n.attrs.get("mode", "constant")
+    pairs = _pad_pairs(n, a, x.ndim)
+    padded = [d for d, p in enumerate(pairs) if p != (0, 0)]
+    if not padded:
+        return [x]
+    first = padded[0]
+    flat = [v for b, e in reversed(pairs[first:]) for v in (b, e)]
+    value = _pad_value(n, a) if mode == "constant" else None
+    return [views.pad(x, flat, mode=_PAD_MODES[mode], value=value)]
+
+
+def _c_pad(n, ins, opset):
+    mode = n.attrs.get("mode", "constant")
+    if mode not in _PAD_MODES:
+        raise ValueError(f"mode {mode!r}: clnet pads in modes constant, reflect and edge")
+    shape = ins[0][1]
+    if shape is None or mode == "constant":
+        return
+    pads = _const(ins, 1)
+    if "pads" not in n.attrs and pads is None:
+        return
+    pairs = _pad_pairs(n, [None, pads, None, _const(ins, 3)], len(shape))
+    padded = [d for d, p in enumerate(pairs) if p != (0, 0)]
+    if padded and padded[0] < len(shape) - 3:
+        raise ValueError(f"{mode} padding of dimension {padded[0]} of a {len(shape)}-D tensor: clnet pads the last "
+                         "three dimensions in this mode")
+    for d, (b, e) in enumerate(pairs):
+        if b < 0 or e < 0:
+            raise ValueError(f"negative pads {pairs[d]} in mode {mode}: clnet crops in mode constant only")
+        if mode == "reflect" and isinstance(shape[d], (int, np.integer)) and max(b, e) >= shape[d]:
+            raise ValueError(f"reflect pads {pairs[d]} of dimension {d} of size {shape[d]}: reflection pads must "
+                             "be smaller than the dimension")
+
+
+
+# ---- resampling and transposed convolution -------------------------------------------------------------------------
+
+def _resize_axes(n, a, shape, opset):
+    """[(axis, in size, out size, scale, roi start, roi end)] of a Resize node for an input of `shape`, as ONNX
+    defines the output size (floor(in * scale) from scales; sizes as given, or scaled as keep_aspect_ratio_policy
+    says)."""
+    at = n.attrs
+    rank = len(shape)
+    axes = [ax % rank for ax in at["axes"]] if "axes" in at else list(range(rank))
+    if opset < 11:
+        scales, sizes, roi = a[1], None, None
+    else:
+        roi = a[1] if len(a) > 1 and a[1] is not None and np.asarray(a[1]).size else None
+        scales = a[2] if len(a) > 2 and a[2] is not None and np.asarray(a[2]).size else None
+        sizes = a[3] if len(a) > 3 and a[3] is not None and np.asarray(a[3]).size else None
+    ins = [shape[ax] for ax in axes]
+    if sizes is not None:
+        sizes = _host_int_list(sizes)
+        scale = [o / i for o, i in zip(sizes, ins)]
+        policy = at.get("keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch":
+            s = min(scale) if policy == "not_larger" else max(scale)
+            scale = [s] * len(axes)
+            sizes = [int(s * i + 0.5) for i in ins]
+    else:
+        scale = [float(v) for v in np.asarray(scales, np.float64).reshape(-1)]
+        sizes = [int(s * i) for s, i in zip(scale, ins)]
+    if len(scale) != len(axes):
+        raise ValueError(f"Resize with {len(scale)} scales or sizes for {len(axes)} axes")
+    roi = np.asarray(roi, np.float64).reshape(-1) if roi is not None else None
+    k = len(axes)
+    return [(ax, i, o, s, roi[j] if roi is not None else 0.0, roi[j + k] if roi is not None else 1.0)
+            for j, (ax, i, o, s) in enumerate(zip(axes, ins, sizes, scale))]
+
+
+def _source_coordinates(mode, o, scale, n_in, n_out, start, end):
+    """Where each output position o (an array) samples the input, as ONNX's coordinate_transformation_mode says."""
+    wide = scale * n_in  # the output's length before rounding
+    if mode == "align_corners":
+        return np.zeros_like(o) if wide == 1 else o * (n_in - 1) / (wide - 1)
+    if mode == "asymmetric":
+        return o / scale
+    if mode == "tf_crop_and_resize":
+        x = np.full_like(o, (end - start) * (n_in - 1) / 2) if wide == 1 else \
+            o * (end - start) * (n_in - 1) / (wide - 1)
+        return x + start * (n_in - 1)
+    if mode == "pytorch_half_pixel":
+        return np.full_like(o, -0.5) if wide == 1 else (o + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        return n_in / 2 * (1 - n_out / wide) + (o + 0.5) / scale - 0.5
+    return (o + 0.5) / scale - 0.5  # half_pixel
+
+
+def _cubic(t, A):
+    """Keys' cubic convolution kernel at distances t."""
+    t = np.abs(t)
+    near = ((A + 2) * t - (A + 3)) * t * t + 1
+    far = ((A * t - 5 * A) * t + 8 * A) * t - 4 * A
+    return np.where(t <= 1, near, np.where(t < 2, far, 0.0))
+
+
+def _resize_matrix(at, n_in, n_out, scale, start, end):
+    """(the (n_out, n_in) matrix of ONNX's 1-D resampling, the value added to each output row): nearest (by
+    nearest_mode), linear or cubic weights of the neighbours of each source coordinate, indices past the ends
+    clamped to them (exclude_outside: weighted 0 and the rest renormalised); antialias widens linear and cubic
+    kernels by 1 / scale when shrinking; tf_crop_and_resize puts extrapolation_value where the source lies outside
+    the input."""
+    mode = at.get("mode", "nearest")
+    o = np.arange(n_out, dtype=np.float64)
+    x = _source_coordinates(at.get("coordinate_transformation_mode", "half_pixel"), o, scale, n_in, n_out,
+                            start, end)
+    M = np.zeros((n_out, n_in))
+    rows = np.arange(n_out)
+    if mode == "nearest":
+        how = at.get("nearest_mode", "round_prefer_floor")
+        pick = {"round_prefer_floor": np.ceil(x - 0.5), "round_prefer_ceil": np.floor(x + 0.5), "floor": np.floor(x),
+                "ceil": np.ceil(x)}[how]
+        M[rows, np.clip(pick, 0, n_in - 1).astype(np.int64)] = 1.0
+    else:
+        base = np.ceil(x) - 1  # the neighbour at or left of x, strictly left at an integer x: ratio in (0, 1]
+        ratio = x - base
+        s = min(scale, 1.0) if at.get("antialias", 0) else 1.0
+        reach = 1 if mode == "linear" else 2
+        first = int(np.floor(-reach / s) + 1)
+        offsets = np.arange(first, 2 - first)  # relative to base
+        t = (offsets[None, :] - ratio[:, None]) * s
+        w = np.clip(1 - np.abs(t), 0, 1) if mode == "linear" else _cubic(t, float(at.get("cubic_coeff_a", -0.75)))
+        if s != 1.0:
+            w = w / w.sum(axis=1, keepdims=True)
+        index = base[:, None].astype(np.int64) + offsets[None, :]
+        if at.get("exclude_outside", 0):
+            w = np.where((index < 0) | (index >= n_in), 0.0, w)
+            total = w.sum(axis=1, keepdims=True)
+            w = w / np.where(total == 0, 1.0, total)
+        np.add.at(M, (np.repeat(rows, len(offsets)), np.clip(index, 0, n_in - 1).reshape(-1)), w.reshape(-1))
+    extra = np.zeros(n_out)
+    if at.get("coordinate_transformation_mode") == "tf_crop_and_resize":
+        outside = (x < 0) | (x > n_in - 1)
+        M[outside] = 0.0
+        extra[outside] = float(at.get("extrapolation_value", 0.0))
+    return M, extra
+
+
+def _resize_attrs(n, opset):
+    if opset < 11:  # Resize-10 samples at o / scale, the nearest by rounding down
+        return dict(n.attrs, coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    return n.attrs
+
+
+def _d_resize(m, n, a):
+    """Resize as one product per resized axis with its resampling matrix (computed on the host, once per shape)."""
+    x = a[0]
+    y = x
+    at = _resize_attrs(n, m.opset)
+    for ax, n_in, n_out, scale, start, end in _resize_axes(n, a, x.shape, m.opset):
+        key = (n.name, "resize", ax, n_in, n_out, scale, start, end)
+        held = m._device_constants.get((key + ("M",), id(m.device)))
+        if held is None:
+            M, extra = _resize_matrix(at, n_in, n_out, scale, start, end)
+            if n_out == n_in and np.array_equal(M, np.eye(n_in)) and not extra.any():
+                continue
+            mat = m.device_constant(key + ("M",), M)
+            add = m.device_constant(key + ("extra",), extra) if extra.any() else None
+        else:
+            mat = held[0]
+            add = m._device_constants.get((key + ("extra",), id(m.device)))
+            add = None if add is None else add[0]
+        shape = y.shape
+        lead, inner = math.prod(shape[:ax]), math.prod(shape[ax + 1:])
+        z = products.matmul(mat, y.reshape(lead, n_in, inner))
+        if add is not None:
+            z = pointwise.add(z, add.reshape(1, n_out, 1))
+        y = z.reshape(shape[:ax] + (n_out,) + shape[ax + 1:])
+    return [y]
+
+
+def _c_resize(n, ins, opset):
+    at = n.attrs
+    mode = at.get("mode", "nearest")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise ValueError(f"mode {mode!r}: ONNX resizes in modes nearest, linear and cubic")
+    if mode == "nearest" and at.get("antialias", 0):
+        raise ValueError("antialias with mode nearest (ONNX defines it for linear and cubic)")
+    known = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+             "tf_crop_and_resize")
+    if at.get("coordinate_transformation_mode", "half_pixel") not in known:
+        raise ValueError(f"coordinate_transformation_mode {at['coordinate_transformation_mode']!r} is not one of "
+                         f"ONNX's ({', '.join(known)})")
+
+
+def _d_conv_transpose(m, n, a):
+    """ONNX's ConvTranspose (1-D and 2-D): the transposed convolution over the whole output ((in - 1) stride +
+    dilation (k - 1) + 1 per axis), then cropped by the pads at each end (which may differ; total pads from
+    output_shape or auto_pad as ONNX derives them) and extended by output_padding."""
+    x, w = a[0], _tensor_arg(m, n, a[1], 1)
+    b = _tensor_arg(m, n, a[2], 2) if len(a) > 2 and a[2] is not None else None
+    one_d = x.ndim == 3
+    if one_d:
+        x, w = x.reshape(x.shape[:2] + (1, x.shape[2])), w.reshape(w.shape[:2] + (1, w.shape[2]))
+    at = _as_2d(n.attrs) if one_d else n.attrs
+    k = w.shape[2:]
+    stride = tuple(at.get("strides", (1, 1)))
+    dilation = tuple(at.get("dilations", (1, 1)))
+    extra = list(at.get("output_padding", (0, 0)))
+    if one_d and "output_padding" in n.attrs:
+        extra = [0] + list(n.attrs["output_padding"])
+    full = [(i - 1) * s + d * (kk - 1) + 1 for i, s, d, kk in zip(x.shape[2:], stride, dilation, k)]
+    target = list(n.attrs["output_shape"]) if "output_shape" in n.attrs else None
+    if one_d and target is not None:
+        target = [1] + target
+    mode = at.get("auto_pad", "NOTSET")
+    if target is None and mode in ("SAME_UPPER", "SAME_LOWER"):
+        target = [i * s for i, s in zip(x.shape[2:], stride)]
+    if target is not None:
+        total = [f + e - t for f, e, t in zip(full, extra, target)]
+        begin = [t // 2 if mode == "SAME_UPPER" else t - t // 2 for t in total]
+        end = [t - b for t, b in zip(total, begin)]
+    elif mode == "VALID":
+        begin, end = [0, 0], [0, 0]
+    else:
+        pads = list(at.get("pads", (0, 0, 0, 0)))
+        begin, end = pads[:2], pads[2:]
+    y = F.conv_transpose2d(x, w, None, stride, 0, 0, int(n.attrs.get("group", 1)), dilation)
+    crop = [-begin[1], -end[1] + extra[1], -begin[0], -end[0] + extra[0]]
+    if any(crop):
+        y = views.pad(y, crop)
+    if b is not None:
+        y = pointwise.add(y, b.reshape(1, b.shape[0], 1, 1))
+    return [y.reshape(y.shape[:2] + (y.shape[3],)) if one_d else y]
+
+
+def _c_conv_transpose(n, ins, opset):
+    k = n.attrs.get("kernel_shape")
+    w = ins[1][1] if len(ins) > 1 and ins[1] is not None else None
+    rank = len(k) if k is not None else (len(w) - 2 if w is not None else None)
+    if rank is not None and rank not in (1, 2):
+        raise ValueError(f"clnet runs 1-D and 2-D transposed convolutions, this one is {rank}-D")
+
+
+
+# ---- the table -----------------------------------------------------------------------------------------------------
+
+class OnnxOp(NamedTuple):
+    """One ONNX operator on computed tensors."""
+    run: Callable            # (module, node, inputs) -> outputs, host values among the inputs where load allows them
+    check: Callable = None   # (node, [(kind, shape, value)] of its inputs, opset): raises ValueError with the reason
+    host: tuple = ()         # input slots that must be constants of the file or computed from shapes
+    params: tuple = ()       # input slots whose float initializers are trained (Parameters)
+    buffers: tuple = ()      # input slots whose float initializers are kept (buffers)
+
+
+_REDUCE_OPS = {op: OnnxOp(_d_reduce(op), _c_reduce, host=(1,)) for op in _REDUCTIONS}
+_UNARY_OPS = {op: OnnxOp(_d_unary(op)) for op in _UNARY if op not in ("Clip",)}
+_BINARY_OPS = {op: OnnxOp(_d_binary(op), _c_mod if op == "Mod" else None,
+                          params=(0, 1) if op in ("Add", "Sub", "Mul") else ()) for op in _BINARY}
+
+OPS = {
+    **_UNARY_OPS, **_BINARY_OPS, **_REDUCE_OPS,
+    "Conv": OnnxOp(_d_conv, _c_conv, params=(1, 2)),
+    "ConvTranspose": OnnxOp(_d_conv_transpose, _c_conv_transpose, params=(1, 2)),
+    "Gemm": OnnxOp(_d_gemm, _c_gemm, params=(1, 2)),
+    "MatMul": OnnxOp(_d_matmul, _c_matmul, params=(0, 1)),
+    "Einsum": OnnxOp(_d_einsum, _c_einsum),
+    "MaxPool": OnnxOp(_pool_1d(_d_maxpool), _c_pool),
+    "AveragePool": OnnxOp(_pool_1d(_d_avgpool), _c_pool),
+    "GlobalAveragePool": OnnxOp(_d_global_pool("mean")),
+    "GlobalMaxPool": OnnxOp(_d_global_pool("max")),
+    "BatchNormalization": OnnxOp(_d_batchnorm, _c_batchnorm, params=(1, 2), buffers=(3, 4)),
+    "LayerNormalization": OnnxOp(_d_layer_norm, params=(1, 2)),
+    "GroupNormalization": OnnxOp(_d_group_norm, _c_group_norm, params=(1, 2)),
+    "InstanceNormalization": OnnxOp(_d_instance_norm, _c_instance_norm, params=(1, 2)),
+    "LRN": OnnxOp(_d_lrn),
+    "Selu": OnnxOp(_d_selu), "HardSigmoid": OnnxOp(_d_hard_sigmoid), "Gelu": OnnxOp(_d_gelu, _c_gelu),
+    "PRelu": OnnxOp(_d_prelu, params=(1,)), "Not": OnnxOp(_d_not), "Where": OnnxOp(_d_where),
+    "Clip": OnnxOp(_d_clip, _c_clip), "Cast": OnnxOp(_d_cast, _c_cast), "Trilu": OnnxOp(_d_trilu, _c_trilu, host=(1,)),
+    "Sum": OnnxOp(_d_variadic("Sum")), "Max": OnnxOp(_d_variadic("Max")), "Min": OnnxOp(_d_variadic("Min")),
+    "Mean": OnnxOp(_d_variadic("Mean")),
+    "ArgMax": OnnxOp(_d_arg("max"), _c_arg), "ArgMin": OnnxOp(_d_arg("min"), _c_arg),
+    "Softmax": OnnxOp(_d_softmax(False)), "LogSoftmax": OnnxOp(_d_softmax(True)),
+    "Dropout": OnnxOp(_d_dropout, host=(1, 2)),
+    "Identity": OnnxOp(lambda m, n, a: [a[0]]),
+    "Reshape": OnnxOp(_d_reshape, host=(1,)), "Flatten": OnnxOp(_d_flatten),
+    "Squeeze": OnnxOp(_d_squeeze, host=(1,)), "Unsqueeze": OnnxOp(_d_unsqueeze, host=(1,)),
+    "Concat": OnnxOp(_d_concat, _c_concat), "Transpose": OnnxOp(_d_transpose),
+    "Slice": OnnxOp(_d_slice, host=(1, 2, 3, 4)), "Split": OnnxOp(_d_split, host=(1,)),
+    "Gather": OnnxOp(_d_gather, params=(0,)), "GatherElements": OnnxOp(_d_gather_elements),
+    "Expand": OnnxOp(_d_expand, host=(1,), params=(0,)), "Tile": OnnxOp(_d_tile, host=(1,)),
+    "Pad": OnnxOp(_d_pad, _c_pad, host=(1, 2, 3)),
+    "Resize": OnnxOp(_d_resize, _c_resize, host=(1, 2, 3)),
 }
 
-# The inputs of each op that are trained (Parameters) or kept (buffers) when they are float initializers.
-_PARAMETER_INPUTS = {"Conv": (1, 2), "Gemm": (1, 2), "MatMul": (1,), "BatchNormalization": (1, 2),
-                     "Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1)}
-_BUFFER_INPUTS = {"BatchNormalization": (3, 4)}
+DEVICE_OPS = {op: entry.run for op, entry in OPS.items()}
+_PARAMETER_INPUTS = {op: entry.params for op, entry in OPS.items() if entry.params}
+_BUFFER_INPUTS = {op: entry.buffers for op, entry in OPS.items() if entry.buffers}
 
 
 def _dispatch(op):
-    host, device = HOST_OPS.get(op), DEVICE_OPS.get(op)
+    host, entry = HOST_OPS.get(op), OPS.get(op)
 
     def run(m, n, a):
-        if host is not None and all(v is None or _is_host(v) for v in a):
-            return host(m, n, a)
-        if op in ("Shape", "Size"):
-            return host(m, n, a)
-        if device is None:
-            raise ValueError(f"{op} of a computed tensor is not supported (clnet evaluates it for constants and "
-                             "shapes only)")
-        return device(m, n, a)
+        if host is not None and (op in ("Shape", "Size") or entry is None or all(v is None or _is_host(v) for v in a)):
+            return [None if v is None else np.asarray(v) for v in host(m, n, a)]  # (NumPy's scalars as arrays)
+        return entry.run(m, n, a)
     return run

@@ -107,9 +107,25 @@ def _h_constant(m, n, a):
     raise OnnxImportError(f"{n.where(m)}: a Constant of this kind ({', '.join(at)}) is not supported")
 
 
+FOLD_LIMIT = 1 << 24  # elements the host materialises for one ConstantOfShape, Expand, Range or Tile (64 MiB of floats)
+
+
+def _capped(n, shape):
+    """`shape` where its size is within FOLD_LIMIT; a ValueError naming the sizes otherwise."""
+    shape = tuple(int(d) for d in shape)
+    size = math.prod(shape)
+    if size > FOLD_LIMIT:
+        raise ValueError(f"{n.op} would materialise {size} elements (shape {shape}) on the host, more than clnet "
+                         f"folds ({FOLD_LIMIT}): a file whose constants are this large is refused rather than filling "
+                         "the host's memory")
+    if min(shape, default=1) < 0:
+        raise ValueError(f"{n.op} of a negative size {shape}")
+    return shape
+
+
 def _h_constant_of_shape(m, n, a):
     value = n.attrs.get("value", np.zeros(1, np.float32))
-    return [np.full(_host_int_list(a[0]), value.reshape(-1)[0], dtype=value.dtype)]
+    return [np.full(_capped(n, _host_int_list(a[0])), value.reshape(-1)[0], dtype=value.dtype)]
 
 
 def _reshape_shape(n, a):
@@ -142,7 +158,11 @@ def _h_transpose(m, n, a):
 
 
 def _h_range(m, n, a):
-    return [np.arange(a[0].item(), a[1].item(), a[2].item()).astype(a[0].dtype)]
+    start, limit, delta = (v.item() for v in a[:3])
+    if delta == 0:
+        raise ValueError("Range with delta 0")
+    _capped(n, (max(math.ceil((limit - start) / delta), 0),))
+    return [np.arange(start, limit, delta).astype(a[0].dtype)]
 
 
 def _h_where(m, n, a):
@@ -150,7 +170,14 @@ def _h_where(m, n, a):
 
 
 def _h_expand(m, n, a):
-    return [a[0] * np.ones(_host_int_list(a[1]), a[0].dtype)]
+    shape = _capped(n, np.broadcast_shapes(a[0].shape, tuple(_host_int_list(a[1]))))
+    return [np.ascontiguousarray(np.broadcast_to(a[0], shape))]
+
+
+def _h_tile(m, n, a):
+    repeats = _host_int_list(a[1])
+    _capped(n, [d * r for d, r in zip(a[0].shape, repeats)])
+    return [np.tile(a[0], repeats)]
 
 
 def _h_reduce(fn):
@@ -178,10 +205,12 @@ HOST_OPS = {
     "Shape": _h_shape, "Gather": _h_gather, "Unsqueeze": _h_unsqueeze, "Squeeze": _h_squeeze, "Concat": _h_concat,
     "Cast": _h_cast, "Slice": _h_slice, "Constant": _h_constant, "ConstantOfShape": _h_constant_of_shape,
     "Reshape": _h_reshape, "Flatten": _h_flatten, "Transpose": _h_transpose, "Range": _h_range, "Where": _h_where,
-    "Expand": _h_expand, "Identity": lambda m, n, a: [a[0]],
+    "Expand": _h_expand, "Tile": _h_tile, "Identity": lambda m, n, a: [a[0]],
     "Add": _host_binary(np.add), "Sub": _host_binary(np.subtract), "Mul": _host_binary(np.multiply),
     "Div": _host_binary(np.divide), "Equal": _host_binary(np.equal), "Less": _host_binary(np.less),
-    "Greater": _host_binary(np.greater), "Pow": _host_binary(np.power), "Min": _h_variadic(np.minimum),
+    "Greater": _host_binary(np.greater), "LessOrEqual": _host_binary(np.less_equal),
+    "GreaterOrEqual": _host_binary(np.greater_equal), "And": _host_binary(np.logical_and),
+    "Or": _host_binary(np.logical_or), "Pow": _host_binary(np.power), "Min": _h_variadic(np.minimum),
     "Max": _h_variadic(np.maximum), "Sum": _h_variadic(np.add), "Mean": _h_variadic(np.add, mean=True),
     "Neg": _h_unary(np.negative), "Floor": _h_unary(np.floor), "Ceil": _h_unary(np.ceil), "Sqrt": _h_unary(np.sqrt),
     "Abs": _h_unary(np.abs), "Not": _h_unary(np.logical_not), "Size": lambda m, n, a: [np.array(a[0].size, np.int64)],

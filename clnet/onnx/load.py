@@ -90,7 +90,9 @@ def load(path, device=None, fuse=False):
     for n in nodes:
         _check_node(path, n, opset, consumers, set(outputs))
 
-    training = any(n.op == "BatchNormalization" and n.attrs.get("training_mode", 0) for n in nodes)
+    training = any(n.op == "BatchNormalization" and n.attrs.get("training_mode", 0) for n in nodes) or any(
+        n.op == "Dropout" and len(n.inputs) > 2 and n.inputs[2] in initializers and
+        bool(np.asarray(initializers[n.inputs[2]]).reshape(-1)[0]) for n in nodes)
     if fuse and training:
         raise OnnxImportError(f"{path}: fuse=True folds batch norms for inference only, and this file was exported "
                               "in training mode; load it with fuse=False to train it")
@@ -111,12 +113,7 @@ def load(path, device=None, fuse=False):
     for n in nodes:  # MatMul and Gemm(transB=0) weights: held as (out, in)
         if len(n.inputs) > 1 and roles.get(n.inputs[1]) == "param" and (
                 n.op == "MatMul" or (n.op == "Gemm" and not n.attrs.get("transB", 0))):
-            rank = initializers[n.inputs[1]].ndim
-            if rank > 2:
-                raise OnnxImportError(f"{path}: ONNX node {n.name!r} ({n.op}, opset {opset}): clnet multiplies by "
-                                      f"1-D or 2-D weights, {n.inputs[1]!r} has shape "
-                                      f"{initializers[n.inputs[1]].shape}; batched products need the tensor ops")
-            if rank == 2:
+            if initializers[n.inputs[1]].ndim == 2:  # (a batched weight stays as it is, for the batched matmul)
                 transposed.add(n.inputs[1])
     for n in nodes:  # a transposed weight is read by MatMul/Gemm only
         for s, name in enumerate(n.inputs):
@@ -165,6 +162,8 @@ def _fold_constants(path, nodes, constants, opset):
                 results = HOST_OPS[n.op](folder, n, [constants[name] if name else None for name in n.inputs])
             except OnnxImportError:
                 raise
+            except ValueError as e:  # what the host op refuses (a size past host.FOLD_LIMIT), in its words
+                raise OnnxImportError(f"{path}: ONNX node {n.name!r} ({n.op}, opset {opset}): {e}") from None
             except Exception as e:
                 raise OnnxImportError(f"{path}: ONNX node {n.name!r} ({n.op}, opset {opset}): cannot evaluate it on "
                                       f"its constant inputs ({type(e).__name__}: {e})") from None

@@ -77,14 +77,19 @@ class OnnxModule(Module):
 
     # -- running -------------------------------------------------------------------------------------------------
     def device_constant(self, key, array):
-        """A host constant as a tensor on this module's device, uploaded once. A small one is compared with what was
-        uploaded under its key and uploaded again where it differs: host values computed from a call's shapes (a
-        mean's 1 / N) may change from call to call."""
+        """A host constant as a tensor on this module's device (floats as float32, integers as int32, booleans as
+        bool), uploaded once. One of another shape or type, or a small one that differs from what was uploaded under
+        its key, is uploaded again: host values computed from a call's shapes may change from call to call."""
         dev = self.device
         k = (key, id(dev))
-        array = np.asarray(array, np.float32)
+        array = np.asarray(array)
+        if array.dtype.kind in "iu" and array.size and (array.min() < -2**31 or array.max() >= 2**31):
+            raise ValueError(f"integers in [{array.min()}, {array.max()}] do not fit clnet's int32 tensors")
+        array = array.astype(np.bool_ if array.dtype == np.bool_ else np.int32 if array.dtype.kind in "iu" else
+                             np.float32, copy=False)
         held = self._device_constants.get(k)
-        if held is not None and (array.size > _COMPARED or np.array_equal(held[1], array)):
+        if held is not None and held[0].shape == array.shape and held[0].dtype == array.dtype and (
+                array.size > _COMPARED or np.array_equal(held[1], array)):
             return held[0]
         t = _to_device(array, dev)
         self._device_constants[k] = (t, array.copy() if array.size <= _COMPARED else None)

@@ -27,11 +27,17 @@ def _all_tensors(graph):
 
 def _declared_bytes(onnx, t):
     """The bytes a tensor's declared dims and type make (Python ints: no overflow)."""
+    count = math.prod(int(d) for d in t.dims)
+    P = onnx.TensorProto
+    packed = {getattr(P, k): bits for k, bits in (("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2),
+                                                   ("UINT2", 2)) if hasattr(P, k)}
+    if t.data_type in packed:  # sub-byte types are packed, the last byte padded
+        return -(-count * packed[t.data_type] // 8)
     try:
         itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
     except Exception:
         itemsize = 8
-    return math.prod(int(d) for d in t.dims) * itemsize
+    return count * itemsize
 
 
 def _check_external(onnx, path, model):
