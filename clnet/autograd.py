@@ -17,11 +17,20 @@ Grad mode (`no_grad`, `is_grad_enabled`) is per thread, as PyTorch's is (kernels
 `register_post_accumulate_grad_hook(leaf, hook)` (PyTorch's name; also a Tensor method) calls ``hook(leaf)`` during
 backward as soon as the last op that feeds the leaf has run its backward: its `.grad` is complete (queued on the
 device) while earlier layers' backward is still to come. clnet.distributed starts its all-reduce there.
+
+Tensor hooks, as PyTorch's: `register_hook(t, fn)` calls ``fn(grad)`` with t's whole gradient of the backward (a
+leaf's summed over its uses first, then accumulated; a computed tensor's before its op's backward), and a tensor fn
+returns replaces it; `retain_grad(t)` keeps a computed tensor's gradient, after its hooks, in t.grad. A computed
+tensor's hooks live on its op (`Function.hooks`), a leaf's on the leaf. A tensor hook is refused inside a Graph
+capture (its Python would not run at replay); retain_grad is replayed (the copy into t.grad is a recorded launch).
 """
+import itertools
 import sys
 import types
+import weakref
 
 from . import kernels
+from .graph import CaptureError
 from .tensor import Tensor, empty
 
 _context = kernels.context  # grad mode is per thread (context.grad_enabled), as PyTorch's is
@@ -66,7 +75,7 @@ class Function:
 
     unit_grad = False  # backward accepts grad_output None, meaning ones (the implicit gradient of a scalar loss)
 
-    __slots__ = ("needs", "inputs", "saved", "tag", "out_shape", "out_device")
+    __slots__ = ("needs", "inputs", "saved", "tag", "out_shape", "out_device", "hooks")
 
     @classmethod
     def apply(cls, *inputs, **options):
@@ -85,7 +94,7 @@ class Function:
             # activation alive until backward, where only what forward saved is needed.
             fn.inputs = tuple(None if not need else (t if t.grad_fn is None else t.grad_fn)
                               for t, need in zip(inputs, needs))
-            fn.out_shape, fn.out_device = result.shape, result.device
+            fn.out_shape, fn.out_device, fn.hooks = result.shape, result.device, None
             prof = _context.profiler
             fn.tag = prof.tag[0] if prof is not None and prof.tag else None
             result.requires_grad, result.grad_fn = True, fn
@@ -105,7 +114,7 @@ class Function:
         that zero_grad marked as zero; the caller must then write every element). (None, 1.0) otherwise (backward
         returns a new tensor)."""
         t = self.inputs[i]
-        if t is None or isinstance(t, Function):
+        if t is None or isinstance(t, Function) or t.__dict__.get("_grad_hooks"):  # its hooks see the gradient first
             return None, 1.0
         if _context.capturing is not None:
             settle_grad(t)
@@ -159,55 +168,163 @@ def _untouched(graph, shape, dev):
     return t
 
 
-class _HookHandle:
-    def __init__(self, leaf, hook):
-        self.leaf, self.hook = leaf, hook
+class RemovableHandle:
+    """What register_hook and register_post_accumulate_grad_hook return: ``remove()`` takes the hook out (a second
+    call does nothing), as PyTorch's handle."""
+    _ids = itertools.count()
+
+    def __init__(self, hooks, counted):
+        self.hooks, self.counted, self.id = hooks, counted, next(RemovableHandle._ids)
 
     def remove(self):
         global _hooked
-        hooks = self.leaf.__dict__.get("_post_grad_hooks")
-        if hooks and self.hook in hooks:
-            hooks.remove(self.hook)
-            if not hooks:
-                del self.leaf._post_grad_hooks
-                _hooked -= 1
+        if self.hooks.pop(self.id, None) is not None and self.counted and not self.hooks:
+            _hooked -= 1
+
+
+def _add_leaf_hook(leaf, name, hook):
+    """hook added to the leaf's dict `name` of hooks; _hooked counts the leaves' non-empty dicts (backward counts the
+    uses of hooked leaves only while there are any)."""
+    global _hooked
+    hooks = leaf.__dict__.setdefault(name, {})
+    if not hooks:
+        _hooked += 1
+    handle = RemovableHandle(hooks, counted=True)
+    hooks[handle.id] = hook
+    return handle
 
 
 def register_post_accumulate_grad_hook(leaf, hook):
     """Call ``hook(leaf)`` in every backward once the leaf's `.grad` has received all of that backward's
-    contributions (as PyTorch's Tensor.register_post_accumulate_grad_hook). Returns a handle with ``remove()``."""
-    global _hooked
+    contributions (as PyTorch's Tensor.register_post_accumulate_grad_hook), after the leaf's `register_hook` hooks.
+    Returns a handle with ``remove()``."""
     if leaf.grad_fn is not None or not leaf.requires_grad:
-        raise RuntimeError("register_post_accumulate_grad_hook: only a leaf tensor that requires a gradient has one "
-                           "(a parameter, or a tensor made with requires_grad=True)")
-    hooks = leaf.__dict__.get("_post_grad_hooks")
-    if hooks is None:
-        hooks = leaf._post_grad_hooks = []
-        _hooked += 1
-    hooks.append(hook)
-    return _HookHandle(leaf, hook)
+        raise RuntimeError(f"register_post_accumulate_grad_hook: a tensor of shape {leaf.shape} that is "
+                           + ("computed (not a leaf)" if leaf.grad_fn is not None else "not requiring a gradient")
+                           + "; only a leaf tensor that requires a gradient has one (a parameter, or a tensor made "
+                           "with requires_grad=True)")
+    return _add_leaf_hook(leaf, "_post_grad_hooks", hook)
+
+
+class _NodeHooks:
+    """A computed tensor's hooks, kept on the op that made it (its grad_fn): register_hook's, in order, then
+    retain_grad's (a weak reference: the op must not keep the tensor alive)."""
+    __slots__ = ("pre", "retain")
+
+    def __init__(self):
+        self.pre, self.retain = {}, None
+
+
+def register_hook(t, hook):
+    """Call ``hook(grad)`` in every backward with the gradient of t (summed over all of t's uses); a tensor it
+    returns replaces that gradient, for t's own .grad (a leaf, or retain_grad) and for everything before t, as
+    PyTorch's Tensor.register_hook. Hooks run in the order registered, each given what the one before returned.
+    Returns a handle with ``remove()``. Refused inside a Graph capture, whose replays would not call it."""
+    if not t.requires_grad:
+        raise RuntimeError(f"register_hook: a tensor of shape {t.shape} does not require a gradient, so no gradient "
+                           "reaches it; make the leaf with requires_grad=True (or register on a tensor computed from "
+                           "one)")
+    if t.grad_fn is None:
+        return _add_leaf_hook(t, "_grad_hooks", hook)
+    node = t.grad_fn.hooks
+    if node is None:
+        node = t.grad_fn.hooks = _NodeHooks()
+    handle = RemovableHandle(node.pre, counted=False)
+    node.pre[handle.id] = hook
+    return handle
+
+
+def retain_grad(t):
+    """Keep the gradient of computed tensor t in t.grad after backward (accumulated over backward calls, after t's
+    hooks), as PyTorch's Tensor.retain_grad; a leaf keeps its .grad anyway. A tensor computed inside a Graph capture
+    gets its gradient of each replayed step, as the new tensor of an eager step would."""
+    if not t.requires_grad:
+        raise RuntimeError(f"retain_grad: a tensor of shape {t.shape} does not require a gradient, so no gradient "
+                           "reaches it; make the leaf with requires_grad=True")
+    if t.grad_fn is None:
+        return
+    node = t.grad_fn.hooks
+    if node is None:
+        node = t.grad_fn.hooks = _NodeHooks()
+    node.retain = weakref.ref(t)
+
+
+def _retains_grad(t):
+    return t.grad_fn is not None and t.grad_fn.hooks is not None and t.grad_fn.hooks.retain is not None
+
+
+def _run_hooks(hooks, g, t_shape):
+    """g through each of the hooks in turn (a None result keeps the gradient)."""
+    if kernels.recording() is not None:
+        raise CaptureError("register_hook: a tensor hook runs Python in backward, which a replay of the Graph would "
+                           "not run again; remove it (handle.remove()) before the capture, or run this backward "
+                           "eagerly")
+    for hook in list(hooks.values()):
+        out = hook(g)
+        if out is not None:
+            if not isinstance(out, Tensor) or out.shape != t_shape or out.dtype != g.dtype:
+                what = f"shape {out.shape} {out.dtype}" if isinstance(out, Tensor) else type(out).__name__
+                raise RuntimeError(f"register_hook: the hook {getattr(hook, '__name__', hook)!r} returned {what} "
+                                   f"for the gradient of a tensor of shape {t_shape}; return a float32 tensor of that "
+                                   "shape, or None to keep the gradient")
+            g = out
+    return g
+
+
+def _node_gradient(fn, g, node):
+    """The gradient of fn's output after its hooks, and kept in its .grad when it retains one."""
+    if g is None:
+        from .ops import full
+        g = full(fn.out_shape, fn.out_device, 1.0)
+    if node.pre:
+        g = _run_hooks(node.pre, g, fn.out_shape)
+    if node.retain is not None:
+        t = node.retain()
+        if t is not None and t._grad is None:  # a copy: inside a capture, every replay writes that step's t.grad
+            t.grad = empty(t.shape, t.device).copy_from(g)
+        elif t is not None:
+            from .ops import accumulate
+            accumulate(t, g)
+    return g
+
+
+def _leaf_gradient(leaf, g):
+    """A leaf's whole gradient of this backward: through its hooks, into its .grad, then its post-accumulate hooks."""
+    from .ops import accumulate
+    hooks = leaf.__dict__.get("_grad_hooks")
+    if hooks:
+        g = _run_hooks(hooks, g, leaf.shape)
+    accumulate(leaf, g)
+    for hook in list(leaf.__dict__.get("_post_grad_hooks", {}).values()):
+        hook(leaf)
 
 
 def _hooked_uses(order):
-    """id(leaf) -> [edges left, leaf] for every hooked leaf that these ops feed."""
+    """id(leaf) -> [edges left, leaf, gradient summed so far or None] for every hooked leaf that these ops feed."""
     uses = {}
     for fn in order:
         for edge in fn.inputs or ():
-            if edge is not None and not isinstance(edge, Function) and "_post_grad_hooks" in edge.__dict__:
-                entry = uses.setdefault(id(edge), [0, edge])
+            if edge is not None and not isinstance(edge, Function) and (
+                    edge.__dict__.get("_post_grad_hooks") or edge.__dict__.get("_grad_hooks")):
+                entry = uses.setdefault(id(edge), [0, edge, None])
                 entry[0] += 1
     return uses
 
 
 def _used(fn, uses):
-    """fn's backward is done: fire the hooks of the leaves it was the last user of."""
+    """fn's backward is done: the leaves it was the last user of get their gradient (hooks first) and their
+    post-accumulate hooks."""
     for edge in fn.inputs or ():
         entry = uses.get(id(edge)) if edge is not None else None
         if entry is not None:
             entry[0] -= 1
             if entry[0] == 0:
-                for hook in list(entry[1]._post_grad_hooks):
-                    hook(entry[1])
+                leaf, g = entry[1], entry[2]
+                if g is not None:
+                    _leaf_gradient(leaf, g)
+                else:  # nothing to add (written in place through grad_sink, or no gradient reached it)
+                    for hook in list(leaf.__dict__.get("_post_grad_hooks", {}).values()):
+                        hook(leaf)
 
 
 def _topological(root_fn):
@@ -250,9 +367,7 @@ def backward(root, grad=None, retain_graph=False):
             raise RuntimeError("clnet: backward() of a tensor that does not require a gradient and was not computed "
                                "from one that does (make the leaf with requires_grad=True)")
         from .ops import full_like
-        accumulate(root, grad if grad is not None else full_like(root, 1.0))
-        for hook in list(root.__dict__.get("_post_grad_hooks", ())):
-            hook(root)
+        _leaf_gradient(root, grad if grad is not None else full_like(root, 1.0))
         return
     if root.grad_fn.inputs is None:
         raise RuntimeError(_FREED)
@@ -270,7 +385,9 @@ def backward(root, grad=None, retain_graph=False):
         g = pending.pop(id(fn))
         if fn.inputs is None:
             raise RuntimeError(_FREED)
-        if g is None and not fn.unit_grad:
+        if fn.hooks is not None:
+            g = _node_gradient(fn, g, fn.hooks)
+        elif g is None and not fn.unit_grad:
             from .ops import full
             g = full(fn.out_shape, fn.out_device, 1.0)
         if profiling:
@@ -284,6 +401,9 @@ def backward(root, grad=None, retain_graph=False):
             if isinstance(edge, Function):
                 previous = pending.get(id(edge))
                 pending[id(edge)] = gi if previous is None else add(previous, gi)
+            elif uses and id(edge) in uses and edge.__dict__.get("_grad_hooks"):
+                entry = uses[id(edge)]  # its hooks see the sum over every use, once (as PyTorch's)
+                entry[2] = gi if entry[2] is None else add(entry[2], gi)
             else:
                 accumulate(edge, gi)
         if uses:
@@ -293,3 +413,6 @@ def backward(root, grad=None, retain_graph=False):
 
 
 Tensor.register_post_accumulate_grad_hook = register_post_accumulate_grad_hook
+Tensor.register_hook = register_hook
+Tensor.retain_grad = retain_grad
+Tensor.retains_grad = property(_retains_grad)
