@@ -8,6 +8,7 @@ broadcast operand's gradient is the output gradient's sum over the dimensions it
 comparisons give bool tensors. A Python number operand becomes a cached one-element constant on the device (made
 outside any capture), so `x > 0.5` is one launch and replays unchanged.
 """
+import threading
 from collections import OrderedDict
 from typing import NamedTuple
 
@@ -131,37 +132,35 @@ def logical_not(x):
 # ---- constants, casts, promotion -----------------------------------------------------------------------------------
 
 _constants = OrderedDict()
+_arrays = OrderedDict()
+_cache_lock = threading.Lock()  # threads share both caches (as kernels' and layout's caches are shared)
+
+
+def _cached(cache, limit, key, dtype, dev, value):
+    """cache[key], made on first use from the host array `value` outside any capture's recording (a replay reads the
+    same tensor); the oldest entry leaves past `limit`."""
+    with _cache_lock:
+        t = cache.get(key)
+        if t is None:
+            with kernels.set_up():
+                t = Tensor(value.shape, dtype, dev).write(value)
+            cache[key] = t
+            if len(cache) > limit:
+                cache.popitem(last=False)
+        return t
 
 
 def constant(dev, value, dtype):
-    """A cached one-element device tensor holding `value` (made outside any capture's recording: a replay reads the
-    same constant)."""
+    """A cached one-element device tensor holding `value`."""
     key = (id(dev), np.dtype(dtype).str, float(value) if dtype == FLOAT else int(value))
-    t = _constants.get(key)
-    if t is None:
-        with kernels.set_up():
-            t = Tensor((), dtype, dev).write(np.array(value, dtype))
-        _constants[key] = t
-        if len(_constants) > 1024:
-            _constants.popitem(last=False)
-    return t
-
-
-_arrays = OrderedDict()
+    return _cached(_constants, 1024, key, dtype, dev, np.array(value, dtype))
 
 
 def constant_array(dev, array):
-    """A cached device copy of a small host array (a mask, a table), made once outside any capture's recording."""
+    """A cached device copy of a small host array (a mask, a table)."""
     array = np.ascontiguousarray(array)
     key = (id(dev), array.dtype.str, array.shape, array.tobytes())
-    t = _arrays.get(key)
-    if t is None:
-        with kernels.set_up():
-            t = Tensor(array.shape, array.dtype, dev).write(array)
-        _arrays[key] = t
-        if len(_arrays) > 256:
-            _arrays.popitem(last=False)
-    return t
+    return _cached(_arrays, 256, key, array.dtype, dev, array)
 
 
 def scalar_dtype(value):
