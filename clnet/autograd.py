@@ -82,8 +82,8 @@ class Function:
         fn = cls()
         needs = None
         if _context.grad_enabled:
-            needs = tuple(getattr(t, "requires_grad", False) for t in inputs)
-            if not any(needs):
+            needs = tuple([getattr(t, "requires_grad", False) for t in inputs])  # a list first: no generator
+            if True not in needs:
                 needs = None
         fn.needs, fn.saved = needs, None
         out = fn.forward(*inputs, **options)
@@ -92,8 +92,8 @@ class Function:
             # Edges, not tensors: a leaf that wants a gradient (its .grad is where backward adds), the op that made
             # a computed input, None for the rest. Holding the computed inputs themselves would keep every
             # activation alive until backward, where only what forward saved is needed.
-            fn.inputs = tuple(None if not need else (t if t.grad_fn is None else t.grad_fn)
-                              for t, need in zip(inputs, needs))
+            fn.inputs = tuple([None if not need else (t if t.grad_fn is None else t.grad_fn)
+                               for t, need in zip(inputs, needs)])
             fn.out_shape, fn.out_device, fn.hooks = result.shape, result.device, None
             prof = _context.profiler
             fn.tag = prof.tag[0] if prof is not None and prof.tag else None

@@ -166,7 +166,7 @@ CLONES_PER_KERNEL = 1024  # argument sets kept per kernel: every launch of one k
 
 def kernel(dev, filename, name, defines=None):
     """The kernel `name` of (device, file, defines); one dictionary lookup once built, since this runs per launch."""
-    key = (id(dev), filename, name, tuple(sorted((defines or {}).items())))
+    key = (id(dev), filename, name, tuple(sorted(defines.items())) if defines else ())
     k = _kernels.get(key)
     if k is None:
         with _build_lock:
@@ -344,8 +344,17 @@ def _cl_value(a):
 
 def _with_args(k, args):
     """(clone of k whose arguments are args, the indices of its Live arguments): set now unless a clone already
-    holds them; the Live ones are set at each enqueue, from that launch's arguments."""
-    key = tuple(a if type(a) is int else _key_arg(a) for a in args)  # most arguments are sizes
+    holds them; the Live ones are set at each enqueue, from that launch's arguments. Called with _launch_lock held."""
+    key = []  # one entry an argument (_key_arg), the common kinds inline: this runs at every launch
+    for a in args:
+        if isinstance(a, int):  # sizes (a tensor's Numel too)
+            key.append(a)
+        elif type(a) is float:
+            key.append(a.hex())
+        else:
+            storage = getattr(a, "storage", None)
+            key.append(storage.buffer if storage is not None else _key_arg(a))
+    key = tuple(key)
     clones = k.clones
     entry = clones.get(key)
     if entry is not None:
@@ -373,23 +382,17 @@ def launch(dev, k, global_size, local_size, *args, what=""):
     global launch_count
     if local_size is not None:
         global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
-    if any(g == 0 for g in global_size):
+    if 0 in global_size:
         return None
-
-    def enqueue():
-        with _launch_lock:
-            clone, live = _with_args(k, args)
-            for i in live:
-                clone.set_arg(i, args[i].value)
-            return cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
     try:
-        ev = enqueue()
+        ev = _enqueue(dev, k, args, global_size, local_size)
     except NeedsStaging:  # a window of a tensor past INDEX_LIMIT, found before anything was queued
         from .tensor import staged_launch
         staged_launch(dev, k, global_size, local_size, args, what)
         return None
     except cl.Error as e:
-        ev = failed(dev, e, what or k.name, enqueue, sizes=f" (global size {global_size}, work-group {local_size})")
+        ev = failed(dev, e, what or k.name, lambda: _enqueue(dev, k, args, global_size, local_size),
+                    sizes=f" (global size {global_size}, work-group {local_size})")
     launch_count += 1
     c = context
     if c.profiler is not None:
@@ -397,6 +400,14 @@ def launch(dev, k, global_size, local_size, *args, what=""):
     if c.capturing is not None and not c.paused:
         c.capturing.record_launch(dev, k, args, global_size, local_size)
     return ev
+
+
+def _enqueue(dev, k, args, global_size, local_size):
+    with _launch_lock:
+        clone, live = _with_args(k, args)
+        for i in live:
+            clone.set_arg(i, args[i].value)
+        return cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
 
 
 # -- the one enqueue and error wrapper -------------------------------------------------------------------------------

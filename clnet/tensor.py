@@ -53,7 +53,12 @@ class BufferPool:
 
     def take(self, nbytes):
         """(buffer, its creation number, rounded size)."""
-        size = self.rounded(nbytes)
+        size = _rounded.get(nbytes)
+        if size is None:  # a new size: remembered (few distinct sizes; this runs for every tensor made)
+            size = self.rounded(nbytes)
+            if len(_rounded) >= SIZES_KEPT:
+                _rounded.clear()
+            _rounded[nbytes] = size
         with self.lock:
             bucket = self.free.get(size)
             if bucket:
@@ -130,6 +135,7 @@ class BufferPool:
             self.free = kept
 
 
+_rounded = {}  # bytes asked for -> BufferPool.rounded(bytes)
 _pools = {}
 _pools_lock = threading.Lock()
 
@@ -237,6 +243,23 @@ class Numel(int):
         return self.shape[dim]
 
 
+_sizes = {}  # shape -> its Numel (which holds the shape as a tuple of ints), shared by the tensors of that shape
+SIZES_KEPT = 4096  # shapes remembered; past that the memory starts afresh
+
+
+def _size_of(shape):
+    """The Numel of a shape given as any sequence of integers (remembered in _sizes)."""
+    ints = tuple(int(s) for s in shape)
+    size = _sizes.get(ints)
+    if size is None:
+        if len(_sizes) >= SIZES_KEPT:
+            _sizes.clear()
+        size = Numel(math.prod(ints))
+        size.shape = ints
+        _sizes[ints] = size
+    return size
+
+
 _FLOAT32, _INT32, _BOOL = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.bool_)
 DTYPES = {_FLOAT32, _INT32, _BOOL}  # bool: one byte an element (uchar in the kernels)
 ops = None  # clnet.ops, set when it is imported (it builds on this module)
@@ -259,23 +282,31 @@ class Tensor:
     __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's operators
 
     def __init__(self, shape, dtype=np.float32, device=None, _storage=None, _host=None):
-        self.shape = shape = tuple(int(s) for s in shape)
-        self.size = Numel(math.prod(shape))  # read several times per launch: kept, not recomputed
-        self.size.shape = shape
-        # every op makes tensors: the common dtypes skip np.dtype()'s parsing
-        self.dtype = dtype = _FLOAT32 if dtype is np.float32 else (_INT32 if dtype is np.int32 else np.dtype(dtype))
-        if dtype not in DTYPES:
-            raise TypeError(f"clnet tensors hold float32, int32 or bool, not {self.dtype}")
+        # Every op makes tensors (bench/eager_cost.py): a shape seen before finds its element count, and the canonical
+        # tuple of ints, in one dictionary look-up; the common dtypes skip np.dtype()'s parsing.
+        size = _sizes.get(shape) if type(shape) is tuple else None
+        if size is None:
+            size = _size_of(shape)
+        self.shape, self.size = size.shape, size
+        if dtype is np.float32 or dtype is _FLOAT32:
+            dtype = _FLOAT32
+        elif dtype is np.int32 or dtype is _INT32:
+            dtype = _INT32
+        else:
+            dtype = np.dtype(dtype)
+            if dtype not in DTYPES:
+                raise TypeError(f"clnet tensors hold float32, int32 or bool, not {dtype}")
+        self.dtype = dtype
         self.requires_grad, self._grad, self.grad_fn = False, None, None
         self.value_range = None
         self._host = _host
         if _host is not None:
             self.device, self.storage = None, None
             return
-        self.device = device if type(device) is Device else _device(device if device is not None else "auto")
+        self.device = device = device if type(device) is Device else _device(device if device is not None else "auto")
         if _storage is None:
             try:
-                _storage = _Storage(self.device, self.nbytes)
+                _storage = _Storage(device, size * dtype.itemsize)
             except kernels.OutOfMemory as e:
                 e.args = (f"{e} (a tensor of shape {self.shape})",)
                 raise

@@ -1,0 +1,151 @@
+"""The host cost of an eager op (issue 26): what a tiny `a + b` costs from Python through clnet, with autograd
+recording and under no_grad, and a 40-op element-wise chain with its backward, in microseconds an op.
+
+    python bench/eager_cost.py --device gpu            # on the H200 (PyTorch there: 9.7 us an add, 11.6 with autograd)
+    python bench/eager_cost.py --device 0 --stub        # on a CPU: clnet's own Python time, the launches not made
+
+Each figure is the median over --repeats runs of: --adds adds of two 1024-element tensors (or --chains chains), the
+queue finished once at the end (wall-clock time). --stub replaces pyopencl's kernel enqueue with a no-op, which leaves the Python
+around it (the op's checks, autograd, the kernel's argument look-up, the pool): on a CPU, PoCL's own launch (about
+56 us) hides it otherwise; it times this thread's CPU time. --profile prints cProfile's top functions of one run of adds with autograd.
+"""
+import argparse
+import cProfile
+import pstats
+import statistics
+import sys
+import time
+
+import numpy as np
+import pyopencl as cl
+
+import clnet
+
+
+clock = time.perf_counter  # --stub: this thread's CPU time (a shared machine's other work is not counted)
+
+
+def _timed(fn, dev, count, repeats):
+    fn()  # kernels built, clones set, pool filled
+    dev.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = clock()
+        fn()
+        dev.synchronize()
+        times.append((clock() - start) / count * 1e6)
+    return min(times) if clock is not time.perf_counter else statistics.median(times)
+
+
+def measure(dev, adds=2000, chains=50, chain_ops=40, repeats=5):
+    """{name: microseconds an op} for the three probes."""
+    rng = np.random.default_rng(0)
+    a = clnet.tensor(rng.standard_normal(1024).astype(np.float32), dev, requires_grad=True)
+    b = clnet.tensor(rng.standard_normal(1024).astype(np.float32), dev, requires_grad=True)
+    c, d = a.detach(), b.detach()
+
+    def add_grad():
+        for _ in range(adds):
+            a + b
+
+    def add_plain():
+        for _ in range(adds):
+            c + d
+
+    def add_no_grad():
+        with clnet.no_grad():
+            for _ in range(adds):
+                a + b
+
+    def chain():
+        for _ in range(chains):
+            y = a
+            for i in range(chain_ops // 4):  # four element-wise ops a round: mul, add, a unary, a scalar product
+                y = (y * b + a).tanh() * 0.5
+            y.sum().backward()
+
+    out = {
+        "add, autograd recording": _timed(add_grad, dev, adds, repeats),
+        "add, under no_grad": _timed(add_no_grad, dev, adds, repeats),
+        "add, no tensor requires a gradient": _timed(add_plain, dev, adds, repeats),
+        f"{chain_ops}-op chain + sum + backward, per forward op": _timed(chain, dev, chains * chain_ops, repeats),
+    }
+    return out
+
+
+def python_calls(dev):
+    """Python and C function calls one `a + b` makes with autograd recording, and one under no_grad (counted by a
+    profile hook: a figure no other load on the machine changes)."""
+    a = clnet.tensor(np.ones(1024, np.float32), dev, requires_grad=True)
+    b = clnet.tensor(np.ones(1024, np.float32), dev, requires_grad=True)
+    counts = {}
+    for name, grad in (("add, autograd recording", True), ("add, under no_grad", False)):
+        with _grad_mode(grad):
+            a + b  # warm
+            calls = [0]
+
+            def count(frame, event, arg):
+                if event in ("call", "c_call"):
+                    calls[0] += 1
+            sys.setprofile(count)
+            for _ in range(100):
+                a + b
+            sys.setprofile(None)
+        counts[name] = (calls[0] - 1) / 100  # less the call that turns the hook off
+    return counts
+
+
+class _grad_mode:
+    def __init__(self, enabled):
+        self.inner = None if enabled else clnet.no_grad()
+
+    def __enter__(self):
+        if self.inner is not None:
+            self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        if self.inner is not None:
+            self.inner.__exit__(*exc)
+
+
+def _stub_enqueue():
+    """pyopencl's kernel enqueue as a no-op (results meaningless; the Python around it timed)."""
+    cl.enqueue_nd_range_kernel = lambda *args, **kwargs: None
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="auto", help="a device index, 'gpu', 'cpu' or 'auto' (clnet devices)")
+    parser.add_argument("--adds", type=int, default=2000)
+    parser.add_argument("--chains", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--stub", action="store_true", help="enqueue nothing: time clnet's Python alone")
+    parser.add_argument("--profile", action="store_true", help="cProfile one run of adds with autograd")
+    args = parser.parse_args(argv)
+    dev = clnet.device(int(args.device) if args.device.isdigit() else args.device)
+    if args.stub:
+        global clock
+        _stub_enqueue()
+        clock = time.thread_time
+    print(f"device: {dev.name} ({dev.cl_device.platform.name}, driver {dev.cl_device.driver_version})"
+          f"{'; enqueue stubbed: Python only' if args.stub else ''}")
+    results = measure(dev, args.adds, args.chains, repeats=args.repeats)
+    for name, us in results.items():
+        print(f"{us:8.2f} us  {name}")
+    for name, n in python_calls(dev).items():
+        print(f"{n:8.1f} Python function calls an op: {name}")
+    if args.profile:
+        a = clnet.tensor(np.ones(1024, np.float32), dev, requires_grad=True)
+        b = clnet.tensor(np.ones(1024, np.float32), dev, requires_grad=True)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.adds):
+            a + b
+        prof.disable()
+        dev.synchronize()
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(18)
+    return results
+
+
+if __name__ == "__main__":
+    main()
