@@ -1,8 +1,8 @@
 """The host cost of an eager op (issue 26): what a tiny `a + b` costs from Python through clnet, with autograd
 recording and under no_grad, and a 40-op element-wise chain with its backward, in microseconds an op.
 
-    python bench/eager_cost.py --device gpu            # on the H200 (PyTorch there: 9.7 us an add, 11.6 with autograd)
-    python bench/eager_cost.py --device 0 --stub        # on a CPU: clnet's own Python time, the launches not made
+    python bench/eager_cost.py --device gpu     # the H200 (PyTorch there: 9.7 us an add, 11.6 with autograd)
+    python bench/eager_cost.py --device 0 --stub  # a CPU: clnet's own Python time, no launch made
 
 Each figure is the median over --repeats runs of: --adds adds of two 1024-element tensors (or --chains chains), the
 queue finished once at the end (wall-clock time). --stub replaces pyopencl's kernel enqueue with a no-op, which leaves the Python
@@ -20,6 +20,7 @@ import numpy as np
 import pyopencl as cl
 
 import clnet
+from clnet import kernels
 
 
 clock = time.perf_counter  # --stub: this thread's CPU time (a shared machine's other work is not counted)
@@ -109,7 +110,9 @@ class _grad_mode:
 
 
 def _stub_enqueue():
-    """pyopencl's kernel enqueue as a no-op (results meaningless; the Python around it timed)."""
+    """The kernel enqueue as a no-op (results meaningless; the Python around it timed): launches through pyopencl's
+    enqueue (not the event-free one), itself replaced."""
+    kernels.event_free_launches = False
     cl.enqueue_nd_range_kernel = lambda *args, **kwargs: None
 
 

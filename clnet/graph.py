@@ -41,26 +41,9 @@ from . import kernels
 from .errors import Error
 
 
-def event_free(name, argtypes, hold_gil=False):
-    """The OpenCL entry point `name` of the library pyopencl itself links (looked up through its extension module, so
-    the handles it made go to the implementation that made them), to be called through ctypes with no event:
-    pyopencl's enqueues make an Event object each, which the callers of these never wait on (NVIDIA's driver takes
-    about 7 us more per launch with one). hold_gil: call it without releasing the GIL (ctypes.PyDLL), which
-    bench/replay_cost.py measures against releasing it. None where it cannot be found (pyopencl's enqueue is used
-    then)."""
-    try:
-        fn = getattr((ctypes.PyDLL if hold_gil else ctypes.CDLL)(cl._cl.__file__), name)
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_int32
-    fn.argtypes = argtypes
-    return fn
-
-
-_size_p = ctypes.POINTER(ctypes.c_size_t)
-ENQUEUE_ARGS = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, _size_p, _size_p,
-                ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p]
-_enqueue_raw = event_free("clEnqueueNDRangeKernel", ENQUEUE_ARGS)
+event_free = kernels.event_free  # the raw entry points live with the one enqueue wrapper (kernels.py)
+ENQUEUE_ARGS = kernels.ENQUEUE_ARGS
+_enqueue_raw = kernels._enqueue_raw
 _copy_raw = event_free("clEnqueueCopyBuffer", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                                ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint32, ctypes.c_void_p,
                                                ctypes.c_void_p])

@@ -19,6 +19,7 @@ enqueues. A scalar that changes from step to step travels as a `Live` argument (
 replayed), and the host work that updates it runs through `per_step`, which a replay repeats in order.
 """
 import atexit
+import ctypes
 import os
 import statistics
 import sys
@@ -148,11 +149,12 @@ def program(dev, filename, defines=None):
 
 
 class Kernel:
-    """A built kernel and its clones with arguments set, most recently used last."""
-    __slots__ = ("program", "name", "clones")
+    """A built kernel and its clones with arguments set, most recently used last; `queue`, the handle of its device's
+    queue (the event-free enqueue's first argument)."""
+    __slots__ = ("program", "name", "clones", "queue")
 
-    def __init__(self, prog, name):
-        self.program, self.name, self.clones = prog, name, OrderedDict()
+    def __init__(self, prog, name, queue=None):
+        self.program, self.name, self.clones, self.queue = prog, name, OrderedDict(), queue
 
 
 _kernels = {}
@@ -172,7 +174,7 @@ def kernel(dev, filename, name, defines=None):
         with _build_lock:
             k = _kernels.get(key)
             if k is None:
-                k = _kernels[key] = Kernel(program(dev, filename, defines), name)
+                k = _kernels[key] = Kernel(program(dev, filename, defines), name, dev.queue.int_ptr)
     return k
 
 
@@ -343,8 +345,9 @@ def _cl_value(a):
 
 
 def _with_args(k, args):
-    """(clone of k whose arguments are args, the indices of its Live arguments): set now unless a clone already
-    holds them; the Live ones are set at each enqueue, from that launch's arguments. Called with _launch_lock held."""
+    """(clone of k whose arguments are args, the indices of its Live arguments, its handle): set now unless a clone
+    already holds them; the Live ones are set at each enqueue, from that launch's arguments. Called with _launch_lock
+    held."""
     key = []  # one entry an argument (_key_arg), the common kinds inline: this runs at every launch
     for a in args:
         if isinstance(a, int):  # sizes (a tensor's Numel too)
@@ -362,7 +365,7 @@ def _with_args(k, args):
         return entry
     clone = clones.popitem(last=False)[1][0] if len(clones) >= CLONES_PER_KERNEL else cl.Kernel(k.program, k.name)
     clone.set_args(*map(_cl_value, args))
-    entry = clones[key] = (clone, tuple(i for i, a in enumerate(key) if a is Live))
+    entry = clones[key] = (clone, tuple(i for i, a in enumerate(key) if a is Live), clone.int_ptr)
     return entry
 
 
@@ -371,6 +374,39 @@ def own_clone(k, args):
     clone = cl.Kernel(k.program, k.name)
     clone.set_args(*map(_cl_value, args))
     return clone
+
+
+def event_free(name, argtypes, hold_gil=False):
+    """The OpenCL entry point `name` of the library pyopencl itself links (looked up through its extension module, so
+    the handles it made go to the implementation that made them), to be called through ctypes with no event:
+    pyopencl's enqueues make an Event object each, which the callers of these never wait on (NVIDIA's driver takes
+    about 7 us more per launch with one). hold_gil: call it without releasing the GIL (ctypes.PyDLL), which
+    bench/replay_cost.py measures against releasing it. None where it cannot be found (pyopencl's enqueue is used
+    then)."""
+    try:
+        fn = getattr((ctypes.PyDLL if hold_gil else ctypes.CDLL)(cl._cl.__file__), name)
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int32
+    fn.argtypes = argtypes
+    return fn
+
+
+_size_p = ctypes.POINTER(ctypes.c_size_t)
+ENQUEUE_ARGS = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, _size_p, _size_p,
+                ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p]
+_enqueue_raw = event_free("clEnqueueNDRangeKernel", ENQUEUE_ARGS)
+_grids = {}  # global or local size -> its ctypes array, for the event-free enqueue
+event_free_launches = _enqueue_raw is not None  # eager launches without events (False: through pyopencl's enqueue)
+
+
+def _grid(size):
+    arr = _grids.get(size)
+    if arr is None:
+        if len(_grids) >= 4096:
+            _grids.clear()
+        arr = _grids[size] = (ctypes.c_size_t * len(size))(*size)
+    return arr
 
 
 class NeedsStaging(Exception):
@@ -403,10 +439,17 @@ def launch(dev, k, global_size, local_size, *args, what=""):
 
 
 def _enqueue(dev, k, args, global_size, local_size):
+    """The launch, made without an event (through ctypes: pyopencl's enqueue makes an Event object each time, about 7
+    us of NVIDIA's driver a launch) unless a profiler wants the events. A refused raw enqueue is made again through
+    pyopencl, whose error the caller handles as every launch's (`failed`). Returns the event, or None."""
     with _launch_lock:
-        clone, live = _with_args(k, args)
+        clone, live, handle = _with_args(k, args)
         for i in live:
             clone.set_arg(i, args[i].value)
+        if event_free_launches and k.queue is not None and context.profiler is None:
+            if not _enqueue_raw(k.queue, handle, len(global_size), None, _grid(global_size),
+                                None if local_size is None else _grid(local_size), 0, None, None):
+                return None
         return cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
 
 

@@ -297,7 +297,8 @@ def test_out_of_memory_retry_inside_a_capture_keeps_the_graphs_buffers(dev, rng,
     with g.capture():
         opt.zero_grad()
         out = model(x)
-        monkeypatch.setattr(cl, "enqueue_nd_range_kernel", FailingEnqueue(failures=1))  # the next launch retries
+        monkeypatch.setattr(kernels, "event_free_launches", False)  # eager launches through pyopencl's enqueue ...
+        monkeypatch.setattr(cl, "enqueue_nd_range_kernel", FailingEnqueue(failures=1))  # ... whose next one retries
         loss = loss_fn(out, y)
         monkeypatch.undo()
         loss.backward()
@@ -315,10 +316,11 @@ def test_eager_dropout_keeps_one_argument_set(dev):
     """A Live argument keys the kept argument sets by its place, not its identity: a fresh seed per call must not
     make a new kernel clone per call."""
     x = clnet.tensor(np.ones((5, 7), np.float32), dev)
+    k = kernels.kernel(dev, "elementwise.cl", "dropout_fwd")
+    before = set(k.clones)  # earlier tests' argument sets
     for _ in range(20):
         nn.functional.dropout(x, 0.5)
-    k = kernels.kernel(dev, "elementwise.cl", "dropout_fwd")
-    assert len(k.clones) <= 2
+    assert len(set(k.clones) - before) <= 2
 
 
 def test_the_replayer_captures_the_shape_that_repeats(dev, rng):

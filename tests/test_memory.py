@@ -20,6 +20,13 @@ def allocation_failure():
                                            "clEnqueueNDRangeKernel"))
 
 
+@pytest.fixture(autouse=True)
+def through_pyopencl(monkeypatch):
+    """These tests inject failures into pyopencl's enqueue, which eager launches then take (they go without events,
+    through ctypes, otherwise: test_a_refused_event_free_launch_is_made_again_through_pyopencl covers that path)."""
+    monkeypatch.setattr(kernels, "event_free_launches", False)
+
+
 class FailingEnqueue:
     """Replaces pyopencl's enqueue in kernels.py: fails the first `failures` calls, then enqueues."""
 
@@ -76,6 +83,33 @@ def test_persistent_failure_raises_out_of_memory_and_leaves_the_model_usable(dev
     loss = nn.CrossEntropyLoss()(model(clnet.tensor(x, dev)), clnet.tensor(np.array([0, 2], np.int32), dev))
     loss.backward()
     assert np.all(np.isfinite(model[0].weight.grad.numpy()))
+
+
+def test_a_refused_event_free_launch_is_made_again_through_pyopencl(dev, rng, monkeypatch):
+    """An eager launch goes without an event, through ctypes; a status it returns has the launch made again through
+    pyopencl, whose failure is handled as every launch's: an allocation failure frees the pool's cache and retries."""
+    if kernels._enqueue_raw is None:
+        pytest.skip("no event-free entry point here")
+    monkeypatch.setattr(kernels, "event_free_launches", True)
+    refused = []
+
+    def raw(*args):
+        refused.append(args[1])
+        return cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE
+
+    a = rng.standard_normal(37).astype(np.float32)
+    x = clnet.tensor(a, dev)
+    junk = [ops.zeros((1000 + i,), dev) for i in range(4)]
+    del junk
+    held = pool(dev).allocated_bytes
+    failing = FailingEnqueue(failures=1)
+    monkeypatch.setattr(kernels, "_enqueue_raw", raw)
+    monkeypatch.setattr(cl, "enqueue_nd_range_kernel", failing)
+    y = x * 3.0
+    monkeypatch.undo()
+    assert len(refused) == 2 and failing.calls == 2  # raw refused, pyopencl failed; again: raw refused, pyopencl ran
+    assert pool(dev).allocated_bytes < held, "the pool's cached buffers were not released before the retry"
+    np.testing.assert_array_equal(y.numpy(), a * np.float32(3))
 
 
 def test_kernel_failures_name_the_op(dev, monkeypatch):
