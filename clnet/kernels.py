@@ -421,7 +421,16 @@ def launch(dev, k, global_size, local_size, *args, what=""):
     if 0 in global_size:
         return None
     try:
-        ev = _enqueue(dev, k, args, global_size, local_size)
+        with _launch_lock:  # _enqueue, inline
+            clone, live, handle = _with_args(k, args)
+            for i in live:
+                clone.set_arg(i, args[i].value)
+            if event_free_launches and k.queue is not None and context.profiler is None and not _enqueue_raw(
+                    k.queue, handle, len(global_size), None, _grid(global_size),
+                    None if local_size is None else _grid(local_size), 0, None, None):
+                ev = None
+            else:
+                ev = cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
     except NeedsStaging:  # a window of a tensor past INDEX_LIMIT, found before anything was queued
         from .tensor import staged_launch
         staged_launch(dev, k, global_size, local_size, args, what)
@@ -439,9 +448,10 @@ def launch(dev, k, global_size, local_size, *args, what=""):
 
 
 def _enqueue(dev, k, args, global_size, local_size):
-    """The launch, made without an event (through ctypes: pyopencl's enqueue makes an Event object each time, about 7
-    us of NVIDIA's driver a launch) unless a profiler wants the events. A refused raw enqueue is made again through
-    pyopencl, whose error the caller handles as every launch's (`failed`). Returns the event, or None."""
+    """The launch (launch makes it inline; this is its retry), made without an event (through ctypes: pyopencl's
+    enqueue makes an Event object each time, about 7 us of NVIDIA's driver a launch) unless a profiler wants the
+    events. A refused raw enqueue is made again through pyopencl, whose error the caller handles as every launch's
+    (`failed`). Returns the event, or None."""
     with _launch_lock:
         clone, live, handle = _with_args(k, args)
         for i in live:

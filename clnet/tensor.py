@@ -159,8 +159,8 @@ class _Storage:
     __slots__ = ("buffer", "number", "size", "pool", "set_up", "__weakref__")
 
     def __init__(self, dev, nbytes):
-        self.pool = pool(dev)
-        self.buffer, self.number, self.size = self.pool.take(nbytes)
+        self.pool = p = _pools.get(dev) or pool(dev)
+        self.buffer, self.number, self.size = p.take(nbytes)
         c = kernels.context
         self.set_up = c.paused > 0
         if c.capturing is not None and not self.set_up:  # the graph must know every buffer the step allocates
@@ -170,8 +170,10 @@ class _Storage:
         return self.buffer, 0
 
     def __del__(self):
-        try:
-            self.pool.give(self.buffer, self.number, self.size)
+        try:  # BufferPool.give, inline: every op's temporaries come here
+            p = self.pool
+            with p.lock:
+                heapq.heappush(p.free.setdefault(self.size, []), (self.number, self.buffer))
         except Exception:  # interpreter shutdown: the context goes anyway
             pass
 
@@ -555,8 +557,8 @@ def _host_array(data):
 
 
 def tensor(data, device=None, requires_grad=False):
-    """Copy host data to the device: floats become float32, integers int32, booleans bool. A clnet tensor comes back as it is
-    (moved to `device` when another is named)."""
+    """Copy host data to the device: floats become float32, integers int32, booleans bool. A clnet tensor comes back
+    as it is (moved to `device` when another is named)."""
     if isinstance(data, Tensor):
         out = data if device is None else data.to(device)
     else:
