@@ -5,7 +5,8 @@
 # bench/NOTES.md v19) with .whl carried as for bench/run_h200.sh. MODELS lists MODEL:BATCH; each run gets at most
 # BENCH_TIMEOUT seconds and none starts after DEADLINE seconds, so the call ends inside the tool's 10 minutes.
 # Files in $OUT: zoo-h200.log (all text) and bench-zoo-h200.json (each model's --json record with its exit status,
-# wall time and command; rewritten after each model, so a call cut short keeps the models done).
+# wall time and command; rewritten after each model, so a call cut short keeps the models done). TUNE="m1 m2" runs
+# `clnet tune` (at most TUNE_BUDGET seconds) on those models before their bench.
 # On the CPU (a dry run): NO_WHEELS=1 DEVICE=0 COMPARE=torch-cpu MODELS="shufflenet_v2_x1_0:2" bash bench/run_h200_zoo.sh
 set -u
 source bench/h200_env.sh
@@ -23,6 +24,15 @@ for spec in ${MODELS:-mobilenet_v2:64 efficientnet_b0:64 shufflenet_v2_x1_0:64 c
   left=$((${DEADLINE:-540} - SECONDS)) limit=${BENCH_TIMEOUT:-150}
   [ $left -lt $limit ] && limit=$left
   if [ $limit -lt 30 ]; then echo "== $m: not run, $left s left before the deadline" | tee -a "$LOG"; continue; fi
+  if [[ " ${TUNE:-} " == *" $m "* ]]; then  # TUNE lists models to tune fully first (`clnet tune`, TUNE_BUDGET s)
+    t0=$SECONDS
+    echo "== clnet tune $m --batch $b --device ${DEVICE:-gpu} --budget ${TUNE_BUDGET:-100}" | tee -a "$LOG"
+    timeout $((${TUNE_BUDGET:-100} + 60)) python3 -m clnet.cli tune "$m" --batch "$b" --device ${DEVICE:-gpu} \
+      --budget ${TUNE_BUDGET:-100} 2>&1 | tr '\r' '\n' | grep -v "^\s*$" | tail -40 >>"$LOG"
+    echo "== $m: tuned in $((SECONDS - t0)) s" | tee -a "$LOG"
+    left=$((${DEADLINE:-540} - SECONDS))
+    [ $left -lt $limit ] && limit=$left
+  fi
   cmd="clnet bench $m --batch $b --device ${DEVICE:-gpu} --compare ${COMPARE:-cuda} --iterations ${ITERS:-10} --warmup ${WARMUP:-5}"
   echo "== $cmd (at most $limit s)" | tee -a "$LOG"
   t0=$SECONDS

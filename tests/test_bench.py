@@ -186,6 +186,16 @@ def test_attention_flops_count_projections_and_both_products(dev, batch_first):
     assert rows["attn.out_proj"]["forward_flop"] == 2 * n * q * e * e
 
 
+def test_disagreements_judge_zero_gradients_by_pytorchs_noise():
+    """Ordinary quantities: more than the tolerance and twice PyTorch float32's error. A quantity zero by construction
+    (PyTorch float32 at 1 or more from float64): more than ten times PyTorch's noise (3.1x was seen on the H200)."""
+    def q(clnet, torch):
+        return dict(clnet_vs_fp64=clnet, torch_vs_fp64=torch, vs_torch=clnet)
+    agreement = {"fine": q(5e-3, 4e-3), "bad": q(5e-3, 1e-4), "small": q(5e-4, 1e-6),
+                 "zero noise": q(6e8, 1.9e8), "zero wrong": q(1e17, 2e8)}
+    assert set(bench.disagreements(agreement, 1e-3)) == {"bad", "zero wrong"}
+
+
 @needs_torch
 def test_compare_torch_cpu_agrees(tmp_path, dev):
     path = tmp_path / "cmp.json"

@@ -88,11 +88,23 @@ def check_agreement(model, dev, tm, tdev, x, labels):
                     torch_vs_fp64=_rel_err(t32[k], t64[k])) for k in ours}
 
 
+NOISE_FACTOR = 2.0  # clnet may err this many times PyTorch float32's own error before it counts as a disagreement
+ZERO_NOISE_FACTOR = 10.0  # the same for a quantity that is zero by construction (below)
+
+
 def disagreements(agreement, tolerance):
     """Quantities where clnet is off by more than float32 allows: beyond the tolerance against float64 and also
-    clearly worse than PyTorch's own float32 result."""
-    return {k: v for k, v in agreement.items()
-            if v["clnet_vs_fp64"] > tolerance and v["clnet_vs_fp64"] > 2 * v["torch_vs_fp64"]}
+    clearly worse than PyTorch's own float32 result (NOISE_FACTOR times its error).
+
+    A gradient that is zero by construction (a batch norm's bias before a convolution and another training-mode batch
+    norm, which removes any per-channel shift) has a float64 reference of about 1e-17, and both float32 engines give
+    pure rounding noise: PyTorch float32's own relative error is 1 or more (1e8-4e9 in shufflenet_v2_x1_0 and
+    mobilenet_v2 at batch 64 on the H200, `h200-zoo-modern`), and clnet's was up to 3.1 times PyTorch's there. Such a
+    quantity is judged by ZERO_NOISE_FACTOR times PyTorch's noise: a wrong value instead of noise would be off by
+    many orders of magnitude more."""
+    def allowed(v):
+        return (ZERO_NOISE_FACTOR if v["torch_vs_fp64"] >= 1.0 else NOISE_FACTOR) * v["torch_vs_fp64"]
+    return {k: v for k, v in agreement.items() if v["clnet_vs_fp64"] > tolerance and v["clnet_vs_fp64"] > allowed(v)}
 
 
 def run_torch(tm, tdev, x, labels, iterations, warmup, forward_only, progress=True):
