@@ -1,10 +1,13 @@
 """clnet.onnx.export: a clnet module, traced once, as an ONNX file."""
 
+import math
 import os
 
 import numpy as np
 
 from .. import autograd
+from ..pointwise import BINARY, UNARY
+from ..reduce import MAX as _MAX
 from ..tensor import Tensor, tensor as _to_device
 from .common import EXPORT_OPSET, _onnx
 
@@ -46,7 +49,8 @@ class _Writer:
         self.nodes, self.initializers = [], []
         self.names = dict(names)  # id(tensor) -> value name
         self.keep = []  # tensors whose ids name values: kept alive while writing
-        self.batch = set()  # names whose dimension 0 is the input's batch
+        self.merged = {}  # names whose dimension 0 is the input's batch times a known factor (attention's heads)
+        self.batch_size = 1
         self.count = 0
         self.constants = {}
 
@@ -99,6 +103,8 @@ def _export_record(w, cls, inputs, options, out, batch_names):
     def done(output):
         if keeps_batch:
             batch_names.add(output)
+        elif xn in w.merged:
+            w.merged[output] = w.merged[xn]
         return output
 
     if name == "Conv2d":
@@ -156,12 +162,23 @@ def _export_record(w, cls, inputs, options, out, batch_names):
         done(w.node("LogSoftmax" if options["log"] else "Softmax", [xn], result, axis=options["dim"]))
     elif name == "Reshape":
         shape = list(options["shape"])
-        if keeps_batch and shape and shape[0] == x.shape[0]:
-            shape[0] = 0  # copy the batch dimension: the file takes any batch
-            w.node("Reshape", [xn, w.constant(np.array(shape, np.int64), "shape")], result)
-            batch_names.add(w.names[id(result)])
-        else:
-            w.node("Reshape", [xn, w.constant(np.array(shape, np.int64), "shape")], result)
+        k = 1 if keeps_batch else w.merged.get(xn)
+        B = w.batch_size
+        out_k = None
+        if k is not None and shape:
+            lead = B * k  # the input's dimension 0: the batch times k
+            if shape[0] == x.shape[0] and k == 1:
+                shape[0], out_k = 0, 1  # copy the batch dimension: the file takes any batch
+            elif shape[0] % lead == 0:  # more dimensions merged into the batch's
+                out_k, shape[0] = k * shape[0] // lead, -1
+            elif shape[0] % B == 0 and k % (shape[0] // B) == 0 and any(
+                    math.prod(shape[:i]) == lead for i in range(2, len(shape) + 1)):  # the batch split from k
+                out_k, shape[0] = shape[0] // B, -1
+        y = w.node("Reshape", [xn, w.constant(np.array(shape, np.int64), "shape")], result)
+        if out_k == 1:
+            batch_names.add(y)
+        elif out_k is not None:
+            w.merged[y] = out_k
     elif name == "Axpby":
         a, b = xn, w.name(inputs[1])
         alpha, beta = options["alpha"], options["beta"]
@@ -185,13 +202,181 @@ def _export_record(w, cls, inputs, options, out, batch_names):
         out_name = w.node("Concat", [w.name(t) for t in inputs], result, axis=options["dim"])
         if options["dim"] != 0 and all(w.name(t) in batch_names for t in inputs):
             batch_names.add(out_name)
-    elif name == "Sum":
-        total = w.node("ReduceSum", [xn], keepdims=0)
-        w.node("Mul", [total, w.constant(np.array(options["scale"], np.float32))], result)
     elif name == "Dropout":
         raise ValueError("export: dropout ran although the model was in eval mode")
+    elif name == "Unary":
+        _export_unary(w, xn, options, result, done)
+    elif name == "Binary":
+        a, b = inputs
+        an, bn = w.name(a), w.name(b)
+        op = options["op"]
+        if op == "ne":
+            y = w.node("Not", [w.node("Equal", [an, bn])], result)
+        elif op == "floor_divide":
+            y = w.node("Floor", [w.node("Div", [an, bn])], result)
+        elif op in ("maximum", "minimum"):
+            y = w.node("Max" if op == "maximum" else "Min", [an, bn], result)
+        elif BINARY[op].onnx and op != "remainder":
+            y = w.node(BINARY[op].onnx, [an, bn], result)
+        else:
+            raise ValueError(f"export: the elementwise op {op} has no ONNX translation")
+        for t, tn in ((a, an), (b, bn)):
+            if tuple(t.shape[:1]) == tuple(options["out_shape"][:1]) and len(t.shape) == len(options["out_shape"]):
+                if tn in batch_names:
+                    batch_names.add(y)
+                elif tn in w.merged:
+                    w.merged[y] = w.merged[tn]
+    elif name == "Cast":
+        to = {np.dtype(np.float32): 1, np.dtype(np.int32): 6, np.dtype(np.bool_): 9}[np.dtype(result.dtype)]
+        done(w.node("Cast", [xn], result, to=to))
+    elif name == "Where":
+        c, a, b = inputs
+        y = w.node("Where", [w.name(c), w.name(a), w.name(b)], result)
+        if w.name(a) in batch_names or w.name(c) in batch_names:
+            batch_names.add(y)
+    elif name == "Extreme" or (name == "Sum" and options["dims"] != ()):
+        dims = list(options["dims"])
+        keep = int(bool(options["keepdim"]))
+        if name == "Extreme":
+            op = "ReduceMax" if options["comb"] == _MAX else "ReduceMin"
+            y = w.node(op, [xn], result, axes=dims, keepdims=keep)
+        else:
+            total = w.node("ReduceSum", [xn, w.constant(np.array(dims, np.int64), "axes")],
+                           None if options["scale"] != 1.0 else result, keepdims=keep)
+            y = total if options["scale"] == 1.0 else \
+                w.node("Mul", [total, w.constant(np.array(options["scale"], np.float32))], result)
+        if 0 not in dims:
+            done(y)
+    elif name == "Sum":  # over nothing: a copy
+        done(w.node("Identity", [xn], result))
+    elif name == "BatchedMatMul":
+        y = w.node("MatMul", [xn, w.name(inputs[1])], None if options.get("alpha", 1.0) != 1.0 else result)
+        if options.get("alpha", 1.0) != 1.0:
+            y = w.node("Mul", [y, w.constant(np.array(options["alpha"], np.float32))], result)
+        done(y)
+    elif name == "SoftmaxRows":
+        done(w.node("LogSoftmax" if options["log"] else "Softmax", [xn], result, axis=-1))
+    elif name == "View":
+        _export_view(w, x, xn, options, result, batch_names)
     else:
         raise ValueError(f"export: clnet op {name} has no ONNX translation")
+
+
+def _export_unary(w, xn, options, result, done):
+    """One of pointwise.UNARY's ops: its ONNX operator (the table names it), with the kernel's parameters as ONNX's
+    attributes or inputs, or its formula in ONNX's operators."""
+    op, p0, p1 = options["op"], float(options.get("p0", 0.0)), float(options.get("p1", 0.0))
+    c = w.constant
+
+    def f(v):
+        return c(np.array(v, np.float32))
+    if op in ("leaky_relu", "elu", "celu"):
+        done(w.node(UNARY[op].onnx, [xn], result, alpha=p0))
+    elif op == "clamp":
+        done(w.node("Clip", [xn, f(p0), f(p1)], result))
+    elif op == "relu6":
+        done(w.node("Clip", [xn, f(0.0), f(6.0)], result))
+    elif op == "pow_scalar":
+        done(w.node("Pow", [xn, f(p0)], result))
+    elif op == "rpow_scalar":
+        done(w.node("Pow", [f(p0), xn], result))
+    elif op == "rdiv_scalar":
+        done(w.node("Div", [f(p0), xn], result))
+    elif op == "rsqrt":
+        done(w.node("Reciprocal", [w.node("Sqrt", [xn])], result))
+    elif op == "log1p":
+        done(w.node("Log", [w.node("Add", [xn, f(1.0)])], result))
+    elif op == "silu":
+        done(w.node("Mul", [xn, w.node("Sigmoid", [xn])], result))
+    elif op == "hardsigmoid":  # relu6(x + 3) / 6
+        done(w.node("HardSigmoid", [xn], result, alpha=1.0 / 6.0, beta=0.5))
+    elif op == "gelu":  # x Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
+        inner = w.node("Add", [w.node("Erf", [w.node("Mul", [xn, f(0.5 ** 0.5)])]), f(1.0)])
+        done(w.node("Mul", [w.node("Mul", [xn, f(0.5)]), inner], result))
+    elif op == "gelu_tanh":  # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+        cube = w.node("Mul", [w.node("Pow", [xn, f(3.0)]), f(0.044715)])
+        t = w.node("Tanh", [w.node("Mul", [w.node("Add", [xn, cube]), f((2.0 / math.pi) ** 0.5)])])
+        done(w.node("Mul", [w.node("Mul", [xn, f(0.5)]), w.node("Add", [t, f(1.0)])], result))
+    elif op == "mish":  # x tanh(softplus(x)) (Mish itself is opset 18)
+        done(w.node("Mul", [xn, w.node("Tanh", [w.node("Softplus", [xn])])], result))
+    elif op == "softplus" and p0 == 1.0:  # (PyTorch's linear tail past the threshold is within float32's eps)
+        done(w.node("Softplus", [xn], result))
+    elif UNARY[op].onnx and not UNARY[op].params and op != "softplus":
+        done(w.node(UNARY[op].onnx, [xn], result))
+    else:
+        raise ValueError(f"export: the elementwise op {op} (parameters {p0}, {p1}) has no ONNX translation")
+
+
+def _view_plan(in_shape, shape, strides, base):
+    """A strided view of a contiguous tensor (views.View: shape, strides, base) as ONNX operators: (starts, ends of a
+    Slice per input dimension, the Transpose's perm, the Reshape's target, the Expand's target or None), or None
+    where the view is not a slice, permutation and broadcast of the input."""
+    cs = [math.prod(in_shape[d + 1:]) for d in range(len(in_shape))]
+    used, source = set(), {}
+    for j, (n, st) in enumerate(zip(shape, strides)):
+        if n == 1 or st == 0:
+            continue
+        d = next((d for d in range(len(in_shape)) if cs[d] == st and in_shape[d] > 1 and d not in used), None)
+        if d is None:
+            return None
+        used.add(d)
+        source[j] = d
+    starts, rest = [0] * len(in_shape), base
+    for d in sorted(range(len(in_shape)), key=lambda d: -cs[d]):
+        if in_shape[d] > 1:
+            starts[d], rest = divmod(rest, cs[d])[0], rest % cs[d]
+    if rest:
+        return None
+    ends = [s + 1 for s in starts]
+    for j, d in source.items():
+        ends[d] = starts[d] + shape[j]
+    if any(e > n for e, n in zip(ends, in_shape)):
+        return None
+    for d in range(len(in_shape)):
+        if in_shape[d] == 1:
+            ends[d] = 1
+    kept = iter(source[j] for j in sorted(source))  # in the view's order, at the positions kept dimensions hold
+    perm = [d if d not in used else next(kept) for d in range(len(in_shape))]  # (the others have size 1 by now)
+    target = [1 if st == 0 else n for n, st in zip(shape, strides)]
+    expand = list(shape) if any(st == 0 and n > 1 for n, st in zip(shape, strides)) else None
+    return starts, ends, perm, target, expand
+
+
+def _export_view(w, x, xn, options, result, batch_names):
+    shape, strides, base = options["shape"], options["strides"], options["base"]
+    plan = _view_plan(tuple(x.shape), tuple(shape), tuple(strides), base)
+    if plan is None:
+        raise ValueError(f"export: the view {options.get('what', '')} of shape {tuple(shape)}, strides "
+                         f"{tuple(strides)} from {tuple(x.shape)} is not a slice, permutation and broadcast")
+    starts, ends, perm, target, expand = plan
+    batch = (xn in batch_names or xn in w.merged) and perm[0] == 0 and starts[0] == 0 and ends[0] == x.shape[0] \
+        and shape and shape[0] == x.shape[0] and strides[0] != 0
+    y = xn
+    sliced = [d for d in range(x.ndim) if (starts[d], ends[d]) != (0, x.shape[d])]
+    if sliced:
+        y = w.node("Slice", [y, w.constant(np.array([starts[d] for d in sliced], np.int64), "starts"),
+                             w.constant(np.array([ends[d] for d in sliced], np.int64), "ends"),
+                             w.constant(np.array(sliced, np.int64), "axes")])
+    if perm != sorted(perm):
+        y = w.node("Transpose", [y], perm=perm)
+    if batch:
+        target = [0] + list(target[1:])
+    y = w.node("Reshape", [y, w.constant(np.array(target, np.int64), "shape")], None if expand else result)
+    along_batch = expand and not batch and strides[0] == 0 and shape[0] == w.batch_size > 1 and len(w.inputs) == 1
+    if along_batch:  # a tensor broadcast along the batch (ViT's class token): to the input's batch size
+        first = w.node("Slice", [w.node("Shape", [w.inputs[0]]), w.constant(np.array([0], np.int64), "starts"),
+                                 w.constant(np.array([1], np.int64), "ends")])
+        sizes = w.node("Concat", [first, w.constant(np.array(expand[1:], np.int64), "shape")], axis=0)
+        y = w.node("Expand", [y, sizes], result)
+        batch_names.add(y)
+    elif expand:
+        y = w.node("Expand", [y, w.constant(np.array([1 if batch and i == 0 else n for i, n in enumerate(expand)],
+                                                     np.int64), "shape")], result)
+    if batch:
+        if xn in batch_names:
+            batch_names.add(y)
+        else:
+            w.merged[y] = w.merged[xn]
 
 
 def export(model, path, example_input, opset=EXPORT_OPSET, dynamic_batch=True):
@@ -226,6 +411,8 @@ def export(model, path, example_input, opset=EXPORT_OPSET, dynamic_batch=True):
         if p is not None and p.dtype == np.float32:
             names[id(p)] = (k, p.numpy())
     w = _Writer(onnx, names)
+    w.batch_size = xs[0].shape[0] if xs[0].ndim else 1
+    w.inputs = [f"input{i}" if len(xs) > 1 else "input" for i in range(len(xs))]
     input_names = [f"input{i}" if len(xs) > 1 else "input" for i in range(len(xs))]
     batch_names = set()
     for t, n in zip(xs, input_names):

@@ -1105,6 +1105,7 @@ class OnnxOp(NamedTuple):
     host: tuple = ()         # input slots that must be constants of the file or computed from shapes
     params: tuple = ()       # input slots whose float initializers are trained (Parameters)
     buffers: tuple = ()      # input slots whose float initializers are kept (buffers)
+    names: tuple = ()        # PyTorch's parameter names of its inputs ("" where none), for unnamed weights
 
 
 _REDUCE_OPS = {op: OnnxOp(_d_reduce(op), _c_reduce, host=(1,)) for op in _REDUCTIONS}
@@ -1114,22 +1115,23 @@ _BINARY_OPS = {op: OnnxOp(_d_binary(op), _c_mod if op == "Mod" else None,
 
 OPS = {
     **_UNARY_OPS, **_BINARY_OPS, **_REDUCE_OPS,
-    "Conv": OnnxOp(_d_conv, _c_conv, params=(1, 2)),
-    "ConvTranspose": OnnxOp(_d_conv_transpose, _c_conv_transpose, params=(1, 2)),
-    "Gemm": OnnxOp(_d_gemm, _c_gemm, params=(1, 2)),
-    "MatMul": OnnxOp(_d_matmul, _c_matmul, params=(0, 1)),
+    "Conv": OnnxOp(_d_conv, _c_conv, params=(1, 2), names=("", "weight", "bias")),
+    "ConvTranspose": OnnxOp(_d_conv_transpose, _c_conv_transpose, params=(1, 2), names=("", "weight", "bias")),
+    "Gemm": OnnxOp(_d_gemm, _c_gemm, params=(1, 2), names=("", "weight", "bias")),
+    "MatMul": OnnxOp(_d_matmul, _c_matmul, params=(0, 1), names=("", "weight")),
     "Einsum": OnnxOp(_d_einsum, _c_einsum),
     "MaxPool": OnnxOp(_pool_1d(_d_maxpool), _c_pool),
     "AveragePool": OnnxOp(_pool_1d(_d_avgpool), _c_pool),
     "GlobalAveragePool": OnnxOp(_d_global_pool("mean")),
     "GlobalMaxPool": OnnxOp(_d_global_pool("max")),
-    "BatchNormalization": OnnxOp(_d_batchnorm, _c_batchnorm, params=(1, 2), buffers=(3, 4)),
-    "LayerNormalization": OnnxOp(_d_layer_norm, params=(1, 2)),
-    "GroupNormalization": OnnxOp(_d_group_norm, _c_group_norm, params=(1, 2)),
-    "InstanceNormalization": OnnxOp(_d_instance_norm, _c_instance_norm, params=(1, 2)),
+    "BatchNormalization": OnnxOp(_d_batchnorm, _c_batchnorm, params=(1, 2), buffers=(3, 4),
+                                 names=("", "weight", "bias", "running_mean", "running_var")),
+    "LayerNormalization": OnnxOp(_d_layer_norm, params=(1, 2), names=("", "weight", "bias")),
+    "GroupNormalization": OnnxOp(_d_group_norm, _c_group_norm, params=(1, 2), names=("", "weight", "bias")),
+    "InstanceNormalization": OnnxOp(_d_instance_norm, _c_instance_norm, params=(1, 2), names=("", "weight", "bias")),
     "LRN": OnnxOp(_d_lrn),
     "Selu": OnnxOp(_d_selu), "HardSigmoid": OnnxOp(_d_hard_sigmoid), "Gelu": OnnxOp(_d_gelu, _c_gelu),
-    "PRelu": OnnxOp(_d_prelu, params=(1,)), "Not": OnnxOp(_d_not), "Where": OnnxOp(_d_where),
+    "PRelu": OnnxOp(_d_prelu, params=(1,), names=("", "weight")), "Not": OnnxOp(_d_not), "Where": OnnxOp(_d_where),
     "Clip": OnnxOp(_d_clip, _c_clip), "Cast": OnnxOp(_d_cast, _c_cast), "Trilu": OnnxOp(_d_trilu, _c_trilu, host=(1,)),
     "Sum": OnnxOp(_d_variadic("Sum")), "Max": OnnxOp(_d_variadic("Max")), "Min": OnnxOp(_d_variadic("Min")),
     "Mean": OnnxOp(_d_variadic("Mean")),
@@ -1137,10 +1139,11 @@ OPS = {
     "Softmax": OnnxOp(_d_softmax(False)), "LogSoftmax": OnnxOp(_d_softmax(True)),
     "Dropout": OnnxOp(_d_dropout, host=(1, 2)),
     "Identity": OnnxOp(lambda m, n, a: [a[0]]),
-    "Reshape": OnnxOp(_d_reshape, host=(1,)), "Flatten": OnnxOp(_d_flatten),
-    "Squeeze": OnnxOp(_d_squeeze, host=(1,)), "Unsqueeze": OnnxOp(_d_unsqueeze, host=(1,)),
-    "Concat": OnnxOp(_d_concat, _c_concat), "Transpose": OnnxOp(_d_transpose),
-    "Slice": OnnxOp(_d_slice, host=(1, 2, 3, 4)), "Split": OnnxOp(_d_split, host=(1,)),
+    # (a weight reshaped, transposed or joined before use, as ViT's class token, is trained as the file's weight)
+    "Reshape": OnnxOp(_d_reshape, host=(1,), params=(0,)), "Flatten": OnnxOp(_d_flatten, params=(0,)),
+    "Squeeze": OnnxOp(_d_squeeze, host=(1,), params=(0,)), "Unsqueeze": OnnxOp(_d_unsqueeze, host=(1,), params=(0,)),
+    "Concat": OnnxOp(_d_concat, _c_concat, params=tuple(range(64))), "Transpose": OnnxOp(_d_transpose, params=(0,)),
+    "Slice": OnnxOp(_d_slice, host=(1, 2, 3, 4), params=(0,)), "Split": OnnxOp(_d_split, host=(1,)),
     "Gather": OnnxOp(_d_gather, params=(0,)), "GatherElements": OnnxOp(_d_gather_elements),
     "Expand": OnnxOp(_d_expand, host=(1,), params=(0,)), "Tile": OnnxOp(_d_tile, host=(1,)),
     "Pad": OnnxOp(_d_pad, _c_pad, host=(1, 2, 3)),

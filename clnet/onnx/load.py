@@ -8,7 +8,7 @@ from ..devices import device as get_device
 from ..tensor import Parameter, Tensor
 from .checks import _check_flow, _check_node, _inferred_shapes
 from .common import NEWEST_OPSET, OnnxImportError, OnnxOpsetWarning, _attributes, _onnx
-from .handlers import DEVICE_OPS, _BUFFER_INPUTS, _PARAMETER_INPUTS, _dispatch
+from .handlers import DEVICE_OPS, OPS, _BUFFER_INPUTS, _PARAMETER_INPUTS, _dispatch
 from .host import HOST_OPS
 from .module import OnnxModule, _Node
 from .reader import _all_tensors, _check_sizes, _read
@@ -97,6 +97,7 @@ def load(path, device=None, fuse=False):
         raise OnnxImportError(f"{path}: fuse=True folds batch norms for inference only, and this file was exported "
                               "in training mode; load it with fuse=False to train it")
     shapes = _inferred_shapes(onnx, model, initializers)
+    renamed = _module_names(nodes, initializers)
     if fuse:
         nodes, initializers = _fuse_conv_bn(nodes, initializers, consumers, set(outputs))
 
@@ -139,11 +140,55 @@ def load(path, device=None, fuse=False):
         else:
             net.register_buffer(k, host)
     net.__dict__["exported_training"] = training
+    net.__dict__["file_names"] = renamed
     net.__dict__["fused"] = bool(fuse)
     net.train(training)
     if device is not None:
         net.to(device)
     return net
+
+
+def _scope(node_name):
+    """The module a TorchScript-exported node belongs to, from its name: "/layer1/layer1.0/conv1/Conv" is
+    layer1.0.conv1 (each segment is the module's qualified name where it extends its parent's, else its attribute
+    name in the parent); None for a name without a scope."""
+    parts = node_name.split("/")
+    if len(parts) < 3 or parts[0]:
+        return None
+    full = ""
+    for seg in parts[1:-1]:
+        if not seg:
+            return None
+        full = seg if not full or seg.startswith(full + ".") else f"{full}.{seg}"
+    return full
+
+
+def _module_names(nodes, initializers):
+    """Renames, in place, the initializers PyTorch's TorchScript exporter leaves unnamed ("onnx::Conv_193": a
+    convolution's weight with its batch norm folded in, in an eval-mode export) after the module their one reader
+    belongs to (its node name's scope) and PyTorch's name of that input (OnnxOp.names): layer1.0.conv1.weight.
+    Returns {new name: the file's name}."""
+    readers = {}
+    for n in nodes:
+        for s, name in enumerate(n.inputs):
+            readers.setdefault(name, []).append((n, s))
+    renamed = {}
+    for old in [k for k in initializers if k.startswith("onnx::")]:
+        uses = readers.get(old, [])
+        if len(uses) != 1:
+            continue
+        n, s = uses[0]
+        entry, scope = OPS.get(n.op), _scope(n.name)
+        names = entry.names if entry is not None else ()
+        if scope is None or s >= len(names) or not names[s]:
+            continue
+        new = f"{scope}.{names[s]}"
+        if new in initializers or new in renamed:
+            continue
+        initializers[new] = initializers.pop(old)
+        n.inputs = [new if i == old else i for i in n.inputs]
+        renamed[new] = old
+    return renamed
 
 
 class _Folder:

@@ -1,0 +1,165 @@
+"""Imported graphs of the operators clnet.onnx maps onto the tensor engine train: their outputs match ONNX Runtime's
+and the gradients of a loss with respect to the graph's input and its weights match PyTorch's gradients of the same
+computation in float64 (attention built from MatMul, Einsum, Softmax, LayerNormalization and Gemm of computed
+tensors; an image path through reflect Pad, linear Resize, ConvTranspose with asymmetric pads, Where,
+InstanceNormalization, a negative-step Slice, ReduceL2 and Gather). Also: the unnamed weights of PyTorch's TorchScript
+exporter ("onnx::Conv_17") take their module's names."""
+import numpy as np
+import pytest
+
+import clnet
+
+from conftest import HAVE_TORCH, assert_close, needs_torch
+from onnx_needed import require
+
+onnx = require("onnx")
+ort = require("onnxruntime")
+import clnet.onnx as connx  # noqa: E402
+
+if HAVE_TORCH:
+    import torch
+    import torch.nn.functional as TF
+
+h = onnx.helper
+
+
+def _model(path, nodes, inputs, output, rank, initializers, opset=17):
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s) for n, s in inputs],
+                         [h.make_tensor_value_info(output, onnx.TensorProto.FLOAT, [None] * rank)],
+                         [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in initializers.items()])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def _check(dev, path, x, weights, torch_fn, rng, tol):
+    """Forward against ONNX Runtime, then the gradients of sum(y * g) for the input and every weight against
+    PyTorch's of torch_fn in float64."""
+    net = connx.load(path, device=dev)
+    net.train()
+    tx = clnet.tensor(x, dev, requires_grad=True)
+    y = net(tx)
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert_close(y.numpy(), want, "forward against ONNX Runtime", tol=tol)
+    g = rng.standard_normal(y.shape).astype(np.float32)
+    (y * clnet.tensor(g, dev)).sum().backward()
+    tw = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in weights.items()}
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    yt = torch_fn(xt, tw)
+    assert_close(y.numpy(), yt.detach().numpy(), "forward against PyTorch", tol=tol)
+    (yt * torch.tensor(g, dtype=torch.float64)).sum().backward()
+    assert_close(tx.grad.numpy(), xt.grad.numpy(), "input gradient", tol=tol)
+    params = dict(net.named_parameters())
+    for k, t in tw.items():
+        grad = params[k].grad.numpy()
+        if k in net._transposed:  # a MatMul's 2-D weight, held as (out, in) for the dense kernels
+            grad = grad.T
+        assert_close(grad, t.grad.numpy(), f"gradient of {k}", tol=tol)
+
+
+@needs_torch
+def test_attention_graph_trains(dev, rng, tmp_path):
+    B, T, D = 2, 5, 8
+    w = {"wq": rng.standard_normal((D, D)) / 3, "wk": rng.standard_normal((D, D)) / 3,
+         "wv": rng.standard_normal((D, D)) / 3, "ln_s": rng.uniform(0.5, 1.5, D), "ln_b": rng.standard_normal(D),
+         "c": rng.standard_normal((1, D))}
+    w = {k: np.asarray(v, np.float32) for k, v in w.items()}
+    nodes = [
+        h.make_node("MatMul", ["x", "wq"], ["q"]), h.make_node("MatMul", ["x", "wk"], ["k"]),
+        h.make_node("MatMul", ["x", "wv"], ["v"]),
+        h.make_node("Einsum", ["q", "k"], ["s"], equation="bqd,bkd->bqk"),
+        h.make_node("Mul", ["s", "scale"], ["s2"]), h.make_node("Softmax", ["s2"], ["p"], axis=-1),
+        h.make_node("MatMul", ["p", "v"], ["o"]),
+        h.make_node("LayerNormalization", ["o", "ln_s", "ln_b"], ["n"], axis=-1, epsilon=1e-5),
+        h.make_node("Reshape", ["n", "flat"], ["n2"]),
+        # Gemm of two computed tensors, B not transposed: n2^T (D, B T) times n2 (B T, D), plus beta C
+        h.make_node("Gemm", ["n2", "n2", "c"], ["y"], transA=1, alpha=0.5, beta=2.0),
+    ]
+    inits = dict(w, scale=np.array(D ** -0.5, np.float32), flat=np.array([B * T, D], np.int64))
+    path = _model(tmp_path / "attention.onnx", nodes, [("x", (B, T, D))], "y", 2, inits)
+
+    def reference(x, t):
+        q, k, v = x @ t["wq"], x @ t["wk"], x @ t["wv"]
+        p = torch.softmax(torch.einsum("bqd,bkd->bqk", q, k) * D ** -0.5, dim=-1)
+        n = TF.layer_norm(p @ v, (D,), t["ln_s"], t["ln_b"], eps=1e-5).reshape(B * T, D)
+        return 0.5 * n.T @ n + 2.0 * t["c"]
+    _check(dev, path, rng.standard_normal((B, T, D)).astype(np.float32), w, reference, rng, tol=2e-5)
+
+
+@needs_torch
+def test_image_graph_trains(dev, rng, tmp_path):
+    N, C, H, W, O = 2, 3, 6, 7, 4
+    w = {"wt": rng.standard_normal((C, O, 3, 3)) / 3, "bt": rng.standard_normal(O),
+         "in_s": rng.uniform(0.5, 1.5, O), "in_b": rng.standard_normal(O)}
+    w = {k: np.asarray(v, np.float32) for k, v in w.items()}
+    nodes = [
+        h.make_node("Pad", ["x", "pads"], ["p"], mode="reflect"),  # H: 1 before, 2 after; W: 2 before, 1 after
+        h.make_node("Resize", ["p", "", "scales"], ["r"], mode="linear"),  # half_pixel, (9, 10) -> (13, 20)
+        h.make_node("ConvTranspose", ["r", "wt", "bt"], ["t"], strides=[2, 2], pads=[1, 0, 0, 1]),
+        h.make_node("Greater", ["t", "zero"], ["pos"]), h.make_node("Mul", ["t", "slope"], ["neg"]),
+        h.make_node("Where", ["pos", "t", "neg"], ["i"]),
+        h.make_node("InstanceNormalization", ["i", "in_s", "in_b"], ["l"], epsilon=1e-5),
+        h.make_node("Slice", ["l", "starts", "ends", "axes", "steps"], ["s"]),  # every other column, backwards
+        h.make_node("ReduceL2", ["s", "l2axes"], ["n"], keepdims=0),
+        h.make_node("Gather", ["n", "index"], ["y"], axis=1),
+    ]
+    inits = dict(w, pads=np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64),
+                 scales=np.array([1, 1, 1.5, 2], np.float32), zero=np.array(0, np.float32),
+                 slope=np.array(0.1, np.float32), starts=np.array([-1], np.int64),
+                 ends=np.array([-(2 ** 63)], np.int64), axes=np.array([3], np.int64), steps=np.array([-2], np.int64),
+                 l2axes=np.array([2], np.int64), index=np.array([2, 0, 3], np.int64))
+    path = _model(tmp_path / "image.onnx", nodes, [("x", (N, C, H, W))], "y", 3, inits, opset=18)
+
+    def reference(x, t):
+        p = TF.pad(x, (2, 1, 1, 2), mode="reflect")
+        r = TF.interpolate(p, scale_factor=(1.5, 2.0), mode="bilinear", align_corners=False)
+        y = TF.conv_transpose2d(r, t["wt"], t["bt"], stride=2)[:, :, 1:, :-1]
+        i = torch.where(y > 0, y, y * 0.1)
+        lr = TF.instance_norm(i, weight=t["in_s"], bias=t["in_b"], eps=1e-5)
+        s = lr[..., torch.arange(lr.shape[3] - 1, -1, -2)]
+        n = torch.sqrt((s * s).sum(2))
+        return n[:, [2, 0, 3]]
+    _check(dev, path, rng.standard_normal((N, C, H, W)).astype(np.float32), w, reference, rng, tol=2e-5)
+
+
+@needs_torch
+def test_torchscript_unnamed_weights_take_module_names(dev, rng, tmp_path):
+    """PyTorch's TorchScript exporter folds an eval-mode batch norm into the convolution and names the result
+    "onnx::Conv_<n>"; load names it after the convolution's module (its node's scope, /layer1/layer1.0/conv1/Conv),
+    keeps the values the file holds, and says which file name each came from."""
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.bn1 = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return torch.relu(self.bn1(self.conv1(x)))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer1 = torch.nn.Sequential(Block())
+            self.fc = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(self.layer1(x).mean((2, 3)))
+
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    model = Net().eval()
+    with torch.no_grad():
+        model.layer1[0].bn1.running_mean.uniform_(-0.5, 0.5)
+        model.layer1[0].bn1.running_var.uniform_(0.5, 2.0)
+    path = str(tmp_path / "ts.onnx")
+    x = torch.randn(2, 3, 8, 8)
+    torch.onnx.export(model, x, path, dynamo=False)
+    stored = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
+    net = connx.load(path, device=dev)
+    state = net.state_dict()
+    assert set(state) == {"layer1.0.conv1.weight", "layer1.0.conv1.bias", "fc.weight", "fc.bias"}, sorted(state)
+    assert set(net.file_names) == {"layer1.0.conv1.weight", "layer1.0.conv1.bias"}
+    for k, v in state.items():
+        np.testing.assert_array_equal(v, stored[net.file_names.get(k, k)], err_msg=k)
+    with clnet.no_grad():
+        got = net(clnet.tensor(x.numpy(), dev)).numpy()
+    assert_close(got, model(x).detach().numpy(), "TorchScript export", tol=1e-5)
