@@ -4,10 +4,12 @@ recording and under no_grad, and a 40-op element-wise chain with its backward, i
     python bench/eager_cost.py --device gpu     # the H200 (PyTorch there: 9.7 us an add, 11.6 with autograd)
     python bench/eager_cost.py --device 0 --stub  # a CPU: clnet's own Python time, no launch made
 
-Each figure is the median over --repeats runs of: --adds adds of two 1024-element tensors (or --chains chains), the
-queue finished once at the end (wall-clock time). --stub replaces pyopencl's kernel enqueue with a no-op, which leaves the Python
-around it (the op's checks, autograd, the kernel's argument look-up, the pool): on a CPU, PoCL's own launch (about
-56 us) hides it otherwise; it times this thread's CPU time. --profile prints cProfile's top functions of one run of adds with autograd.
+Each figure is the median over --repeats runs of --adds adds of two 1024-element tensors (or --chains chains), the
+queue finished once at the end, in wall-clock time. --stub replaces the kernel enqueue with a no-op, which leaves the
+Python around it (the op's checks, autograd, the kernel's argument look-up, the pool), and times this thread's CPU
+time, the least of the runs (on a CPU, PoCL's own launch, about 56 us, hides that Python otherwise). The count of
+Python calls an add makes is a figure no other load on the machine changes. --profile prints cProfile's top
+functions of one run of adds with autograd.
 """
 import argparse
 import cProfile
@@ -65,13 +67,59 @@ def measure(dev, adds=2000, chains=50, chain_ops=40, repeats=5):
                 y = (y * b + a).tanh() * 0.5
             y.sum().backward()
 
+    g = clnet.Graph()  # the floor: the same adds captured, a replay is one enqueue an add
+    g.event_free = kernels.event_free_launches  # --stub: through the stubbed enqueue as well
+    with g.capture():
+        for _ in range(adds):
+            c + d
     out = {
+        "add, replayed (one enqueue each: the floor)": _timed(g.replay, dev, adds, repeats),
         "add, autograd recording": _timed(add_grad, dev, adds, repeats),
         "add, under no_grad": _timed(add_no_grad, dev, adds, repeats),
         "add, no tensor requires a gradient": _timed(add_plain, dev, adds, repeats),
         f"{chain_ops}-op chain + sum + backward, per forward op": _timed(chain, dev, chains * chain_ops, repeats),
     }
     return out
+
+
+def measure_torch(adds=2000, chains=50, chain_ops=40, repeats=5):
+    """The same probes in PyTorch, on CUDA where there is one (else its CPU), for the comparison."""
+    import torch
+    where = "cuda" if torch.cuda.is_available() else "cpu"
+    sync = torch.cuda.synchronize if where == "cuda" else (lambda: None)
+    a = torch.randn(1024, device=where, requires_grad=True)
+    b = torch.randn(1024, device=where, requires_grad=True)
+    c, d = a.detach(), b.detach()
+
+    class _Dev:
+        synchronize = staticmethod(sync)
+
+    def add_grad():
+        for _ in range(adds):
+            a + b
+
+    def add_no_grad():
+        with torch.no_grad():
+            for _ in range(adds):
+                a + b
+
+    def add_plain():
+        for _ in range(adds):
+            c + d
+
+    def chain():
+        for _ in range(chains):
+            y = a
+            for i in range(chain_ops // 4):
+                y = (y * b + a).tanh() * 0.5
+            y.sum().backward()
+
+    return where, {
+        "add, autograd recording": _timed(add_grad, _Dev, adds, repeats),
+        "add, under no_grad": _timed(add_no_grad, _Dev, adds, repeats),
+        "add, no tensor requires a gradient": _timed(add_plain, _Dev, adds, repeats),
+        f"{chain_ops}-op chain + sum + backward, per forward op": _timed(chain, _Dev, chains * chain_ops, repeats),
+    }
 
 
 def python_calls(dev):
@@ -124,8 +172,13 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--stub", action="store_true", help="enqueue nothing: time clnet's Python alone")
     parser.add_argument("--profile", action="store_true", help="cProfile one run of adds with autograd")
+    parser.add_argument("--torch", action="store_true", help="the same probes in PyTorch (CUDA where present)")
+    parser.add_argument("--plain-queue", action="store_true",
+                        help="a queue without profiling enabled (what a launch costs without timestamps)")
     args = parser.parse_args(argv)
     dev = clnet.device(int(args.device) if args.device.isdigit() else args.device)
+    if args.plain_queue:  # before any kernel is made: each keeps its queue's handle
+        dev.queue = cl.CommandQueue(dev.context)
     if args.stub:
         global clock
         _stub_enqueue()
@@ -137,6 +190,10 @@ def main(argv=None):
         print(f"{us:8.2f} us  {name}")
     for name, n in python_calls(dev).items():
         print(f"{n:8.1f} Python function calls an op: {name}")
+    if args.torch:
+        where, theirs = measure_torch(args.adds, args.chains, repeats=args.repeats)
+        for name, us in theirs.items():
+            print(f"{us:8.2f} us  PyTorch ({where}): {name}")
     if args.profile:
         a = clnet.tensor(np.ones(1024, np.float32), dev, requires_grad=True)
         b = clnet.tensor(np.ones(1024, np.float32), dev, requires_grad=True)

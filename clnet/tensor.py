@@ -282,6 +282,8 @@ class Tensor:
     """
 
     __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's operators
+    # What a new tensor starts with, read from the class until set on the tensor (five stores fewer per tensor made)
+    requires_grad, _grad, grad_fn, value_range, _host = False, None, None, None, None
 
     def __init__(self, shape, dtype=np.float32, device=None, _storage=None, _host=None):
         # Every op makes tensors (bench/eager_cost.py): a shape seen before finds its element count, and the canonical
@@ -299,11 +301,8 @@ class Tensor:
             if dtype not in DTYPES:
                 raise TypeError(f"clnet tensors hold float32, int32 or bool, not {dtype}")
         self.dtype = dtype
-        self.requires_grad, self._grad, self.grad_fn = False, None, None
-        self.value_range = None
-        self._host = _host
         if _host is not None:
-            self.device, self.storage = None, None
+            self._host, self.device, self.storage = _host, None, None
             return
         self.device = device = device if type(device) is Device else _device(device if device is not None else "auto")
         if _storage is None:
