@@ -3,10 +3,12 @@ the onnx package with its expected outputs) through clnet's backend adapter (cln
 where present).
 
 Every case whose operators are all in clnet's ONNX table, with float32 outputs and float32 data among its inputs (other
-inputs, indices, shapes and axes, are taken as constants), runs at ONNX's own tolerances (each case's rtol and atol),
-except those EXCLUDED below, each with its reason; every excluded case is checked to be refused by clnet.onnx.load
-(never a wrong value, never a refusal at run time), so the list shrinks as clnet grows. Cases outside the table or
-without float32 data are counted, not run. With onnx 1.23.2: 222 cases pass, 123 are excluded.
+inputs -- indices, shapes, axes, and float32 ones only host slots read, as Resize's scales -- are taken as constants),
+runs at ONNX's own tolerances (each case's rtol and atol), except those EXCLUDED below, each with its reason; every
+excluded case is checked to be refused by clnet.onnx.load (never a wrong value, never a refusal at run time), so the
+list shrinks as clnet grows. Training-mode Dropout (RANDOM) is checked element by element: dropped or scaled. Cases
+outside the table or without float32 data are counted, not run. With onnx 1.23.2: 579 cases pass, 31 are excluded,
+2 are random.
 
 Cost: the onnx package generates its ~1900 cases once (a few seconds), then the selected run in ~20 s on PoCL."""
 import warnings

@@ -163,3 +163,66 @@ def test_torchscript_unnamed_weights_take_module_names(dev, rng, tmp_path):
     with clnet.no_grad():
         got = net(clnet.tensor(x.numpy(), dev)).numpy()
     assert_close(got, model(x).detach().numpy(), "TorchScript export", tol=1e-5)
+
+
+@needs_torch
+@pytest.mark.parametrize("dynamo, training", [(False, False), (False, True), (True, False)],
+                         ids=["torchscript-eval", "torchscript-training", "dynamo-eval"])
+def test_pytorch_exports_of_modern_blocks_train(dev, rng, tmp_path, dynamo, training):
+    """A PyTorch network of the blocks newer classifiers use (hardswish, LayerNorm over channels-last, squeeze and
+    excitation, a pre-norm TransformerEncoderLayer, bilinear upsampling, ConvTranspose2d, GroupNorm, GELU, reflect
+    padding, a global max), exported by the TorchScript exporter in eval and training modes and by the dynamo
+    exporter in eval mode: clnet's import agrees with ONNX Runtime and PyTorch, and in training mode every weight's
+    gradient is PyTorch's."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = torch.nn.Conv2d(3, 16, 3, 2, 1)
+            self.dw = torch.nn.Conv2d(16, 16, 3, 1, 1, groups=16)
+            self.ln = torch.nn.LayerNorm(16)
+            self.se1, self.se2 = torch.nn.Conv2d(16, 4, 1), torch.nn.Conv2d(4, 16, 1)
+            self.enc = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=True)
+            self.up = torch.nn.ConvTranspose2d(16, 8, 2, 2)
+            self.gn = torch.nn.GroupNorm(2, 8)
+            self.fc = torch.nn.Linear(8, 5)
+
+        def forward(self, x):
+            x = self.dw(TF.hardswish(self.stem(x)))
+            x = self.ln(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+            x = x * torch.sigmoid(self.se2(torch.relu(self.se1(x.mean((2, 3), keepdim=True)))))
+            B, C, H, W = x.shape
+            x = self.enc(x.flatten(2).transpose(1, 2)).transpose(1, 2).reshape(B, C, H, W)
+            x = TF.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+            x = TF.pad(TF.gelu(self.gn(self.up(x))), (1, 1, 1, 1), mode="reflect")
+            return torch.log_softmax(self.fc(x.amax((2, 3))), dim=1)
+
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    model = Net().train(training)
+    x = torch.randn(2, 3, 16, 16)
+    path = str(tmp_path / "modern.onnx")
+    if dynamo:
+        pytest.importorskip("onnxscript")  # the dynamo exporter's dependency
+        torch.onnx.export(model, (x,), dynamo=True, verbose=False).save(path)
+    else:
+        mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
+        torch.onnx.export(model, x, path, dynamo=False, training=mode, do_constant_folding=not training,
+                          input_names=["input"], dynamic_axes={"input": {0: "N"}})
+    net = connx.load(path, device=dev)
+    assert net.training == training
+    y = net(clnet.tensor(x.numpy(), dev))
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    want = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    assert_close(y.numpy(), want, "against ONNX Runtime", tol=1e-5)
+    assert_close(y.numpy(), model(x).detach().numpy(), "against PyTorch", tol=1e-5)
+    if not training:
+        return
+    g = rng.standard_normal(y.shape).astype(np.float32)
+    (y * clnet.tensor(g, dev)).sum().backward()
+    model.zero_grad()
+    (model(x) * torch.tensor(g)).sum().backward()
+    theirs = dict(model.named_parameters())
+    ours = dict(net.named_parameters())
+    assert set(ours) <= set(theirs) and len(ours) == len(theirs), sorted(set(theirs) ^ set(ours))
+    for k, p in ours.items():
+        grad = p.grad.numpy().T if k in net._transposed else p.grad.numpy()
+        assert_close(grad, theirs[k].grad.numpy(), f"gradient of {k}", tol=2e-5)

@@ -2,11 +2,12 @@
 onnxruntime's and onnx-tensorrt's adapters do).
 
 `prepare(model, device)` loads the model with clnet.onnx.load (every refusal there, at load); `run(inputs)` takes
-NumPy arrays and returns NumPy arrays. Graph outputs other than float32 are refused at prepare. Graph inputs of other types (indices,
-shapes, axes: shape data in clnet), and float32 ones that only inputs clnet needs on the host read (Resize's scales
-and roi, Pad's value, Dropout's ratio: constants in the files exporters write), are taken as constants, the model
-loaded with them at the first run that brings each set of their values. The device is an OpenCL device
-(clnet.device's spec: "auto", "pocl", an index); ONNX's "CPU" and "CUDA" names pick the first OpenCL CPU or GPU.
+NumPy arrays and returns NumPy arrays. Graph outputs other than float32 are refused at prepare. Graph inputs of other
+types (indices, shapes, axes: shape data in clnet), and float32 ones that only inputs clnet needs on the host read
+(Resize's scales and roi, Pad's value, Dropout's ratio: constants in the files exporters write), are taken as
+constants, the model loaded with them at the first run that brings each set of their values. The device is an OpenCL
+device (clnet.device's spec: "auto", "pocl", an index); ONNX's "CPU" and "CUDA" names pick the first OpenCL CPU or
+GPU.
 """
 import numpy as np
 

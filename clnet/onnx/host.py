@@ -201,6 +201,10 @@ def _h_variadic(fn, mean=False):
     return run
 
 
+def _h_mod(m, n, a):
+    return [(np.fmod if n.attrs.get("fmod", 0) else np.mod)(a[0], a[1])]
+
+
 HOST_OPS = {
     "Shape": _h_shape, "Gather": _h_gather, "Unsqueeze": _h_unsqueeze, "Squeeze": _h_squeeze, "Concat": _h_concat,
     "Cast": _h_cast, "Slice": _h_slice, "Constant": _h_constant, "ConstantOfShape": _h_constant_of_shape,
@@ -213,7 +217,8 @@ HOST_OPS = {
     "Or": _host_binary(np.logical_or), "Pow": _host_binary(np.power), "Min": _h_variadic(np.minimum),
     "Max": _h_variadic(np.maximum), "Sum": _h_variadic(np.add), "Mean": _h_variadic(np.add, mean=True),
     "Neg": _h_unary(np.negative), "Floor": _h_unary(np.floor), "Ceil": _h_unary(np.ceil), "Sqrt": _h_unary(np.sqrt),
-    "Abs": _h_unary(np.abs), "Not": _h_unary(np.logical_not), "Size": lambda m, n, a: [np.array(a[0].size, np.int64)],
+    "Abs": _h_unary(np.abs), "Sign": _h_unary(np.sign), "Round": _h_unary(np.round), "Exp": _h_unary(np.exp),
+    "Log": _h_unary(np.log), "Reciprocal": _h_unary(np.reciprocal), "Mod": _h_mod, "Not": _h_unary(np.logical_not), "Size": lambda m, n, a: [np.array(a[0].size, np.int64)],
     "ReduceProd": _h_reduce(np.prod), "ReduceSum": _h_reduce(np.sum), "ReduceMax": _h_reduce(np.max),
     "ReduceMin": _h_reduce(np.min),
 }

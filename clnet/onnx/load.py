@@ -90,9 +90,7 @@ def load(path, device=None, fuse=False):
     for n in nodes:
         _check_node(path, n, opset, consumers, set(outputs))
 
-    training = any(n.op == "BatchNormalization" and n.attrs.get("training_mode", 0) for n in nodes) or any(
-        n.op == "Dropout" and len(n.inputs) > 2 and n.inputs[2] in initializers and
-        bool(np.asarray(initializers[n.inputs[2]]).reshape(-1)[0]) for n in nodes)
+    training = any(n.op == "BatchNormalization" and n.attrs.get("training_mode", 0) for n in nodes)
     if fuse and training:
         raise OnnxImportError(f"{path}: fuse=True folds batch norms for inference only, and this file was exported "
                               "in training mode; load it with fuse=False to train it")
@@ -125,6 +123,8 @@ def load(path, device=None, fuse=False):
 
     constants = {k: v for k, v in initializers.items() if k not in roles}
     nodes = _fold_constants(path, nodes, constants, opset)
+    training = training or any(n.op == "Dropout" and len(n.inputs) > 2 and n.inputs[2] in constants and  # its
+                               bool(np.asarray(constants[n.inputs[2]]).reshape(-1)[0]) for n in nodes)  # training_mode
     _check_flow(path, nodes, opset, constants, {k: initializers[k].shape for k in roles}, inputs, shapes)
     for k in transposed:
         n = next(n for n in nodes if len(n.inputs) > 1 and n.inputs[1] == k)

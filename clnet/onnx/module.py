@@ -30,9 +30,10 @@ class OnnxModule(Module):
     """A network read from an ONNX file (made by `clnet.onnx.load`): forward takes the graph's inputs and returns its
     outputs, in the file's order (one output: the tensor itself).
 
-    ``state_dict()`` is keyed by initializer names. Weights that a MatMul or a Gemm with transB=0 reads as (in, out)
-    are held as (out, in) for the dense kernels; state_dict and load_state_dict give and take them in the file's
-    layout."""
+    ``state_dict()`` is keyed by initializer names (TorchScript's unnamed "onnx::Conv_193" ones by their module's,
+    ``file_names`` mapping each such key to the file's name). Weights that a MatMul or a Gemm with transB=0 reads as
+    (in, out) are held as (out, in) for the dense kernels (their Parameters and gradients too); state_dict and
+    load_state_dict give and take them in the file's layout."""
 
     def __init__(self, path, opset, inputs, outputs, nodes, constants, transposed):
         super().__init__()
