@@ -122,6 +122,38 @@ def measure_torch(adds=2000, chains=50, chain_ops=40, repeats=5):
     }
 
 
+def breakdown(dev, number=20000, repeats=7):
+    """Microseconds of the pieces of one `a + b` (the least of `repeats` timings of `number` calls each), the enqueue
+    stubbed, in this thread's CPU time: the whole op, its tensor allocation and release, its launch (argument set seen before), the argument
+    key alone, the kernel look-up, and autograd's bookkeeping around a forward that does nothing."""
+    import timeit
+    from clnet import autograd, ops
+    _stub_enqueue()
+    a = clnet.tensor(np.ones(1024, np.float32), dev, requires_grad=True)
+    b = clnet.tensor(np.ones(1024, np.float32), dev, requires_grad=True)
+    c, d = a.detach(), b.detach()
+    out = ops.empty((1024,), dev)
+    k = kernels.kernel(dev, "elementwise.cl", "axpby")
+    args = (c, d, out, 1.0, 1.0, c.size)
+
+    class Nothing(autograd.Function):
+        def forward(self, x, y):
+            return out
+
+    pieces = {
+        "a + b, autograd recording": lambda: a + b,
+        "c + d, nothing requires a gradient": lambda: c + d,
+        "a tensor made and freed (ops.empty)": lambda: ops.empty((1024,), dev),
+        "the launch (kernels.launch, arguments seen before)": lambda: kernels.launch(dev, k, (256,), None, *args),
+        "its argument key and clone (kernels._with_args)": lambda: kernels._with_args(k, args),
+        "the kernel look-up (kernels.kernel)": lambda: kernels.kernel(dev, "elementwise.cl", "axpby"),
+        "Function.apply recording, forward doing nothing": lambda: Nothing.apply(a, b),
+        "Function.apply not recording, forward doing nothing": lambda: Nothing.apply(c, d),
+    }
+    return {name: min(timeit.repeat(fn, number=number, repeat=repeats, timer=time.thread_time)) / number * 1e6
+            for name, fn in pieces.items()}
+
+
 def python_calls(dev):
     """Python and C function calls one `a + b` makes with autograd recording, and one under no_grad (counted by a
     profile hook: a figure no other load on the machine changes)."""
@@ -173,6 +205,7 @@ def main(argv=None):
     parser.add_argument("--stub", action="store_true", help="enqueue nothing: time clnet's Python alone")
     parser.add_argument("--profile", action="store_true", help="cProfile one run of adds with autograd")
     parser.add_argument("--torch", action="store_true", help="the same probes in PyTorch (CUDA where present)")
+    parser.add_argument("--breakdown", action="store_true", help="time the pieces of an add (enqueue stubbed)")
     parser.add_argument("--plain-queue", action="store_true",
                         help="a queue without profiling enabled (what a launch costs without timestamps)")
     args = parser.parse_args(argv)
@@ -190,6 +223,9 @@ def main(argv=None):
         print(f"{us:8.2f} us  {name}")
     for name, n in python_calls(dev).items():
         print(f"{n:8.1f} Python function calls an op: {name}")
+    if args.breakdown:
+        for name, us in breakdown(dev).items():
+            print(f"{us:8.2f} us  piece: {name}")
     if args.torch:
         where, theirs = measure_torch(args.adds, args.chains, repeats=args.repeats)
         for name, us in theirs.items():

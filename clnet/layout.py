@@ -26,8 +26,32 @@ def contiguous_strides(shape):
     return tuple(reversed(strides))
 
 
+# Layouts are pure functions of small tuples, and an eager step asks for the same few again and again (every op of
+# a network at one batch size): each of the three below answers a repeated question with one dictionary look-up.
+_remembered = {}
+REMEMBERED = 4096  # answers kept; past that the memory starts afresh
+
+
+def _remember(key, value):
+    if len(_remembered) >= REMEMBERED:
+        _remembered.clear()
+    _remembered[key] = value
+    return value
+
+
 def broadcast_shapes(what, *shapes):
     """NumPy's and PyTorch's broadcast of shapes (aligned at the right, size-1 dimensions stretch)."""
+    first = shapes[0]
+    for s in shapes:
+        if s != first:
+            break
+    else:  # operands of one shape (most ops): that shape
+        return tuple(first)
+    key = ("broadcast_shapes",) + shapes
+    try:
+        return _remembered[key]
+    except (KeyError, TypeError):
+        pass
     rank = max(len(s) for s in shapes)
     out = []
     for d in range(rank):
@@ -37,19 +61,30 @@ def broadcast_shapes(what, *shapes):
             raise ValueError(f"{what}: shapes {' and '.join(str(tuple(s)) for s in shapes)} do not broadcast "
                              f"(dimension {d - rank} has sizes {sorted(sizes)}); make them equal or 1 there")
         out.append(sizes.pop() if sizes else 1)
-    return tuple(out)
+    return _remember(key, tuple(out)) if all(type(s) is tuple for s in shapes) else tuple(out)
 
 
 def broadcast_strides(shape, out_shape):
     """Strides that read a contiguous tensor of `shape` at every index of `out_shape` (0 where it broadcasts)."""
+    key = ("broadcast_strides", shape, out_shape)
+    try:
+        return _remembered[key]
+    except (KeyError, TypeError):  # a new question, or one given in lists
+        pass
     own = contiguous_strides(shape)
     lead = len(out_shape) - len(shape)
-    return tuple(0 if d < lead or shape[d - lead] == 1 else own[d - lead] for d in range(len(out_shape)))
+    out = tuple(0 if d < lead or shape[d - lead] == 1 else own[d - lead] for d in range(len(out_shape)))
+    return _remember(key, out) if type(shape) is tuple and type(out_shape) is tuple else out
 
 
 def coalesce(shape, *strides):
     """(shape, strides...) with size-1 dimensions dropped and neighbours merged where every operand steps through
     them as through one dimension. At least one dimension is kept."""
+    key = ("coalesce", shape) + strides
+    try:
+        return _remembered[key]
+    except (KeyError, TypeError):
+        pass
     dims = [(s, [st[d] for st in strides]) for d, s in enumerate(shape) if s != 1]
     merged = []
     for size, st in dims:
@@ -62,7 +97,8 @@ def coalesce(shape, *strides):
     if not merged:
         merged = [(1, [0] * len(strides))]
     out_shape = tuple(m[0] for m in merged)
-    return (out_shape,) + tuple(tuple(m[1][i] for m in merged) for i in range(len(strides)))
+    out = (out_shape,) + tuple(tuple(m[1][i] for m in merged) for i in range(len(strides)))
+    return _remember(key, out) if type(shape) is tuple and all(type(st) is tuple for st in strides) else out
 
 
 _meta = OrderedDict()
