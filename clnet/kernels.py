@@ -353,8 +353,8 @@ def _with_args(k, args):
     for a in args:
         if isinstance(a, int):  # sizes (a tensor's Numel too)
             key.append(a)
-        elif type(a) is float:  # as _key_arg's a.hex(), at a tenth of its cost where a is not zero
-            key.append((None, a) if a else a.hex())
+        elif type(a) is float:  # as _key_arg's a.hex(), at a tenth of its cost where a is not zero (nor NaN)
+            key.append((None, a) if a and a == a else a.hex())
         else:
             storage = getattr(a, "storage", None)
             key.append(storage.buffer if storage is not None else _key_arg(a))
