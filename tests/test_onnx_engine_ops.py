@@ -226,3 +226,51 @@ def test_pytorch_exports_of_modern_blocks_train(dev, rng, tmp_path, dynamo, trai
     for k, p in ours.items():
         grad = p.grad.numpy().T if k in net._transposed else p.grad.numpy()
         assert_close(grad, theirs[k].grad.numpy(), f"gradient of {k}", tol=2e-5)
+
+
+def test_index_and_shape_ops_of_computed_tensors(dev, rng, tmp_path):
+    """ArgMax, Trilu, Tile, Expand, Split, Cast to int64 and back, GatherElements, Equal, Not and Where, Range and
+    ConstantOfShape from a call's shapes, Flatten of axis 0, Transpose moving the batch axis: every output is ONNX
+    Runtime's, at two batch sizes."""
+    T = onnx.TensorProto
+    nodes = [
+        h.make_node("ArgMax", ["x"], ["am"], axis=2, keepdims=0),
+        h.make_node("Cast", ["am"], ["amf"], to=T.FLOAT),
+        h.make_node("Trilu", ["x", "k"], ["tri"], upper=1),
+        h.make_node("Tile", ["x", "reps"], ["tile"]),
+        h.make_node("ReduceSum", ["x", "axis2"], ["col"], keepdims=1),
+        h.make_node("Expand", ["col", "wide"], ["exp"]),
+        h.make_node("Split", ["x", "parts"], ["s0", "s1"], axis=2),
+        h.make_node("Cast", ["s1"], ["s1i"], to=T.INT64), h.make_node("Cast", ["s1i"], ["trunc"], to=T.FLOAT),
+        h.make_node("GatherElements", ["x", "idx"], ["ge"], axis=2),
+        h.make_node("Equal", ["trunc", "zero"], ["eq"]), h.make_node("Not", ["eq"], ["ne"]),
+        h.make_node("Where", ["ne", "s1", "trunc"], ["wh"]),
+        h.make_node("Shape", ["x"], ["shape"]), h.make_node("Gather", ["shape", "last"], ["n"]),
+        h.make_node("Range", ["zero_i", "n", "one_i"], ["r"]), h.make_node("Cast", ["r"], ["rf"], to=T.FLOAT),
+        h.make_node("ConstantOfShape", ["shape"], ["c"], value=onnx.numpy_helper.from_array(np.array([0.5],
+                                                                                                   np.float32))),
+        h.make_node("Add", ["x", "c"], ["xc"]), h.make_node("Mul", ["xc", "rf"], ["xr"]),
+        h.make_node("Flatten", ["xr"], ["flat"], axis=0),
+        h.make_node("Transpose", ["x"], ["tr"], perm=[2, 0, 1]),
+    ]
+    outs = ["amf", "tri", "tile", "exp", "wh", "ge", "flat", "tr"]
+    inits = dict(k=np.array(1, np.int64), reps=np.array([1, 2, 1], np.int64), axis2=np.array([2], np.int64),
+                 wide=np.array([1, 3, 5], np.int64), parts=np.array([2, 3], np.int64), zero=np.array(0, np.float32),
+                 idx=rng.integers(-5, 5, (1, 3, 4)).astype(np.int64), last=np.array(2, np.int64),
+                 zero_i=np.array(0, np.int64), one_i=np.array(1, np.int64))
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["N", 3, 5])],
+                         [h.make_tensor_value_info(o, T.FLOAT, [None] * (2 if o in ("amf", "flat") else 3))
+                          for o in outs],
+                         [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = str(tmp_path / "index.onnx")
+    onnx.save(model, path)
+    net = connx.load(path, device=dev)
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for batch in (2, 3):
+        x = (rng.standard_normal((batch, 3, 5)) * 3).astype(np.float32)
+        with clnet.no_grad():
+            got = net(clnet.tensor(x, dev))
+        for name, g, want in zip(outs, got, sess.run(None, {"x": x})):
+            assert_close(g.numpy(), want, name, tol=1e-6)

@@ -34,7 +34,8 @@ CASES = [
      {}, "1-D and 2-D windows"),
     ("range-computed", [h.make_node("Range", ["x", "z", "d"], ["y"], name="n")], [("x", ()), ("z", ())],
      dict(d=np.array(1.0, np.float32)), "Range of a computed tensor"),
-    ("mod-fmod", [h.make_node("Mod", ["x", "z"], ["y"], fmod=1, name="n")], [("x", T4), ("z", T4)], {}, "fmod=1"),
+    ("argmax-last-index", [h.make_node("ArgMax", ["x"], ["y"], select_last_index=1, name="n")], [("x", T4)], {},
+     "select_last_index=1"),
     ("cast-double", [h.make_node("Cast", ["x"], ["y"], to=onnx.TensorProto.DOUBLE, name="n")], [("x", T4)], {},
      "ONNX type 11"),
     ("convtranspose-3d", [h.make_node("ConvTranspose", ["x", "w"], ["y"], name="n")], [("x", (1, 3, 4, 4, 4))],
@@ -62,7 +63,8 @@ def test_refused_at_load_with_node_op_opset_and_reason(tmp_path, case, nodes, in
     ints = {("reshape-computed-shape", "s"), ("reduce-computed-axes", "a")}
     graph_inputs = [h.make_tensor_value_info(n, onnx.TensorProto.INT64 if (case, n) in ints else onnx.TensorProto.FLOAT,
                                              s) for n, s in inputs]
-    out_type = onnx.TensorProto.DOUBLE if case == "cast-double" else onnx.TensorProto.FLOAT
+    out_type = {"cast-double": onnx.TensorProto.DOUBLE, "argmax-last-index": onnx.TensorProto.INT64}.get(
+        case, onnx.TensorProto.FLOAT)
     graph = h.make_graph(nodes, "g", graph_inputs, [h.make_tensor_value_info("y", out_type, [None] * 4)],
                          [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])

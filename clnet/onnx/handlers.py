@@ -274,10 +274,13 @@ def _d_binary(onnx_name):
     return run
 
 
-def _c_mod(n, ins, opset):
-    if n.attrs.get("fmod", 0):
-        raise ValueError("Mod with fmod=1 (C's fmod, the dividend's sign) of a computed tensor: clnet's remainder "
-                         "takes the divisor's sign (fmod=0)")
+def _d_mod(m, n, a):
+    """fmod=0: the remainder with the divisor's sign (the engine's remainder); fmod=1: C's fmod, the dividend's sign,
+    a - b trunc(a / b)."""
+    x, y = _operands(m, n, a[0], a[1])
+    if not n.attrs.get("fmod", 0):
+        return [pointwise.binary("remainder", x, y)]
+    return [pointwise.sub(x, pointwise.mul(y, pointwise.div(x, y, rounding_mode="trunc")))]
 
 
 def _d_not(m, n, a):
@@ -1110,7 +1113,7 @@ class OnnxOp(NamedTuple):
 
 _REDUCE_OPS = {op: OnnxOp(_d_reduce(op), _c_reduce, host=(1,)) for op in _REDUCTIONS}
 _UNARY_OPS = {op: OnnxOp(_d_unary(op)) for op in _UNARY if op not in ("Clip",)}
-_BINARY_OPS = {op: OnnxOp(_d_binary(op), _c_mod if op == "Mod" else None,
+_BINARY_OPS = {op: OnnxOp(_d_mod if op == "Mod" else _d_binary(op),
                           params=(0, 1) if op in ("Add", "Sub", "Mul") else ()) for op in _BINARY}
 
 OPS = {
