@@ -42,14 +42,16 @@ CASES = {
 
 
 def train_pair(dev, rng, case, steps=5):
-    """`steps` real training steps of clnet and torch from the same weights and batches; (model, twin, start)."""
+    """`steps` real training steps of clnet, of torch in float64 and of torch in float32 from the same weights and
+    batches; (model, twin, twin32, start, opt)."""
     import torch
     cls, defaults, group_hyper = CASES[case]
+    clnet.manual_seed(int(rng.integers(1 << 30)))  # the seed printed replays the weights too
     model = net(dev)
     start = model.state_dict()
-    twin = torch_twin(model)
+    twin, twin32 = torch_twin(model), torch_twin(model).float()
     opt = getattr(optim, cls)(groups_of(model.parameters(), group_hyper), **defaults)
-    topt = getattr(torch.optim, cls)(groups_of(list(twin.parameters()), group_hyper), **defaults)
+    topts = [getattr(torch.optim, cls)(groups_of(list(t.parameters()), group_hyper), **defaults) for t in (twin, twin32)]
     for _ in range(steps):
         x = rng.standard_normal((6, 7)).astype(np.float32)
         y = rng.standard_normal((6, 1)).astype(np.float32)
@@ -57,24 +59,29 @@ def train_pair(dev, rng, case, steps=5):
         d = model(clnet.tensor(x, dev)) - clnet.tensor(y, dev)
         (d * d).mean().backward()
         opt.step()
-        topt.zero_grad()
-        td = twin(torch.from_numpy(x).double()) - torch.from_numpy(y).double()
-        (td * td).mean().backward()
-        topt.step()
-    return model, twin, start, opt
+        for t, topt in zip((twin, twin32), topts):
+            topt.zero_grad()
+            td = t(torch.from_numpy(x).to(t[0].weight.dtype)) - torch.from_numpy(y).to(t[0].weight.dtype)
+            (td * td).mean().backward()
+            topt.step()
+    return model, twin, twin32, start, opt
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_groups_match_torch_training(dev, rng, case):
-    model, twin, start, opt = train_pair(dev, rng, case)
-    theirs = twin.state_dict()
+    model, twin, twin32, start, opt = train_pair(dev, rng, case)
+    theirs, theirs32 = twin.state_dict(), twin32.state_dict()
     lr = max(g["lr"] for g in opt.param_groups)
     for k, v in model.state_dict().items():
         # float32 rounds each update and the weight it lands on: the error scales with the weights and five updates
-        # of at most about lr each (RMSprop's first steps move by up to lr / sqrt(1 - alpha)), not with the result
+        # of at most about lr each (RMSprop's first steps move by up to lr / sqrt(1 - alpha)), not with the result;
+        # where the data make the steps ill-conditioned (RMSprop with momentum: PyTorch's own float32 run is 1.3e-5
+        # off on one seed in 300), ten times PyTorch's float32 error
         scale = np.abs(start[k]).max() + 5 * lr * 10
         worst = np.abs(v - theirs[k].numpy()).max()
-        assert worst < 2e-6 * scale, f"{case} {k}: error {worst:.2e}, scale {scale:.2e}"
+        torch32 = np.abs(theirs32[k].numpy() - theirs[k].numpy()).max()
+        assert worst < max(2e-6 * scale, 10 * torch32), \
+            f"{case} {k}: error {worst:.2e}, scale {scale:.2e}, PyTorch float32's error {torch32:.2e}"
 
 
 def test_one_launch_per_group(dev, rng):
