@@ -315,6 +315,21 @@ __kernel void conv2d_fwd_depthwise_rows(__global const float* restrict x, __glob
         yrow[ox] = dw_epilogue(dw_window_checked(xp, wk, iy0, ox * SW - PW, H, W, DH, DW), bias, o, flags);
 }
 
+// Stride 1 along the row: dxrow[ix] += the window row wkrow's taps over dy's row, for ix in [from, to), each dy
+// column ix + PW - kx*DW checked against [0, OW) (the row's two ends, where the window reaches past dy).
+inline void dw_row_checked(__global float* dxrow, __global const float* row, const float* wkrow, const int from,
+                           const int to, const int PW, const int DW, const int OW) {
+    for (int ix = from; ix < to; ix++) {
+        float acc = dxrow[ix];
+#pragma unroll
+        for (int kx = 0; kx < KW; kx++) {
+            const int ox = ix + PW - kx * DW;
+            if (ox >= 0 && ox < OW) acc += wkrow[kx] * row[ox];
+        }
+        dxrow[ix] = acc;
+    }
+}
+
 // Global size (H, N*C): one row of dx per work-item. At stride 1 along the row the gradient is a convolution of dy's
 // rows with the flipped window, gathered (the interior without checks); at other strides each dy row instead adds
 // its window's products into the dx row, which this work-item alone writes (no division per tap).
@@ -359,15 +374,7 @@ __kernel void conv2d_bwd_data_depthwise_rows(__global const float* restrict w, _
                 }
                 continue;
             }
-            for (int ix = 0; ix < a; ix++) {
-                float acc = dxrow[ix];
-#pragma unroll
-                for (int kx = 0; kx < KW; kx++) {
-                    const int ox = ix + PW - kx * DW;
-                    if (ox >= 0 && ox < OW) acc += wk[ky * KW + kx] * row[ox];
-                }
-                dxrow[ix] = acc;
-            }
+            dw_row_checked(dxrow, row, wk + ky * KW, 0, a, PW, DW, OW);
             __global const float* rs = row + PW;
             for (int ix = a; ix < z; ix++) {
                 float acc = dxrow[ix];
@@ -375,15 +382,7 @@ __kernel void conv2d_bwd_data_depthwise_rows(__global const float* restrict w, _
                 for (int kx = 0; kx < KW; kx++) acc += wk[ky * KW + kx] * rs[ix - kx * DW];
                 dxrow[ix] = acc;
             }
-            for (int ix = z; ix < W; ix++) {
-                float acc = dxrow[ix];
-#pragma unroll
-                for (int kx = 0; kx < KW; kx++) {
-                    const int ox = ix + PW - kx * DW;
-                    if (ox >= 0 && ox < OW) acc += wk[ky * KW + kx] * row[ox];
-                }
-                dxrow[ix] = acc;
-            }
+            dw_row_checked(dxrow, row, wk + ky * KW, z, W, PW, DW, OW);
         }
     }
 }

@@ -383,13 +383,20 @@ def channel_shuffle(x, groups):
 
 # ---- slices --------------------------------------------------------------------------------------------------------
 
-def narrow(x, dim, start, length):
-    """Elements start..start+length-1 along dim (torch.narrow; a negative start counts from the end)."""
-    what = "narrow"
+def _cut_dim(what, x, dim, refusal):
+    """dim as a non-negative index of tensor x, which `what` cuts along it; a 0-d tensor is refused with
+    `refusal`."""
     _tensor_arg(what, x)
     d = layout.normalize_dim(what, dim, x.ndim)
     if not x.ndim:
-        raise ValueError(f"{what}: a 0-d tensor cannot be narrowed")
+        raise ValueError(f"{what}: a 0-d tensor {refusal}")
+    return d
+
+
+def narrow(x, dim, start, length):
+    """Elements start..start+length-1 along dim (torch.narrow; a negative start counts from the end)."""
+    what = "narrow"
+    d = _cut_dim(what, x, dim, "cannot be narrowed")
     size = x.shape[d]
     if not -size <= start <= size:
         raise IndexError(f"{what}: start {start} is out of range for dimension {dim} of size {size} (shape {x.shape})")
@@ -420,10 +427,7 @@ def split(x, split_size_or_sections, dim=0):
     """A tuple of pieces along dim: of split_size each (the last smaller), or of the sizes in a list (torch.split);
     one launch per piece (none for a piece that is all of x)."""
     what = "split"
-    _tensor_arg(what, x)
-    d = layout.normalize_dim(what, dim, x.ndim)
-    if not x.ndim:
-        raise ValueError(f"{what}: a 0-d tensor cannot be split")
+    d = _cut_dim(what, x, dim, "cannot be split")
     size = x.shape[d]
     if isinstance(split_size_or_sections, (int, np.integer)):
         step = int(split_size_or_sections)
@@ -444,10 +448,7 @@ def split(x, split_size_or_sections, dim=0):
 
 def unbind(x, dim=0):
     """The slices of x along dim, that dimension removed (torch.unbind); one launch each."""
-    _tensor_arg("unbind", x)
-    d = layout.normalize_dim("unbind", dim, x.ndim)
-    if not x.ndim:
-        raise ValueError("unbind: a 0-d tensor has no dimension to unbind")
+    d = _cut_dim("unbind", x, dim, "has no dimension to unbind")
     return tuple(select(x, d, i) for i in range(x.shape[d]))
 
 
@@ -457,9 +458,7 @@ def chunk(x, chunks, dim=0):
     _tensor_arg(what, x)
     if not isinstance(chunks, (int, np.integer)) or chunks <= 0:
         raise ValueError(f"{what}: chunks must be a positive int, got {chunks!r}")
-    d = layout.normalize_dim(what, dim, x.ndim)
-    if not x.ndim:
-        raise ValueError(f"{what}: a 0-d tensor cannot be chunked")
+    d = _cut_dim(what, x, dim, "cannot be chunked")
     size = x.shape[d]
     step = -(-size // int(chunks))
     if size == 0:
@@ -499,38 +498,53 @@ def _check_range(what, index, size, negative):
                          f"{size}; use values in [{low}, {size - 1}]")
 
 
-class IndexSelect(Function):
+class _Indexed(Function):
+    """An op that reads x through an index tensor (index_select, gather): forward keeps the index and x's shape, dim
+    and name, and backward spreads dy back to x's shape through them (`take` and `spread`, the subclass's); the
+    index takes no gradient."""
     __slots__ = ("geometry",)
 
     def forward(self, x, index, dim, what):
-        outer, D, inner = _outer_inner(x.shape, dim)
-        K = index.size
-        out = empty(x.shape[:dim] + (K,) + x.shape[dim + 1:], x.device, x.dtype)
         self.geometry = (x.shape, dim, what)
-        if out.size:
-            k = _kernel(x.device, "index_select_fwd", ELEM=_elem(x))
-            kernels.launch(x.device, k, (inner, outer * K), None, x, index, out, K, D, inner, _oob(x.dtype),
-                           what=what)
         self.save(index)
-        return out
+        return self.take(x, index, dim, what)
 
     def backward(self, dy):
         shape, dim, what = self.geometry
         index, = self.saved
+        return self.spread(dy, index, shape, dim, what), None
+
+
+class IndexSelect(_Indexed):
+    __slots__ = ()
+
+    @staticmethod
+    def take(x, index, dim, what):
+        outer, D, inner = _outer_inner(x.shape, dim)
+        K = index.size
+        out = empty(x.shape[:dim] + (K,) + x.shape[dim + 1:], x.device, x.dtype)
+        if out.size:
+            k = _kernel(x.device, "index_select_fwd", ELEM=_elem(x))
+            kernels.launch(x.device, k, (inner, outer * K), None, x, index, out, K, D, inner, _oob(x.dtype),
+                           what=what)
+        return out
+
+    @staticmethod
+    def spread(dy, index, shape, dim, what):
         outer, D, inner = _outer_inner(shape, dim)
         dx, K, dev = empty(shape, dy.device), index.size, dy.device
         if not dx.size:
-            return dx, None
+            return dx
         if dx.size * K <= K * K + dy.size + dx.size + CHAIN_OVERHEAD:  # a scan of the K indices per element
             k = _kernel(dev, "index_select_bwd")
             kernels.launch(dev, k, (inner, outer * D), None, dy, index, dx, K, D, inner, what=what + " backward")
-            return dx, None
+            return dx
         links = empty((2 * K,), dev, np.int32)
         kernels.launch(dev, _kernel(dev, "index_links"), (K,), None, index, links, K, D, what=what + " backward")
         ops.fill(dx, 0.0)
         k = _kernel(dev, "index_select_bwd_chain")
         kernels.launch(dev, k, (inner, outer * K), None, dy, index, links, dx, K, D, inner, what=what + " backward")
-        return dx, None
+        return dx
 
 
 # index_select's backward scans all K indices per input element while that costs less than linking the repeated
@@ -559,11 +573,11 @@ def index_select(x, dim, index, _negative=False, _what="index_select"):
     return IndexSelect.apply(x, index.reshape(K), dim=d, what=what)
 
 
-class Gather(Function):
-    __slots__ = ("geometry",)
+class Gather(_Indexed):
+    __slots__ = ()
 
-    def forward(self, x, index, dim, what):
-        self.geometry = (x.shape, dim, what)
+    @staticmethod
+    def take(x, index, dim, what):
         out = empty(index.shape, x.device, x.dtype)
         if out.size:
             st = list(contiguous_strides(x.shape))
@@ -574,19 +588,17 @@ class Gather(Function):
             k = _kernel(x.device, "gather_fwd", NDIM=len(cshape), ELEM=_elem(x))
             kernels.launch(x.device, k, (out.size,), None, x, 0, index, out, m, step, x.shape[dim], _oob(x.dtype),
                            what=what)
-        self.save(index)
         return out
 
-    def backward(self, dy):
-        shape, dim, what = self.geometry
-        index, = self.saved
+    @staticmethod
+    def spread(dy, index, shape, dim, what):
         dx = empty(shape, dy.device)
         if not index.size:
-            return ops.fill(dx, 0.0), None
+            return ops.fill(dx, 0.0)
         m = layout.meta(dy.device, shape, index.shape, contiguous_strides(index.shape))
         k = _kernel(dy.device, "gather_bwd", NDIM=len(shape))
         kernels.launch(dy.device, k, (dx.size,), None, dy, index, dx, m, dim, what=what + " backward")
-        return dx, None
+        return dx
 
 
 def gather(x, dim, index):
@@ -612,16 +624,22 @@ def gather(x, dim, index):
 
 # ---- cat, stack ----------------------------------------------------------------------------------------------------
 
-def cat(tensors, dim=0):
-    """tensors joined along dim (torch.cat); all have one dtype and agree in every other dimension (1-D empty
-    tensors are skipped, as PyTorch does). Float32 goes through ops.Cat (which also splits tensors past
-    kernels.INDEX_LIMIT); other dtypes copy each input into its window of the output, a launch per input."""
-    what = "cat"
+def _tensors_arg(what, tensors):
+    """The tensors of a non-empty sequence, as a list (cat's and stack's first argument)."""
     if isinstance(tensors, Tensor) or not hasattr(tensors, "__iter__"):
         raise TypeError(f"{what}: expected a sequence of tensors, got {type(tensors).__name__}")
     tensors = [_tensor_arg(what, t) for t in tensors]
     if not tensors:
         raise ValueError(f"{what}: expected a non-empty sequence of tensors")
+    return tensors
+
+
+def cat(tensors, dim=0):
+    """tensors joined along dim (torch.cat); all have one dtype and agree in every other dimension (1-D empty
+    tensors are skipped, as PyTorch does). Float32 goes through ops.Cat (which also splits tensors past
+    kernels.INDEX_LIMIT); other dtypes copy each input into its window of the output, a launch per input."""
+    what = "cat"
+    tensors = _tensors_arg(what, tensors)
     kept = [t for t in tensors if t.shape != (0,)] or tensors[:1]
     ref = kept[0]
     if not ref.ndim:
@@ -654,11 +672,7 @@ def cat(tensors, dim=0):
 def stack(tensors, dim=0):
     """tensors of one shape joined along a new dimension dim (torch.stack)."""
     what = "stack"
-    if isinstance(tensors, Tensor) or not hasattr(tensors, "__iter__"):
-        raise TypeError(f"{what}: expected a sequence of tensors, got {type(tensors).__name__}")
-    tensors = [_tensor_arg(what, t) for t in tensors]
-    if not tensors:
-        raise ValueError(f"{what}: expected a non-empty sequence of tensors")
+    tensors = _tensors_arg(what, tensors)
     for i, t in enumerate(tensors):
         if t.shape != tensors[0].shape:
             raise ValueError(f"{what}: tensor {i} has shape {t.shape}, tensor 0 has {tensors[0].shape}; stack takes "

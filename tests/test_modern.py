@@ -51,7 +51,7 @@ def _move(m, dev):
 ACTIVATIONS = {
     "GELU": lambda m: m.GELU(), "GELU tanh": lambda m: m.GELU("tanh"), "SiLU": lambda m: m.SiLU(),
     "Mish": lambda m: m.Mish(), "Hardswish": lambda m: m.Hardswish(), "Hardsigmoid": lambda m: m.Hardsigmoid(),
-    "LeakyReLU": lambda m: m.LeakyReLU(0.2), "ELU": lambda m: m.ELU(0.5), "SELU": lambda m: m.SELU(),
+    "LeakyReLU": lambda m: m.LeakyReLU(0.2), "ELU": lambda m: m.ELU(0.5), "CELU": lambda m: m.CELU(1.5), "SELU": lambda m: m.SELU(),
     "Softplus": lambda m: m.Softplus(2.0, 5.0), "Hardtanh": lambda m: m.Hardtanh(-0.5, 0.5)}
 
 

@@ -20,9 +20,14 @@ def _uniform(shape, bound):
 # ---- activations ---------------------------------------------------------------------------------------------------
 
 class _Elementwise(Module):
+    """An activation: fn applied to the input with the module's `args` attributes after it. inplace is accepted, as
+    PyTorch's modules take it, and changes nothing: each result is a new tensor."""
     keeps_shape = True
     fn = None
     args = ()
+
+    def __init__(self, inplace=False):
+        super().__init__()
 
     def forward(self, x):
         return type(self).fn(x, *(getattr(self, a) for a in self.args))
@@ -42,36 +47,21 @@ class GELU(_Elementwise):
 class SiLU(_Elementwise):
     fn = F.silu
 
-    def __init__(self, inplace=False):
-        super().__init__()
-
 
 class Mish(_Elementwise):
     fn = F.mish
-
-    def __init__(self, inplace=False):
-        super().__init__()
 
 
 class Hardswish(_Elementwise):
     fn = F.hardswish
 
-    def __init__(self, inplace=False):
-        super().__init__()
-
 
 class Hardsigmoid(_Elementwise):
     fn = F.hardsigmoid
 
-    def __init__(self, inplace=False):
-        super().__init__()
-
 
 class SELU(_Elementwise):
     fn = F.selu
-
-    def __init__(self, inplace=False):
-        super().__init__()
 
 
 class LeakyReLU(_Elementwise):
@@ -82,20 +72,20 @@ class LeakyReLU(_Elementwise):
         self.negative_slope = float(negative_slope)
 
 
-class ELU(_Elementwise):
-    fn, args = F.elu, ("alpha",)
+class _Alpha(_Elementwise):
+    args = ("alpha",)
 
     def __init__(self, alpha=1.0, inplace=False):
         super().__init__()
         self.alpha = float(alpha)
 
 
-class CELU(_Elementwise):
-    fn, args = F.celu, ("alpha",)
+class ELU(_Alpha):
+    fn = F.elu
 
-    def __init__(self, alpha=1.0, inplace=False):
-        super().__init__()
-        self.alpha = float(alpha)
+
+class CELU(_Alpha):
+    fn = F.celu
 
 
 class Softplus(_Elementwise):
