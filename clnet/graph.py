@@ -136,7 +136,8 @@ class Graph:
         dims = len(global_size)
         sizes = (ctypes.c_size_t * dims)(*global_size)
         local = (ctypes.c_size_t * dims)(*local_size) if local_size is not None else None
-        self._items.append((clone, global_size, local_size, live, clone.int_ptr, dims, sizes, local))
+        self._items.append((clone, global_size, local_size, live, ctypes.c_void_p(clone.int_ptr), kernels._DIMS[dims],
+                            sizes, local))
         self.launches += 1
 
     def record_copy(self, dst, src, copy):
@@ -207,13 +208,13 @@ class Graph:
         queue = self._queue
         try:
             if self.event_free:
-                raw, handle = _enqueue_raw, queue.int_ptr
+                raw, handle, none = _enqueue_raw, ctypes.c_void_p(queue.int_ptr), kernels._NO_EVENTS
                 for item in self._items:
                     if type(item) is tuple:
                         clone, _, _, live, kernel, dims, sizes, local = item
                         for i, box in live:
                             clone.set_arg(i, box.value)
-                        status = raw(handle, kernel, dims, None, sizes, local, 0, None, None)
+                        status = raw(handle, kernel, dims, None, sizes, local, none, None, None)
                         if status:
                             self._failed_launch(item, status)
                     else:

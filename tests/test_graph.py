@@ -367,7 +367,8 @@ def test_a_launch_the_driver_refuses_in_a_replay_is_a_clear_error(dev, rng):
     assert np.array_equal(y.numpy(), 2 * x.numpy())
     import ctypes
     clone, gsize, lsize, live, kernel, dims, sizes, local = g._items[0]
-    too_big = (ctypes.c_size_t * dims)(*([1 << 24] * dims))  # more work-items per group than any device allows
+    n = dims.value  # a ctypes.c_uint32
+    too_big = (ctypes.c_size_t * n)(*([1 << 24] * n))  # more work-items per group than any device allows
     g._items[0] = (clone, gsize, lsize, live, kernel, dims, sizes, too_big)
     with pytest.raises(kernels.KernelError, match=r"a replayed launch of \w+ could not run on .*\(global size .*\): "
                                                   r"OpenCL status INVALID_WORK_GROUP_SIZE"):
