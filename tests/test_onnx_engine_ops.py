@@ -274,3 +274,25 @@ def test_index_and_shape_ops_of_computed_tensors(dev, rng, tmp_path):
             got = net(clnet.tensor(x, dev))
         for name, g, want in zip(outs, got, sess.run(None, {"x": x})):
             assert_close(g.numpy(), want, name, tol=1e-6)
+
+
+def test_random_draws_of_training_exports(dev, rng, tmp_path):
+    """RandomUniformLike (training-mode stochastic depth in PyTorch's exports), RandomNormalLike and Bernoulli draw
+    from clnet's generator: of the input's shape, inside [low, high), with the mean and spread they should have."""
+    T = onnx.TensorProto
+    nodes = [h.make_node("RandomUniformLike", ["x"], ["u"], low=-1.0, high=3.0),
+             h.make_node("RandomNormalLike", ["x"], ["z"], mean=2.0, scale=0.5),
+             h.make_node("Bernoulli", ["p"], ["b"])]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [64, 64])],
+                         [h.make_tensor_value_info(o, T.FLOAT, [64, 64]) for o in ("u", "z", "b")],
+                         [onnx.numpy_helper.from_array(np.full((64, 64), 0.25, np.float32), "p")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = str(tmp_path / "random.onnx")
+    onnx.save(model, path)
+    u, z, b = (t.numpy().astype(np.float64) for t in connx.load(path, device=dev)(clnet.tensor(np.zeros((64, 64)),
+                                                                                               dev)))
+    n = u.size
+    assert u.min() >= -1.0 and u.max() < 3.0 and abs(u.mean() - 1.0) < 5 * (4 / 12 ** 0.5) / n ** 0.5
+    assert abs(z.mean() - 2.0) < 5 * 0.5 / n ** 0.5 and abs(z.std() - 0.5) < 0.05
+    assert set(np.unique(b)) <= {0.0, 1.0} and abs(b.mean() - 0.25) < 5 * (0.25 * 0.75 / n) ** 0.5

@@ -12,7 +12,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .. import autograd, ops, pointwise, products, reduce, views
+from .. import autograd, creation, ops, pointwise, products, reduce, views
 from ..nn import functional as F
 from ..shapes import conv_shape
 from ..tensor import Tensor
@@ -1099,6 +1099,32 @@ def _c_conv_transpose(n, ins, opset):
 
 
 
+# ---- random draws (training-mode stochastic depth) -----------------------------------------------------------------
+
+def _d_random_like(normal):
+    """RandomUniformLike / RandomNormalLike: draws of the input's shape from clnet's generator (clnet.manual_seed;
+    the file's seed attribute is not ONNX Runtime's stream either), without a gradient."""
+    def run(m, n, a):
+        at = n.attrs
+        shape = tuple(a[0].shape)
+        if normal:
+            z = creation.randn(*shape, device=m.device)
+            return [pointwise.add(pointwise.mul(z, float(at.get("scale", 1.0))), float(at.get("mean", 0.0)))]
+        lo, hi = float(at.get("low", 0.0)), float(at.get("high", 1.0))
+        return [pointwise.add(pointwise.mul(creation.rand(*shape, device=m.device), hi - lo), lo)]
+    return run
+
+
+def _d_bernoulli(m, n, a):
+    p = _tensor_arg(m, n, a[0], 0)
+    return [pointwise.cast(pointwise.binary("lt", creation.rand(*p.shape, device=m.device), p), np.float32)]
+
+
+def _c_random(n, ins, opset):
+    if n.attrs.get("dtype", 1) != 1:
+        raise ValueError(f"draws of ONNX type {n.attrs['dtype']}: clnet draws float32")
+
+
 # ---- the table -----------------------------------------------------------------------------------------------------
 
 class OnnxOp(NamedTuple):
@@ -1151,6 +1177,8 @@ OPS = {
     "Expand": OnnxOp(_d_expand, host=(1,), params=(0,)), "Tile": OnnxOp(_d_tile, host=(1,)),
     "Pad": OnnxOp(_d_pad, _c_pad, host=(1, 2, 3)),
     "Resize": OnnxOp(_d_resize, _c_resize, host=(1, 2, 3)),
+    "RandomUniformLike": OnnxOp(_d_random_like(False), _c_random),
+    "RandomNormalLike": OnnxOp(_d_random_like(True), _c_random), "Bernoulli": OnnxOp(_d_bernoulli, _c_random),
 }
 
 DEVICE_OPS = {op: entry.run for op, entry in OPS.items()}
@@ -1164,5 +1192,7 @@ def _dispatch(op):
     def run(m, n, a):
         if host is not None and (op in ("Shape", "Size") or entry is None or all(v is None or _is_host(v) for v in a)):
             return [None if v is None else np.asarray(v) for v in host(m, n, a)]  # (NumPy's scalars as arrays)
+        if a and _is_host(a[0]):  # a constant where the entry takes a computed tensor (its data): uploaded once
+            a = [_tensor_arg(m, n, a[0], 0)] + list(a[1:])
         return entry.run(m, n, a)
     return run
