@@ -6,9 +6,9 @@ Every case whose operators are all in clnet's ONNX table, with float32 outputs a
 inputs -- indices, shapes, axes, and float32 ones only host slots read, as Resize's scales -- are taken as constants),
 runs at ONNX's own tolerances (each case's rtol and atol), except those EXCLUDED below, each with its reason; every
 excluded case is checked to be refused by clnet.onnx.load (never a wrong value, never a refusal at run time), so the
-list shrinks as clnet grows. Training-mode Dropout (RANDOM) is checked element by element: dropped or scaled. Cases
+list shrinks as clnet grows. Random outputs (RANDOM: training-mode Dropout, Bernoulli) are checked element by element. Cases
 outside the table or without float32 data are counted, not run. With onnx 1.23.2: 580 cases pass, 30 are excluded,
-2 are random.
+4 are random.
 
 Cost: the onnx package generates its ~1900 cases once (a few seconds), then the selected run in ~20 s on PoCL."""
 import warnings
@@ -43,8 +43,10 @@ EXCLUDED = {
         maxpool_3d_dilations_use_ref_impl_large""",
     "3-D transposed convolution": "convtranspose_3d",
 }
-# Training-mode Dropout: its mask is random, so each output element is checked to be 0 or x / (1 - ratio).
-RANDOM = {"test_training_dropout", "test_training_dropout_default"}
+# Random outputs (ONNX's expected ones are one draw of NumPy's generator): training-mode Dropout's elements are checked
+# to be 0 or x / (1 - ratio), Bernoulli's to be 0 or 1 (1 where p is 1, 0 where p is 0).
+RANDOM = {"test_training_dropout", "test_training_dropout_default", "test_bernoulli_seed",
+          "test_bernoulli_seed_expanded"}
 REASONS = {"test_" + name: why for why, names in EXCLUDED.items() for name in names.split()}
 
 DEVICE = next((d["index"] for d in DEVICES if "portable" in d["platform"].lower() and d.get("usable", True)),
@@ -99,13 +101,18 @@ def test_node(device, case):
 @pytest.mark.filterwarnings("ignore::clnet.onnx.OnnxOpsetWarning")
 @pytest.mark.parametrize("case", [c for c in SELECTED if c.name in RANDOM],
                          ids=[c.name for c in SELECTED if c.name in RANDOM])
-def test_training_dropout_keeps_or_scales_each_element(device, case):
+def test_random_case_draws_what_it_should(device, case):
     """Dropout with training_mode true: every element is dropped (0) or kept and scaled by 1 / (1 - ratio), and
-    both happen (the mask is random; ONNX's expected output is one draw of it)."""
+    both happen. Bernoulli: every element is 0 or 1, 1 where its probability is 1 and 0 where it is 0."""
     rep = backend().prepare(case.model, device)
     inputs, _ = case.data_sets[0]
-    x, ratio = np.asarray(inputs[0], np.float64), float(np.asarray(inputs[1]))
     y = rep.run(inputs)[0]
+    x = np.asarray(inputs[0], np.float64)
+    if "bernoulli" in case.name:
+        assert set(np.unique(y)) <= {0.0, 1.0}, case.name
+        assert np.all(y[x == 1.0] == 1.0) and np.all(y[x == 0.0] == 0.0), case.name
+        return
+    ratio = float(np.asarray(inputs[1]))
     kept = np.isclose(y, x / (1 - ratio), rtol=1e-6, atol=0)
     assert np.all(kept | (y == 0)), case.name
     assert kept.any() and (y == 0).any(), case.name
