@@ -2,13 +2,13 @@
 the onnx package with its expected outputs) through clnet's backend adapter (clnet.onnx.backend), on one device (PoCL
 where present).
 
-Every case whose operators are all in clnet's ONNX table, with float32 outputs and float32 data among its inputs (other
-inputs -- indices, shapes, axes, and float32 ones only host slots read, as Resize's scales -- are taken as constants),
-runs at ONNX's own tolerances (each case's rtol and atol), except those EXCLUDED below, each with its reason; every
-excluded case is checked to be refused by clnet.onnx.load (never a wrong value, never a refusal at run time), so the
-list shrinks as clnet grows. Random outputs (RANDOM: training-mode Dropout, Bernoulli) are checked element by element. Cases
-outside the table or without float32 data are counted, not run. With onnx 1.23.2: 580 cases pass, 30 are excluded,
-4 are random.
+Every case whose operators are all in clnet's ONNX table, with float32 outputs and float32 data among its inputs
+(other inputs -- indices, shapes, axes, and float32 ones only host slots read, as Resize's scales -- are taken as
+constants), runs at ONNX's own tolerances (each case's rtol and atol), except those EXCLUDED below, each with its
+reason; every excluded case is checked to be refused by clnet.onnx.load (never a wrong value, never a refusal at run
+time), so the list shrinks as clnet grows. Random outputs (RANDOM: training-mode Dropout, Bernoulli) are checked
+element by element. Cases outside the table or without float32 data are counted, not run. With onnx 1.23.2: 580 cases
+pass, 30 are excluded, 4 are random.
 
 Cost: the onnx package generates its ~1900 cases once (a few seconds), then the selected run in ~20 s on PoCL."""
 import warnings

@@ -218,7 +218,8 @@ HOST_OPS = {
     "Max": _h_variadic(np.maximum), "Sum": _h_variadic(np.add), "Mean": _h_variadic(np.add, mean=True),
     "Neg": _h_unary(np.negative), "Floor": _h_unary(np.floor), "Ceil": _h_unary(np.ceil), "Sqrt": _h_unary(np.sqrt),
     "Abs": _h_unary(np.abs), "Sign": _h_unary(np.sign), "Round": _h_unary(np.round), "Exp": _h_unary(np.exp),
-    "Log": _h_unary(np.log), "Reciprocal": _h_unary(np.reciprocal), "Mod": _h_mod, "Not": _h_unary(np.logical_not), "Size": lambda m, n, a: [np.array(a[0].size, np.int64)],
+    "Log": _h_unary(np.log), "Reciprocal": _h_unary(np.reciprocal), "Mod": _h_mod, "Not": _h_unary(np.logical_not),
+    "Size": lambda m, n, a: [np.array(a[0].size, np.int64)],
     "ReduceProd": _h_reduce(np.prod), "ReduceSum": _h_reduce(np.sum), "ReduceMax": _h_reduce(np.max),
     "ReduceMin": _h_reduce(np.min),
 }
