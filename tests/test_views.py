@@ -6,7 +6,7 @@ import pytest
 
 import clnet
 from clnet import views as V
-from conftest import assert_close, launched, needs_torch, no_launch
+from conftest import assert_close, assert_close_to_terms, launched, needs_torch, no_launch
 
 torch = pytest.importorskip("torch")
 pytestmark = needs_torch
@@ -28,8 +28,13 @@ def _check(dev, rng, shapes, ours, theirs, name):
     g = rng.standard_normal(y.shape).astype(np.float32)
     y.backward(clnet.tensor(g, dev))
     ty.backward(torch.tensor(g, dtype=torch.float64))
-    for i, (x, tx) in enumerate(pairs):
-        assert_close(x.grad.numpy(), tx.grad.numpy(), f"{name}: gradient of input {i}", tol=1e-6)
+    # a gradient element sums dy over the places its input went (an expand to (33, 3) sums 99, which can cancel far
+    # below them): its error is measured against those terms' sizes, the same backward of |dy|
+    sizes = [torch.tensor(p[1].detach().numpy(), requires_grad=True) for p in pairs]
+    theirs(*sizes).backward(torch.tensor(np.abs(g), dtype=torch.float64))
+    for i, ((x, tx), t) in enumerate(zip(pairs, sizes)):
+        assert_close_to_terms(x.grad.numpy(), tx.grad.numpy(), t.grad.numpy(), f"{name}: gradient of input {i}",
+                              tol=1e-6)
 
 
 # ---- permutations ----------------------------------------------------------------------------------------------
