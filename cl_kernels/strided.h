@@ -26,4 +26,18 @@ inline int strided_offset(__global const int* meta, const int op, int i) {
 #endif
 }
 
+// strided_offset of operands 0 and 1 at once, added to *a and *b: i is the row-major index over the layout's first
+// `lead` dimensions (1..NDIM), with one division per dimension for both operands.
+inline void strided_offsets2(__global const int* meta, const int lead, int i, int* a, int* b) {
+#pragma unroll
+    for (int d = lead - 1; d > 0; d--) {
+        const int size = meta[d], k = i % size;
+        i /= size;
+        *a += k * meta[NDIM + d];
+        *b += k * meta[2 * NDIM + d];
+    }
+    *a += i * meta[NDIM];
+    *b += i * meta[2 * NDIM];
+}
+
 #endif

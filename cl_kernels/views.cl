@@ -48,16 +48,9 @@
 
 __kernel void strided_copy(__global ELEM* restrict dst, const int dst_base, __global const ELEM* restrict src,
                            const int src_base, __global const int* restrict meta) {
-    // strided_offset twice, with one division per dimension for both operands
-    int rest = get_global_id(0), a = dst_base, b = src_base;
-#pragma unroll
-    for (int d = NDIM - 1; d > 0; d--) {
-        const int size = meta[d], k = rest % size;
-        rest /= size;
-        a += k * meta[NDIM + d];
-        b += k * meta[2 * NDIM + d];
-    }
-    dst[a + rest * meta[NDIM]] = src[b + rest * meta[2 * NDIM]];
+    int a = dst_base, b = src_base;
+    strided_offsets2(meta, NDIM, get_global_id(0), &a, &b);
+    dst[a] = src[b];
 }
 
 __kernel void strided_copy_rows(__global ELEM* restrict dst, const int dst_base, __global const ELEM* restrict src,
@@ -65,16 +58,7 @@ __kernel void strided_copy_rows(__global ELEM* restrict dst, const int dst_base,
     const int c = get_global_id(0), r = get_global_id(1);
     int a = dst_base + c * meta[2 * NDIM - 1], b = src_base + c * meta[3 * NDIM - 1];
 #if NDIM > 1
-    int rest = r;
-#pragma unroll
-    for (int d = NDIM - 2; d > 0; d--) {
-        const int size = meta[d], k = rest % size;
-        rest /= size;
-        a += k * meta[NDIM + d];
-        b += k * meta[2 * NDIM + d];
-    }
-    a += rest * meta[NDIM];
-    b += rest * meta[2 * NDIM];
+    strided_offsets2(meta, NDIM - 1, r, &a, &b);
 #endif
     dst[a] = src[b];
 }
