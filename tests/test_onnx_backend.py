@@ -11,6 +11,7 @@ element by element. Cases outside the table or without float32 data are counted,
 pass, 30 are excluded, 4 are random.
 
 Cost: the onnx package generates its ~1900 cases once (a few seconds), then the selected run in ~20 s on PoCL."""
+import os
 import warnings
 
 import numpy as np
@@ -49,8 +50,11 @@ RANDOM = {"test_training_dropout", "test_training_dropout_default", "test_bernou
           "test_bernoulli_seed_expanded"}
 REASONS = {"test_" + name: why for why, names in EXCLUDED.items() for name in names.split()}
 
+# PoCL where present; CLNET_ONNX_BACKEND_DEVICE (a device index) picks another (a GPU's run of the suite)
 DEVICE = next((d["index"] for d in DEVICES if "portable" in d["platform"].lower() and d.get("usable", True)),
               DEVICES[0]["index"] if DEVICES else None)
+if os.environ.get("CLNET_ONNX_BACKEND_DEVICE"):
+    DEVICE = int(os.environ["CLNET_ONNX_BACKEND_DEVICE"])
 
 
 def _collect():
