@@ -1,7 +1,7 @@
 """Capture and replay of a whole step: `g = clnet.Graph()`, `with g.capture(): ...`, then `g.replay()` per batch.
 
-A small network at a small batch spends more time in Python (about 40 us a launch: the op's checks, autograd, the
-kernel's argument key) than on the device. A captured step is replayed as a loop of enqueues of clones whose
+A small network at a small batch spends more time in Python (an eager op's checks, autograd, the kernel's argument
+key: bench/eager_cost.py) than on the device. A captured step is replayed as a loop of enqueues of clones whose
 arguments were set at capture, as CUDA graphs replay a recorded stream. Unlike CUDA's capture, clnet's runs the step
 once while recording it: the capture is an ordinary step whose launches are also kept.
 

@@ -12,7 +12,13 @@ thread in one object, `context`; `kernels.capturing`, `kernels.profiler` and `ke
 Setting arguments costs far more than enqueueing (PoCL: 208 us of a 266 us GEMM launch, its 30 arguments, against
 7 us for the enqueue; bench/NOTES.md, v3b), and a training step repeats the same launches with the same pooled
 buffers every iteration. So each kernel keeps a few clones with their arguments already set, keyed by the argument
-values: a repeated launch builds the key, looks it up and enqueues (14 us on PoCL).
+values: a repeated launch builds the key, looks it up and enqueues (14 us on PoCL). The enqueue goes without an
+event, through ctypes (pyopencl's makes an Event object per launch: about 7 us of NVIDIA's driver), unless a profiler
+wants the events; bench/eager_cost.py measures what an eager op costs.
+
+Threads: grad mode and the capture state are each thread's, the caches shared. Builds run under one lock (a program
+is built once), and each launch holds another from its clone's look-up to its enqueue (a clone taken back for another
+argument set, or a Live argument set again, between the two would launch another thread's arguments).
 
 While a `clnet.Graph` captures, each launch is also recorded with a clone of the graph's own, so replay is a loop of
 enqueues. A scalar that changes from step to step travels as a `Live` argument (set again at every enqueue, eager or
