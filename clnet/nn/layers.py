@@ -1,6 +1,7 @@
 """Layers with the semantics, argument names, defaults and state_dict layouts of their PyTorch namesakes. Each stores
 its configuration and parameters; its forward calls the op table (clnet/ops.py) through the checked geometry."""
 import math
+from collections import OrderedDict
 
 import numpy as np
 
@@ -314,3 +315,85 @@ class LocalResponseNorm(Module):
 
     def forward(self, x):
         return F.local_response_norm(x, self.size, self.alpha, self.beta, self.k)
+
+
+class Sequential(Module):
+    """Modules applied in order. A ReLU right before a MaxPool2d runs inside the pooling, one right after a Conv2d or
+    Linear inside that layer's kernels, unless `fuse_relu` is False (on the class or on one instance)."""
+
+    fuse_relu = True
+
+    def __init__(self, *layers):
+        super().__init__()
+        if len(layers) == 1 and isinstance(layers[0], (dict, OrderedDict)):
+            layers = list(layers[0].items())
+        else:
+            layers = [(str(i), m) for i, m in enumerate(layers)]
+        for i, (name, layer) in enumerate(layers):
+            if not isinstance(layer, Module):
+                raise TypeError(f"Sequential: item {i} is a {type(layer).__name__}, not a clnet module")
+            self._modules[name] = layer
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Sequential(*list(self._modules.values())[i])
+        return list(self._modules.values())[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def append(self, module):
+        self.add_module(str(len(self)), module)
+        return self
+
+    def output_shape(self, input_shape):
+        shape = tuple(input_shape)
+        for i, layer in enumerate(self):
+            try:
+                shape = layer.output_shape(shape)
+            except ValueError as e:
+                raise ValueError(f"layer {i}: {e}") from None
+        return shape
+
+    def add_module(self, name, module):
+        self.__dict__.pop("_checked_input", None)
+        super().add_module(name, module)
+
+    def forward(self, x):
+        d = self.__dict__
+        shape = getattr(x, "shape", None)
+        if shape is not None and d.get("_checked_input") != shape:  # once per input shape, not per step
+            if all(m.keeps_shape or type(m).output_shape is not Module.output_shape for m in self.modules()):
+                self.output_shape(shape)  # a misfit anywhere in the chain is named before any kernel runs
+            d["_checked_input"] = shape
+        layers, names = list(self._modules.values()), list(self._modules)
+        i = 0
+        while i < len(layers):
+            fused = self._fused_relu(*(layers[i:i + 3] + [None, None])[:3])
+            at = i + 1 if fused == "into the pooling" else i  # the layer that runs (a fused ReLU runs inside it)
+            try:
+                x = layers[at](x, relu=True) if fused else layers[at](x)
+            except ValueError as e:  # say where in the chain the shapes stopped fitting
+                raise ValueError(f"layer {names[at]}: {e}") from None
+            i += 2 if fused else 1
+        return x
+
+    def _fused_relu(self, layer, nxt, after):
+        """How a ReLU runs fused here: "into the pooling" when layer is a ReLU and nxt a MaxPool2d (ReLU commutes
+        with the max, so the pooling applies it to its smaller output and takes its gradient in its own backward);
+        "into the layer" when nxt is a ReLU that layer, a Conv2d or Linear, applies in its kernels' epilogue (unless
+        a MaxPool2d after takes it); None otherwise, and wherever a hook watches (the benchmark's per-layer times)."""
+        def bare(*ms):
+            return not any(m._forward_hooks or m._forward_pre_hooks for m in ms)
+        if not self.fuse_relu or nxt is None:
+            return None
+        if type(layer) is ReLU and type(nxt) is MaxPool2d and bare(layer, nxt):
+            return "into the pooling"
+        if type(layer) in (Conv2d, Linear) and type(nxt) is ReLU and bare(layer, nxt):
+            if type(after) is MaxPool2d and bare(after):
+                return None  # the pooling takes the ReLU
+            return "into the layer"
+        return None
