@@ -22,7 +22,9 @@ Tensor hooks, as PyTorch's: `register_hook(t, fn)` calls ``fn(grad)`` with t's w
 leaf's summed over its uses first, then accumulated; a computed tensor's before its op's backward), and a tensor fn
 returns replaces it; `retain_grad(t)` keeps a computed tensor's gradient, after its hooks, in t.grad. A computed
 tensor's hooks live on its op (`Function.hooks`), a leaf's on the leaf. A tensor hook is refused inside a Graph
-capture (its Python would not run at replay); retain_grad is replayed (the copy into t.grad is a recorded launch).
+capture (its Python would not run at replay); retain_grad is replayed (the copy into t.grad is a recorded launch). A
+post-accumulate-grad hook runs once, at the capture: the launches it makes are recorded and replayed, its host work
+is not (clnet.distributed's hook, whose all-reduce is host work, refuses a capture itself).
 """
 import itertools
 import sys
