@@ -189,3 +189,26 @@ def test_under_a_capture_retain_grad_replays_and_a_tensor_hook_is_refused(dev, r
     with pytest.raises(clnet.CaptureError, match="register_hook: a tensor hook runs Python in backward"):
         with clnet.Graph().capture():
             (y * 3.0).sum().backward()
+
+
+def test_under_a_capture_a_post_accumulate_hooks_launches_replay(dev, rng):
+    """The hook runs once, at the capture; what it launches (here: halving the complete .grad in place) is recorded,
+    so every replay halves the gradient it accumulated, as the eager step would."""
+    a, b = rng.standard_normal(33).astype(np.float32), rng.standard_normal(33).astype(np.float32)
+    x = clnet.tensor(a, dev, requires_grad=True)
+    calls = []
+
+    def halve(t):
+        calls.append(1)
+        with clnet.no_grad():
+            t.grad.mul_(0.5)
+
+    x.register_post_accumulate_grad_hook(halve)
+    g = clnet.Graph()
+    with g.capture():
+        (x * x).sum().backward()
+    x.write(b)
+    g.replay()
+    assert len(calls) == 1
+    expected = (2 * a.astype(np.float64) / 2 + 2 * b.astype(np.float64)) / 2
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-6)
