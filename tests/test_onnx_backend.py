@@ -2,13 +2,13 @@
 the onnx package with its expected outputs) through clnet's backend adapter (clnet.onnx.backend), on one device (PoCL
 where present).
 
-Every case whose operators are all in clnet's ONNX table, with float32 outputs and float32 data among its inputs
-(other inputs -- indices, shapes, axes, and float32 ones only host slots read, as Resize's scales -- are taken as
-constants), runs at ONNX's own tolerances (each case's rtol and atol), except those EXCLUDED below, each with its
-reason; every excluded case is checked to be refused by clnet.onnx.load (never a wrong value, never a refusal at run
-time), so the list shrinks as clnet grows. Random outputs (RANDOM: training-mode Dropout, Bernoulli) are checked
-element by element. Cases outside the table or without float32 data are counted, not run. With onnx 1.23.2: 580 cases
-pass, 30 are excluded, 4 are random.
+Every case whose operators are all in clnet's ONNX table, with outputs of types clnet holds (float32, bool, int32,
+int64 held as int32) and float32 data among its inputs (other inputs -- indices, shapes, axes, and float32 ones only
+host slots read, as Resize's scales -- are taken as constants), runs at ONNX's own tolerances (each case's rtol and
+atol), except those EXCLUDED below, each with its reason; every excluded case is checked to be refused by
+clnet.onnx.load (never a wrong value, never a refusal at run time), so the list shrinks as clnet grows. Random
+outputs (RANDOM: training-mode Dropout, Bernoulli) are checked element by element. Cases outside the table or without
+float32 data are counted, not run. With onnx 1.23.2: 642 cases pass, 32 are excluded, 6 are random.
 
 Cost: the onnx package generates its ~1900 cases once (a few seconds), then the selected run in ~20 s on PoCL."""
 import os
@@ -43,11 +43,12 @@ EXCLUDED = {
         maxpool_3d_default maxpool_3d_dilations maxpool_3d_dilations_use_ref_impl
         maxpool_3d_dilations_use_ref_impl_large""",
     "3-D transposed convolution": "convtranspose_3d",
+    "MaxPool's Indices output": "maxpool_with_argmax_2d_precomputed_pads maxpool_with_argmax_2d_precomputed_strides",
 }
 # Random outputs (ONNX's expected ones are one draw of NumPy's generator): training-mode Dropout's elements are checked
 # to be 0 or x / (1 - ratio), Bernoulli's to be 0 or 1 (1 where p is 1, 0 where p is 0).
-RANDOM = {"test_training_dropout", "test_training_dropout_default", "test_bernoulli_seed",
-          "test_bernoulli_seed_expanded"}
+RANDOM = {"test_training_dropout", "test_training_dropout_default", "test_training_dropout_mask",
+          "test_training_dropout_default_mask", "test_bernoulli_seed", "test_bernoulli_seed_expanded"}
 REASONS = {"test_" + name: why for why, names in EXCLUDED.items() for name in names.split()}
 
 # PoCL where present; CLNET_ONNX_BACKEND_DEVICE (a device index) picks another (a GPU's run of the suite)
@@ -55,6 +56,9 @@ DEVICE = next((d["index"] for d in DEVICES if "portable" in d["platform"].lower(
               DEVICES[0]["index"] if DEVICES else None)
 if os.environ.get("CLNET_ONNX_BACKEND_DEVICE"):
     DEVICE = int(os.environ["CLNET_ONNX_BACKEND_DEVICE"])
+
+
+HELD = (onnx.TensorProto.FLOAT, onnx.TensorProto.BOOL, onnx.TensorProto.INT32, onnx.TensorProto.INT64)  # outputs
 
 
 def _collect():
@@ -67,7 +71,7 @@ def _collect():
     for c in cases:
         graph = c.model.graph
         tensors = all(v.type.HasField("tensor_type") for v in list(graph.input) + list(graph.output))
-        floats = tensors and all(v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for v in graph.output) and \
+        floats = tensors and all(v.type.tensor_type.elem_type in HELD for v in graph.output) and \
             any(v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for v in graph.input)
         if floats and {n.op_type for n in graph.node} <= table:
             selected.append(c)
@@ -120,6 +124,12 @@ def test_random_case_draws_what_it_should(device, case):
     kept = np.isclose(y, x / (1 - ratio), rtol=1e-6, atol=0)
     assert np.all(kept | (y == 0)), case.name
     assert kept.any() and (y == 0).any(), case.name
+    if "mask" in case.name:  # the mask says which were kept
+        outputs = rep.run(inputs)
+        y, mask = outputs[0], outputs[1]
+        assert mask.dtype == np.bool_, mask.dtype
+        np.testing.assert_allclose(y, np.where(mask, x / (1 - ratio), 0.0), rtol=1e-6, err_msg=case.name)
+        assert mask.any() and not mask.all(), case.name
 
 
 @pytest.mark.filterwarnings("ignore::clnet.onnx.OnnxOpsetWarning")

@@ -34,8 +34,8 @@ CASES = [
      {}, "1-D and 2-D windows"),
     ("range-computed", [h.make_node("Range", ["x", "z", "d"], ["y"], name="n")], [("x", ()), ("z", ())],
      dict(d=np.array(1.0, np.float32)), "Range of a computed tensor"),
-    ("argmax-last-index", [h.make_node("ArgMax", ["x"], ["y"], select_last_index=1, name="n")], [("x", T4)], {},
-     "select_last_index=1"),
+    ("maxpool-indices", [h.make_node("MaxPool", ["x"], ["p", "y"], kernel_shape=[2, 2], name="n")], [("x", T4)], {},
+     "Indices output"),
     ("cast-double", [h.make_node("Cast", ["x"], ["y"], to=onnx.TensorProto.DOUBLE, name="n")], [("x", T4)], {},
      "ONNX type 11"),
     ("convtranspose-3d", [h.make_node("ConvTranspose", ["x", "w"], ["y"], name="n")], [("x", (1, 3, 4, 4, 4))],
@@ -63,7 +63,7 @@ def test_refused_at_load_with_node_op_opset_and_reason(tmp_path, case, nodes, in
     ints = {("reshape-computed-shape", "s"), ("reduce-computed-axes", "a")}
     graph_inputs = [h.make_tensor_value_info(n, onnx.TensorProto.INT64 if (case, n) in ints else onnx.TensorProto.FLOAT,
                                              s) for n, s in inputs]
-    out_type = {"cast-double": onnx.TensorProto.DOUBLE, "argmax-last-index": onnx.TensorProto.INT64}.get(
+    out_type = {"cast-double": onnx.TensorProto.DOUBLE, "maxpool-indices": onnx.TensorProto.INT64}.get(
         case, onnx.TensorProto.FLOAT)
     graph = h.make_graph(nodes, "g", graph_inputs, [h.make_tensor_value_info("y", out_type, [None] * 4)],
                          [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])

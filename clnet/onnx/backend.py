@@ -2,12 +2,12 @@
 onnxruntime's and onnx-tensorrt's adapters do).
 
 `prepare(model, device)` loads the model with clnet.onnx.load (every refusal there, at load); `run(inputs)` takes
-NumPy arrays and returns NumPy arrays. Graph outputs other than float32 are refused at prepare. Graph inputs of other
-types (indices, shapes, axes: shape data in clnet), and float32 ones that only inputs clnet needs on the host read
-(Resize's scales and roi, Pad's value, Dropout's ratio: constants in the files exporters write), are taken as
-constants, the model loaded with them at the first run that brings each set of their values. The device is an OpenCL
-device (clnet.device's spec: "auto", "pocl", an index); ONNX's "CPU" and "CUDA" names pick the first OpenCL CPU or
-GPU.
+NumPy arrays and returns NumPy arrays. Graph outputs are float32, bool, int32 or int64 (held as int32) tensors,
+others refused at prepare. Graph inputs of other types (indices, shapes, axes: shape data in clnet), and float32 ones
+that only inputs clnet needs on the host read (Resize's scales and roi, Pad's value, Dropout's ratio: constants in
+the files exporters write), are taken as constants, the model loaded with them at the first run that brings each set
+of their values. The device is an OpenCL device (clnet.device's spec: "auto", "pocl", an index); ONNX's "CPU" and
+"CUDA" names pick the first OpenCL CPU or GPU.
 """
 import numpy as np
 
@@ -45,8 +45,8 @@ def _host_only(graph, name):
 
 
 def _split_inputs(onnx, model):
-    """(float32 graph inputs, other graph inputs: those of other types and float32 ones that only host slots read);
-    refuses outputs that are not float32 tensors."""
+    """(float32 graph inputs, other graph inputs: those of other types and float32 ones that only host slots read,
+    the NumPy type of each output); refuses outputs of types clnet does not hold (int64 ones are held as int32)."""
     init = {t.name for t in model.graph.initializer}
     floats, others = [], []
     for v in model.graph.input:
@@ -58,13 +58,18 @@ def _split_inputs(onnx, model):
                                         "backend takes tensors only")
         computed = elem == onnx.TensorProto.FLOAT and not _host_only(model.graph, v.name)
         (floats if computed else others).append(v.name)
+    outputs = []
     for v in model.graph.output:
         elem = v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else None
-        if elem != onnx.TensorProto.FLOAT:
+        if elem not in _RETURNED:
             kind = onnx.TensorProto.DataType.Name(elem) if elem is not None else v.type.WhichOneof("value")
             raise OnnxImportError(f"graph output {v.name!r} is of type {kind}: clnet's ONNX backend returns "
-                                        "float32 tensors only")
-    return floats, others
+                                  "float32, bool and integer (int32, int64) tensors")
+        outputs.append(_RETURNED[elem])
+    return floats, others, outputs
+
+
+_RETURNED = {1: np.float32, 9: np.bool_, 6: np.int32, 7: np.int64}  # ONNX types of the outputs, as NumPy's
 
 
 def _with_constants(onnx, model, values):
@@ -90,8 +95,8 @@ def backend():
         """A prepared model. Graph inputs of types other than float32 (indices, shapes, axes) are shape data in clnet:
         the model is loaded with them as constants at the first run that brings each set of their values."""
 
-        def __init__(self, model, device, floats, others):
-            self.model, self.device, self.floats, self.others = model, device, floats, others
+        def __init__(self, model, device, floats, others, outputs):
+            self.model, self.device, self.floats, self.others, self.outputs = model, device, floats, others, outputs
             self.names = [v.name for v in model.graph.input if v.name in set(floats) | set(others)]
             self.nets = {} if others else {(): load(model, device=device)}
 
@@ -111,13 +116,14 @@ def backend():
             arrays = [given[k] for k in net.input_names]
             with no_grad():
                 out = net(*[_to_device(np.asarray(a, np.float32), self.device) for a in arrays])
-            return tuple(o.numpy() for o in (out if isinstance(out, tuple) else (out,)))
+            return tuple(o.numpy().astype(t, copy=False)
+                         for o, t in zip(out if isinstance(out, tuple) else (out,), self.outputs))
 
     class ClnetBackend(base.Backend):
         @classmethod
         def prepare(cls, model, device="CPU", **kwargs):
-            floats, others = _split_inputs(onnx, model)
-            return ClnetRep(model, _device(device), floats, others)
+            floats, others, outputs = _split_inputs(onnx, model)
+            return ClnetRep(model, _device(device), floats, others, outputs)
 
         @classmethod
         def run_model(cls, model, inputs, device="CPU", **kwargs):

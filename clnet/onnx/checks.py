@@ -45,9 +45,6 @@ def _check_node(m_where, n, opset, consumers, graph_outputs):
     if op == "LRN" and int(at.get("size", 1)) % 2 == 0:
         refuse(f"LRN of even size {at['size']}: ONNX centres an even window differently from clnet's (PyTorch's) "
                "local_response_norm")
-    if op == "Dropout" and len(n.outputs) > 1 and n.outputs[1] and (n.outputs[1] in consumers or
-                                                                   n.outputs[1] in graph_outputs):
-        refuse("the mask output of Dropout is not supported")
     if op == "BatchNormalization" and at.get("spatial", 1) != 1:
         refuse("BatchNormalization with spatial=0 is not supported")
 

@@ -492,13 +492,13 @@ def _d_arg(kind):
     def run(m, n, a):
         x = a[0]
         fn = reduce.argmax if kind == "max" else reduce.argmin
-        return [fn(x, int(n.attrs.get("axis", 0)) % x.ndim, bool(n.attrs.get("keepdims", 1)))]
+        axis, keep = int(n.attrs.get("axis", 0)) % x.ndim, bool(n.attrs.get("keepdims", 1))
+        if not n.attrs.get("select_last_index", 0):
+            return [fn(x, axis, keep)]
+        D = x.shape[axis]  # the last extreme: the first of x reversed along axis, counted from the end
+        flipped = views.index_select(x, axis, m.device_constant(("reverse", D), np.arange(D - 1, -1, -1)))
+        return [pointwise.sub(D - 1, fn(flipped, axis, keep))]
     return run
-
-
-def _c_arg(n, ins, opset):
-    if n.attrs.get("select_last_index", 0):
-        raise ValueError("select_last_index=1: clnet's argmax and argmin give the first index of the extreme")
 
 
 def _d_softmax(log):
@@ -709,7 +709,13 @@ def _d_dropout(m, n, a):
     ratio = float(np.asarray(a[1]).reshape(-1)[0]) if len(a) > 1 and a[1] is not None else \
         float(n.attrs.get("ratio", 0.5))
     on = m.training and (bool(np.asarray(a[2]).reshape(-1)[0]) if len(a) > 2 and a[2] is not None else True)
-    return [F.dropout(x, ratio, on) if on and ratio > 0.0 else x, None]
+    if len(n.outputs) < 2 or not n.outputs[1]:
+        return [F.dropout(x, ratio, on) if on and ratio > 0.0 else x, None]
+    # the mask asked for too: the kept elements (all of them where dropout is off), and x / (1 - ratio) there
+    if not on or ratio == 0.0:
+        return [x, m.device_constant(("all kept", x.shape), np.ones(x.shape, np.bool_))]
+    keep = pointwise.binary("ge", creation.rand(*x.shape, device=x.device), ratio)
+    return [pointwise.where(keep, pointwise.mul(x, 1.0 / (1.0 - ratio)), 0.0), keep]
 
 
 def _d_reshape(m, n, a):
@@ -1164,7 +1170,7 @@ OPS = {
     "Clip": OnnxOp(_d_clip, _c_clip), "Cast": OnnxOp(_d_cast, _c_cast), "Trilu": OnnxOp(_d_trilu, _c_trilu, host=(1,)),
     "Sum": OnnxOp(_d_variadic("Sum")), "Max": OnnxOp(_d_variadic("Max")), "Min": OnnxOp(_d_variadic("Min")),
     "Mean": OnnxOp(_d_variadic("Mean")),
-    "ArgMax": OnnxOp(_d_arg("max"), _c_arg), "ArgMin": OnnxOp(_d_arg("min"), _c_arg),
+    "ArgMax": OnnxOp(_d_arg("max")), "ArgMin": OnnxOp(_d_arg("min")),
     "Softmax": OnnxOp(_d_softmax(False)), "LogSoftmax": OnnxOp(_d_softmax(True)),
     "Dropout": OnnxOp(_d_dropout, host=(1, 2)),
     "Identity": OnnxOp(lambda m, n, a: [a[0]]),
