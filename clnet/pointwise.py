@@ -152,7 +152,9 @@ def _cached(cache, limit, key, dtype, dev, value):
 
 def constant(dev, value, dtype):
     """A cached one-element device tensor holding `value`."""
-    key = (id(dev), np.dtype(dtype).str, float(value) if dtype == FLOAT else int(value))
+    dtype = np.dtype(dtype)
+    number = float(value) if dtype == FLOAT else int(value)
+    key = (id(dev), dtype, number if number or dtype != FLOAT else number.hex())  # -0.0 is not 0.0
     return _cached(_constants, 1024, key, dtype, dev, np.array(value, dtype))
 
 
@@ -352,10 +354,11 @@ def sub(a, b, alpha=1):
 
 
 def mul(a, b):
+    # a product by a number adds -0.0, which leaves every value as it is (adding +0.0 turned a -0.0 product into +0.0)
     if isinstance(a, Tensor) and a.dtype == FLOAT and _is_number(b):
-        return ops.Affine.apply(a, alpha=float(b), beta=0.0)
+        return ops.Affine.apply(a, alpha=float(b), beta=-0.0)
     if isinstance(b, Tensor) and b.dtype == FLOAT and _is_number(a):
-        return ops.Affine.apply(b, alpha=float(a), beta=0.0)
+        return ops.Affine.apply(b, alpha=float(a), beta=-0.0)
     if isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape and a.dtype == b.dtype == FLOAT \
             and a.device is b.device:
         return ops.Mul.apply(a, b)
@@ -372,7 +375,7 @@ def div(a, b, rounding_mode=None):
     if rounding_mode is not None:
         raise ValueError(f"div: rounding_mode must be None, 'floor' or 'trunc', not {rounding_mode!r}")
     if isinstance(a, Tensor) and a.dtype == FLOAT and _is_number(b):
-        return ops.Affine.apply(a, alpha=1.0 / float(b), beta=0.0) if b != 0 else binary("div", a, b)
+        return ops.Affine.apply(a, alpha=1.0 / float(b), beta=-0.0) if b != 0 else binary("div", a, b)
     if isinstance(b, Tensor) and b.dtype == FLOAT and _is_number(a):
         return unary("rdiv_scalar", b, float(a))
     return binary("div", a, b)

@@ -106,6 +106,20 @@ def test_numbers_on_either_side(dev, rng):
         _check(dev, rng, [a], fn, fn, name)
 
 
+def test_signed_zeros_as_pytorch(dev, rng):
+    """Products and quotients by numbers keep the sign of a zero result as IEEE (and PyTorch) do, and the constants
+    -0.0 and 0.0 are two: x * -0.0 is -0.0 where x > 0 (an added +0.0 made it +0.0; a shared cache entry gave 0.0)."""
+    import torch
+    v = np.concatenate([rng.standard_normal(5), [0.0, -0.0]]).astype(np.float32)
+    x, t = clnet.tensor(v, dev), torch.from_numpy(v)
+    for name, f in [("x * 0.0", lambda a: a * 0.0), ("x * -0.0", lambda a: a * -0.0), ("-0.0 * x", lambda a: -0.0 * a),
+                    ("x / -7.0", lambda a: a / -7.0), ("x - x", lambda a: a - a), ("x + -0.0", lambda a: a + -0.0),
+                    ("x * -0.0 + x * 0.0", lambda a: a * -0.0 + a * 0.0)]:
+        ours, theirs = f(x).numpy(), f(t).numpy()
+        np.testing.assert_array_equal(np.signbit(ours), np.signbit(theirs), err_msg=name)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, err_msg=name)
+
+
 def test_comparisons_with_ties(dev, rng):
     a = rng.integers(-2, 3, (5, 6)).astype(np.float32)
     b = rng.integers(-2, 3, (6,)).astype(np.float32)
