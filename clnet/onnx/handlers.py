@@ -469,7 +469,11 @@ def _d_reduce(op):
         dims = _reduce_dims(x.ndim, _axes(m, n, a, 1), n.attrs.get("noop_with_empty_axes", 0))
         if dims is None:
             return [alone(x)]
-        return [over(x, dims, bool(n.attrs.get("keepdims", 1)))]
+        keep = bool(n.attrs.get("keepdims", 1))
+        if op == "ReduceMean" and x.ndim == 4 and dims == (2, 3):  # over H and W: the global average pooling
+            y = _d_global_pool("mean")(m, n, [x])[0]
+            return [y if keep else y.reshape(x.shape[:2])]
+        return [over(x, dims, keep)]
     return run
 
 
@@ -709,7 +713,7 @@ def _d_dropout(m, n, a):
     ratio = float(np.asarray(a[1]).reshape(-1)[0]) if len(a) > 1 and a[1] is not None else \
         float(n.attrs.get("ratio", 0.5))
     on = m.training and (bool(np.asarray(a[2]).reshape(-1)[0]) if len(a) > 2 and a[2] is not None else True)
-    if len(n.outputs) < 2 or not n.outputs[1]:
+    if len(n.outputs) < 2 or n.outputs[1] not in m._read:
         return [F.dropout(x, ratio, on) if on and ratio > 0.0 else x, None]
     # the mask asked for too: the kept elements (all of them where dropout is off), and x / (1 - ratio) there
     if not on or ratio == 0.0:

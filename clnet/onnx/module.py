@@ -47,6 +47,7 @@ class OnnxModule(Module):
                 if name:
                     last_use[name] = i
         keep = set(outputs)
+        d["_read"] = keep | set(last_use)  # the values a node or the caller reads
         for i, n in enumerate(nodes):  # activations leave the forward's table after their last reader
             n.frees = tuple(name for name in dict.fromkeys(n.inputs)
                             if name and last_use.get(name) == i and name not in keep)
