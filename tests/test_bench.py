@@ -197,6 +197,38 @@ def test_disagreements_judge_zero_gradients_by_pytorchs_noise():
 
 
 @needs_torch
+def test_agreement_follows_clnets_relu_decisions_near_the_kink_only(dev, rng):
+    """The float64 twin takes clnet's ReLU decisions (a float32 input within rounding of zero can go either way, and
+    one flip moves every gradient below it); a decision far from the kink is a wrong ReLU, and check() raises it."""
+    import torch
+    from clnet.bench import twin as bench_twin
+    model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3)).to(dev)
+    state = model.state_dict()
+    state["0.weight"][0], state["0.bias"][0] = 0.0, 0.0  # unit 0's input is exactly 0: on the kink
+    model.load_state_dict(state)
+    x = torch.from_numpy(rng.standard_normal((4, 5))).double()
+    for flipped, wrong in [((slice(None), 0), False), (None, True)]:
+        t64 = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3)).double()
+        t64.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+        follow = bench_twin._follow_relu_decisions(model, t64)
+        model(clnet.tensor(x.float().numpy(), dev))
+        follow.stop_recording()
+        seen = follow.seen["1"][0]
+        if wrong:  # the largest input, decided the other way
+            flipped = np.unravel_index(np.argmax(seen), seen.shape)
+            seen[flipped] = -seen[flipped]
+        else:  # clnet "rounded" the zeros up: on where float64 is at 0
+            seen[flipped] = 1e-9
+        t64(x)
+        assert follow.flips == (1 if wrong else 4)
+        if wrong:
+            with pytest.raises(RuntimeError, match="a ReLU computes the wrong side"):
+                follow.check()
+        else:
+            follow.check()
+
+
+@needs_torch
 def test_compare_torch_cpu_agrees(tmp_path, dev):
     path = tmp_path / "cmp.json"
     r = run(["bench", "lenet", "--device", str(dev.index), "--batch", "4", "--iterations", "2", "--warmup", "1",
