@@ -54,9 +54,8 @@ class OutOfMemory(Error, MemoryError):
 
     def __init__(self, message, dev=None, wanted=0, largest=None):
         super().__init__(message)
-        from .tensor import pool
         self.device_bytes = dev.global_mem_size if dev is not None else None
-        self.held_bytes = (pool(dev).allocated_bytes + wanted) if dev is not None else None
+        self.held_bytes = (held_bytes(dev) + wanted) if dev is not None else None
         # a buffer past the most the device allocates at once (largest): its share of the batch must shrink too
         self.buffer_share = largest / wanted if largest and wanted else None
 
@@ -76,10 +75,20 @@ _ALLOCATION_FAILURES = (cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE, cl.status_
                         cl.status_code.OUT_OF_HOST_MEMORY)
 
 
+# The buffer pool (tensor.py, which builds on this module) registers itself here when it is imported, so that the
+# error handling below reaches it without importing it: each function of memory_holders takes a device and returns
+# what holds memory on it, with `allocated_bytes` and `release_cached()` (which frees what is held only for reuse,
+# before an allocation is retried): tensor.pool.
+memory_holders = []
+
+
+def held_bytes(dev):
+    return sum(holder(dev).allocated_bytes for holder in memory_holders)
+
+
 def memory_note(dev):
-    from .tensor import pool
     return (f"{dev.name} has {dev.global_mem_size / 2**20:.0f} MiB, clnet's tensors hold "
-            f"{pool(dev).allocated_bytes / 2**20:.0f} MiB")
+            f"{held_bytes(dev) / 2**20:.0f} MiB")
 
 
 _programs = {}
@@ -421,7 +430,13 @@ def _grid(size):
 
 
 class NeedsStaging(Exception):
-    """Raised by a window of a tensor past INDEX_LIMIT (tensor._Window) where a kernel argument wants a buffer."""
+    """Raised by a window of a tensor past INDEX_LIMIT (tensor._Window) where a kernel argument wants a buffer; it
+    carries the window's way to launch anyway, `stage(dev, k, global_size, local_size, args, what)` (which copies
+    each window into a tensor of its own and back: tensor.staged_launch)."""
+
+    def __init__(self, stage):
+        super().__init__("a window of a tensor is not a buffer: its launch is staged")
+        self.stage = stage
 
 
 def launch(dev, k, global_size, local_size, *args, what=""):
@@ -442,9 +457,8 @@ def launch(dev, k, global_size, local_size, *args, what=""):
                 ev = None
             else:
                 ev = cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
-    except NeedsStaging:  # a window of a tensor past INDEX_LIMIT, found before anything was queued
-        from .tensor import staged_launch
-        staged_launch(dev, k, global_size, local_size, args, what)
+    except NeedsStaging as e:  # a window of a tensor past INDEX_LIMIT, found before anything was queued
+        e.stage(dev, k, global_size, local_size, args, what)
         return None
     except cl.Error as e:
         ev = failed(dev, e, what or k.name, lambda: _enqueue(dev, k, args, global_size, local_size),
@@ -499,8 +513,8 @@ def failed(dev, error, what, again, wanted=0, sizes=""):
     code = error if type(error) is int else getattr(error, "code", None)
     cause = error if isinstance(error, BaseException) else None
     if code in _ALLOCATION_FAILURES:
-        from .tensor import pool
-        pool(dev).release_cached()
+        for holder in memory_holders:
+            holder(dev).release_cached()
         try:
             return again()
         except cl.Error as e:

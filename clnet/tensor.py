@@ -150,6 +150,9 @@ def pool(dev):
     return p
 
 
+kernels.memory_holders.append(pool)  # an allocation failure anywhere frees the pool's cached buffers (kernels.failed)
+
+
 class _Storage:
     """A pooled buffer shared by a tensor and its reshaped views; back to the pool when the last one goes.
 
@@ -194,7 +197,7 @@ class _Window:
 
     @property
     def buffer(self):
-        raise kernels.NeedsStaging
+        raise kernels.NeedsStaging(staged_launch)
 
     def whole(self):
         return self.parent.buffer, self.offset
