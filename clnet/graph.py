@@ -309,8 +309,7 @@ class StepReplayer:
         if not self.enabled or self.graph is not None or key != previous:
             return self.step(x, y)
         self.key = key
-        from .tensor import empty
-        sx, sy = empty(x.shape, x.device, x.dtype).copy_from(x), empty(y.shape, y.device, y.dtype).copy_from(y)
+        sx, sy = x.new_empty(x.shape).copy_from(x), y.new_empty(y.shape).copy_from(y)
         sy.value_range = y.value_range
         graph = Graph()
         with graph.capture():

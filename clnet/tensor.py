@@ -388,6 +388,12 @@ class Tensor:
         out.write(self._host if self.storage is None else self.numpy())
         return out
 
+    def new_empty(self, *size, dtype=None, device=None):
+        """A new tensor of shape `size`, uninitialised, with this tensor's dtype and device unless given (as
+        torch.Tensor.new_empty)."""
+        return Tensor(_shape_arg(size), self.dtype if dtype is None else dtype,
+                      self.device if device is None else device)
+
     # -- views and autograd --------------------------------------------------------------------------------------
     def _alias(self, shape):
         view = Tensor(shape, self.dtype, self.device, _storage=self.storage)
