@@ -5,7 +5,8 @@ its own process as the one-process reference (the same functions, with no world)
         [--checkpoint CKPT] [--resume CKPT] [--fail-rank R --fail-step S]
         [--hang-rank R --hang-step S --hang-timeout T]
 
-Rank 0 writes DIR/fit.npz (the weights after clnet.fit) and DIR/fit.json: fit's per-epoch history, and without
+Rank 0 writes DIR/fit.npz (the weights after clnet.fit, with a StepLR schedule) and DIR/fit.json: fit's per-epoch
+history, and without
 --no-loop the per-step global losses of a plain loss.backward(); opt.step() loop over clnet.data.Loader's shards,
 the tuning and timing checks, and the run of a network with batch norm, dropout and a residual connection
 (DIR/bn.npz: its weights and buffers), whose one-process reference is `run_shares`.
@@ -87,10 +88,11 @@ def run_fit(dev, world, max_steps=None, checkpoint=None, resume=None, fail=None,
                     time.sleep(3600)
             net.register_forward_pre_hook(trip)
     opt = optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    sched = optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)  # the second epoch at half the lr, on every rank
     test = dataset(10, seed=4)
     result = clnet.fit(net, dataset(images), test, epochs=EPOCHS, batch=BATCH, optimizer=opt, device=dev, seed=0,
                        checkpoint=checkpoint, resume=resume, max_steps=max_steps, model_name="lenet",
-                       interrupt_checkpoint=checkpoint)
+                       interrupt_checkpoint=checkpoint, scheduler=sched)
     inner = net.module if world is not None else net
     return inner.state_dict(), result
 

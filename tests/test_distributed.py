@@ -193,6 +193,8 @@ def test_two_ranks_train_as_one_process(two_ranks):
     np.testing.assert_allclose([r["train_loss"] for r in two["history"]], [r["train_loss"] for r in result["epochs"]],
                                rtol=2e-6, err_msg="fit's loss curve (the last batch of each epoch split 3 + 2)")
     assert [r["test_accuracy"] for r in two["history"]] == [r["test_accuracy"] for r in result["epochs"]]
+    assert [r["lr"] for r in two["history"]] == [r["lr"] for r in result["epochs"]] == [[0.05], [0.025]], \
+        "fit's StepLR on every rank (stepped at each epoch's end)"
     assert two["global_step"] == result["global_step"] == 10
     assert_same_weights(two["weights"], weights, "fit on two ranks against one process")
     # rank 0 tuned while rank 1 waited; rank 1 took rank 0's table
