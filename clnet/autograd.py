@@ -31,7 +31,10 @@ import sys
 import types
 import weakref
 
+import numpy as np
+
 from . import kernels
+from .elementwise import VW, _elementwise, _map, add, fill, full, full_like
 from .graph import CaptureError
 from .tensor import Tensor, empty
 
@@ -170,6 +173,31 @@ def _untouched(graph, shape, dev):
     return t
 
 
+def accumulate(leaf, g):
+    """leaf.grad += g (leaf.grad made as a copy of g the first time, or copied over when zero_grad marked it; inside a
+    capture, a mark or absence older than the capture is settled first: settle_grad)."""
+    if kernels.capturing is not None:
+        settle_grad(leaf)
+    if leaf._grad is None:
+        leaf.grad = empty(leaf.shape, leaf.device).copy_from(g)
+        return
+    if leaf._grad.shape != leaf.shape:
+        raise RuntimeError(f"clnet: the .grad of a tensor of shape {leaf.shape} has shape {leaf._grad.shape}")
+    if leaf._grad_zeroed:
+        leaf.grad = leaf._grad.copy_from(g)
+        return
+    _map(leaf.device, _elementwise(leaf.device, "accumulate"), g.size, VW, leaf.grad, g, g.size,
+         what="gradient accumulation")
+
+
+def check_gradient(y, grad):
+    if not isinstance(grad, Tensor):
+        raise TypeError(f"backward: the gradient must be a clnet tensor, got {type(grad).__name__}")
+    if grad.shape != y.shape or grad.device is not y.device or grad.dtype != np.float32:
+        raise ValueError(f"backward: the gradient has shape {grad.shape} on {grad.device.name}, the tensor has shape "
+                         f"{y.shape} on {y.device.name}; pass a float32 gradient of the tensor's shape and device")
+
+
 class RemovableHandle:
     """What register_hook and register_post_accumulate_grad_hook return: ``remove()`` takes the hook out (a second
     call does nothing), as PyTorch's handle."""
@@ -276,7 +304,6 @@ def _run_hooks(hooks, g, t_shape):
 def _node_gradient(fn, g, node):
     """The gradient of fn's output after its hooks, and kept in its .grad when it retains one."""
     if g is None:
-        from .ops import full
         g = full(fn.out_shape, fn.out_device, 1.0)
     if node.pre:
         g = _run_hooks(node.pre, g, fn.out_shape)
@@ -285,14 +312,12 @@ def _node_gradient(fn, g, node):
         if t is not None and t._grad is None:  # a copy: inside a capture, every replay writes that step's t.grad
             t.grad = empty(t.shape, t.device).copy_from(g)
         elif t is not None:
-            from .ops import accumulate
             accumulate(t, g)
     return g
 
 
 def _leaf_gradient(leaf, g):
     """A leaf's whole gradient of this backward: through its hooks, into its .grad, then its post-accumulate hooks."""
-    from .ops import accumulate
     hooks = leaf.__dict__.get("_grad_hooks")
     if hooks:
         g = _run_hooks(hooks, g, leaf.shape)
@@ -358,7 +383,6 @@ _FREED = ("clnet: backward through a graph whose saved tensors were already rele
 
 def backward(root, grad=None, retain_graph=False):
     """d root / d leaves, accumulated into each leaf's .grad; `grad` is d loss / d root (None: ones, for a scalar)."""
-    from .ops import accumulate, add, check_gradient
     if grad is None and root.size != 1:
         raise RuntimeError(f"clnet: backward() of a tensor of shape {root.shape} needs its gradient: call "
                            "y.backward(grad) with a tensor of that shape, or reduce y to one element first (y.sum())")
@@ -368,7 +392,6 @@ def backward(root, grad=None, retain_graph=False):
         if not root.requires_grad:
             raise RuntimeError("clnet: backward() of a tensor that does not require a gradient and was not computed "
                                "from one that does (make the leaf with requires_grad=True)")
-        from .ops import full_like
         _leaf_gradient(root, grad if grad is not None else full_like(root, 1.0))
         return
     if root.grad_fn.inputs is None:
@@ -390,7 +413,6 @@ def backward(root, grad=None, retain_graph=False):
         if fn.hooks is not None:
             g = _node_gradient(fn, g, fn.hooks)
         elif g is None and not fn.unit_grad:
-            from .ops import full
             g = full(fn.out_shape, fn.out_device, 1.0)
         if profiling:
             _context.profiler.tag = (fn.tag, "backward")
@@ -414,6 +436,7 @@ def backward(root, grad=None, retain_graph=False):
             fn.inputs = fn.saved = None
 
 
+# Tensor's gradient attributes are autograd's (tensor.py, below this module, knows no op)
 Tensor.register_post_accumulate_grad_hook = register_post_accumulate_grad_hook
 Tensor.register_hook = register_hook
 Tensor.retain_grad = retain_grad

@@ -3,6 +3,7 @@ tuned or defaulted for the shape (im2col + GEMM, Winograd, direct), and the bias
 import dataclasses
 
 from . import depthwise, direct, kernels, tuning, winograd
+from .elementwise import _activation_grad
 from .gemm import NO_SPLIT, Mat, gemm, skinny
 from .tensor import TooLarge, chunks, empty
 
@@ -281,7 +282,6 @@ def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", beta
     rank1 = N == 1 and skinny(x.device, O, N, 1, a, b, c)  # (then the data gradient's one row is skinny too)
     mask_inside = relu_y is not None and rank1 and (dw is not None or db is None)
     if relu_y is not None and not mask_inside:
-        from .ops import _activation_grad  # (ops builds on this module)
         dy, relu_y = _activation_grad("relu", relu_y, dy, what + " (its ReLU)"), None
     runs = _row_runs(x, O, what)
     if runs:

@@ -12,93 +12,17 @@ import numpy as np
 
 from . import autograd, conv, kernels, normalization, tuning
 from .autograd import Function
-from .tensor import Numel, Tensor, chunks, empty, run_limit, tensor, too_large
+from .elementwise import ACTIVATIONS, VW, _activation_grad, _elementwise, _map, fill, full, mul
+from .elementwise import add, full_like, zeros  # noqa: F401  (ops.add, ops.zeros, ops.full_like: optim's and tests')
+from .tensor import Tensor, chunks, empty, run_limit, tensor, too_large
 
 
 def grad_recorded():
     return autograd._enabled
 
 
-VW = 4  # elements per work-item of act_fwd, act_bwd, axpby, fill, accumulate, sgd_step, adam_step (common.h)
-
-
 def _flat_launch(dev, k, n, *args, what=""):
     kernels.launch(dev, k, (n,), None, *args, what=what)
-
-
-def _map(dev, k, n, vw, *args, what=""):
-    """An element-wise kernel over n elements, vw per work-item. Past kernels.INDEX_LIMIT it runs in chunks: each
-    tensor argument of n elements becomes the chunk's region (a window: `Tensor.region`), and the integer argument n
-    the chunk's count (the flat kernels' other arguments are floats, Live values and one-element tensors)."""
-    if n > kernels.INDEX_LIMIT:
-        for start, count in chunks(what, (n,), n, [1], unit="element", multiple=VW):
-            part = tuple(a.region(start, (count,)) if isinstance(a, Tensor) and a.size == n else
-                         (count if type(a) in (int, Numel) and a == n else a) for a in args)
-            kernels.launch(dev, k, (-(-count // vw),), None, *part, what=what)
-        return
-    kernels.launch(dev, k, (-(-n // vw),), None, *args, what=what)
-
-
-def _elementwise(dev, name, defines=None):
-    return kernels.kernel(dev, "elementwise.cl", name, defines)
-
-
-# ---- plain device helpers (no graph) -------------------------------------------------------------------------------
-
-def fill(t, value):
-    n = t.size
-    _map(t.device, _elementwise(t.device, "fill"), n, VW, t, float(value), n, what="fill")
-    return t
-
-
-def zeros(shape, dev):
-    return fill(empty(shape, dev), 0.0)
-
-
-def full(shape, dev, value):
-    return fill(empty(shape, dev), value)
-
-
-def full_like(t, value):
-    return full(t.shape, t.device, value)
-
-
-def add(a, b):
-    """a + b of two tensors of one shape, outside the graph (gradients summed over an op's uses)."""
-    out = empty(a.shape, a.device)
-    _map(a.device, _elementwise(a.device, "axpby"), a.size, VW, a, b, out, 1.0, 1.0, a.size, what="add")
-    return out
-
-
-def mul(a, b):
-    out = empty(a.shape, a.device)
-    _map(a.device, _elementwise(a.device, "mul"), a.size, 1, a, b, out, a.size, what="mul")
-    return out
-
-
-def accumulate(leaf, g):
-    """leaf.grad += g (leaf.grad made as a copy of g the first time, or copied over when zero_grad marked it; inside a
-    capture, a mark or absence older than the capture is settled first: autograd.settle_grad)."""
-    if kernels.capturing is not None:
-        autograd.settle_grad(leaf)
-    if leaf._grad is None:
-        leaf.grad = empty(leaf.shape, leaf.device).copy_from(g)
-        return
-    if leaf._grad.shape != leaf.shape:
-        raise RuntimeError(f"clnet: the .grad of a tensor of shape {leaf.shape} has shape {leaf._grad.shape}")
-    if leaf._grad_zeroed:
-        leaf.grad = leaf._grad.copy_from(g)
-        return
-    _map(leaf.device, _elementwise(leaf.device, "accumulate"), g.size, VW, leaf.grad, g, g.size,
-         what="gradient accumulation")
-
-
-def check_gradient(y, grad):
-    if not isinstance(grad, Tensor):
-        raise TypeError(f"backward: the gradient must be a clnet tensor, got {type(grad).__name__}")
-    if grad.shape != y.shape or grad.device is not y.device or grad.dtype != np.float32:
-        raise ValueError(f"backward: the gradient has shape {grad.shape} on {grad.device.name}, the tensor has shape "
-                         f"{y.shape} on {y.device.name}; pass a float32 gradient of the tensor's shape and device")
 
 
 def _same_device(what, *tensors):
@@ -315,9 +239,6 @@ def cat(tensors, dim=0):
 
 # ---- activations, dropout, softmax, loss ---------------------------------------------------------------------------
 
-ACTIVATIONS = {"relu": 1, "sigmoid": 2, "tanh": 3, "relu6": 4}
-
-
 class Activation(Function):
     """y = f(x); backward from the saved output y."""
     __slots__ = ("kind",)
@@ -333,15 +254,6 @@ class Activation(Function):
 
     def backward(self, dy):
         return _activation_grad(self.kind, self.saved[0], dy, self.kind + " backward")
-
-
-def _activation_grad(kind, y, dy, what):
-    """d loss / d x of y = f(x), from the saved output y: an Activation's backward, and a ReLU's fused into the Conv2d
-    or Linear that made y (nn.Sequential's fusion)."""
-    dx = empty(y.shape, y.device)
-    _map(y.device, _elementwise(y.device, "act_bwd", dict(ACT=ACTIVATIONS[kind])), y.size, VW, y, dy, dx, y.size,
-         what=what)
-    return dx
 
 
 class Dropout(Function):

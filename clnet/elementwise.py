@@ -1,0 +1,69 @@
+"""Flat element-wise launches outside autograd's graph (cl_kernels/elementwise.cl): filling, adding and multiplying
+whole tensors, an activation's gradient from its saved output, and `_map`, which runs a flat kernel in chunks past
+kernels.INDEX_LIMIT. The op table (ops.py), autograd (a gradient's ones, sums over an output's uses) and the
+convolutions (a ReLU fused into them) build on these; they record nothing for backward.
+"""
+from . import kernels
+from .tensor import Numel, Tensor, chunks, empty
+
+VW = 4  # elements per work-item of act_fwd, act_bwd, axpby, fill, accumulate, sgd_step, adam_step (common.h)
+
+
+def _map(dev, k, n, vw, *args, what=""):
+    """An element-wise kernel over n elements, vw per work-item. Past kernels.INDEX_LIMIT it runs in chunks: each
+    tensor argument of n elements becomes the chunk's region (a window: `Tensor.region`), and the integer argument n
+    the chunk's count (the flat kernels' other arguments are floats, Live values and one-element tensors)."""
+    if n > kernels.INDEX_LIMIT:
+        for start, count in chunks(what, (n,), n, [1], unit="element", multiple=VW):
+            part = tuple(a.region(start, (count,)) if isinstance(a, Tensor) and a.size == n else
+                         (count if type(a) in (int, Numel) and a == n else a) for a in args)
+            kernels.launch(dev, k, (-(-count // vw),), None, *part, what=what)
+        return
+    kernels.launch(dev, k, (-(-n // vw),), None, *args, what=what)
+
+
+def _elementwise(dev, name, defines=None):
+    return kernels.kernel(dev, "elementwise.cl", name, defines)
+
+
+def fill(t, value):
+    n = t.size
+    _map(t.device, _elementwise(t.device, "fill"), n, VW, t, float(value), n, what="fill")
+    return t
+
+
+def zeros(shape, dev):
+    return fill(empty(shape, dev), 0.0)
+
+
+def full(shape, dev, value):
+    return fill(empty(shape, dev), value)
+
+
+def full_like(t, value):
+    return full(t.shape, t.device, value)
+
+
+def add(a, b):
+    """a + b of two tensors of one shape, outside the graph (gradients summed over an op's uses)."""
+    out = empty(a.shape, a.device)
+    _map(a.device, _elementwise(a.device, "axpby"), a.size, VW, a, b, out, 1.0, 1.0, a.size, what="add")
+    return out
+
+
+def mul(a, b):
+    out = empty(a.shape, a.device)
+    _map(a.device, _elementwise(a.device, "mul"), a.size, 1, a, b, out, a.size, what="mul")
+    return out
+
+
+ACTIVATIONS = {"relu": 1, "sigmoid": 2, "tanh": 3, "relu6": 4}  # act_fwd and act_bwd's ACT
+
+
+def _activation_grad(kind, y, dy, what):
+    """d loss / d x of y = f(x), from the saved output y: an Activation's backward, and a ReLU's fused into the Conv2d
+    or Linear that made y (nn.Sequential's fusion)."""
+    dx = empty(y.shape, y.device)
+    _map(y.device, _elementwise(y.device, "act_bwd", dict(ACT=ACTIVATIONS[kind])), y.size, VW, y, dy, dx, y.size,
+         what=what)
+    return dx
