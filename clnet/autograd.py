@@ -436,7 +436,32 @@ def backward(root, grad=None, retain_graph=False):
             fn.inputs = fn.saved = None
 
 
+def _grad(t):
+    """Tensor.grad: the gradient backward accumulated (a device tensor, for leaves), or None. One that zero_grad marked
+    as zero (Tensor._mark_grad_zero) is filled with zeros at its first read."""
+    if t._grad_zeroed:
+        t._grad_zeroed = False
+        if _context.capturing is not None:
+            _context.capturing.note_grad(t)
+        fill(t._grad, 0.0)
+    return t._grad
+
+
+def _set_grad(t, g):
+    t._grad, t._grad_zeroed = g, False
+
+
+def _backward(self, grad=None, retain_graph=False):
+    """Accumulates d self / d leaf into each leaf's .grad; grad is d loss / d self (None for a one-element tensor:
+    ones)."""
+    backward(self, grad, retain_graph)
+
+
+_backward.__name__ = "backward"
+
+
 # Tensor's gradient attributes are autograd's (tensor.py, below this module, knows no op)
+Tensor.grad, Tensor.backward = property(_grad, _set_grad), _backward
 Tensor.register_post_accumulate_grad_hook = register_post_accumulate_grad_hook
 Tensor.register_hook = register_hook
 Tensor.retain_grad = retain_grad

@@ -8,9 +8,20 @@ requires a gradient while gradients are recorded), as PyTorch refuses them on le
 """
 import numpy as np
 
-from . import autograd, pointwise, products, reduce, views
+from . import autograd, ops, pointwise, products, reduce, views
+from .creation import full
 from .devices import Device
-from .tensor import Tensor
+from .tensor import Tensor, tensor
+
+
+def _reshape(self, *shape):
+    """A tensor of another shape over the same device memory (differentiable)."""
+    shape = self._resolve_shape(shape)
+    if shape == self.shape:
+        return self
+    if self.requires_grad and autograd._enabled:
+        return ops.Reshape.apply(self, shape=shape)
+    return self._alias(shape)
 
 
 def _bool(self):
@@ -48,13 +59,11 @@ def _in_place(name, compute):
 
 
 def _fill(self, value):
-    from .creation import full
     return full(self.shape, value, dtype=self.dtype, device=self.device)
 
 
 def _copy(self, src):
     if not isinstance(src, Tensor):
-        from .tensor import tensor
         src = tensor(np.asarray(src), self.device)
     return pointwise.broadcast_to(src, self.shape) if src.shape != self.shape else src
 
@@ -184,6 +193,7 @@ def install():
         setattr(Tensor, name, fn)
     for name, fn in _IN_PLACE.items():
         setattr(Tensor, name, _in_place(name, fn))
+    Tensor.reshape = Tensor.view = _reshape
     Tensor.to, Tensor.clone, Tensor.tolist = _to, _clone, _tolist
     Tensor.tril, Tensor.triu = _triangle(True), _triangle(False)
     Tensor.T, Tensor.mT = property(_transposed), property(_matrix_transposed)

@@ -6,8 +6,6 @@ straight into its .grad). Layers (nn/) and nn.functional call these; the heavy l
 (conv.py: convolution and dense products, gemm.py, normalization.py), and nothing here talks to OpenCL discovery or copies
 to the host.
 """
-import sys
-
 import numpy as np
 
 from . import autograd, conv, kernels, normalization, tuning
@@ -618,6 +616,3 @@ def sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov):
     lr, weight_decay = (a if type(a) is kernels.Live else float(a) for a in (lr, weight_decay))
     k = kernels.kernel(p.device, "sgd.cl", "sgd_step", dict(MOMENTUM=momentum != 0, NESTEROV=nesterov))
     _map(p.device, k, p.size, VW, p, g, buf, p.size, lr, float(momentum), weight_decay, what="SGD step")
-
-
-sys.modules[Tensor.__module__].ops = sys.modules[__name__]  # Tensor's operators and reshape call this table

@@ -267,9 +267,6 @@ def _size_of(shape):
 
 _FLOAT32, _INT32, _BOOL = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.bool_)
 DTYPES = {_FLOAT32, _INT32, _BOOL}  # bool: one byte an element (uchar in the kernels)
-ops = None  # clnet.ops, set when it is imported (it builds on this module)
-
-
 def _shape_arg(shape):
     return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
 
@@ -343,22 +340,9 @@ class Tensor:
 
     # zero_grad marks a .grad as zero instead of filling it: the next backward's kernels then write it without reading
     # it (beta 0, Function.grad_sink), and any other read of .grad fills it here first. A batch-1 step of lenet-wide
-    # on a CPU spent 2.4 ms of 15 filling 20 MB of gradients (bench/NOTES.md, v16).
+    # on a CPU spent 2.4 ms of 15 filling 20 MB of gradients (bench/NOTES.md, v16). The `grad` property that fills
+    # it, and `backward`, are autograd's, which installs them on this class (autograd builds on this module).
     _grad_zeroed = False
-
-    @property
-    def grad(self):
-        if self._grad_zeroed:
-            from .ops import fill
-            self._grad_zeroed = False
-            if kernels.capturing is not None:
-                kernels.capturing.note_grad(self)
-            fill(self._grad, 0.0)
-        return self._grad
-
-    @grad.setter
-    def grad(self, g):
-        self._grad, self._grad_zeroed = g, False
 
     def _mark_grad_zero(self):
         """What zero_grad does to each parameter: its .grad (if any) reads as zeros from now on."""
@@ -394,7 +378,7 @@ class Tensor:
         return Tensor(_shape_arg(size), self.dtype if dtype is None else dtype,
                       self.device if device is None else device)
 
-    # -- views and autograd --------------------------------------------------------------------------------------
+    # -- views and autograd (reshape and view, differentiable through ops.Reshape, are installed by methods.py) ----
     def _alias(self, shape):
         view = Tensor(shape, self.dtype, self.device, _storage=self.storage)
         view.value_range = self.value_range
@@ -413,17 +397,6 @@ class Tensor:
             raise ValueError(f"cannot reshape a tensor of shape {self.shape} ({self.size} elements) to "
                              f"{tuple(shape)}")
         return tuple(shape)
-
-    def reshape(self, *shape):
-        """A tensor of another shape over the same device memory (differentiable)."""
-        shape = self._resolve_shape(shape)
-        if shape == self.shape:
-            return self
-        if self.requires_grad and ops.grad_recorded():
-            return ops.Reshape.apply(self, shape=shape)
-        return self._alias(shape)
-
-    view = reshape
 
     def flatten(self, start_dim=0, end_dim=-1):
         n = max(self.ndim, 1)
@@ -449,12 +422,6 @@ class Tensor:
             raise TypeError(f"only float32 tensors can require gradients, not {self.dtype}")
         self.requires_grad = bool(flag)
         return self
-
-    def backward(self, grad=None, retain_graph=False):
-        """Accumulates d self / d leaf into each leaf's .grad; grad is d loss / d self (None for a one-element
-        tensor: ones)."""
-        from . import autograd
-        autograd.backward(self, grad, retain_graph)
 
     # -- host copies (counted) -----------------------------------------------------------------------------------
     def copy_from(self, other, offset=None):
