@@ -1,0 +1,474 @@
+"""torchvision's classifiers through ONNX into clnet (issue 25's table): each network, with random weights, is exported
+at batch 16 by PyTorch's TorchScript exporter in eval and training modes and by its dynamo exporter in eval mode,
+loaded by `clnet.onnx.load` on one device and compared with ONNX Runtime (CPU) on the same input.
+
+Phases, in this order, so that a run cut short keeps what matters most:
+  ts-eval   every model: load time, largest relative error against ONNX Runtime (max |ours - ort| / max |ort|), the
+            eval forward's median time against PyTorch's on --torch-device (TF32 off, cudnn.benchmark on)
+  ts-train  the training-mode file (dropout and stochastic depth set to p=0 first, so that both sides are
+            deterministic; batch norm with the batch's statistics): its output against ONNX Runtime's, then one step
+            (cross-entropy on the first output, backward, SGD, lr 0.01): each parameter's gradient against
+            PyTorch's (float64, CPU), max |g - g_pt| / max |g_pt|, and the parameters after the step against
+            p - lr * g_pt
+  reexport  the eval import written back by `clnet.onnx.export`, run in ONNX Runtime, against the first file's output
+  dynamo    the dynamo exporter's eval file: load time and error against ONNX Runtime
+
+Exports (and ONNX Runtime's references, and PyTorch's gradients) are made by a pool of worker processes ahead of the
+main process, which runs clnet. Each model runs under a time limit (--model-limit) and none starts after --deadline
+seconds; each result is a JSON line appended to --out/onnx-torchvision.jsonl as it comes, and the markdown table
+(--out/table.md) is rewritten after each.
+
+    python bench/onnx_torchvision.py --device gpu --torch-device cuda --out $OUT            # the H200 run
+    python bench/onnx_torchvision.py --family zoo --models lenet,resnet8 --batch 2 --device 0 --torch-device cpu \
+        --out /tmp/tv                                                                        # a CPU check, no torchvision
+
+--family zoo takes the networks from clnet's zoo built in PyTorch (`models.build(name, lib=torch)`), a stand-in where
+torchvision is not installed.
+"""
+import argparse
+import contextlib
+import copy
+import gc
+import io
+import json
+import multiprocessing
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+
+import numpy as np
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+# Issue 25's seventeen, the ones that failed before issue 25 first within each phase
+TORCHVISION = ["mobilenet_v3_small", "efficientnet_b0", "regnet_y_400mf", "shufflenet_v2_x1_0", "convnext_tiny",
+               "vit_b_16", "resnet18", "mobilenet_v2", "squeezenet1_1", "mnasnet1_0", "googlenet", "alexnet",
+               "resnet50", "densenet121", "resnext50_32x4d", "inception_v3", "vgg11_bn"]
+# the training phase smallest first (PyTorch's float64 reference step is the slow part of its export)
+TRAIN_ORDER = ["mobilenet_v3_small", "shufflenet_v2_x1_0", "squeezenet1_1", "regnet_y_400mf", "mnasnet1_0",
+               "mobilenet_v2", "efficientnet_b0", "resnet18", "googlenet", "alexnet", "densenet121", "resnet50",
+               "resnext50_32x4d", "inception_v3", "convnext_tiny", "vit_b_16", "vgg11_bn"]
+PHASES = ["ts-eval", "ts-train", "reexport", "dynamo"]
+LR = 0.01
+SEED = 25
+
+
+# ---- the worker processes: build, export, references ---------------------------------------------------------------
+
+def build(family, name, seed):
+    """(PyTorch model with seeded random weights, input shape without the batch, number of classes)."""
+    import torch
+    torch.manual_seed(seed)
+    if family == "zoo":
+        from clnet import models
+        entry = models.MODELS[name]
+        return models.build(name, lib=torch), tuple(entry["input_shape"]), entry["classes"]
+    import torchvision
+    kw = {}
+    if name in ("googlenet", "inception_v3"):  # the auxiliary heads are training-only extra outputs: left out
+        kw = dict(aux_logits=False, init_weights=True)
+    model = getattr(torchvision.models, name)(weights=None, **kw)
+    return model, ((3, 299, 299) if name == "inception_v3" else (3, 224, 224)), 1000
+
+
+def no_dropout(model):
+    """Dropout and stochastic depth to p=0, so that a training-mode step is deterministic on every engine."""
+    changed = 0
+    for m in model.modules():
+        kind = type(m).__name__
+        if ("Dropout" in kind or kind == "StochasticDepth") and isinstance(getattr(m, "p", None), float):
+            if m.p:
+                changed += 1
+            m.p = 0.0
+    return changed
+
+
+def prepare(family, name, phase, batch, folder, threads):
+    """In a worker: export the file for (name, phase) and compute ONNX Runtime's output on a seeded input (and, for
+    ts-train, PyTorch's float64 gradients). Returns a dict of paths and facts, or {"error": ...}; never raises."""
+    try:
+        import torch
+        import onnx
+        import onnxruntime
+        torch.set_num_threads(threads)
+        t0 = time.perf_counter()
+        model, shape, classes = build(family, name, SEED)
+        info = dict(input_shape=[batch, *shape])
+        training = phase == "ts-train"
+        if training:
+            info["dropouts_zeroed"] = no_dropout(model)
+            model.train()
+        else:
+            model.eval()
+        rng = np.random.default_rng(SEED)
+        x = rng.standard_normal((batch, *shape)).astype(np.float32)
+        labels = rng.integers(0, classes, batch)
+        sub = os.path.join(folder, f"{name}-{phase}")  # one folder a file: the dynamo exporter's external data
+        os.makedirs(sub, exist_ok=True)
+        path = os.path.join(sub, "model.onnx")
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # the exporters' progress lines
+            warnings.simplefilter("ignore")
+            if phase == "dynamo":
+                torch.onnx.export(model, (torch.from_numpy(x),), path, dynamo=True, input_names=["input"])
+            else:
+                mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
+                torch.onnx.export(model, (torch.from_numpy(x),), path, dynamo=False, training=mode,
+                                  do_constant_folding=not training, opset_version=17, input_names=["input"])
+        info["export_s"] = round(time.perf_counter() - t0, 2)
+        proto = onnx.load(path, load_external_data=False)
+        info["opset"] = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=None)
+        info["nodes"] = len(proto.graph.node)
+        info["ops"] = sorted({n.op_type for n in proto.graph.node})
+        del proto
+        t1 = time.perf_counter()
+        so = onnxruntime.SessionOptions()
+        so.intra_op_num_threads = threads
+        sess = onnxruntime.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        ort = sess.run(None, {sess.get_inputs()[0].name: x})
+        info["ort_s"] = round(time.perf_counter() - t1, 2)
+        info["x"] = os.path.join(sub, "x.npy")
+        info["ort"] = os.path.join(sub, "ort.npz")
+        np.save(info["x"], x)
+        np.savez(info["ort"], *ort)
+        if training:  # PyTorch's gradients of the same step, in float64
+            t2 = time.perf_counter()
+            m64 = copy.deepcopy(model).double().train()
+            out = m64(torch.from_numpy(x).double())
+            first = out[0] if isinstance(out, (tuple, list)) else out
+            loss = torch.nn.functional.cross_entropy(first, torch.from_numpy(labels))
+            loss.backward()
+            grads = {n: p.grad.numpy().astype(np.float32) for n, p in m64.named_parameters() if p.grad is not None}
+            info["grads"] = os.path.join(sub, "grads.npz")
+            np.savez(info["grads"], **grads)
+            info["labels"] = os.path.join(sub, "labels.npy")
+            np.save(info["labels"], labels.astype(np.int32))
+            info["torch_loss"] = float(loss)
+            info["torch_params"] = sum(1 for _ in m64.parameters())
+            info["ref_s"] = round(time.perf_counter() - t2, 2)
+        info["path"] = path
+        return info
+    except Exception as e:  # the main process records it as this model's failure
+        return {"error": f"{type(e).__name__}: {str(e).strip()[:600]}",
+                "traceback": traceback.format_exc()[-2000:]}
+
+
+# ---- the main process: clnet ---------------------------------------------------------------------------------------
+
+class ModelTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise ModelTimeout("the per-model time limit ran out")
+
+
+def rel_err(ours, ref):
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    if ours.shape != ref.shape:
+        raise ValueError(f"output shape {ours.shape}, ONNX Runtime's {ref.shape}")
+    return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def outputs_numpy(out):
+    return [o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
+
+
+def ort_err(outs, ort_path):
+    refs = np.load(ort_path)
+    refs = [refs[f"arr_{i}"] for i in range(len(refs.files))]
+    if len(outs) != len(refs):
+        raise ValueError(f"{len(outs)} outputs, ONNX Runtime gives {len(refs)}")
+    return max(rel_err(a, b) for a, b in zip(outs, refs))
+
+
+def median_ms(fn, warmup, iterations):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def torch_ms(args, name, x):
+    import torch
+    model = build(args.family, name, SEED)[0].eval().to(args.torch_device)
+    xt = torch.from_numpy(x).to(args.torch_device)
+    sync = torch.cuda.synchronize if args.torch_device.startswith("cuda") else (lambda: None)
+
+    def step():
+        with torch.no_grad():
+            model(xt)
+        sync()
+    ms = median_ms(step, args.warmup, args.iterations)
+    del model, xt
+    if args.torch_device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return ms
+
+
+def run_eval(args, dev, name, prep, rec):
+    import clnet
+    import clnet.onnx as connx
+    from clnet.autograd import no_grad
+    t0 = time.perf_counter()
+    net = connx.load(prep["path"], device=dev).eval()
+    dev.synchronize()
+    rec["load_s"] = round(time.perf_counter() - t0, 2)
+    x = np.load(prep["x"])
+    xd = clnet.tensor(x, dev)
+    t1 = time.perf_counter()
+    with no_grad():
+        outs = outputs_numpy(net(xd))
+    rec["first_forward_s"] = round(time.perf_counter() - t1, 2)
+    rec["err"] = ort_err(outs, prep["ort"])
+    if rec["phase"] != "ts-eval":
+        return
+
+    def step():
+        with no_grad():
+            net(xd)
+        dev.synchronize()
+    rec["clnet_ms"] = round(median_ms(step, args.warmup, args.iterations), 3)
+    del net, xd
+    gc.collect()
+    rec["torch_ms"] = round(torch_ms(args, name, x), 3)
+    rec["speed"] = round(rec["torch_ms"] / rec["clnet_ms"], 3)
+
+
+def run_train(args, dev, name, prep, rec):
+    import clnet
+    import clnet.onnx as connx
+    from clnet import nn, optim
+    t0 = time.perf_counter()
+    net = connx.load(prep["path"], device=dev)
+    dev.synchronize()
+    rec["load_s"] = round(time.perf_counter() - t0, 2)
+    rec["loads_in_train"] = bool(net.training)
+    net.train()
+    x, labels = np.load(prep["x"]), np.load(prep["labels"])
+    xd, ld = clnet.tensor(x, dev), clnet.tensor(labels, dev)
+    params = dict(net.named_parameters())
+    before = {k: p.numpy().copy() for k, p in params.items()}
+    opt = optim.SGD(list(params.values()), lr=LR)
+    opt.zero_grad()
+    t1 = time.perf_counter()
+    out = net(xd)
+    first = out[0] if isinstance(out, tuple) else out
+    rec["err"] = ort_err(outputs_numpy(out), prep["ort"])
+    loss = nn.CrossEntropyLoss()(first, ld)
+    loss.backward()
+    opt.step()
+    dev.synchronize()
+    rec["step_s"] = round(time.perf_counter() - t1, 2)
+    rec["loss"] = float(loss.numpy())
+    rec["loss_err"] = abs(rec["loss"] - prep["torch_loss"]) / abs(prep["torch_loss"])
+    refs = np.load(prep["grads"])
+    scale = max(float(np.abs(refs[k]).max()) for k in refs.files)
+    worst, worst_name, step_worst, matched, unmatched = 0.0, None, 0.0, 0, []
+    for k, p in params.items():
+        key = k if k in refs.files else getattr(net, "file_names", {}).get(k)
+        if key not in refs.files:
+            unmatched.append(k)
+            continue
+        ref = refs[key]
+        g = p.grad.numpy() if p.grad is not None else np.zeros_like(before[k])
+        if g.shape != ref.shape and g.T.shape == ref.shape:  # held transposed for a MatMul/Gemm with transB=0
+            g = g.T
+        if g.shape != ref.shape:
+            unmatched.append(f"{k} {g.shape} vs {ref.shape}")
+            continue
+        matched += 1
+        # each parameter against its own largest gradient, floored at 1e-6 of the network's largest (a bias
+        # before a batch norm has a gradient that is zero but for rounding)
+        denom = max(float(np.abs(ref).max()), 1e-6 * scale)
+        e = float(np.abs(g.astype(np.float64) - ref).max() / denom)
+        if e > worst:
+            worst, worst_name = e, k
+        # the parameter after clnet's step against PyTorch's parameter after the same step (its own gradient)
+        after = p.numpy().astype(np.float64)
+        want = before[k].astype(np.float64) - LR * (ref.T if after.shape != ref.shape else ref)
+        step_worst = max(step_worst, float(np.abs(after - want).max() / max(np.abs(want).max(), 1e-30)))
+    rec.update(grad_err=worst, grad_worst_param=worst_name, sgd_err=step_worst, params_matched=matched,
+               params_torch=prep["torch_params"], params_unmatched=unmatched[:8], n_unmatched=len(unmatched))
+
+
+def run_reexport(args, dev, name, prep, rec):
+    import clnet
+    import clnet.onnx as connx
+    import onnxruntime
+    net = connx.load(prep["path"], device=dev).eval()
+    x = np.load(prep["x"])
+    t0 = time.perf_counter()
+    path = os.path.join(os.path.dirname(prep["path"]), "reexported.onnx")
+    connx.export(net, path, clnet.tensor(x, dev))
+    rec["export_s"] = round(time.perf_counter() - t0, 2)
+    sess = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    outs = sess.run(None, {sess.get_inputs()[0].name: x})
+    rec["err"] = ort_err(outs, prep["ort"])
+
+
+RUNNERS = {"ts-eval": run_eval, "ts-train": run_train, "reexport": run_reexport, "dynamo": run_eval}
+
+
+def fmt(v, kind="e"):
+    if v is None:
+        return "-"
+    return f"{v:.1e}" if kind == "e" else f"{v:.{kind}f}"
+
+
+def table(records):
+    """The markdown table: one row a model, the phases side by side."""
+    by = {}
+    for r in records:
+        by.setdefault(r["model"], {})[r["phase"]] = r
+
+    def cell(r, what):
+        if r is None:
+            return "not run"
+        if r.get("status") != "ok":
+            return "FAIL: " + r.get("stage", "") + " " + r.get("error", r.get("status", "?"))[:120].replace("|", "/")
+        return what(r)
+    lines = ["| model | TorchScript eval: load s, err vs ORT | clnet ms | PyTorch ms | speed | "
+             "TorchScript train: err vs ORT, grad err, SGD err | re-export err vs ORT | dynamo eval: load s, err |",
+             "|---|---|---|---|---|---|---|---|"]
+    for model, ph in by.items():
+        ev = ph.get("ts-eval")
+        ok = ev is not None and ev.get("status") == "ok"
+        lines.append("| " + " | ".join([
+            model,
+            cell(ev, lambda r: f"{fmt(r['load_s'], '1')}, {fmt(r['err'])}"),
+            fmt(ev.get("clnet_ms"), "2") if ok else "-",
+            fmt(ev.get("torch_ms"), "2") if ok else "-",
+            (fmt(ev.get("speed"), "2") + "x") if ok and ev.get("speed") else "-",
+            cell(ph.get("ts-train"), lambda r: f"{fmt(r['err'])}, {fmt(r['grad_err'])}, {fmt(r['sgd_err'])}"
+                 + (f" ({r['n_unmatched']} params unmatched)" if r["n_unmatched"] else "")),
+            cell(ph.get("reexport"), lambda r: fmt(r["err"])),
+            cell(ph.get("dynamo"), lambda r: f"{fmt(r['load_s'], '1')}, {fmt(r['err'])}"),
+        ]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--family", choices=["torchvision", "zoo"], default="torchvision")
+    ap.add_argument("--models", default=",".join(TORCHVISION))
+    ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument("--train-models", default=None,
+                    help="models of the ts-train phase, in order (default --models, smallest first)")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--device", default="gpu", help="clnet's device")
+    ap.add_argument("--torch-device", default="cuda")
+    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=4, help="export processes")
+    ap.add_argument("--threads", type=int, default=3, help="threads of each export process (PyTorch, ONNX Runtime)")
+    ap.add_argument("--model-limit", type=int, default=60, help="seconds for one model's clnet work")
+    ap.add_argument("--deadline", type=float, default=380, help="no model starts after this many seconds")
+    ap.add_argument("--out", default="/tmp/onnx-torchvision")
+    args = ap.parse_args()
+    start = time.perf_counter()
+    os.makedirs(args.out, exist_ok=True)
+    jsonl = os.path.join(args.out, "onnx-torchvision.jsonl")
+    names = args.models.split(",")
+    if args.train_models:
+        train_names = args.train_models.split(",")
+    else:
+        train_names = [n for n in TRAIN_ORDER if n in names] + [n for n in names if n not in TRAIN_ORDER]
+    phases = args.phases.split(",")
+    jobs = [(p, n) for p in phases for n in (train_names if p == "ts-train" else names)]
+    folder = tempfile.mkdtemp(prefix="onnx-tv-")
+    pool = multiprocessing.get_context("spawn").Pool(args.workers)
+    # the worker jobs in the order the main process takes them (re-export reuses the eval file)
+    pending = {}
+    for p, n in jobs:
+        if p != "reexport":
+            pending[(p, n)] = pool.apply_async(prepare, (args.family, n, p, args.batch, folder, args.threads))
+
+    import torch
+    import onnxruntime
+    import clnet
+    if args.torch_device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
+    dev = clnet.device(args.device)
+    header = dict(kind="header", clnet_device=dev.name, platform=dev.platform_name, driver=dev.driver_version,
+                  torch=torch.__version__, onnxruntime=onnxruntime.__version__, family=args.family,
+                  batch=args.batch, argv=sys.argv[1:],
+                  torch_device=(torch.cuda.get_device_name() if args.torch_device.startswith("cuda")
+                                else args.torch_device))
+    try:
+        import torchvision
+        header["torchvision"] = torchvision.__version__
+    except ImportError:
+        pass
+    print(json.dumps(header), flush=True)
+    with open(jsonl, "a") as f:
+        f.write(json.dumps(header) + "\n")
+    signal.signal(signal.SIGALRM, _alarm)
+    records, preps = [], {}
+    for phase, name in jobs:
+        rec = dict(model=name, phase=phase)
+        left = args.deadline - (time.perf_counter() - start)
+        t0 = time.perf_counter()
+        if left < 5:
+            rec.update(status="skipped", error=f"not started: {left:.0f} s left before the deadline")
+        else:
+            try:
+                rec["stage"] = "export"
+                key = ("ts-eval", name) if phase == "reexport" else (phase, name)
+                if key not in preps:
+                    if key not in pending:
+                        raise RuntimeError(f"{key[0]} of {name} was not run")
+                    preps[key] = pending[key].get(timeout=max(left, 1))
+                prep = preps[key]
+                if "error" in prep:
+                    rec.update(status="export failed", error=prep["error"], traceback=prep.get("traceback"))
+                else:
+                    for k in ("opset", "nodes", "ops", "dropouts_zeroed", "input_shape"):
+                        if k in prep:
+                            rec[k] = prep[k]
+                    if phase != "reexport":
+                        rec["torch_export_s"] = prep.get("export_s")
+                    rec["stage"] = "clnet"
+                    signal.alarm(max(1, int(min(args.model_limit, args.deadline + 15 - (time.perf_counter()
+                                                                                          - start)))))
+                    try:
+                        RUNNERS[phase](args, dev, name, prep, rec)
+                    finally:
+                        signal.alarm(0)
+                    rec["status"] = "ok"
+                    del rec["stage"]
+            except multiprocessing.TimeoutError:
+                rec.update(status="export not ready", error="the export was not ready before the deadline")
+            except (Exception, ModelTimeout) as e:
+                rec.update(status="failed", error=f"{type(e).__name__}: {str(e).strip()[:600]}",
+                           traceback=traceback.format_exc()[-2000:])
+        rec["wall_s"] = round(time.perf_counter() - t0, 2)
+        gc.collect()
+        if args.torch_device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        records.append(rec)
+        with open(jsonl, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        with open(os.path.join(args.out, "table.md"), "w") as f:
+            f.write(table(records))
+        short = {k: v for k, v in rec.items() if k not in ("traceback", "ops", "params_unmatched")}
+        print(json.dumps(short), flush=True)
+    pool.terminate()
+    print(table(records), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # the workers' folders and any export still running go with the process
+
+
+if __name__ == "__main__":
+    main()
