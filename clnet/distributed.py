@@ -70,10 +70,13 @@ except ImportError as e:  # mpi4py is optional: clnet runs on one device without
 import pyopencl as cl
 
 from . import devices as device_mod
+from . import nn, optim, tuning
 from .autograd import register_post_accumulate_grad_hook
+from .elementwise import zeros
 from .errors import Error
 from .graph import refuse_in_capture
 from .nn.module import Module
+from .tensor import tensor
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_BUCKET_MB = 25.0  # PyTorch DDP's default
@@ -439,7 +442,6 @@ def tune_on_rank0(tune, dev):
     memory when their device is the same kind (same platform, name and driver), so hosts without a shared cache
     agree as well. Only rank 0 writes the cache file (under its lock). Returns rank 0's result on rank 0, else None.
     Tune before wrapping the model in DataParallel: a tuning pass's backward would start all-reduces."""
-    from . import tuning
     w = init()
     result = tune() if w.rank == 0 else None
     payload = [tuning.device_key(dev), dict(tuning.entries(dev))] if w.rank == 0 else None
@@ -697,7 +699,6 @@ class DataParallel(Module):
                              lambda b=b: b.collective, concurrent=True)
             for i, p in enumerate(b.params):
                 if p.grad is None:
-                    from .ops import zeros
                     p.grad = zeros(p.shape, p.device)
                 p.grad.write(b.view(i), blocking=False)  # the next step's copies into b.host queue behind these
             b.written = True
@@ -776,8 +777,6 @@ def time_data_parallel(model, dev, x, labels, iterations=10, warmup=5, bucket_mb
     in-order queue runs the bucket's copies after the backward kernels queued before them, and inside MPI; on the
     main thread: blocked at the end of backward), the aggregate images/s (the slowest
     rank sets the pace) and the scaling efficiency (compute-only time over step time, slowest rank)."""
-    from . import nn, optim
-    from .tensor import tensor
     w = init()
     dp = model if isinstance(model, DataParallel) else DataParallel(model.to(dev), bucket_mb, w)
     opt = optim.SGD(dp.parameters(), lr=1e-4, momentum=0.9)

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from . import kernels, models, rng, tuning
+from .devices import device as _device
 from .tensor import Tensor, tensor
 
 
@@ -260,7 +261,6 @@ def autotune(model, input_shape, device=None, budget_s=300.0, progress=None):
     memory than a step. Returns the report of `tune_module` (shapes tuned, cached, left; seconds; each winner and its
     default's time).
     """
-    from .devices import device as _device
     dev = _device(device if device is not None else (model.device or "auto"))
     return tune_module(model, tuple(input_shape), dev, budget_s=budget_s, progress=progress)
 
