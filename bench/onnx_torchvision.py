@@ -33,6 +33,7 @@ import io
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -77,6 +78,33 @@ def build(family, name, seed):
     return model, ((3, 299, 299) if name == "inception_v3" else (3, 224, 224)), 1000
 
 
+def informative(model, shape, batch, seed):
+    """Random weights whose outputs tell engines apart. torchvision initialises some classifier heads to zero
+    (vit_b_16's: every logit 0), and with batch norm's stored statistics at their initial 0 and 1 a deep network's
+    activations can shrink to nothing in eval mode (googlenet's logits came out as its bias, equal on every engine).
+    So: weight matrices that are all zero get normal(0, 0.02) values, and each batch norm's stored statistics are set
+    from one batch of other random data (momentum 1 for that forward). Returns the number of tensors changed."""
+    import torch
+    changed = 0
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 and not p.any():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+                changed += 1
+        norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        saved = [m.momentum for m in norms]
+        for m in norms:
+            m.momentum = 1.0
+        was = model.training
+        model.train()
+        model(torch.randn((batch, *shape), generator=gen))
+        model.train(was)
+        for m, mom in zip(norms, saved):
+            m.momentum = mom
+    return changed + len(norms)
+
+
 def no_dropout(model):
     """Dropout and stochastic depth to p=0, so that a training-mode step is deterministic on every engine."""
     changed = 0
@@ -99,7 +127,7 @@ def prepare(family, name, phase, batch, folder, threads):
         torch.set_num_threads(threads)
         t0 = time.perf_counter()
         model, shape, classes = build(family, name, SEED)
-        info = dict(input_shape=[batch, *shape])
+        info = dict(input_shape=[batch, *shape], informative=informative(model, shape, batch, SEED))
         training = phase == "ts-train"
         if training:
             info["dropouts_zeroed"] = no_dropout(model)
@@ -132,30 +160,52 @@ def prepare(family, name, phase, batch, folder, threads):
         sess = onnxruntime.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         ort = sess.run(None, {sess.get_inputs()[0].name: x})
         info["ort_s"] = round(time.perf_counter() - t1, 2)
+        # how much the first output varies across the batch, relative to its size: 0 means a degenerate check
+        info["output_spread"] = float(np.abs(ort[0] - ort[0].mean(0)).max() / max(np.abs(ort[0]).max(), 1e-30))
         info["x"] = os.path.join(sub, "x.npy")
         info["ort"] = os.path.join(sub, "ort.npz")
         np.save(info["x"], x)
         np.savez(info["ort"], *ort)
         if training:  # PyTorch's gradients of the same step, in float64
             t2 = time.perf_counter()
-            m64 = copy.deepcopy(model).double().train()
-            out = m64(torch.from_numpy(x).double())
-            first = out[0] if isinstance(out, (tuple, list)) else out
-            loss = torch.nn.functional.cross_entropy(first, torch.from_numpy(labels))
-            loss.backward()
-            grads = {n: p.grad.numpy().astype(np.float32) for n, p in m64.named_parameters() if p.grad is not None}
+            grads = {}
+            for dtype in (torch.float64, torch.float32):  # float32: PyTorch's own distance from the reference
+                m = copy.deepcopy(model).to(dtype).train()
+                out = m(torch.from_numpy(x).to(dtype))
+                first = out[0] if isinstance(out, (tuple, list)) else out
+                loss = torch.nn.functional.cross_entropy(first, torch.from_numpy(labels))
+                loss.backward()
+                grads[dtype] = {n: p.grad.numpy() for n, p in m.named_parameters() if p.grad is not None}
+                if dtype == torch.float64:
+                    info["torch_loss"] = float(loss.detach())
+                    info["torch_params"] = sum(1 for _ in m.parameters())
+                del m, out, first, loss
+            ref = grads[torch.float64]
+            info["torch32_grad_err"], info["torch32_worst_param"] = grad_err(grads[torch.float32].items(), ref)
             info["grads"] = os.path.join(sub, "grads.npz")
-            np.savez(info["grads"], **grads)
+            np.savez(info["grads"], **{k: v.astype(np.float32) for k, v in ref.items()})
             info["labels"] = os.path.join(sub, "labels.npy")
             np.save(info["labels"], labels.astype(np.int32))
-            info["torch_loss"] = float(loss)
-            info["torch_params"] = sum(1 for _ in m64.parameters())
             info["ref_s"] = round(time.perf_counter() - t2, 2)
         info["path"] = path
         return info
     except Exception as e:  # the main process records it as this model's failure
         return {"error": f"{type(e).__name__}: {str(e).strip()[:600]}",
                 "traceback": traceback.format_exc()[-2000:]}
+
+
+def grad_err(grads, refs):
+    """(worst error, its parameter) of (name, gradient) pairs against refs {name: gradient}: each parameter against its
+    own largest gradient, floored at 1e-6 of the network's largest (a bias before a batch norm has a gradient that is
+    zero but for rounding)."""
+    scale = max(float(np.abs(r).max()) for r in refs.values())
+    worst, worst_name = 0.0, None
+    for k, g in grads:
+        ref = np.asarray(refs[k], np.float64)
+        e = float(np.abs(np.asarray(g, np.float64) - ref).max() / max(float(np.abs(ref).max()), 1e-6 * scale))
+        if e > worst:
+            worst, worst_name = e, k
+    return worst, worst_name
 
 
 # ---- the main process: clnet ---------------------------------------------------------------------------------------
@@ -271,32 +321,28 @@ def run_train(args, dev, name, prep, rec):
     rec["step_s"] = round(time.perf_counter() - t1, 2)
     rec["loss"] = float(loss.numpy())
     rec["loss_err"] = abs(rec["loss"] - prep["torch_loss"]) / abs(prep["torch_loss"])
-    refs = np.load(prep["grads"])
-    scale = max(float(np.abs(refs[k]).max()) for k in refs.files)
-    worst, worst_name, step_worst, matched, unmatched = 0.0, None, 0.0, 0, []
+    npz = np.load(prep["grads"])
+    refs = {k: npz[k] for k in npz.files}
+    pairs, step_worst, unmatched = [], 0.0, []
     for k, p in params.items():
-        key = k if k in refs.files else getattr(net, "file_names", {}).get(k)
-        if key not in refs.files:
+        key = k if k in refs else getattr(net, "file_names", {}).get(k)
+        if key not in refs:
             unmatched.append(k)
             continue
-        ref = refs[key]
         g = p.grad.numpy() if p.grad is not None else np.zeros_like(before[k])
-        if g.shape != ref.shape and g.T.shape == ref.shape:  # held transposed for a MatMul/Gemm with transB=0
-            g = g.T
-        if g.shape != ref.shape:
-            unmatched.append(f"{k} {g.shape} vs {ref.shape}")
-            continue
-        matched += 1
-        # each parameter against its own largest gradient, floored at 1e-6 of the network's largest (a bias
-        # before a batch norm has a gradient that is zero but for rounding)
-        denom = max(float(np.abs(ref).max()), 1e-6 * scale)
-        e = float(np.abs(g.astype(np.float64) - ref).max() / denom)
-        if e > worst:
-            worst, worst_name = e, k
-        # the parameter after clnet's step against PyTorch's parameter after the same step (its own gradient)
-        after = p.numpy().astype(np.float64)
-        want = before[k].astype(np.float64) - LR * (ref.T if after.shape != ref.shape else ref)
+        after = p.numpy()
+        # the update itself: the parameter after the step against p - lr * g with clnet's own g
+        want = before[k].astype(np.float64) - LR * g
         step_worst = max(step_worst, float(np.abs(after - want).max() / max(np.abs(want).max(), 1e-30)))
+        if g.shape != refs[key].shape and g.T.shape == refs[key].shape:  # held transposed (MatMul/Gemm transB=0)
+            g = g.T
+        if g.shape != refs[key].shape:
+            unmatched.append(f"{k} {g.shape} vs {refs[key].shape}")
+            continue
+        pairs.append((key, g))
+    matched = len(pairs)
+    worst, worst_name = grad_err(pairs, refs)
+    rec["torch32_grad_err"], rec["torch32_worst_param"] = prep["torch32_grad_err"], prep["torch32_worst_param"]
     rec.update(grad_err=worst, grad_worst_param=worst_name, sgd_err=step_worst, params_matched=matched,
                params_torch=prep["torch_params"], params_unmatched=unmatched[:8], n_unmatched=len(unmatched))
 
@@ -338,7 +384,7 @@ def table(records):
             return "FAIL: " + r.get("stage", "") + " " + r.get("error", r.get("status", "?"))[:120].replace("|", "/")
         return what(r)
     lines = ["| model | TorchScript eval: load s, err vs ORT | clnet ms | PyTorch ms | speed | "
-             "TorchScript train: err vs ORT, grad err, SGD err | re-export err vs ORT | dynamo eval: load s, err |",
+             "TorchScript train: err vs ORT, grad err (PyTorch float32's), SGD err | re-export err vs ORT | dynamo eval: load s, err |",
              "|---|---|---|---|---|---|---|---|"]
     for model, ph in by.items():
         ev = ph.get("ts-eval")
@@ -349,7 +395,8 @@ def table(records):
             fmt(ev.get("clnet_ms"), "2") if ok else "-",
             fmt(ev.get("torch_ms"), "2") if ok else "-",
             (fmt(ev.get("speed"), "2") + "x") if ok and ev.get("speed") else "-",
-            cell(ph.get("ts-train"), lambda r: f"{fmt(r['err'])}, {fmt(r['grad_err'])}, {fmt(r['sgd_err'])}"
+            cell(ph.get("ts-train"), lambda r: f"{fmt(r['err'])}, {fmt(r['grad_err'])} "
+                 f"({fmt(r.get('torch32_grad_err'))}), {fmt(r['sgd_err'])}"
                  + (f" ({r['n_unmatched']} params unmatched)" if r["n_unmatched"] else "")),
             cell(ph.get("reexport"), lambda r: fmt(r["err"])),
             cell(ph.get("dynamo"), lambda r: f"{fmt(r['load_s'], '1')}, {fmt(r['err'])}"),
@@ -434,7 +481,8 @@ def main():
                 if "error" in prep:
                     rec.update(status="export failed", error=prep["error"], traceback=prep.get("traceback"))
                 else:
-                    for k in ("opset", "nodes", "ops", "dropouts_zeroed", "input_shape"):
+                    for k in ("opset", "nodes", "ops", "dropouts_zeroed", "input_shape", "informative",
+                              "output_spread"):
                         if k in prep:
                             rec[k] = prep[k]
                     if phase != "reexport":
@@ -465,9 +513,10 @@ def main():
         short = {k: v for k, v in rec.items() if k not in ("traceback", "ops", "params_unmatched")}
         print(json.dumps(short), flush=True)
     pool.terminate()
+    shutil.rmtree(folder, ignore_errors=True)
     print(table(records), flush=True)
     sys.stdout.flush()
-    os._exit(0)  # the workers' folders and any export still running go with the process
+    os._exit(0)  # any export still running goes with the process
 
 
 if __name__ == "__main__":
