@@ -245,6 +245,20 @@ def _c_gelu(n, ins, opset):
         raise ValueError(f"approximate={n.attrs['approximate']!r}: ONNX's Gelu takes 'none' or 'tanh'")
 
 
+def _d_softsign(m, n, a):  # x / (1 + |x|)
+    return [pointwise.div(a[0], pointwise.add(pointwise.abs(a[0]), 1.0))]
+
+
+def _d_thresholded_relu(m, n, a):  # x where x > alpha, else 0
+    return [pointwise.where(a[0] > float(n.attrs.get("alpha", 1.0)), a[0], 0.0)]
+
+
+def _d_shrink(m, n, a):  # x + bias below -lambd, x - bias above lambd, 0 between
+    x, lambd, bias = a[0], float(n.attrs.get("lambd", 0.5)), float(n.attrs.get("bias", 0.0))
+    return [pointwise.where(x < -lambd, pointwise.add(x, bias), pointwise.where(x > lambd, pointwise.sub(x, bias),
+                                                                                0.0))]
+
+
 def _d_prelu(m, n, a):
     x, slope = a[0], _tensor_arg(m, n, a[1], 1)
     return [pointwise.where(x > 0.0, x, x * slope)]
@@ -525,6 +539,42 @@ def _normalised(x, dims, eps):
     var = reduce.mean(pointwise.mul(centred, centred), dims, keepdim=True)
     inv = pointwise.rsqrt(pointwise.add(var, float(eps)))
     return pointwise.mul(centred, inv), mean, inv
+
+
+def _d_lp_norm(m, n, a):
+    """x / ||x||_p along axis (p 1 or 2); a vector of zeros stays zeros."""
+    x = a[0]
+    axis = int(n.attrs.get("axis", -1)) % x.ndim
+    norm = reduce.norm(x, int(n.attrs.get("p", 2)), axis, keepdim=True)
+    return [pointwise.div(x, pointwise.where(norm == 0.0, 1.0, norm))]
+
+
+def _c_lp_norm(n, ins, opset):
+    if int(n.attrs.get("p", 2)) not in (1, 2):
+        raise ValueError(f"p={n.attrs['p']}: ONNX's LpNormalization takes p 1 or 2")
+
+
+def _d_mvn(m, n, a):
+    """(x - mean) / sqrt(var) over `axes` (default the batch and spatial ones), as ONNX's MeanVarianceNormalization
+    (its function adds 1e-9 to the standard deviation)."""
+    x = a[0]
+    dims = tuple(sorted(ax % x.ndim for ax in n.attrs.get("axes", [0, 2, 3])))
+    mean = reduce.mean(x, dims, keepdim=True)
+    centred = pointwise.sub(x, mean)
+    std = pointwise.sqrt(reduce.mean(pointwise.mul(centred, centred), dims, keepdim=True))
+    return [pointwise.div(centred, pointwise.add(std, 1e-9))]
+
+
+def _d_hardmax(m, n, a):
+    """1 at the first maximum along axis (opset 13; before, over the flattened trailing dimensions), else 0."""
+    x = a[0]
+    axis = int(n.attrs.get("axis", -1 if m.opset >= 13 else 1)) % x.ndim
+    y = x if m.opset >= 13 else x.reshape(_flatten_shape(x.shape, axis))
+    d = axis if m.opset >= 13 else 1
+    index = reduce.argmax(y, d, keepdim=True)
+    positions = m.device_constant(("positions", y.shape[d], y.ndim, d),
+                                  np.arange(y.shape[d]).reshape((-1,) + (1,) * (y.ndim - d - 1)))
+    return [pointwise.cast(pointwise.binary("eq", index, positions), np.float32).reshape(x.shape)]
 
 
 def _d_layer_norm(m, n, a):
@@ -1013,9 +1063,27 @@ def _resize_matrix(at, n_in, n_out, scale, start, end):
 
 
 def _resize_attrs(n, opset):
-    if opset < 11:  # Resize-10 samples at o / scale, the nearest by rounding down
+    if opset < 11 or n.op == "Upsample":  # Resize-10 and Upsample sample at o / scale, the nearest by rounding down
         return dict(n.attrs, coordinate_transformation_mode="asymmetric", nearest_mode="floor")
     return n.attrs
+
+
+def _d_upsample(m, n, a):
+    """Upsample (deprecated since opset 10; the Caffe-era zoo's files): Resize-10's sampling, scales as an input
+    (opset 9) or an attribute (opset 7)."""
+    scales = a[1] if len(a) > 1 and a[1] is not None else np.asarray(n.attrs["scales"], np.float32)
+    return _d_resize(_Opset10(m), n, [a[0], scales])
+
+
+class _Opset10:
+    """A module seen at opset 10 (Upsample reads its scales where Resize-10 does)."""
+
+    def __init__(self, m):
+        self.m = m
+        self.opset = 10
+
+    def __getattr__(self, name):
+        return getattr(self.m, name)
 
 
 def _d_resize(m, n, a):
@@ -1187,6 +1255,10 @@ OPS = {
     "Expand": OnnxOp(_d_expand, host=(1,), params=(0,)), "Tile": OnnxOp(_d_tile, host=(1,)),
     "Pad": OnnxOp(_d_pad, _c_pad, host=(1, 2, 3)),
     "Resize": OnnxOp(_d_resize, _c_resize, host=(1, 2, 3)),
+    "Upsample": OnnxOp(_d_upsample, _c_resize, host=(1,)),
+    "Softsign": OnnxOp(_d_softsign), "ThresholdedRelu": OnnxOp(_d_thresholded_relu), "Shrink": OnnxOp(_d_shrink),
+    "LpNormalization": OnnxOp(_d_lp_norm, _c_lp_norm), "MeanVarianceNormalization": OnnxOp(_d_mvn),
+    "Hardmax": OnnxOp(_d_hardmax),
     "RandomUniformLike": OnnxOp(_d_random_like(False), _c_random),
     "RandomNormalLike": OnnxOp(_d_random_like(True), _c_random), "Bernoulli": OnnxOp(_d_bernoulli, _c_random),
 }
