@@ -45,8 +45,9 @@ class forced:
 
     def __init__(self, algorithm):
         self.other = algorithm == "depthwise-other"  # the depthwise kernels of the other device class's shape
+        self.rows = algorithm == "depthwise-rows"  # the CPU's row kernels on every plane (no plane kernels)
         self.py = int(algorithm[len("depthwise-py"):]) if algorithm and algorithm.startswith("depthwise-py") else None
-        self.algorithm = "depthwise" if self.other or self.py else algorithm
+        self.algorithm = "depthwise" if self.other or self.py or self.rows else algorithm
 
     def __enter__(self):
         self.saved = saved = conv._conv_algorithm
@@ -57,6 +58,9 @@ class forced:
         if self.other:
             tuning.cpu_shaped = lambda dev: not shaped(dev)
         self.saved_py = depthwise.PY_GPU
+        self.saved_tile = depthwise.planes_tile
+        if self.rows:
+            depthwise.planes_tile = lambda dev, s, which: None
         if self.py:  # outputs per work-item of the GPU forward and stride-1 data gradient
             depthwise.PY_GPU = self.py
 
@@ -64,6 +68,7 @@ class forced:
         conv._conv_algorithm = self.saved
         tuning.cpu_shaped = self.saved_shape
         depthwise.PY_GPU = self.saved_py
+        depthwise.planes_tile = self.saved_tile
 
 
 def pass_bytes(s):
@@ -121,6 +126,7 @@ def layers(args, dev, torch, tdev):
     rng = np.random.default_rng(0)
     rows = []
     algorithms = ["depthwise"] + (["depthwise-other"] if args.other_shape else []) + \
+        (["depthwise-rows"] if args.rows else []) + \
         [f"depthwise-py{p}" for p in args.py.split(",") if p] + (["im2col"] if args.before else [])
     print(f"| layer | count | pass | MB | floor us | " + " | ".join(f"clnet {a} us" for a in algorithms)
           + " | torch us | torch / clnet | clnet GB/s | rel. err vs torch |")
@@ -292,6 +298,8 @@ def main():
     ap.add_argument("--bandwidth", type=float, default=4.2e12, help="bytes/s for the floor (H200 device copy)")
     ap.add_argument("--before", action="store_true", help="also time im2col, what ran depthwise layers before")
     ap.add_argument("--other-shape", action="store_true", help="also time the other device class's kernel shape")
+    ap.add_argument("--rows", action="store_true", help="also time the CPU's row kernels where the plane kernels "
+                    "run (depthwise.planes_tile)")
     ap.add_argument("--py", default="", help="also time these outputs per work-item of the GPU forward and stride-1 "
                     "data gradient (comma-separated, depthwise.PY_GPU's candidates)")
     ap.add_argument("--mobilenet-only", action="store_true", help="skip the 5x5 and 7x7 shapes")

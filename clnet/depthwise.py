@@ -24,6 +24,10 @@ LS_GPU = 256
 PY_GPU = 4  # GPU forward and stride-1 data gradient: outputs down a column per work-item (depthwise.cl's PY)
 WEIGHT_WAVES = 4
 MIN_RUN = 32
+# CPU shape, small planes: a work-item takes a whole plane through a zero-bordered private tile of PLANE_TW floats a
+# row (the smallest that holds the plane's columns) and at most that plus PLANE_ROWS_EXTRA rows (depthwise_cpu.cl)
+PLANE_TW = (16, 32)
+PLANE_ROWS_EXTRA = 8
 
 
 def supported(s):
@@ -61,6 +65,37 @@ def _kernel(dev, name, s):
     return kernels.kernel(dev, "depthwise.cl", name, dict(KH=s.KH, KW=s.KW, PY=PY_GPU, LS=_weight_ls(dev, s)))
 
 
+def planes_tile(dev, s, which):
+    """(TW, TH) of depthwise_cpu.cl's plane kernels for pass `which` ("forward", "data", "weights") of s on dev, or
+    None where they do not run it: a GPU-shaped device, a plane whose tile is too large (the row kernels are fast
+    there), a row stride other than 1 or 2 (forward, weights), a data gradient at a stride other than 1."""
+    if not tuning.cpu_shaped(dev):
+        return None
+    if which == "data":
+        if (s.SH, s.SW) != (1, 1):
+            return None
+        rows, cols = s.H + (s.KH - 1) * s.DH, s.W + (s.KW - 1) * s.DW
+    else:
+        if s.SW not in (1, 2):
+            return None
+        rows, cols = (s.OH - 1) * s.SH + (s.KH - 1) * s.DH + 1, (s.OW - 1) * s.SW + (s.KW - 1) * s.DW + 1
+    for tw in PLANE_TW:
+        if cols <= tw and rows <= tw + PLANE_ROWS_EXTRA:
+            return tw, tw + PLANE_ROWS_EXTRA
+    return None
+
+
+def _planes_kernel(dev, name, s, tile):
+    return kernels.kernel(dev, "depthwise_cpu.cl", name, dict(KH=s.KH, KW=s.KW, TW=tile[0], TH=tile[1]))
+
+
+def _planes_grid(n):
+    """Global and local size of the plane kernels over n planes: work-groups of one work-item. Left to PoCL 3.1, its
+    choice for 3072 planes (192x28x28 at b16) crashed its compiler (stack smashing); groups of 1, 4 and 16 all ran,
+    within noise of each other, except the 7x7 forward: 0.74 ms at 1, 2.3 at 16 (bench/NOTES.md, v20)."""
+    return (n,), (1,)
+
+
 def weight_runs(dev, s):
     """(runs, chunk, LS) of the weight gradient of shape s on dev: chunk pixels a run on a GPU (images on a CPU), LS
     work-items a work-group (GPU)."""
@@ -79,7 +114,11 @@ def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):
     dev = x.device
     y = empty((s.N, s.O, s.OH, s.OW), dev)
     flags = (1 if bias is not None else 0) | (2 if relu else 0)
-    if tuning.cpu_shaped(dev):
+    tile = planes_tile(dev, s, "forward")
+    if tile:
+        k = _planes_kernel(dev, "conv2d_fwd_depthwise_cpu_planes", s, tile)
+        size, local = _planes_grid(s.N * s.O)
+    elif tuning.cpu_shaped(dev):
         k, size, local = _kernel(dev, "conv2d_fwd_depthwise_rows", s), (s.OH, s.N * s.O), None
     else:
         size = (s.N * s.O * -(-s.OH // PY_GPU) * s.OW,)
@@ -93,7 +132,11 @@ def conv2d_backward_data(w, dy, s, what="Conv2d backward (data)"):
     _check(s, what, w=w, dy=dy)
     dev = dy.device
     dx = empty((s.N, s.C, s.H, s.W), dev)
-    if tuning.cpu_shaped(dev):
+    tile = planes_tile(dev, s, "data")
+    if tile:
+        k = _planes_kernel(dev, "conv2d_bwd_data_depthwise_cpu_planes", s, tile)
+        size, local = _planes_grid(s.N * s.C)
+    elif tuning.cpu_shaped(dev):
         k, size, local = _kernel(dev, "conv2d_bwd_data_depthwise_rows", s), (s.H, s.N * s.C), None
     elif (s.SH, s.SW) == (1, 1):
         size = (s.N * s.C * -(-s.H // PY_GPU) * s.W,)
@@ -111,9 +154,14 @@ def conv2d_backward_weights(x, dy, s, dw, beta=1.0, what="Conv2d backward (weigh
     kept apart and then added in order (weight_runs)."""
     _check(s, what, x=x, dy=dy)
     dev = x.device
+    accumulate = int(beta != 0.0)
+    tile = planes_tile(dev, s, "weights")
+    if tile:
+        k = _planes_kernel(dev, "conv2d_bwd_weights_depthwise_cpu_planes", s, tile)
+        kernels.launch(dev, k, *_planes_grid(s.O), x, dy, dw, *_args(s), accumulate, what=what + " (depthwise)")
+        return dw
     cpu = tuning.cpu_shaped(dev)
     runs, chunk, ls = weight_runs(dev, s)
-    accumulate = int(beta != 0.0)
     out = dw if runs == 1 else empty((runs, s.O, s.KH * s.KW), dev)
     tail = (chunk, int(runs > 1), accumulate)
     if cpu:

@@ -21,7 +21,17 @@ CASES = [
     (2, 2, 12, 9, 1, 3, 1, 1, 1),               # rows a multiple of the GPU shape's 4 a column: the last block's window
                                                 #   ends on the padding row
     (3, 2, 9, 11, 2, (3, 5), (2, 1), (0, 2), 1),  # rectangular window, unequal strides and paddings
+    # CPU plane kernels (depthwise_cpu.cl; the cases above reach them where a plane fits 16 or 32 floats a row)
+    (2, 3, 7, 7, 3, 3, 1, 1, 1),                # mobilenet's 7x7 plane, three output channels per input channel
+    (1, 2, 14, 14, 2, 3, 2, 1, 1),              # 14x14 at stride 2: lanes from two vector loads' even elements
+    (2, 2, 15, 14, 1, 3, 1, 1, 1),              # a padded row of exactly 16 floats
+    (1, 2, 29, 27, 1, 3, 1, 1, 1),              # the 32-float tile: two chunks of 16 lanes a row, the second partial
+    (1, 2, 11, 10, 1, 3, 1, 3, 1),              # padding past the window's reach: the data gradient's tile shifted
+                                                #   up and left
+    (2, 2, 13, 13, 1, 3, 2, 2, 2),              # stride 2 with dilation 2
+    (1, 3, 15, 13, 1, 5, 2, 2, 1),              # 5x5 at stride 2 on an odd plane
 ]
+SMALL = [i for i, c in enumerate(CASES) if max(c[2], c[3]) <= 17]
 
 
 def _torch_reference(x, w, b, dy, stride, padding, dilation, groups):
@@ -53,13 +63,37 @@ def test_depthwise_layer(dev, rng, case, kernel_shape):
 
 
 @needs_torch
+@pytest.mark.parametrize("case", [CASES[i] for i in SMALL], ids=[str(i) for i in SMALL])
+def test_depthwise_row_kernels_on_small_planes(dev, rng, case, monkeypatch):
+    """The CPU's row kernels (depthwise.cl) where the plane kernels would run: they still take the planes too wide
+    for a tile, and small planes are where every row and column is an edge."""
+    monkeypatch.setattr(clnet.tuning, "cpu_shaped", lambda dev: True)
+    monkeypatch.setattr(depthwise, "planes_tile", lambda dev, s, which: None)
+    test_depthwise_layer(dev, rng, case, "cpu-rows")
+
+
+def test_depthwise_plane_kernels_take_mobilenets_small_planes(dev, monkeypatch):
+    """Which CPU kernel runs which of mobilenet_v2's planes: the plane kernels up to 28x28 (the 14x14 data gradient at
+    stride 2 excepted), the row kernels at 56x56 and 112x112; never on a GPU-shaped device."""
+    monkeypatch.setattr(clnet.tuning, "cpu_shaped", lambda dev: True)
+    for side, stride, planes in [(7, 1, 16), (14, 1, 16), (14, 2, 16), (28, 1, 32), (28, 2, 32), (56, 1, None),
+                                 (112, 2, None)]:
+        s = conv_shape("test", (16, 8, side, side), (8, 1, 3, 3), (stride, stride), (1, 1), (2, 2), (1, 1), 8)
+        got = [(depthwise.planes_tile(dev, s, which) or (None,))[0] for which in ("forward", "data", "weights")]
+        assert got == [planes, planes if stride == 1 else None, planes], (side, stride, got)
+    monkeypatch.setattr(clnet.tuning, "cpu_shaped", lambda dev: False)
+    assert depthwise.planes_tile(dev, s, "forward") is None
+
+
+@needs_torch
 @pytest.mark.parametrize("runs", [1, 3])
 def test_depthwise_weight_gradient_adds(dev, rng, runs, kernel_shape, monkeypatch):
     """beta 0 overwrites dw (NaN there must not show), beta 1 adds to it; with the pixels cut into runs (GPU shape)
     or the images (CPU shape), each run's sums kept apart and then added."""
     N, C, H, W, mult = 3, 5, 13, 11, 2
     s = conv_shape("test", (N, C, H, W), (C * mult, 1, 3, 3), (2, 1), (1, 1), (2, 2), (1, 1), C)
-    if runs > 1:
+    if runs > 1:  # (on the CPU shape, the row kernel: the plane kernel takes every image in one work-item)
+        monkeypatch.setattr(depthwise, "planes_tile", lambda dev, s, which: None)
         default = depthwise.weight_runs
         monkeypatch.setattr(depthwise, "weight_runs", lambda dev, s: (
             runs, -(-N // runs) if clnet.tuning.cpu_shaped(dev) else -(-N * s.OH * s.OW // runs), default(dev, s)[2]))
