@@ -23,8 +23,8 @@ ALLOWED = {
     ("clnet.train", "clnet.distributed"): "clnet.distributed needs mpi4py (optional: pip install 'clnet[mpi]')",
     ("clnet.bench.command", "clnet.distributed"): "clnet.distributed needs mpi4py (optional)",
 }
-# Function-level imports in files the import restructuring does not own; none hides a cycle, and each has a patch
-# that moves it to the top in /tmp/handoff/cycles.md. Delete a line when its patch lands.
+# Function-level imports still to move to the top (issue 24: their files' owners have the patches); none hides a
+# cycle. Delete a line when its import moves: the check below then keeps it at the top.
 PENDING = {
     ("clnet.nn.functional", "clnet.creation"), ("clnet.nn.functional", "clnet.tensor"),
     ("clnet.nn.modern", "clnet.shapes"),
