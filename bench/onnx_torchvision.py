@@ -13,6 +13,9 @@ Phases, in this order, so that a run cut short keeps what matters most:
   reexport  the eval import written back by `clnet.onnx.export`, run in ONNX Runtime, against the first file's output
   dynamo    the dynamo exporter's eval file: load time and error against ONNX Runtime
 
+Beside each error against ONNX Runtime the record holds PyTorch's own (float32, CPU: `torch_ort_err`), and beside
+each gradient error PyTorch float32's distance from float64 by the same measure (`torch32_grad_err`): the yardsticks.
+
 Exports (and ONNX Runtime's references, and PyTorch's gradients) are made by a pool of worker processes ahead of the
 main process, which runs clnet. Each model runs under a time limit (--model-limit) and none starts after --deadline
 seconds; each result is a JSON line appended to --out/onnx-torchvision.jsonl as it comes, and the markdown table
@@ -20,7 +23,7 @@ seconds; each result is a JSON line appended to --out/onnx-torchvision.jsonl as 
 
     python bench/onnx_torchvision.py --device gpu --torch-device cuda --out $OUT            # the H200 run
     python bench/onnx_torchvision.py --family zoo --models lenet,resnet8 --batch 2 --device 0 --torch-device cpu \
-        --out /tmp/tv                                                                        # a CPU check, no torchvision
+        --out /tmp/tv                                                          # a CPU check without torchvision
 
 --family zoo takes the networks from clnet's zoo built in PyTorch (`models.build(name, lib=torch)`), a stand-in where
 torchvision is not installed.
@@ -166,6 +169,10 @@ def prepare(family, name, phase, batch, folder, threads):
         info["ort"] = os.path.join(sub, "ort.npz")
         np.save(info["x"], x)
         np.savez(info["ort"], *ort)
+        if not training:
+            with torch.no_grad():
+                out = model(torch.from_numpy(x))
+            info["torch_ort_err"] = rel_err((out[0] if isinstance(out, (tuple, list)) else out).numpy(), ort[0])
         if training:  # PyTorch's gradients of the same step, in float64
             t2 = time.perf_counter()
             grads = {}
@@ -176,6 +183,8 @@ def prepare(family, name, phase, batch, folder, threads):
                 loss = torch.nn.functional.cross_entropy(first, torch.from_numpy(labels))
                 loss.backward()
                 grads[dtype] = {n: p.grad.numpy() for n, p in m.named_parameters() if p.grad is not None}
+                if dtype == torch.float32:  # PyTorch's own distance from ONNX Runtime: the yardstick of "err"
+                    info["torch_ort_err"] = rel_err(first.detach().numpy(), ort[0])
                 if dtype == torch.float64:
                     info["torch_loss"] = float(loss.detach())
                     info["torch_params"] = sum(1 for _ in m.parameters())
@@ -383,23 +392,25 @@ def table(records):
         if r.get("status") != "ok":
             return "FAIL: " + r.get("stage", "") + " " + r.get("error", r.get("status", "?"))[:120].replace("|", "/")
         return what(r)
-    lines = ["| model | TorchScript eval: load s, err vs ORT | clnet ms | PyTorch ms | speed | "
-             "TorchScript train: err vs ORT, grad err (PyTorch float32's), SGD err | re-export err vs ORT | dynamo eval: load s, err |",
+    def vs(r):  # clnet's error against ONNX Runtime, PyTorch's own in brackets
+        return f"{fmt(r['err'])} ({fmt(r.get('torch_ort_err'))})"
+    lines = ["| model | TorchScript eval: load s, err vs ORT (PyTorch's) | clnet ms | PyTorch ms | speed | "
+             "TorchScript train: err vs ORT (PyTorch's), grad err (PyTorch float32's), SGD err | "
+             "re-export err vs ORT | dynamo eval: load s, err (PyTorch's) |",
              "|---|---|---|---|---|---|---|---|"]
     for model, ph in by.items():
         ev = ph.get("ts-eval")
         ok = ev is not None and ev.get("status") == "ok"
         lines.append("| " + " | ".join([
             model,
-            cell(ev, lambda r: f"{fmt(r['load_s'], '1')}, {fmt(r['err'])}"),
+            cell(ev, lambda r: f"{fmt(r['load_s'], '1')}, {vs(r)}"),
             fmt(ev.get("clnet_ms"), "2") if ok else "-",
             fmt(ev.get("torch_ms"), "2") if ok else "-",
             (fmt(ev.get("speed"), "2") + "x") if ok and ev.get("speed") else "-",
-            cell(ph.get("ts-train"), lambda r: f"{fmt(r['err'])}, {fmt(r['grad_err'])} "
-                 f"({fmt(r.get('torch32_grad_err'))}), {fmt(r['sgd_err'])}"
-                 + (f" ({r['n_unmatched']} params unmatched)" if r["n_unmatched"] else "")),
+            cell(ph.get("ts-train"), lambda r: f"{vs(r)}, {fmt(r['grad_err'])} ({fmt(r.get('torch32_grad_err'))}), "
+                 f"{fmt(r['sgd_err'])}" + (f" ({r['n_unmatched']} params unmatched)" if r["n_unmatched"] else "")),
             cell(ph.get("reexport"), lambda r: fmt(r["err"])),
-            cell(ph.get("dynamo"), lambda r: f"{fmt(r['load_s'], '1')}, {fmt(r['err'])}"),
+            cell(ph.get("dynamo"), lambda r: f"{fmt(r['load_s'], '1')}, {vs(r)}"),
         ]) + " |")
     return "\n".join(lines) + "\n"
 
@@ -482,7 +493,7 @@ def main():
                     rec.update(status="export failed", error=prep["error"], traceback=prep.get("traceback"))
                 else:
                     for k in ("opset", "nodes", "ops", "dropouts_zeroed", "input_shape", "informative",
-                              "output_spread"):
+                              "output_spread", "torch_ort_err"):
                         if k in prep:
                             rec[k] = prep[k]
                     if phase != "reexport":
