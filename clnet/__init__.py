@@ -3,7 +3,7 @@ from .errors import Error
 from .devices import Device, DeviceNotFound, device, list_devices  # registers vendor libraries at first use
 from .rng import manual_seed
 from .tensor import Parameter, Tensor, TooLarge, reset_transfer_stats, tensor, transfer_stats
-from .autograd import is_grad_enabled, no_grad
+from .autograd import is_grad_enabled, no_grad  # (installs Tensor.grad, backward and the hooks)
 from .graph import CaptureError, Graph
 from .kernels import OutOfMemory
 from . import ops  # noqa: E402
