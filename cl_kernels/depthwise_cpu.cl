@@ -10,6 +10,8 @@
 // Kernels (global size in brackets, no local memory, no barriers):
 //   conv2d_fwd_depthwise_cpu_planes           (N*O)  one output plane each; strides 1 and 2
 //   conv2d_bwd_data_depthwise_cpu_planes      (N*C)  one plane of dx each, stride 1: dy through the flipped window
+//   conv2d_bwd_data_depthwise_cpu_planes_strided  (N*C)  one plane of dx each, other strides (row stride 1 or 2):
+//                                                    each dy row chunk's products added into a tile of dx
 //   conv2d_bwd_weights_depthwise_cpu_planes   (O)    one output channel's KH*KW sums over every image, each a float16
 //                                                    of partial sums added across lanes at the end
 // The caller (clnet/depthwise.py, planes_tile) checks that a plane's tile fits: rows <= TH, columns <= TW.
@@ -137,6 +139,48 @@ __kernel void conv2d_bwd_data_depthwise_cpu_planes(__global const float* restric
                 cpu_store(dxp + iy * W + ix0, acc, lanes);
             }
     }
+}
+
+// Other strides (SW 1 or 2): a zero tile u holds dx shifted by (PH, PW); output (oy, ox) adds w[ky][kx] * dy[oy][ox]
+// at u[(oy*SH + ky*DH)*TW + ox*SW + kx*DW]. A chunk of 16 / SW dy columns (from dy's tile, zeros past OW) is spread
+// to 16 lanes (at SW 2 a zero between each two), then added per tap into 16 consecutive floats of u; the lanes past the
+// chunk's add zeros. Tile rows: those the taps reach and those dx has, whichever is more (the caller's planes_tile).
+__kernel void conv2d_bwd_data_depthwise_cpu_planes_strided(__global const float* restrict w,
+                                                           __global const float* restrict dy,
+                                                           __global float* restrict dx, DW_ARGS) {
+    const int plane = get_global_id(0);
+    if (plane >= N * C) return;
+    const int n = plane / C, c = plane - n * C, M = O / C;
+    const int rows = max((OH - 1) * SH + (KH - 1) * DH + 1, H + PH), step = 16 / SW;
+    float u[TILE], g[TILE], wk[KK];
+    for (int i = 0; i < (rows + 2) * TW; i += 16) vstore16((float16)0.0f, 0, u + i);
+    for (int m = 0; m < M; m++) {
+        const int o = c * M + m;
+        cpu_tile(g, dy + ((long)n * O + o) * OH * OW, OH, OW, 0, 0, OH);
+#pragma unroll
+        for (int k = 0; k < KK; k++) wk[k] = w[o * KK + k];
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox0 = 0; ox0 < OW; ox0 += step) {
+                float16 gv;
+                if (SW == 1) {
+                    gv = vload16(0, g + oy * TW + ox0);
+                } else {
+                    const float8 h = vload8(0, g + oy * TW + ox0);
+                    gv = shuffle2(h, (float8)0.0f, (uint16)(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15));
+                }
+                float* base = u + oy * SH * TW + ox0 * SW;
+#pragma unroll
+                for (int ky = 0; ky < KH; ky++)
+#pragma unroll
+                    for (int kx = 0; kx < KW; kx++) {
+                        float* d = base + ky * DH * TW + kx * DW;
+                        vstore16(vload16(0, d) + wk[ky * KW + kx] * gv, 0, d);
+                    }
+            }
+    }
+    __global float* dxp = dx + (long)plane * H * W;
+    for (int iy = 0; iy < H; iy++)
+        for (int ix = 0; ix < W; ix++) dxp[iy * W + ix] = u[(iy + PH) * TW + ix + PW];
 }
 
 // dw[o][t] (+)= sum over n, oy, ox of dy[n][o][oy][ox] * x[n][o/M][oy*SH - PH + ky*DH][ox*SW - PW + kx*DW]: both

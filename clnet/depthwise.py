@@ -68,17 +68,16 @@ def _kernel(dev, name, s):
 def planes_tile(dev, s, which):
     """(TW, TH) of depthwise_cpu.cl's plane kernels for pass `which` ("forward", "data", "weights") of s on dev, or
     None where they do not run it: a GPU-shaped device, a plane whose tile is too large (the row kernels are fast
-    there), a row stride other than 1 or 2 (forward, weights), a data gradient at a stride other than 1."""
+    there), a row stride other than 1 or 2."""
     if not tuning.cpu_shaped(dev):
         return None
-    if which == "data":
-        if (s.SH, s.SW) != (1, 1):
-            return None
+    if s.SW not in (1, 2):
+        return None
+    rows, cols = (s.OH - 1) * s.SH + (s.KH - 1) * s.DH + 1, (s.OW - 1) * s.SW + (s.KW - 1) * s.DW + 1
+    if which == "data" and (s.SH, s.SW) == (1, 1):  # dy through the flipped window, gathered
         rows, cols = s.H + (s.KH - 1) * s.DH, s.W + (s.KW - 1) * s.DW
-    else:
-        if s.SW not in (1, 2):
-            return None
-        rows, cols = (s.OH - 1) * s.SH + (s.KH - 1) * s.DH + 1, (s.OW - 1) * s.SW + (s.KW - 1) * s.DW + 1
+    elif which == "data":  # scattered into a tile of dx shifted by the padding
+        rows, cols = max(rows, s.H + s.PH), max(cols, s.W + s.PW)
     for tw in PLANE_TW:
         if cols <= tw and rows <= tw + PLANE_ROWS_EXTRA:
             return tw, tw + PLANE_ROWS_EXTRA
@@ -134,7 +133,8 @@ def conv2d_backward_data(w, dy, s, what="Conv2d backward (data)"):
     dx = empty((s.N, s.C, s.H, s.W), dev)
     tile = planes_tile(dev, s, "data")
     if tile:
-        k = _planes_kernel(dev, "conv2d_bwd_data_depthwise_cpu_planes", s, tile)
+        name = "conv2d_bwd_data_depthwise_cpu_planes" + ("" if (s.SH, s.SW) == (1, 1) else "_strided")
+        k = _planes_kernel(dev, name, s, tile)
         size, local = _planes_grid(s.N * s.C)
     elif tuning.cpu_shaped(dev):
         k, size, local = _kernel(dev, "conv2d_bwd_data_depthwise_rows", s), (s.H, s.N * s.C), None
