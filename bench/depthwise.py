@@ -131,7 +131,7 @@ def layers(args, dev, torch, tdev):
     print(f"| layer | count | pass | MB | floor us | " + " | ".join(f"clnet {a} us" for a in algorithms)
           + " | torch us | torch / clnet | clnet GB/s | rel. err vs torch |")
     print("|---|---|---|---|---|" + "---|" * len(algorithms) + "---|---|---|---|")
-    shapes = MOBILENET_V2 + ([] if args.mobilenet_only else OTHERS)
+    shapes = [c for c in MOBILENET_V2 + ([] if args.mobilenet_only else OTHERS) if c[1] <= args.max_side]
     for C, side, k, stride, count in shapes:
         N = args.batch
         s = conv_shape("bench", (N, C, side, side), (C, 1, k, k), (stride, stride), (k // 2, k // 2),
@@ -302,6 +302,8 @@ def main():
                     "run (depthwise.planes_tile)")
     ap.add_argument("--py", default="", help="also time these outputs per work-item of the GPU forward and stride-1 "
                     "data gradient (comma-separated, depthwise.PY_GPU's candidates)")
+    ap.add_argument("--max-side", type=int, default=1 << 30, help="only the layers whose input planes are at most "
+                    "this wide (the 17-layer totals then cover those)")
     ap.add_argument("--mobilenet-only", action="store_true", help="skip the 5x5 and 7x7 shapes")
     ap.add_argument("--no-layers", action="store_true")
     ap.add_argument("--networks", default="", help="comma-separated torchvision models for whole training steps")
