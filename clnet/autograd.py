@@ -14,6 +14,9 @@ captured step itself earns the overwrite (`settle_grad`).
 
 Grad mode (`no_grad`, `is_grad_enabled`) is per thread, as PyTorch's is (kernels.context).
 
+Tensor's gradient attributes are this module's, installed on the class at import (tensor.py, below, knows no op):
+`grad` (which fills a .grad that zero_grad marked), `backward`, and the hooks below.
+
 `register_post_accumulate_grad_hook(leaf, hook)` (PyTorch's name; also a Tensor method) calls ``hook(leaf)`` during
 backward as soon as the last op that feeds the leaf has run its backward: its `.grad` is complete (queued on the
 device) while earlier layers' backward is still to come. clnet.distributed starts its all-reduce there.
