@@ -296,3 +296,32 @@ def test_random_draws_of_training_exports(dev, rng, tmp_path):
     assert u.min() >= -1.0 and u.max() < 3.0 and abs(u.mean() - 1.0) < 5 * (4 / 12 ** 0.5) / n ** 0.5
     assert abs(z.mean() - 2.0) < 5 * 0.5 / n ** 0.5 and abs(z.std() - 0.5) < 0.05
     assert set(np.unique(b)) <= {0.0, 1.0} and abs(b.mean() - 0.25) < 5 * (0.25 * 0.75 / n) ** 0.5
+
+
+@needs_torch
+def test_imported_transformer_exports_again(dev, rng, tmp_path):
+    """A ViT (the zoo's code built in PyTorch, small) exported by PyTorch's TorchScript exporter, imported and
+    exported again by clnet: the second file holds what the import ran (the class token's Gather as index_select) and
+    ONNX Runtime runs it with the import's output."""
+    from clnet import models
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    model = models.modern_blocks(torch)["VisionTransformer"](32, 16, 2, 4, 64, 128).eval()
+    with torch.no_grad():
+        model.heads.head.weight.normal_(0.0, 0.1)  # (zero-initialised: every logit would be its bias)
+    first, second = str(tmp_path / "vit.onnx"), str(tmp_path / "vit-again.onnx")
+    torch.onnx.export(model, torch.randn(2, 3, 32, 32), first, dynamo=False, input_names=["input"],
+                      dynamic_axes={"input": {0: "N"}})
+    net = connx.load(first, device=dev)
+    x = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
+    connx.export(net, second, clnet.tensor(x, dev))
+    written = onnx.load(second).graph
+    assert "Gather" in {n.op_type for n in written.node}
+    # PyTorch's attention moves the batch to dimension 1, where export does not follow it: the file is for batch 2
+    assert written.input[0].type.tensor_type.shape.dim[0].dim_value == 2
+    sess = ort.InferenceSession(second, providers=["CPUExecutionProvider"])
+    for batch in (2,):
+        xb = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
+        with clnet.no_grad():
+            ours = net(clnet.tensor(xb, dev)).numpy()
+        assert_close(sess.run(None, {sess.get_inputs()[0].name: xb})[0], ours, f"batch {batch}", tol=1e-5)
+        assert_close(ours, model(torch.tensor(xb)).detach().numpy(), f"batch {batch} against PyTorch", tol=1e-5)

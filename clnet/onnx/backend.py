@@ -11,6 +11,7 @@ of their values. The device is an OpenCL device (clnet.device's spec: "auto", "p
 """
 import numpy as np
 
+from .. import devices
 from ..autograd import no_grad
 from ..tensor import tensor as _to_device
 from .common import OnnxImportError, _onnx
@@ -26,14 +27,13 @@ def _backend_base():
 
 
 def _device(spec):
-    from ..devices import device, list_devices
     if spec in (None, "CPU", "CUDA"):
         want = "cpu" if spec in (None, "CPU") else "gpu"
-        for d in list_devices():
+        for d in devices.list_devices():
             if want in str(d.get("type", "")).lower() and d.get("usable", True) and not d.get("simulator"):
-                return device(d["index"])
-        return device("auto")
-    return device(spec)
+                return devices.device(d["index"])
+        return devices.device("auto")
+    return devices.device(spec)
 
 
 def _host_only(graph, name):

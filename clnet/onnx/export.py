@@ -183,11 +183,12 @@ def _export_record(w, cls, inputs, options, out, batch_names):
         a, b = xn, w.name(inputs[1])
         alpha, beta = options["alpha"], options["beta"]
         if alpha == 1.0 and beta in (1.0, -1.0):
-            done(w.node("Add" if beta == 1.0 else "Sub", [a, b], result))
+            y = w.node("Add" if beta == 1.0 else "Sub", [a, b], result)
         else:
             sa = w.node("Mul", [a, w.constant(np.array(alpha, np.float32))])
             sb = w.node("Mul", [b, w.constant(np.array(beta, np.float32))])
-            done(w.node("Add", [sa, sb], result))
+            y = w.node("Add", [sa, sb], result)
+        _carry(w, batch_names, y, result, inputs[:2])
     elif name == "Affine":
         alpha, beta = options["alpha"], options["beta"]
         y = xn
@@ -197,7 +198,7 @@ def _export_record(w, cls, inputs, options, out, batch_names):
             y = w.node("Add", [y, w.constant(np.array(beta, np.float32))], result)
         done(y)
     elif name == "Mul":
-        done(w.node("Mul", [xn, w.name(inputs[1])], result))
+        _carry(w, batch_names, w.node("Mul", [xn, w.name(inputs[1])], result), result, inputs[:2])
     elif name == "Cat":
         out_name = w.node("Concat", [w.name(t) for t in inputs], result, axis=options["dim"])
         if options["dim"] != 0 and all(w.name(t) in batch_names for t in inputs):
@@ -210,30 +211,29 @@ def _export_record(w, cls, inputs, options, out, batch_names):
         a, b = inputs
         an, bn = w.name(a), w.name(b)
         op = options["op"]
+        out_shape = tuple(options["out_shape"])
+        wider = tuple(np.broadcast_shapes(tuple(a.shape), tuple(b.shape))) != out_shape  # broadcast_to's
+        last = None if wider else result
         if op == "ne":
-            y = w.node("Not", [w.node("Equal", [an, bn])], result)
+            y = w.node("Not", [w.node("Equal", [an, bn])], last)
         elif op == "floor_divide":
-            y = w.node("Floor", [w.node("Div", [an, bn])], result)
+            y = w.node("Floor", [w.node("Div", [an, bn])], last)
         elif op in ("maximum", "minimum"):
-            y = w.node("Max" if op == "maximum" else "Min", [an, bn], result)
+            y = w.node("Max" if op == "maximum" else "Min", [an, bn], last)
         elif BINARY[op].onnx and op != "remainder":
-            y = w.node(BINARY[op].onnx, [an, bn], result)
+            y = w.node(BINARY[op].onnx, [an, bn], last)
         else:
             raise ValueError(f"export: the elementwise op {op} has no ONNX translation")
-        for t, tn in ((a, an), (b, bn)):
-            if tuple(t.shape[:1]) == tuple(options["out_shape"][:1]) and len(t.shape) == len(options["out_shape"]):
-                if tn in batch_names:
-                    batch_names.add(y)
-                elif tn in w.merged:
-                    w.merged[y] = w.merged[tn]
+        if wider:
+            y = _expand(w, y, out_shape, result, batch_names, False)
+        _carry(w, batch_names, y, result, inputs)
     elif name == "Cast":
         to = {np.dtype(np.float32): 1, np.dtype(np.int32): 6, np.dtype(np.bool_): 9}[np.dtype(result.dtype)]
         done(w.node("Cast", [xn], result, to=to))
     elif name == "Where":
         c, a, b = inputs
         y = w.node("Where", [w.name(c), w.name(a), w.name(b)], result)
-        if w.name(a) in batch_names or w.name(c) in batch_names:
-            batch_names.add(y)
+        _carry(w, batch_names, y, result, inputs)
     elif name == "Extreme" or (name == "Sum" and options["dims"] != ()):
         dims = list(options["dims"])
         keep = int(bool(options["keepdim"]))
@@ -253,11 +253,25 @@ def _export_record(w, cls, inputs, options, out, batch_names):
         y = w.node("MatMul", [xn, w.name(inputs[1])], None if options.get("alpha", 1.0) != 1.0 else result)
         if options.get("alpha", 1.0) != 1.0:
             y = w.node("Mul", [y, w.constant(np.array(options["alpha"], np.float32))], result)
-        done(y)
+        _carry(w, batch_names, y, result, inputs[:2])
     elif name == "SoftmaxRows":
         done(w.node("LogSoftmax" if options["log"] else "Softmax", [xn], result, axis=-1))
     elif name == "View":
         _export_view(w, x, xn, options, result, batch_names)
+    elif name == "IndexSelect":  # index_select (the import's Gather, a Slice with a negative step)
+        y = w.node("Gather", [xn, w.name(inputs[1], "indices")], result, axis=int(options["dim"]))
+        if options["dim"] != 0:
+            done(y)
+    elif name == "Gather":  # views.gather: ONNX's GatherElements
+        y = w.node("GatherElements", [xn, w.name(inputs[1], "indices")], result, axis=int(options["dim"]))
+        if options["dim"] != 0 and inputs[1].shape[:1] == x.shape[:1]:
+            done(y)
+    elif name == "ConstantPad":  # views.pad in mode constant (negative begins crop)
+        begins = list(options["begins"])
+        ends = [o - s - b for o, s, b in zip(options["out_shape"], x.shape, begins)]
+        value = options["value"] if result.dtype == np.float32 else int(options["value"])
+        done(w.node("Pad", [xn, w.constant(np.array(begins + ends, np.int64), "pads"),
+                            w.constant(np.array(value, result.dtype))], result, mode="constant"))
     else:
         raise ValueError(f"export: clnet op {name} has no ONNX translation")
 
@@ -342,6 +356,35 @@ def _view_plan(in_shape, shape, strides, base):
     return starts, ends, perm, target, expand
 
 
+def _carry(w, batch_names, y, result, operands):
+    """Marks y as holding the batch (or the batch merged with a factor) where every operand that spans its dimension 0
+    (of its rank, not broadcast there) holds it the same way; one that does not (a value of a fixed size, where
+    PyTorch's attention moved the batch to dimension 1) leaves y fixed."""
+    spanning = [w.name(t) for t in operands if isinstance(t, Tensor) and t.ndim == result.ndim and result.ndim and
+                t.shape[0] == result.shape[0] and (t.shape[0] > 1 or w.batch_size == 1)]
+    if not spanning:
+        return
+    if all(n in batch_names for n in spanning):
+        batch_names.add(y)
+    elif all(n in w.merged for n in spanning) and len({w.merged[n] for n in spanning}) == 1:
+        w.merged[y] = w.merged[spanning[0]]
+
+
+def _expand(w, y, shape, result, batch_names, batch, first_broadcast=True):
+    """y expanded to `shape`: where y has the batch, its dimension 0 kept (1 in Expand's target); where a tensor
+    without it is broadcast to the batch's size along dimension 0 (ViT's class token), to the input's batch size,
+    from its Shape."""
+    if not batch and first_broadcast and shape[0] == w.batch_size > 1 and len(w.inputs) == 1:
+        first = w.node("Slice", [w.node("Shape", [w.inputs[0]]), w.constant(np.array([0], np.int64), "starts"),
+                                 w.constant(np.array([1], np.int64), "ends")])
+        sizes = w.node("Concat", [first, w.constant(np.array(shape[1:], np.int64), "shape")], axis=0)
+        y = w.node("Expand", [y, sizes], result)
+        batch_names.add(y)
+        return y
+    return w.node("Expand", [y, w.constant(np.array([1 if batch and i == 0 else n for i, n in enumerate(shape)],
+                                                    np.int64), "shape")], result)
+
+
 def _export_view(w, x, xn, options, result, batch_names):
     shape, strides, base = options["shape"], options["strides"], options["base"]
     plan = _view_plan(tuple(x.shape), tuple(shape), tuple(strides), base)
@@ -362,16 +405,8 @@ def _export_view(w, x, xn, options, result, batch_names):
     if batch:
         target = [0] + list(target[1:])
     y = w.node("Reshape", [y, w.constant(np.array(target, np.int64), "shape")], None if expand else result)
-    along_batch = expand and not batch and strides[0] == 0 and shape[0] == w.batch_size > 1 and len(w.inputs) == 1
-    if along_batch:  # a tensor broadcast along the batch (ViT's class token): to the input's batch size
-        first = w.node("Slice", [w.node("Shape", [w.inputs[0]]), w.constant(np.array([0], np.int64), "starts"),
-                                 w.constant(np.array([1], np.int64), "ends")])
-        sizes = w.node("Concat", [first, w.constant(np.array(expand[1:], np.int64), "shape")], axis=0)
-        y = w.node("Expand", [y, sizes], result)
-        batch_names.add(y)
-    elif expand:
-        y = w.node("Expand", [y, w.constant(np.array([1 if batch and i == 0 else n for i, n in enumerate(expand)],
-                                                     np.int64), "shape")], result)
+    if expand:
+        y = _expand(w, y, expand, result, batch_names, batch, strides[0] == 0)
     if batch:
         if xn in batch_names:
             batch_names.add(y)
