@@ -23,14 +23,6 @@ ALLOWED = {
     ("clnet.train", "clnet.distributed"): "clnet.distributed needs mpi4py (optional: pip install 'clnet[mpi]')",
     ("clnet.bench.command", "clnet.distributed"): "clnet.distributed needs mpi4py (optional)",
 }
-# Function-level imports still to move to the top (issue 24: their files' owners have the patches); none hides a
-# cycle. Delete a line once its import has moved: from then on the check keeps it at the top.
-PENDING = {
-    ("clnet.nn.functional", "clnet.creation"), ("clnet.nn.functional", "clnet.tensor"),
-    ("clnet.nn.modern", "clnet.shapes"),
-    ("clnet.onnx.backend", "clnet.devices"),
-    ("clnet.bench.command", "clnet.onnx"),
-}
 
 
 def _modules():
@@ -141,12 +133,12 @@ def test_the_top_level_imports_form_no_cycle():
 def test_no_function_imports_a_clnet_module_except_the_allowed():
     _, inside = _scan()
     hidden = [f"{m}:{line} imports {t}" for m, line, t in inside
-              if (m, "*") not in ALLOWED and (m, t) not in ALLOWED and (m, t) not in PENDING]
+              if (m, "*") not in ALLOWED and (m, t) not in ALLOWED]
     assert not hidden, ("imports inside functions (a lazy import that breaks a cycle is a cycle; import at the top, "
                         "or add the pair to ALLOWED with its reason if it is for an optional dependency):\n"
                         + "\n".join(hidden))
     used = {(m, t) for m, _, t in inside} | {(m, "*") for m, _, t in inside}
-    stale = sorted(set(ALLOWED) - used)  # (a PENDING pair that has moved is simply done: delete it at leisure)
+    stale = sorted(set(ALLOWED) - used)
     assert not stale, f"allowed but no longer imported inside a function (delete them from ALLOWED): {stale}"
 
 

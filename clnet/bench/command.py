@@ -7,7 +7,7 @@ import time
 import click
 import numpy as np
 
-from .. import kernels, models, rng, tuning
+from .. import kernels, models, onnx, rng, tuning
 from ..devices import DeviceNotFound, device as get_device
 from ..train import mpi_world
 from ..tune import tune_first
@@ -38,12 +38,11 @@ def _torch_device(compare):
 def _network(model, batch):
     """(network, input shape, zoo name PyTorch can rebuild or None, the onnx module or None) for MODEL."""
     if model.lower().endswith(".onnx"):  # the file's network and input shape; a zoo name where PyTorch rebuilds it
-        from .. import onnx as onnx_mod  # optional: needs the onnx package
-        try:
-            net, in_shape, zoo_name = onnx_mod.bench_setup(model, batch)
-        except (onnx_mod.OnnxImportError, ImportError, FileNotFoundError) as e:
+        try:  # clnet.onnx imports the onnx package only here, when a file is read
+            net, in_shape, zoo_name = onnx.bench_setup(model, batch)
+        except (onnx.OnnxImportError, ImportError, FileNotFoundError) as e:
             raise click.ClickException(str(e)) from None
-        return net, in_shape, zoo_name, onnx_mod
+        return net, in_shape, zoo_name, onnx
     entry = models.MODELS[model]
     return models.build(model), ((batch or entry["batch"]),) + tuple(entry["input_shape"]), model, None
 

@@ -5,9 +5,11 @@ Every function checks its arguments here, where the user passed them, and names 
 import numpy as np
 
 from .. import kernels, ops, pointwise, products, reduce, rng, views
+from ..creation import arange
 from ..ops import _float
 from ..shapes import conv_padding, conv_shape, pair, pool_geometry, pool_output
 from ..tensor import Tensor
+from ..tensor import tensor as _tensor  # (functions here name their argument `tensor`, as PyTorch's)
 
 
 def _check_bias(what, bias, n):
@@ -291,7 +293,6 @@ def one_hot(tensor, num_classes=-1):
         raise TypeError("one_hot: expected an integer clnet tensor")
     if num_classes < 0:
         num_classes = int(reduce.max(tensor).item()) + 1
-    from ..creation import arange
     classes = arange(num_classes, device=tensor.device)
     return pointwise.cast(tensor.reshape(tensor.shape + (1,)) == classes, np.int32)
 
@@ -300,7 +301,6 @@ def embedding(input, weight, padding_idx=None):
     """Rows of weight (num_embeddings, dim) at the integer indices `input` (any shape), as F.embedding; the
     padding_idx row gets no gradient."""
     if not isinstance(input, Tensor):
-        from ..tensor import tensor as _tensor
         input = _tensor(np.asarray(input), weight.device)
     if input.dtype.kind not in "iu":
         raise TypeError(f"embedding: indices must be integers, got {input.dtype}")
@@ -386,7 +386,6 @@ def _constant_matrix(dev, key, make):
     """A cached device matrix (made once, outside any capture's recording)."""
     t = _matrices.get((id(dev),) + key)
     if t is None:
-        from ..tensor import tensor as _tensor
         with kernels.set_up():
             t = _tensor(make().astype(np.float32), dev)
         _matrices[(id(dev),) + key] = t
@@ -535,7 +534,6 @@ def _reduced(what, loss, reduction, weight_sum=None):
 def _target(what, input, target, dtype=np.float32):
     """A target as a device tensor (host lists and arrays are copied up), checked against the input's shape."""
     if not isinstance(target, Tensor):
-        from ..tensor import tensor as _tensor
         target = _tensor(np.asarray(target, dtype=dtype), input.device)
     return target
 
@@ -605,7 +603,6 @@ def _class_targets(what, input, target):
         host = np.asarray(target)
         if host.dtype.kind not in "iu":
             raise TypeError(f"{what}: class targets must be integers, got {host.dtype}")
-        from ..tensor import tensor as _tensor
         target = _tensor(host.astype(np.int32), input.device)
     expected = (input.shape[0],) + tuple(input.shape[2:])
     if tuple(target.shape) != expected:

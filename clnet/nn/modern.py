@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from .. import pointwise, rng, views
+from ..shapes import pair
 from ..tensor import Parameter
 from . import functional as F
 from .layers import BatchNorm2d, Dropout, Linear
@@ -122,7 +123,6 @@ class ConvTranspose2d(Module):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
                  bias=True, dilation=1):
         super().__init__()
-        from ..shapes import pair
         name = f"ConvTranspose2d({in_channels}, {out_channels}, {kernel_size})"
         self.in_channels, self.out_channels, self.groups = int(in_channels), int(out_channels), int(groups)
         if self.in_channels % self.groups or self.out_channels % self.groups:
