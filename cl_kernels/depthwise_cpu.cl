@@ -8,10 +8,10 @@
 //   Output lane l of a row chunk starting at column c0 reads t[row*TW + (c0 + l)*S + kx*DW]: S 1 is one vload16, S 2
 //   two vload16s' even lanes. Lanes past the row's end read the next tile row or the tile's slack and are dropped.
 // Kernels (global size in brackets, no local memory, no barriers):
+// Each plane kernel takes per_item consecutive planes a work-item (global size the planes over per_item, rounded up):
+// PoCL's cost per work-group, paid per plane at one each, is of the order of a small plane's arithmetic.
 //   conv2d_fwd_depthwise_cpu_planes           (N*O)  one output plane each; strides 1 and 2
 //   conv2d_bwd_data_depthwise_cpu_planes      (N*C)  one plane of dx each, stride 1: dy through the flipped window
-//   conv2d_bwd_data_depthwise_cpu_planes_strided  (N*C)  one plane of dx each, other strides (row stride 1 or 2):
-//                                                    each dy row chunk's products added into a tile of dx
 //   conv2d_bwd_weights_depthwise_cpu_planes   (O)    one output channel's KH*KW sums over every image, each a float16
 //                                                    of partial sums added across lanes at the end
 // The caller (clnet/depthwise.py, planes_tile) checks that a plane's tile fits: rows <= TH, columns <= TW.
@@ -81,106 +81,68 @@ inline void cpu_store(__global float* dst, const float16 v, const int n) {
 
 __kernel void conv2d_fwd_depthwise_cpu_planes(__global const float* restrict x, __global const float* restrict w,
                                               __global const float* restrict bias, __global float* restrict y,
-                                              DW_ARGS, const int flags) {
-    const int plane = get_global_id(0);
-    if (plane >= N * O) return;
-    const int n = plane / O, o = plane - n * O, M = O / C;
-    float t[TILE], wk[KK];
-    cpu_tile(t, x + ((long)n * C + (M == 1 ? o : o / M)) * H * W, H, W, PH, PW, (OH - 1) * SH + (KH - 1) * DH + 1);
+                                              DW_ARGS, const int flags, const int per_item) {
+    const int first = get_global_id(0) * per_item, last = min(N * O, first + per_item);
+    for (int plane = first; plane < last; plane++) {
+        const int n = plane / O, o = plane - n * O, M = O / C;
+        float t[TILE], wk[KK];
+        cpu_tile(t, x + ((long)n * C + (M == 1 ? o : o / M)) * H * W, H, W, PH, PW,
+                 (OH - 1) * SH + (KH - 1) * DH + 1);
 #pragma unroll
-    for (int k = 0; k < KK; k++) wk[k] = w[o * KK + k];
-    const float b = (flags & FLAG_BIAS) ? bias[o] : 0.0f;
-    __global float* yp = y + (long)plane * OH * OW;
-    for (int oy = 0; oy < OH; oy++)
-        for (int ox0 = 0; ox0 < OW; ox0 += 16) {
-            const float* base = t + oy * SH * TW + ox0 * SW;
-            float16 acc = (float16)b;
+        for (int k = 0; k < KK; k++) wk[k] = w[o * KK + k];
+        const float b = (flags & FLAG_BIAS) ? bias[o] : 0.0f;
+        __global float* yp = y + (long)plane * OH * OW;
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox0 = 0; ox0 < OW; ox0 += 16) {
+                const float* base = t + oy * SH * TW + ox0 * SW;
+                float16 acc = (float16)b;
 #pragma unroll
-            for (int ky = 0; ky < KH; ky++)
+                for (int ky = 0; ky < KH; ky++)
 #pragma unroll
-                for (int kx = 0; kx < KW; kx++) acc += wk[ky * KW + kx] * cpu_lanes(base + ky * DH * TW + kx * DW, SW);
-            if (flags & FLAG_RELU) acc = select(acc, (float16)0.0f, acc < (float16)0.0f);  // NaN stays NaN
-            cpu_store(yp + oy * OW + ox0, acc, min(16, OW - ox0));
-        }
+                    for (int kx = 0; kx < KW; kx++)
+                        acc += wk[ky * KW + kx] * cpu_lanes(base + ky * DH * TW + kx * DW, SW);
+                if (flags & FLAG_RELU) acc = select(acc, (float16)0.0f, acc < (float16)0.0f);  // NaN stays NaN
+                cpu_store(yp + oy * OW + ox0, acc, min(16, OW - ox0));
+            }
+    }
 }
 
 // Stride 1: dx[iy][ix] = sum over m, ky, kx of w[cM+m][ky][kx] * dy[iy + PH - ky*DH][ix + PW - kx*DW], the tile
 // holding dy shifted by the window's reach less the padding, so that tap (ky, kx) reads
 // t[(iy + (KH-1-ky)*DH)*TW + ix + (KW-1-kx)*DW].
 __kernel void conv2d_bwd_data_depthwise_cpu_planes(__global const float* restrict w, __global const float* restrict dy,
-                                                   __global float* restrict dx, DW_ARGS) {
-    const int plane = get_global_id(0);
-    if (plane >= N * C) return;
-    const int n = plane / C, c = plane - n * C, M = O / C;
-    const int R0 = (KH - 1) * DH - PH, C0 = (KW - 1) * DW - PW;
-    __global float* dxp = dx + (long)plane * H * W;
-    float t[TILE], wk[KK];
-    for (int m = 0; m < M; m++) {
-        const int o = c * M + m;
-        cpu_tile(t, dy + ((long)n * O + o) * OH * OW, OH, OW, R0, C0, H + (KH - 1) * DH);
+                                                   __global float* restrict dx, DW_ARGS, const int per_item) {
+    const int first = get_global_id(0) * per_item, last = min(N * C, first + per_item);
+    for (int plane = first; plane < last; plane++) {
+        const int n = plane / C, c = plane - n * C, M = O / C;
+        const int R0 = (KH - 1) * DH - PH, C0 = (KW - 1) * DW - PW;
+        __global float* dxp = dx + (long)plane * H * W;
+        float t[TILE], wk[KK];
+        for (int m = 0; m < M; m++) {
+            const int o = c * M + m;
+            cpu_tile(t, dy + ((long)n * O + o) * OH * OW, OH, OW, R0, C0, H + (KH - 1) * DH);
 #pragma unroll
-        for (int k = 0; k < KK; k++) wk[k] = w[o * KK + k];
-        for (int iy = 0; iy < H; iy++)
-            for (int ix0 = 0; ix0 < W; ix0 += 16) {
-                const float* base = t + iy * TW + ix0;
-                const int lanes = min(16, W - ix0);
-                float16 acc = (float16)0.0f;
-                if (m > 0) {  // the earlier channels' sums, written by this work-item alone
-                    float tmp[16];
-                    for (int l = 0; l < lanes; l++) tmp[l] = dxp[iy * W + ix0 + l];
-                    for (int l = lanes; l < 16; l++) tmp[l] = 0.0f;
-                    acc = vload16(0, tmp);
-                }
-#pragma unroll
-                for (int ky = 0; ky < KH; ky++)
-#pragma unroll
-                    for (int kx = 0; kx < KW; kx++)
-                        acc += wk[ky * KW + kx] * vload16(0, base + (KH - 1 - ky) * DH * TW + (KW - 1 - kx) * DW);
-                cpu_store(dxp + iy * W + ix0, acc, lanes);
-            }
-    }
-}
-
-// Other strides (SW 1 or 2): a zero tile u holds dx shifted by (PH, PW); output (oy, ox) adds w[ky][kx] * dy[oy][ox]
-// at u[(oy*SH + ky*DH)*TW + ox*SW + kx*DW]. A chunk of 16 / SW dy columns (from dy's tile, zeros past OW) is spread
-// to 16 lanes (at SW 2 a zero between each two), then added per tap into 16 consecutive floats of u; the lanes past the
-// chunk's add zeros. Tile rows: those the taps reach and those dx has, whichever is more (the caller's planes_tile).
-__kernel void conv2d_bwd_data_depthwise_cpu_planes_strided(__global const float* restrict w,
-                                                           __global const float* restrict dy,
-                                                           __global float* restrict dx, DW_ARGS) {
-    const int plane = get_global_id(0);
-    if (plane >= N * C) return;
-    const int n = plane / C, c = plane - n * C, M = O / C;
-    const int rows = max((OH - 1) * SH + (KH - 1) * DH + 1, H + PH), step = 16 / SW;
-    float u[TILE], g[TILE], wk[KK];
-    for (int i = 0; i < (rows + 2) * TW; i += 16) vstore16((float16)0.0f, 0, u + i);
-    for (int m = 0; m < M; m++) {
-        const int o = c * M + m;
-        cpu_tile(g, dy + ((long)n * O + o) * OH * OW, OH, OW, 0, 0, OH);
-#pragma unroll
-        for (int k = 0; k < KK; k++) wk[k] = w[o * KK + k];
-        for (int oy = 0; oy < OH; oy++)
-            for (int ox0 = 0; ox0 < OW; ox0 += step) {
-                float16 gv;
-                if (SW == 1) {
-                    gv = vload16(0, g + oy * TW + ox0);
-                } else {
-                    const float8 h = vload8(0, g + oy * TW + ox0);
-                    gv = shuffle2(h, (float8)0.0f, (uint16)(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15));
-                }
-                float* base = u + oy * SH * TW + ox0 * SW;
-#pragma unroll
-                for (int ky = 0; ky < KH; ky++)
-#pragma unroll
-                    for (int kx = 0; kx < KW; kx++) {
-                        float* d = base + ky * DH * TW + kx * DW;
-                        vstore16(vload16(0, d) + wk[ky * KW + kx] * gv, 0, d);
+            for (int k = 0; k < KK; k++) wk[k] = w[o * KK + k];
+            for (int iy = 0; iy < H; iy++)
+                for (int ix0 = 0; ix0 < W; ix0 += 16) {
+                    const float* base = t + iy * TW + ix0;
+                    const int lanes = min(16, W - ix0);
+                    float16 acc = (float16)0.0f;
+                    if (m > 0) {  // the earlier channels' sums, written by this work-item alone
+                        float tmp[16];
+                        for (int l = 0; l < lanes; l++) tmp[l] = dxp[iy * W + ix0 + l];
+                        for (int l = lanes; l < 16; l++) tmp[l] = 0.0f;
+                        acc = vload16(0, tmp);
                     }
-            }
+#pragma unroll
+                    for (int ky = 0; ky < KH; ky++)
+#pragma unroll
+                        for (int kx = 0; kx < KW; kx++)
+                            acc += wk[ky * KW + kx] * vload16(0, base + (KH - 1 - ky) * DH * TW + (KW - 1 - kx) * DW);
+                    cpu_store(dxp + iy * W + ix0, acc, lanes);
+                }
+        }
     }
-    __global float* dxp = dx + (long)plane * H * W;
-    for (int iy = 0; iy < H; iy++)
-        for (int ix = 0; ix < W; ix++) dxp[iy * W + ix] = u[(iy + PH) * TW + ix + PW];
 }
 
 // dw[o][t] (+)= sum over n, oy, ox of dy[n][o][oy][ox] * x[n][o/M][oy*SH - PH + ky*DH][ox*SW - PW + kx*DW]: both

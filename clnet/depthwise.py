@@ -28,6 +28,7 @@ MIN_RUN = 32
 # row (the smallest that holds the plane's columns) and at most that plus PLANE_ROWS_EXTRA rows (depthwise_cpu.cl)
 PLANE_TW = (16, 32)
 PLANE_ROWS_EXTRA = 8
+PLANE_ITEMS = 16  # plane kernels' work-items a compute unit, each taking a run of planes
 
 
 def supported(s):
@@ -68,16 +69,17 @@ def _kernel(dev, name, s):
 def planes_tile(dev, s, which):
     """(TW, TH) of depthwise_cpu.cl's plane kernels for pass `which` ("forward", "data", "weights") of s on dev, or
     None where they do not run it: a GPU-shaped device, a plane whose tile is too large (the row kernels are fast
-    there), a row stride other than 1 or 2."""
+    there), a row stride other than 1 or 2, a data gradient at a stride other than 1 (a scatter into a tile of dx was
+    slower than the row kernel there: bench/NOTES.md, v20)."""
     if not tuning.cpu_shaped(dev):
         return None
     if s.SW not in (1, 2):
         return None
     rows, cols = (s.OH - 1) * s.SH + (s.KH - 1) * s.DH + 1, (s.OW - 1) * s.SW + (s.KW - 1) * s.DW + 1
-    if which == "data" and (s.SH, s.SW) == (1, 1):  # dy through the flipped window, gathered
+    if which == "data":  # dy through the flipped window
+        if (s.SH, s.SW) != (1, 1):
+            return None
         rows, cols = s.H + (s.KH - 1) * s.DH, s.W + (s.KW - 1) * s.DW
-    elif which == "data":  # scattered into a tile of dx shifted by the padding
-        rows, cols = max(rows, s.H + s.PH), max(cols, s.W + s.PW)
     for tw in PLANE_TW:
         if cols <= tw and rows <= tw + PLANE_ROWS_EXTRA:
             return tw, tw + PLANE_ROWS_EXTRA
@@ -88,11 +90,13 @@ def _planes_kernel(dev, name, s, tile):
     return kernels.kernel(dev, "depthwise_cpu.cl", name, dict(KH=s.KH, KW=s.KW, TW=tile[0], TH=tile[1]))
 
 
-def _planes_grid(n):
-    """Global and local size of the plane kernels over n planes: work-groups of one work-item. Left to PoCL 3.1, its
-    choice for 3072 planes (192x28x28 at b16) crashed its compiler (stack smashing); groups of 1, 4 and 16 all ran,
-    within noise of each other, except the 7x7 forward: 0.74 ms at 1, 2.3 at 16 (bench/NOTES.md, v20)."""
-    return (n,), (1,)
+def _planes_grid(dev, n):
+    """(global size, local size, planes a work-item) of a plane kernel over n planes: about PLANE_ITEMS work-items a
+    core, each taking a run of consecutive planes, in work-groups of one. Left to choose the work-group itself, PoCL
+    3.1 crashed its compiler at 3072 planes (stack smashing) and ran the 7x7 forward at 2.3 ms with groups of 16
+    against 0.74 with groups of 1; runs of planes took 5-20% off the 7x7 and 14x14 passes (noisy; NOTES.md v20)."""
+    per = max(1, n // (PLANE_ITEMS * dev.compute_units))
+    return (-(-n // per),), (1,), per
 
 
 def weight_runs(dev, s):
@@ -113,16 +117,18 @@ def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):
     dev = x.device
     y = empty((s.N, s.O, s.OH, s.OW), dev)
     flags = (1 if bias is not None else 0) | (2 if relu else 0)
+    tail = ()  # the plane kernels' planes a work-item
     tile = planes_tile(dev, s, "forward")
     if tile:
         k = _planes_kernel(dev, "conv2d_fwd_depthwise_cpu_planes", s, tile)
-        size, local = _planes_grid(s.N * s.O)
+        size, local, per = _planes_grid(dev, s.N * s.O)
+        tail = (per,)
     elif tuning.cpu_shaped(dev):
         k, size, local = _kernel(dev, "conv2d_fwd_depthwise_rows", s), (s.OH, s.N * s.O), None
     else:
         size = (s.N * s.O * -(-s.OH // PY_GPU) * s.OW,)
         k, local = _kernel(dev, "conv2d_fwd_depthwise", s), (LS_GPU,)
-    kernels.launch(dev, k, size, local, x, w, bias, y, *_args(s), flags, what=what + " (depthwise)")
+    kernels.launch(dev, k, size, local, x, w, bias, y, *_args(s), flags, *tail, what=what + " (depthwise)")
     return y
 
 
@@ -131,11 +137,12 @@ def conv2d_backward_data(w, dy, s, what="Conv2d backward (data)"):
     _check(s, what, w=w, dy=dy)
     dev = dy.device
     dx = empty((s.N, s.C, s.H, s.W), dev)
+    tail = ()
     tile = planes_tile(dev, s, "data")
     if tile:
-        name = "conv2d_bwd_data_depthwise_cpu_planes" + ("" if (s.SH, s.SW) == (1, 1) else "_strided")
-        k = _planes_kernel(dev, name, s, tile)
-        size, local = _planes_grid(s.N * s.C)
+        k = _planes_kernel(dev, "conv2d_bwd_data_depthwise_cpu_planes", s, tile)
+        size, local, per = _planes_grid(dev, s.N * s.C)
+        tail = (per,)
     elif tuning.cpu_shaped(dev):
         k, size, local = _kernel(dev, "conv2d_bwd_data_depthwise_rows", s), (s.H, s.N * s.C), None
     elif (s.SH, s.SW) == (1, 1):
@@ -144,7 +151,7 @@ def conv2d_backward_data(w, dy, s, what="Conv2d backward (data)"):
     else:
         k, size, local = (_kernel(dev, "conv2d_bwd_data_depthwise", s), (s.N * s.C * s.H * s.W,),
                           (LS_GPU,))
-    kernels.launch(dev, k, size, local, w, dy, dx, *_args(s), what=what + " (depthwise)")
+    kernels.launch(dev, k, size, local, w, dy, dx, *_args(s), *tail, what=what + " (depthwise)")
     return dx
 
 
@@ -158,7 +165,7 @@ def conv2d_backward_weights(x, dy, s, dw, beta=1.0, what="Conv2d backward (weigh
     tile = planes_tile(dev, s, "weights")
     if tile:
         k = _planes_kernel(dev, "conv2d_bwd_weights_depthwise_cpu_planes", s, tile)
-        kernels.launch(dev, k, *_planes_grid(s.O), x, dy, dw, *_args(s), accumulate, what=what + " (depthwise)")
+        kernels.launch(dev, k, (s.O,), (1,), x, dy, dw, *_args(s), accumulate, what=what + " (depthwise)")
         return dw
     cpu = tuning.cpu_shaped(dev)
     runs, chunk, ls = weight_runs(dev, s)

@@ -30,6 +30,7 @@ CASES = [
                                                 #   up and left
     (2, 2, 13, 13, 1, 3, 2, 2, 2),              # stride 2 with dilation 2
     (1, 3, 15, 13, 1, 5, 2, 2, 1),              # 5x5 at stride 2 on an odd plane
+    (3, 23, 7, 7, 1, 3, 1, 1, 1),               # 69 planes: runs of two a work-item, the last run one plane
 ]
 SMALL = [i for i, c in enumerate(CASES) if max(c[2], c[3]) <= 17]
 
@@ -73,14 +74,14 @@ def test_depthwise_row_kernels_on_small_planes(dev, rng, case, monkeypatch):
 
 
 def test_depthwise_plane_kernels_take_mobilenets_small_planes(dev, monkeypatch):
-    """Which CPU kernel runs which of mobilenet_v2's planes: the plane kernels up to 28x28, the row kernels at 56x56
-    and 112x112; never on a GPU-shaped device."""
+    """Which CPU kernel runs which of mobilenet_v2's planes: the plane kernels up to 28x28 (the data gradient at
+    stride 2 excepted), the row kernels at 56x56 and 112x112; never on a GPU-shaped device."""
     monkeypatch.setattr(clnet.tuning, "cpu_shaped", lambda dev: True)
     for side, stride, planes in [(7, 1, 16), (14, 1, 16), (14, 2, 16), (28, 1, 32), (28, 2, 32), (56, 1, None),
                                  (112, 2, None)]:
         s = conv_shape("test", (16, 8, side, side), (8, 1, 3, 3), (stride, stride), (1, 1), (2, 2), (1, 1), 8)
         got = [(depthwise.planes_tile(dev, s, which) or (None,))[0] for which in ("forward", "data", "weights")]
-        assert got == [planes] * 3, (side, stride, got)
+        assert got == [planes, planes if stride == 1 else None, planes], (side, stride, got)
     monkeypatch.setattr(clnet.tuning, "cpu_shaped", lambda dev: False)
     assert depthwise.planes_tile(dev, s, "forward") is None
 
