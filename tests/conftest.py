@@ -90,8 +90,15 @@ def assert_close_to_terms(actual, expected, terms, name, tol):
 try:
     import torch  # noqa: F401
     HAVE_TORCH = True
-except ImportError:
-    HAVE_TORCH = False
+except ImportError as e:
+    import importlib.metadata
+    try:  # installed (the test extra brings it) but broken: an error, not 70 comparisons skipped
+        importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        HAVE_TORCH = False
+    else:
+        raise ImportError(f"PyTorch is installed but does not import ({e}); reinstall it: pip install "
+                          "--force-reinstall torch") from e
 
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed; the NumPy reference still runs")
 
