@@ -77,7 +77,7 @@ def test_persistent_failure_raises_out_of_memory_and_leaves_the_model_usable(dev
         model(clnet.tensor(x, dev))
     message = str(info.value)
     assert dev.name in message and "MiB" in message and "smaller batch" in message
-    assert "conv2d" in message.lower() or "im2col" in message.lower() or "gemm" in message.lower(), message
+    assert "in Conv2d(3, 4, kernel_size=(3, 3)" in message, message  # the layer, whichever algorithm it runs
     monkeypatch.undo()
     assert_close(model(clnet.tensor(x, dev)).numpy(), expected, "output after the failure", tol=1e-6)
     loss = nn.CrossEntropyLoss()(model(clnet.tensor(x, dev)), clnet.tensor(np.array([0, 2], np.int32), dev))
