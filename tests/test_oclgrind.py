@@ -23,7 +23,7 @@ CHECKS = dict(OCLGRIND_CHECK_API="1", OCLGRIND_DATA_RACES="1")
 
 FAMILIES = ("gemm_tiled", "gemm_block", "gemm_split_transposed", "linear", "im2col", "direct", "winograd_3x3",
             "winograd_5x5", "winograd_4x4", "pooling", "elementwise", "softmax", "optimizers", "batch_norm", "lrn",
-            "cat", "pointwise", "reduce", "views")
+            "cat", "pointwise", "reduce", "views", "depthwise")
 
 
 def _oclgrind_present():
@@ -176,6 +176,16 @@ def _winograd(clnet, dev, rng, r, algorithm):
                                   ((1, 2, 6, 6), (3, 2, r, r), {})], algorithm, shapes=("own",))
 
 
+def _depthwise(clnet, dev, rng):
+    # depthwise.cl's kernels (the GPU shape; the CPU's row kernels on the 35-wide plane) and depthwise_cpu.cl's plane
+    # kernels (16- and 32-float tiles; stride 2; two output channels per input channel; rows of 15 lanes)
+    _conv_cases(clnet, dev, rng, [((2, 3, 7, 7), (3, 1, 3, 3), dict(padding=1, groups=3)),
+                                  ((1, 2, 9, 8), (4, 1, 3, 3), dict(stride=2, padding=1, groups=2)),
+                                  ((1, 2, 6, 15), (4, 1, 3, 3), dict(padding=1, groups=2)),
+                                  ((1, 2, 5, 20), (2, 1, 5, 5), dict(padding=2, groups=2)),
+                                  ((1, 2, 3, 35), (2, 1, 3, 3), dict(padding=1, groups=2))], "depthwise")
+
+
 def _pooling(clnet, dev, rng):
     import clnet.nn.functional as F
     from clnet import tuning
@@ -316,7 +326,7 @@ RUN = dict(gemm_tiled=_gemm_tiled, gemm_block=_gemm_block, gemm_split_transposed
            winograd_3x3=lambda c, d, r: _winograd(c, d, r, 3, "winograd"),
            winograd_5x5=lambda c, d, r: _winograd(c, d, r, 5, "winograd"),
            winograd_4x4=lambda c, d, r: _winograd(c, d, r, 3, "winograd4"),
-           pooling=_pooling, elementwise=_elementwise, softmax=_softmax, optimizers=_optimizers,
+           depthwise=_depthwise, pooling=_pooling, elementwise=_elementwise, softmax=_softmax, optimizers=_optimizers,
            batch_norm=_batch_norm, lrn=_lrn, cat=_cat, pointwise=_pointwise, reduce=_reduce, views=_views)
 
 
