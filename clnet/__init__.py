@@ -1,4 +1,6 @@
 """clnet: a portable neural-network engine whose kernels are OpenCL C; every buffer stays on the device."""
+import numpy as _np
+
 from .errors import Error
 from .devices import Device, DeviceNotFound, device, list_devices  # registers vendor libraries at first use
 from .rng import manual_seed
@@ -25,6 +27,13 @@ from . import onnx  # noqa: E402  (clnet.onnx; the onnx package itself is import
 
 from .version import __version__
 
+# PyTorch's dtype names, as NumPy dtypes (what Tensor.dtype holds): clnet.float32, clnet.long, dtype=clnet.bool, ...
+# An int64 (long) tensor is held as int32, clnet's integer type.
+float32 = float = _np.dtype(_np.float32)
+int32 = int = _np.dtype(_np.int32)
+int64 = long = _np.dtype(_np.int64)
+bool = _np.dtype(_np.bool_)  # noqa: A001  (torch.bool: the builtin is shadowed here only, not by `import *`)
+
 __all__ = ["__version__", "abs", "add", "amax", "amin", "arange", "argmax", "argmin", "autotune", "baddbmm",
            "bmm", "CaptureError", "cat", "ceil", "chunk", "clamp", "cos", "cumsum", "data", "device",
            "Device", "DeviceNotFound", "div", "empty", "empty_like", "erf", "Error", "evaluate", "exp",
@@ -34,5 +43,5 @@ __all__ = ["__version__", "abs", "add", "amax", "amin", "arange", "argmax", "arg
            "norm", "ones", "ones_like", "onnx", "optim", "OutOfMemory", "Parameter", "permute", "pow",
            "prod", "rand", "rand_like", "randint", "randn", "randn_like", "reciprocal", "relu",
            "reset_transfer_stats", "round", "rsqrt", "sigmoid", "sign", "sin", "split", "sqrt", "square",
-           "squeeze", "stack", "std", "sub", "sum", "tanh", "Tensor", "tensor", "TooLarge",
+           "squeeze", "stack", "std", "sub", "sum", "tanh", "Tensor", "tensor", "TooLarge", "float32", "int32", "int64",
            "transfer_stats", "transpose", "unsqueeze", "var", "where", "zeros", "zeros_like"]

@@ -287,6 +287,11 @@ def _pointwise(clnet, dev, rng):
     _backward(clnet, w, rng)
     _close((clnet.arange(7, device=dev) % 3).float().numpy(), np.arange(7) % 3, "arange % 3, cast")
     assert clnet.rand(9, device=dev).numpy().max() < 1 and clnet.eye(3, 2, device=dev).numpy().trace() == 2
+    r = clnet.randint(2, 7, (11,), device=dev).numpy()
+    assert r.min() >= 2 and r.max() < 7 and np.isfinite(clnet.randn(13, device=dev).numpy()).all()
+    _close(clnet.linspace(-1, 2, 7, device=dev).numpy(), np.linspace(-1, 2, 7), "linspace")
+    _close(clnet.full((3, 5), 2.5, device=dev).numpy(), np.full((3, 5), 2.5), "full")
+    assert (clnet.zeros(5, dtype=clnet.int32, device=dev).numpy() == 0).all()
 
 
 def _reduce(clnet, dev, rng):

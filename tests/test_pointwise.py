@@ -120,6 +120,18 @@ def test_signed_zeros_as_pytorch(dev, rng):
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, err_msg=name)
 
 
+def test_pytorch_dtype_names(dev):
+    """clnet.float32/float, int32/int, int64/long and bool name the dtypes as torch's do: in creation, in .to(), and
+    compared with a tensor's dtype (an int64 tensor is held as int32)."""
+    x = clnet.tensor(np.array([-1.5, 0.0, 2.0], np.float32), dev)
+    assert x.dtype == clnet.float32 == clnet.float and (x > 0).dtype == clnet.bool
+    assert x.to(clnet.long).dtype == x.to(clnet.int32).dtype == clnet.int32 == clnet.int
+    np.testing.assert_array_equal(x.to(clnet.long).numpy(), [-1, 0, 2])
+    np.testing.assert_array_equal(x.to(clnet.bool).numpy(), [True, False, True])
+    assert clnet.zeros(2, dtype=clnet.int64, device=dev).dtype == clnet.int32
+    assert clnet.ones(2, dtype=clnet.bool, device=dev).numpy().all()
+
+
 def test_comparisons_with_ties(dev, rng):
     a = rng.integers(-2, 3, (5, 6)).astype(np.float32)
     b = rng.integers(-2, 3, (6,)).astype(np.float32)
