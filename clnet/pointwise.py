@@ -29,6 +29,7 @@ class UnaryOp(NamedTuple):
     params: int = 0         # scalar parameters p0, p1 the formula reads
     grad: bool = True       # its gradient is not zero everywhere (sign, floor: zero, recorded as PyTorch records)
     keeps_int: bool = False  # an int32 input gives an int32 output (else int inputs are promoted to float)
+    onnx_attrs: tuple = ()  # ONNX's (attribute, default) that give p0, p1, in order
 
 
 UNARY = {
@@ -37,10 +38,10 @@ UNARY = {
     "erf": UnaryOp(9, "Erf"), "sin": UnaryOp(10, "Sin"), "cos": UnaryOp(11, "Cos"), "tanh": UnaryOp(12, "Tanh"),
     "sigmoid": UnaryOp(13, "Sigmoid"), "relu": UnaryOp(14, "Relu"), "gelu": UnaryOp(15),
     "gelu_tanh": UnaryOp(16), "silu": UnaryOp(17), "mish": UnaryOp(18, "Mish"),
-    "hardswish": UnaryOp(19, "HardSwish"), "hardsigmoid": UnaryOp(20), "leaky_relu": UnaryOp(21, "LeakyRelu", 1),
-    "elu": UnaryOp(22, "Elu", 1), "softplus": UnaryOp(23, "Softplus", 2), "clamp": UnaryOp(24, "Clip", 2),
+    "hardswish": UnaryOp(19, "HardSwish"), "hardsigmoid": UnaryOp(20), "leaky_relu": UnaryOp(21, "LeakyRelu", 1, onnx_attrs=(("alpha", 0.01),)),
+    "elu": UnaryOp(22, "Elu", 1, onnx_attrs=(("alpha", 1.0),)), "softplus": UnaryOp(23, "Softplus", 2), "clamp": UnaryOp(24, "Clip", 2),
     "pow_scalar": UnaryOp(25, None, 1), "rpow_scalar": UnaryOp(26, None, 1), "rdiv_scalar": UnaryOp(27, None, 1),
-    "selu": UnaryOp(28, "Selu"), "celu": UnaryOp(29, "Celu", 1), "relu6": UnaryOp(30),
+    "selu": UnaryOp(28, "Selu"), "celu": UnaryOp(29, "Celu", 1, onnx_attrs=(("alpha", 1.0),)), "relu6": UnaryOp(30),
     "floor": UnaryOp(31, "Floor", grad=False), "ceil": UnaryOp(32, "Ceil", grad=False),
     "round": UnaryOp(33, "Round", grad=False), "reciprocal": UnaryOp(34, "Reciprocal"),
 }

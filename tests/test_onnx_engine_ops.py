@@ -325,3 +325,26 @@ def test_imported_transformer_exports_again(dev, rng, tmp_path):
             ours = net(clnet.tensor(xb, dev)).numpy()
         assert_close(sess.run(None, {sess.get_inputs()[0].name: xb})[0], ours, f"batch {batch}", tol=1e-5)
         assert_close(ours, model(torch.tensor(xb)).detach().numpy(), f"batch {batch} against PyTorch", tol=1e-5)
+
+
+def test_unary_parameters_travel_as_the_tables_onnx_attributes(dev, rng, tmp_path):
+    """LeakyReLU, ELU and CELU with other than default parameters, exported (pointwise.UNARY's onnx_attrs name the
+    attributes), run by ONNX Runtime and loaded again: the same output all three ways, against NumPy float64."""
+    from clnet import nn
+    m = nn.Sequential(nn.Linear(4, 6), nn.LeakyReLU(0.2), nn.Linear(6, 6), nn.ELU(0.7), nn.CELU(1.3)).to(dev)
+    x = rng.standard_normal((5, 4)).astype(np.float32) * 3
+    ours = m(clnet.tensor(x, dev)).numpy()
+    s = {k: v.astype(np.float64) for k, v in m.state_dict().items()}
+    h = x @ s["0.weight"].T + s["0.bias"]
+    h = np.where(h > 0, h, 0.2 * h) @ s["2.weight"].T + s["2.bias"]
+    h = np.where(h > 0, h, 0.7 * np.expm1(h))
+    expected = np.maximum(h, 0) + np.minimum(0, 1.3 * np.expm1(h / 1.3))
+    assert_close(ours, expected, "clnet")
+    path = str(tmp_path / "unary.onnx")
+    connx.export(m, path, clnet.tensor(x, dev))
+    attrs = {n.op_type: {a.name: a.f for a in n.attribute} for n in onnx.load(path).graph.node}
+    assert attrs["LeakyRelu"] == {"alpha": pytest.approx(0.2)} and attrs["Elu"] == {"alpha": pytest.approx(0.7)} \
+        and attrs["Celu"] == {"alpha": pytest.approx(1.3)}
+    session = ort.InferenceSession(path)
+    assert_close(session.run(None, {session.get_inputs()[0].name: x})[0], expected, "ONNX Runtime")
+    assert_close(connx.load(path, device=dev)(clnet.tensor(x, dev)).numpy(), expected, "clnet from the file")

@@ -284,8 +284,8 @@ def _export_unary(w, xn, options, result, done):
 
     def f(v):
         return c(np.array(v, np.float32))
-    if op in ("leaky_relu", "elu", "celu"):
-        done(w.node(UNARY[op].onnx, [xn], result, alpha=p0))
+    if UNARY[op].onnx_attrs:  # the kernel's p0, p1 as the ONNX attributes the table names
+        done(w.node(UNARY[op].onnx, [xn], result, **{a: p for (a, _), p in zip(UNARY[op].onnx_attrs, (p0, p1))}))
     elif op == "clamp":
         done(w.node("Clip", [xn, f(p0), f(p1)], result))
     elif op == "relu6":

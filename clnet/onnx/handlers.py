@@ -204,17 +204,16 @@ def _d_global_pool(kind):
 # ---- elementwise: the engine's tables, with ONNX's attributes --------------------------------------------------------
 
 _UNARY = {spec.onnx: name for name, spec in pointwise.UNARY.items() if spec.onnx}
-_UNARY_PARAMS = {  # the unary kernels' scalar parameters from ONNX's attributes (defaults ONNX's)
-    "LeakyRelu": lambda at: (float(at.get("alpha", 0.01)),),
-    "Elu": lambda at: (float(at.get("alpha", 1.0)),),
-    "Celu": lambda at: (float(at.get("alpha", 1.0)),),
-    "Softplus": lambda at: (1.0, 20.0),  # ONNX's log(1 + e^x); PyTorch's linear tail past 20 is within float32's eps
-}
+# ONNX's Softplus is log(1 + e^x): the kernel's beta 1 and a linear tail past 20, within float32's eps of it
+_FIXED_PARAMS = {"Softplus": (1.0, 20.0)}
 
 
 def _d_unary(onnx_name):
     name = _UNARY[onnx_name]
-    params = _UNARY_PARAMS.get(onnx_name, lambda at: ())
+    attrs, fixed = pointwise.UNARY[name].onnx_attrs, _FIXED_PARAMS.get(onnx_name, ())
+
+    def params(at):  # the kernel's scalar parameters from ONNX's attributes (pointwise.UNARY's onnx_attrs)
+        return tuple(float(at.get(a, default)) for a, default in attrs) or fixed
 
     def run(m, n, a):
         x = _tensor_arg(m, n, a[0], 0)
