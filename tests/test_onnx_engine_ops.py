@@ -44,18 +44,26 @@ def _check(dev, path, x, weights, torch_fn, rng, tol):
     assert_close(y.numpy(), want, "forward against ONNX Runtime", tol=tol)
     g = rng.standard_normal(y.shape).astype(np.float32)
     (y * clnet.tensor(g, dev)).sum().backward()
-    tw = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in weights.items()}
-    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
-    yt = torch_fn(xt, tw)
-    assert_close(y.numpy(), yt.detach().numpy(), "forward against PyTorch", tol=tol)
-    (yt * torch.tensor(g, dtype=torch.float64)).sum().backward()
-    assert_close(tx.grad.numpy(), xt.grad.numpy(), "input gradient", tol=tol)
+    def torch_grads(dtype):
+        tw = {k: torch.tensor(v, dtype=dtype, requires_grad=True) for k, v in weights.items()}
+        xt = torch.tensor(x, dtype=dtype, requires_grad=True)
+        yt = torch_fn(xt, tw)
+        (yt * torch.tensor(g, dtype=dtype)).sum().backward()
+        return yt.detach().numpy(), dict({k: t.grad.numpy() for k, t in tw.items()}, x=xt.grad.numpy())
+    yt, ref = torch_grads(torch.float64)
+    _, ref32 = torch_grads(torch.float32)
+    assert_close(y.numpy(), yt, "forward against PyTorch", tol=tol)
+
+    def bound(k):  # a gradient that largely cancels (a bias before a normalization) errs in PyTorch float32 too
+        err32 = np.linalg.norm(ref32[k] - ref[k]) / max(np.linalg.norm(ref[k]), 1e-30)
+        return max(tol, 10 * err32)
+    assert_close(tx.grad.numpy(), ref["x"], "input gradient", tol=bound("x"))
     params = dict(net.named_parameters())
-    for k, t in tw.items():
+    for k in weights:
         grad = params[k].grad.numpy()
         if k in net._transposed:  # a MatMul's 2-D weight, held as (out, in) for the dense kernels
             grad = grad.T
-        assert_close(grad, t.grad.numpy(), f"gradient of {k}", tol=tol)
+        assert_close(grad, ref[k], f"gradient of {k}", tol=bound(k))
 
 
 @needs_torch
