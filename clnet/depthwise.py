@@ -99,6 +99,16 @@ def _planes_grid(dev, n):
     return (-(-n // per),), (1,), per
 
 
+def _planes_launch(dev, s, which, name, n):
+    """(kernel, global size, local size, trailing arguments) of a plane kernel over n planes for pass `which`, or
+    None where the plane kernels do not run it (planes_tile)."""
+    tile = planes_tile(dev, s, which)
+    if not tile:
+        return None
+    size, local, per = _planes_grid(dev, n)
+    return _planes_kernel(dev, name, s, tile), size, local, (per,)
+
+
 def weight_runs(dev, s):
     """(runs, chunk, LS) of the weight gradient of shape s on dev: chunk pixels a run on a GPU (images on a CPU), LS
     work-items a work-group (GPU)."""
@@ -117,12 +127,10 @@ def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):
     dev = x.device
     y = empty((s.N, s.O, s.OH, s.OW), dev)
     flags = (1 if bias is not None else 0) | (2 if relu else 0)
+    planes = _planes_launch(dev, s, "forward", "conv2d_fwd_depthwise_cpu_planes", s.N * s.O)
     tail = ()  # the plane kernels' planes a work-item
-    tile = planes_tile(dev, s, "forward")
-    if tile:
-        k = _planes_kernel(dev, "conv2d_fwd_depthwise_cpu_planes", s, tile)
-        size, local, per = _planes_grid(dev, s.N * s.O)
-        tail = (per,)
+    if planes:
+        k, size, local, tail = planes
     elif tuning.cpu_shaped(dev):
         k, size, local = _kernel(dev, "conv2d_fwd_depthwise_rows", s), (s.OH, s.N * s.O), None
     else:
@@ -137,12 +145,10 @@ def conv2d_backward_data(w, dy, s, what="Conv2d backward (data)"):
     _check(s, what, w=w, dy=dy)
     dev = dy.device
     dx = empty((s.N, s.C, s.H, s.W), dev)
+    planes = _planes_launch(dev, s, "data", "conv2d_bwd_data_depthwise_cpu_planes", s.N * s.C)
     tail = ()
-    tile = planes_tile(dev, s, "data")
-    if tile:
-        k = _planes_kernel(dev, "conv2d_bwd_data_depthwise_cpu_planes", s, tile)
-        size, local, per = _planes_grid(dev, s.N * s.C)
-        tail = (per,)
+    if planes:
+        k, size, local, tail = planes
     elif tuning.cpu_shaped(dev):
         k, size, local = _kernel(dev, "conv2d_bwd_data_depthwise_rows", s), (s.H, s.N * s.C), None
     elif (s.SH, s.SW) == (1, 1):
