@@ -124,8 +124,9 @@ def measure_torch(adds=2000, chains=50, chain_ops=40, repeats=5):
 
 def breakdown(dev, number=20000, repeats=7):
     """Microseconds of the pieces of one `a + b` (the least of `repeats` timings of `number` calls each), the enqueue
-    stubbed, in this thread's CPU time: the whole op, its tensor allocation and release, its launch (argument set seen before), the argument
-    key alone, the kernel look-up, and autograd's bookkeeping around a forward that does nothing."""
+    stubbed, in this thread's CPU time: the whole op, its tensor allocation and release, its launch (argument set seen
+    before), the argument key alone, the kernel look-up, and autograd's bookkeeping around a forward that does
+    nothing."""
     import timeit
     from clnet import autograd, ops
     _stub_enqueue()
