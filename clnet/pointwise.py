@@ -137,14 +137,16 @@ _arrays = OrderedDict()
 _cache_lock = threading.Lock()  # threads share both caches (as kernels' and layout's caches are shared)
 
 
-def _cached(cache, limit, key, dtype, dev, value):
-    """cache[key], made on first use from the host array `value` outside any capture's recording (a replay reads the
-    same tensor); the oldest entry leaves past `limit`."""
+def cached_constant(cache, limit, key, dev, make):
+    """cache[key] (an OrderedDict), made on first use from the host array make() returns, outside any capture's
+    recording (a replay reads the same tensor); the oldest entry leaves past `limit`. Every cache of device constants
+    (numbers, small arrays, nn.functional's interpolation matrices) is made here, under one lock."""
     with _cache_lock:
         t = cache.get(key)
         if t is None:
+            value = make()
             with kernels.set_up():
-                t = Tensor(value.shape, dtype, dev).write(value)
+                t = Tensor(value.shape, value.dtype, dev).write(value)
             cache[key] = t
             if len(cache) > limit:
                 cache.popitem(last=False)
@@ -156,14 +158,14 @@ def constant(dev, value, dtype):
     dtype = np.dtype(dtype)
     number = float(value) if dtype == FLOAT else int(value)
     key = (id(dev), dtype, number if number or dtype != FLOAT else number.hex())  # -0.0 is not 0.0
-    return _cached(_constants, 1024, key, dtype, dev, np.array(value, dtype))
+    return cached_constant(_constants, 1024, key, dev, lambda: np.array(value, dtype))
 
 
 def constant_array(dev, array):
     """A cached device copy of a small host array (a mask, a table)."""
     array = np.ascontiguousarray(array)
     key = (id(dev), array.dtype.str, array.shape, array.tobytes())
-    return _cached(_arrays, 256, key, array.dtype, dev, array)
+    return cached_constant(_arrays, 256, key, dev, lambda: array)
 
 
 def scalar_dtype(value):

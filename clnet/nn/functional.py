@@ -2,6 +2,8 @@
 
 Every function checks its arguments here, where the user passed them, and names itself, the shapes and the fix.
 """
+from collections import OrderedDict
+
 import numpy as np
 
 from .. import kernels, ops, pointwise, products, reduce, rng, views
@@ -379,17 +381,13 @@ def normalize(input, p=2.0, dim=1, eps=1e-12):
 
 # ---- resizing and adaptive pooling: separable products with constant interpolation matrices ----------------------
 
-_matrices = {}
+_matrices = OrderedDict()
 
 
 def _constant_matrix(dev, key, make):
     """A cached device matrix (made once, outside any capture's recording)."""
-    t = _matrices.get((id(dev),) + key)
-    if t is None:
-        with kernels.set_up():
-            t = _tensor(make().astype(np.float32), dev)
-        _matrices[(id(dev),) + key] = t
-    return t
+    return pointwise.cached_constant(_matrices, 1024, (id(dev),) + key, dev,
+                                     lambda: np.ascontiguousarray(make(), np.float32))
 
 
 def _resize_matrix(n_in, n_out, mode, align_corners, scale):
