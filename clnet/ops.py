@@ -8,15 +8,11 @@ to the host.
 """
 import numpy as np
 
-from . import autograd, conv, kernels, normalization, tuning
+from . import conv, kernels, normalization, tuning
 from .autograd import Function
 from .elementwise import ACTIVATIONS, VW, _activation_grad, _elementwise, _map, fill, full, mul
 from .elementwise import add, full_like, zeros  # noqa: F401  (ops.add, ops.zeros, ops.full_like: optim's and tests')
 from .tensor import Tensor, chunks, empty, run_limit, tensor, too_large
-
-
-def grad_recorded():
-    return autograd._enabled
 
 
 def _flat_launch(dev, k, n, *args, what=""):

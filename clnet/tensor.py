@@ -267,6 +267,8 @@ def _size_of(shape):
 
 _FLOAT32, _INT32, _BOOL = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.bool_)
 DTYPES = {_FLOAT32, _INT32, _BOOL}  # bool: one byte an element (uchar in the kernels)
+
+
 def _shape_arg(shape):
     return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
 
