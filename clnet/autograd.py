@@ -105,6 +105,13 @@ class Function:
             fn.out_shape, fn.out_device, fn.hooks = result.shape, result.device, None
             prof = _context.profiler
             fn.tag = prof.tag[0] if prof is not None and prof.tag else None
+            saved = fn.saved
+            if saved is not None and any(s is result for s in saved):
+                # An op that saves its own output (relu, sigmoid, softmax) keeps its memory, not the tensor: the
+                # tensor would point back at fn (grad_fn), a cycle that only the garbage collector frees, at random
+                # times, so a forward whose graph is dropped without backward would hand its buffers back late and
+                # the next forward would get other buffers, missing every launch's argument cache (kernels.py)
+                fn.saved = tuple([s.detach() if s is result else s for s in saved])
             result.requires_grad, result.grad_fn = True, fn
         return out
 
