@@ -15,6 +15,11 @@ Phases, in this order, so that a run cut short keeps what matters most:
 
 Beside each error against ONNX Runtime the record holds PyTorch's own (float32, CPU: `torch_ort_err`), and beside
 each gradient error PyTorch float32's distance from float64 by the same measure (`torch32_grad_err`): the yardsticks.
+Every file's output is also held against the torchvision model run in float64 on the CPU (`model.double()`, the same
+weights and input; batch statistics for the training file), max |x - ref64| / max |ref64|, for ONNX Runtime's output
+(`ort_ref64_err`), PyTorch float32's (`torch_ref64_err`) and clnet's (`ref64_err`): where ONNX Runtime itself is
+farther than 1e-5 from float64, no engine can be held to 1e-5 against it, and clnet's distance from float64 beside
+ONNX Runtime's is the measure.
 
 Exports (and ONNX Runtime's references, and PyTorch's gradients) are made by a pool of worker processes ahead of the
 main process, which runs clnet. Each model runs under a time limit (--model-limit) and none starts after --deadline
@@ -26,7 +31,8 @@ seconds; each result is a JSON line appended to --out/onnx-torchvision.jsonl as 
         --out /tmp/tv                                                          # a CPU check without torchvision
 
 --family zoo takes the networks from clnet's zoo built in PyTorch (`models.build(name, lib=torch)`), a stand-in where
-torchvision is not installed.
+torchvision is not installed. For a CPU device (PoCL on the H200 machine's cores): --iterations 0 leaves out the timing,
+--no-step makes ts-train the training-mode file's forward only (no backward, no PyTorch gradients).
 """
 import argparse
 import contextlib
@@ -120,9 +126,14 @@ def no_dropout(model):
     return changed
 
 
-def prepare(family, name, phase, batch, folder, threads):
-    """In a worker: export the file for (name, phase) and compute ONNX Runtime's output on a seeded input (and, for
-    ts-train, PyTorch's float64 gradients). Returns a dict of paths and facts, or {"error": ...}; never raises."""
+def first_output(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def prepare(family, name, phase, batch, folder, threads, step=True):
+    """In a worker: export the file for (name, phase) and compute ONNX Runtime's output on a seeded input, the float64
+    model's output (ref64) and, for ts-train with step, PyTorch's float64 gradients. Returns a dict of paths and facts,
+    or {"error": ...}; never raises."""
     try:
         import torch
         import onnx
@@ -170,29 +181,45 @@ def prepare(family, name, phase, batch, folder, threads):
         np.save(info["x"], x)
         np.savez(info["ort"], *ort)
         if not training:
+            t2 = time.perf_counter()
             with torch.no_grad():
-                out = model(torch.from_numpy(x))
-            info["torch_ort_err"] = rel_err((out[0] if isinstance(out, (tuple, list)) else out).numpy(), ort[0])
-        if training:  # PyTorch's gradients of the same step, in float64
+                out32 = first_output(model(torch.from_numpy(x))).numpy()
+                m = copy.deepcopy(model).double().eval()  # the same weights and input in float64
+                ref64 = first_output(m(torch.from_numpy(x).double())).numpy()
+                del m
+            info["torch_ort_err"] = rel_err(out32, ort[0])
+            info["ref64_s"] = round(time.perf_counter() - t2, 2)
+        if training:  # PyTorch's step in float64 (the reference) and float32 (the yardstick), or only the forward
             t2 = time.perf_counter()
             grads = {}
             for dtype in (torch.float64, torch.float32):  # float32: PyTorch's own distance from the reference
                 m = copy.deepcopy(model).to(dtype).train()
-                out = m(torch.from_numpy(x).to(dtype))
-                first = out[0] if isinstance(out, (tuple, list)) else out
-                loss = torch.nn.functional.cross_entropy(first, torch.from_numpy(labels))
-                loss.backward()
-                grads[dtype] = {n: p.grad.numpy() for n, p in m.named_parameters() if p.grad is not None}
+                with contextlib.nullcontext() if step else torch.no_grad():
+                    out = m(torch.from_numpy(x).to(dtype))
+                    first = first_output(out)
+                    loss = torch.nn.functional.cross_entropy(first, torch.from_numpy(labels))
+                if step:
+                    loss.backward()
+                    grads[dtype] = {n: p.grad.numpy() for n, p in m.named_parameters() if p.grad is not None}
                 if dtype == torch.float32:  # PyTorch's own distance from ONNX Runtime: the yardstick of "err"
-                    info["torch_ort_err"] = rel_err(first.detach().numpy(), ort[0])
+                    out32 = first.detach().numpy()
+                    info["torch_ort_err"] = rel_err(out32, ort[0])
                 if dtype == torch.float64:
+                    ref64 = first.detach().numpy()
                     info["torch_loss"] = float(loss.detach())
                     info["torch_params"] = sum(1 for _ in m.parameters())
                 del m, out, first, loss
+        # every engine's distance from float64: ONNX Runtime's and PyTorch float32's here, clnet's in the main process
+        info["ort_ref64_err"] = rel_err(ort[0], ref64)
+        info["torch_ref64_err"] = rel_err(out32, ref64)
+        info["ref64"] = os.path.join(sub, "ref64.npy")
+        np.save(info["ref64"], ref64)
+        if training and step:
             ref = grads[torch.float64]
             info["torch32_grad_err"], info["torch32_worst_param"] = grad_err(grads[torch.float32].items(), ref)
             info["grads"] = os.path.join(sub, "grads.npz")
             np.savez(info["grads"], **{k: v.astype(np.float32) for k, v in ref.items()})
+        if training:
             info["labels"] = os.path.join(sub, "labels.npy")
             np.save(info["labels"], labels.astype(np.int32))
             info["ref_s"] = round(time.perf_counter() - t2, 2)
@@ -236,6 +263,11 @@ def rel_err(ours, ref):
 
 def outputs_numpy(out):
     return [o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
+
+
+def ref64_err(outs, prep):
+    """clnet's first output against the float64 model's."""
+    return rel_err(outs[0], np.load(prep["ref64"]))
 
 
 def ort_err(outs, ort_path):
@@ -289,7 +321,8 @@ def run_eval(args, dev, name, prep, rec):
         outs = outputs_numpy(net(xd))
     rec["first_forward_s"] = round(time.perf_counter() - t1, 2)
     rec["err"] = ort_err(outs, prep["ort"])
-    if rec["phase"] != "ts-eval":
+    rec["ref64_err"] = ref64_err(outs, prep)
+    if rec["phase"] != "ts-eval" or args.iterations == 0:
         return
 
     def step():
@@ -322,8 +355,14 @@ def run_train(args, dev, name, prep, rec):
     t1 = time.perf_counter()
     out = net(xd)
     first = out[0] if isinstance(out, tuple) else out
-    rec["err"] = ort_err(outputs_numpy(out), prep["ort"])
+    outs = outputs_numpy(out)
+    rec["err"] = ort_err(outs, prep["ort"])
+    rec["ref64_err"] = ref64_err(outs, prep)
     loss = nn.CrossEntropyLoss()(first, ld)
+    if not args.step:  # the training-mode forward only
+        rec["loss"] = float(loss.numpy())
+        rec["loss_err"] = abs(rec["loss"] - prep["torch_loss"]) / abs(prep["torch_loss"])
+        return
     loss.backward()
     opt.step()
     dev.synchronize()
@@ -394,25 +433,50 @@ def table(records):
         return what(r)
     def vs(r):  # clnet's error against ONNX Runtime, PyTorch's own in brackets
         return f"{fmt(r['err'])} ({fmt(r.get('torch_ort_err'))})"
-    lines = ["| model | TorchScript eval: load s, err vs ORT (PyTorch's) | clnet ms | PyTorch ms | speed | "
+
+    def f64(r):  # each engine's distance from the float64 model: ONNX Runtime / PyTorch float32 / clnet
+        if r is None or r.get("status") != "ok" or "ref64_err" not in r:
+            return "-"
+        return f"{fmt(r.get('ort_ref64_err'))} / {fmt(r.get('torch_ref64_err'))} / {fmt(r['ref64_err'])}"
+
+    def train(r):
+        text = f"{vs(r)}"
+        if "grad_err" in r:
+            text += f", {fmt(r['grad_err'])} ({fmt(r.get('torch32_grad_err'))}), {fmt(r['sgd_err'])}"
+            if r["n_unmatched"]:
+                text += f" ({r['n_unmatched']} params unmatched)"
+        return text
+    lines = ["| model | TorchScript eval: load s, err vs ORT (PyTorch's) | vs float64: ORT / PyTorch / clnet | "
+             "clnet ms | PyTorch ms | speed | "
              "TorchScript train: err vs ORT (PyTorch's), grad err (PyTorch float32's), SGD err | "
-             "re-export err vs ORT | dynamo eval: load s, err (PyTorch's) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "vs float64: ORT / PyTorch / clnet | re-export err vs ORT | dynamo eval: load s, err (PyTorch's) | "
+             "vs float64: ORT / PyTorch / clnet |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for model, ph in by.items():
         ev = ph.get("ts-eval")
         ok = ev is not None and ev.get("status") == "ok"
         lines.append("| " + " | ".join([
             model,
             cell(ev, lambda r: f"{fmt(r['load_s'], '1')}, {vs(r)}"),
+            f64(ev),
             fmt(ev.get("clnet_ms"), "2") if ok else "-",
             fmt(ev.get("torch_ms"), "2") if ok else "-",
             (fmt(ev.get("speed"), "2") + "x") if ok and ev.get("speed") else "-",
-            cell(ph.get("ts-train"), lambda r: f"{vs(r)}, {fmt(r['grad_err'])} ({fmt(r.get('torch32_grad_err'))}), "
-                 f"{fmt(r['sgd_err'])}" + (f" ({r['n_unmatched']} params unmatched)" if r["n_unmatched"] else "")),
+            cell(ph.get("ts-train"), train),
+            f64(ph.get("ts-train")),
             cell(ph.get("reexport"), lambda r: fmt(r["err"])),
             cell(ph.get("dynamo"), lambda r: f"{fmt(r['load_s'], '1')}, {vs(r)}"),
+            f64(ph.get("dynamo")),
         ]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def host_cpu():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        return None
 
 
 def main():
@@ -425,11 +489,13 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--device", default="gpu", help="clnet's device")
     ap.add_argument("--torch-device", default="cuda")
-    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--iterations", type=int, default=5, help="timed eval forwards (0: no timing)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--workers", type=int, default=4, help="export processes")
     ap.add_argument("--threads", type=int, default=3, help="threads of each export process (PyTorch, ONNX Runtime)")
     ap.add_argument("--model-limit", type=int, default=60, help="seconds for one model's clnet work")
+    ap.add_argument("--no-step", dest="step", action="store_false",
+                    help="ts-train: the training-mode forward against ONNX Runtime only, no backward or SGD step")
     ap.add_argument("--deadline", type=float, default=380, help="no model starts after this many seconds")
     ap.add_argument("--out", default="/tmp/onnx-torchvision")
     args = ap.parse_args()
@@ -449,7 +515,8 @@ def main():
     pending = {}
     for p, n in jobs:
         if p != "reexport":
-            pending[(p, n)] = pool.apply_async(prepare, (args.family, n, p, args.batch, folder, args.threads))
+            pending[(p, n)] = pool.apply_async(prepare, (args.family, n, p, args.batch, folder, args.threads,
+                                                           args.step))
 
     import torch
     import onnxruntime
@@ -461,7 +528,7 @@ def main():
     dev = clnet.device(args.device)
     header = dict(kind="header", clnet_device=dev.name, platform=dev.platform_name, driver=dev.driver_version,
                   torch=torch.__version__, onnxruntime=onnxruntime.__version__, family=args.family,
-                  batch=args.batch, argv=sys.argv[1:],
+                  batch=args.batch, argv=sys.argv[1:], host_cpu=host_cpu(), cpu_count=os.cpu_count(),
                   torch_device=(torch.cuda.get_device_name() if args.torch_device.startswith("cuda")
                                 else args.torch_device))
     try:
@@ -493,7 +560,7 @@ def main():
                     rec.update(status="export failed", error=prep["error"], traceback=prep.get("traceback"))
                 else:
                     for k in ("opset", "nodes", "ops", "dropouts_zeroed", "input_shape", "informative",
-                              "output_spread", "torch_ort_err"):
+                              "output_spread", "torch_ort_err", "ort_ref64_err", "torch_ref64_err"):
                         if k in prep:
                             rec[k] = prep[k]
                     if phase != "reexport":

@@ -6,6 +6,8 @@
 # the tool's limit; extra arguments go to the script (e.g. --phases ts-eval --models resnet18).
 # Files in $OUT: onnx-torchvision.log (all text), onnx-torchvision.jsonl (one record a model and phase, appended as
 # each ends) and table.md (rewritten after each record), so a call cut short keeps what it finished.
+# POCL=1: PoCL on the machine's CPUs (its wheel installed too, `clnet devices` listed first), e.g.
+#   POCL=1 OUT=$OUT/pocl bash bench/run_h200_onnx_torchvision.sh --device cpu --torch-device cpu --iterations 0 --no-step
 # On the CPU (a dry run without torchvision): NO_WHEELS=1 OUT=/tmp/tv bash bench/run_h200_onnx_torchvision.sh \
 #   --family zoo --models resnet8 --batch 2 --device 0 --torch-device cpu --workers 1 --threads 1
 set -u
@@ -14,6 +16,8 @@ LOG="$OUT/onnx-torchvision.log"
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
   echo "commit $(cat COMMIT 2>/dev/null || git rev-parse HEAD 2>/dev/null)"
+  grep -m1 "model name" /proc/cpuinfo; nproc
+  if [ "${POCL:-0}" = 1 ]; then timeout 120 python3 -m clnet.cli devices; fi
 } 2>&1 | tee "$LOG"
 timeout ${TIMEOUT:-385} python3 bench/onnx_torchvision.py --out "$OUT" --deadline ${DEADLINE:-345} "$@" 2>&1 \
   | grep -v -E "^(1 warning generated|\[torch.onnx\])" | tee -a "$LOG"
