@@ -33,6 +33,12 @@ seconds; each result is a JSON line appended to --out/onnx-torchvision.jsonl as 
 --family zoo takes the networks from clnet's zoo built in PyTorch (`models.build(name, lib=torch)`), a stand-in where
 torchvision is not installed. For a CPU device (PoCL on the H200 machine's cores): --iterations 0 leaves out the timing,
 --no-step makes ts-train the training-mode file's forward only (no backward, no PyTorch gradients).
+
+--layers MODEL[,MODEL] instead finds where along a network the engines part from float64: the TorchScript eval file
+with every module's output made a graph output (a module's output is its last node's, the node's scope naming the
+module), each against the float64 model's output of that module (a forward hook), for ONNX Runtime, PyTorch float32
+and clnet; modules whose ONNX tensor is not PyTorch's (a batch norm folded into the convolution before it) are left
+out, as are modules that no node names. One line a module in --out/layers.jsonl, the main ones printed.
 """
 import argparse
 import contextlib
@@ -410,6 +416,92 @@ def run_reexport(args, dev, name, prep, rec):
     rec["err"] = ort_err(outs, prep["ort"])
 
 
+def module_outputs(proto):
+    """{module's qualified name: the output of its last node} from the scope in each node's name: the TorchScript
+    exporter names a node "/features/features.3/squeeze/Conv" for module features.3.squeeze (a child of a
+    Sequential repeats its parent's name in front of its own)."""
+    last = {}
+    for node in proto.graph.node:
+        qual = ""
+        for part in node.name.split("/")[1:-1]:
+            qual = part if not qual or part.startswith(qual + ".") else f"{qual}.{part}"
+            last[qual] = node.output[0]
+    return last
+
+
+def layers(args, dev):
+    import torch
+    import onnx
+    import onnxruntime
+    import clnet
+    import clnet.onnx as connx
+    from clnet.autograd import no_grad
+    torch.set_num_threads(args.threads)
+    path_out = os.path.join(args.out, "layers.jsonl")
+    for name in args.layers.split(","):
+        model, shape, _ = build(args.family, name, SEED)
+        informative(model, shape, args.batch, SEED)
+        model.eval()
+        x = np.random.default_rng(SEED).standard_normal((args.batch, *shape)).astype(np.float32)  # prepare's input
+        folder = tempfile.mkdtemp(prefix="onnx-layers-")
+        path = os.path.join(folder, "model.onnx")
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, (torch.from_numpy(x),), path, dynamo=False, opset_version=17,
+                              input_names=["input"])
+        proto = onnx.load(path)
+        last = module_outputs(proto)
+        seen = {}
+        for dtype, m in ((torch.float32, model), (torch.float64, copy.deepcopy(model).double())):
+            got = seen[dtype] = {}
+            hooks = [mod.register_forward_hook(lambda _m, _i, o, q=q: got.__setitem__(q, o))
+                     for q, mod in m.named_modules() if q in last]
+            with torch.no_grad():
+                m(torch.from_numpy(x).to(dtype))
+            for h in hooks:
+                h.remove()
+        quals = [q for q in seen[torch.float64] if torch.is_tensor(seen[torch.float64][q])
+                 and seen[torch.float64][q].is_floating_point()]
+        graph_outputs = [o.name for o in proto.graph.output]
+        extra = list(dict.fromkeys(last[q] for q in quals if last[q] not in graph_outputs))
+        inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(proto).graph.value_info}
+        extra = [t for t in extra if t in inferred]
+        proto.graph.output.extend(inferred[t] for t in extra)
+        names = graph_outputs + extra
+        onnx.save(proto, path)
+        sess = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        ort = dict(zip(names, sess.run(names, {"input": x})))
+        net = connx.load(path, device=dev).eval()
+        with no_grad():
+            ours = dict(zip(names, outputs_numpy(net(clnet.tensor(x, dev)))))
+        shutil.rmtree(folder, ignore_errors=True)
+        ops = {n.output[0]: n.op_type for n in proto.graph.node}
+        rows, left_out = [], 0
+        for q in quals:
+            t = last[q]
+            ref = seen[torch.float64][q].numpy()
+            t32 = seen[torch.float32][q].numpy()
+            if ort[t].shape != ref.shape or rel_err(t32, ort[t]) > 1e-3:  # not this module's tensor (folded away)
+                left_out += 1
+                continue
+            row = dict(model=name, module=q, op=ops.get(t), shape=list(ref.shape), ort_ref64_err=rel_err(ort[t], ref),
+                       torch_ref64_err=rel_err(t32, ref), ref64_err=rel_err(ours[t], ref))
+            rows.append(row)
+        with open(path_out, "a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        print(f"{name}: {len(rows)} modules compared, {left_out} left out (their ONNX tensor is not PyTorch's)")
+        print(f"{'module':50s} {'op':18s} {'ORT':>8s} {'PyTorch':>8s} {'clnet':>8s}")
+        top = {q for q in (r["module"] for r in rows) if "." not in q}
+        def ratio(r):  # clnet's distance from float64 over the farther of the other two engines'
+            return r["ref64_err"] / max(r["ort_ref64_err"], r["torch_ref64_err"], 1e-12)
+        worst = sorted(rows, key=lambda r: -ratio(r))[:8]
+        for r in rows:
+            if r["module"] in top or r in worst:
+                print(f"{r['module'][:50]:50s} {str(r['op']):18s} {r['ort_ref64_err']:8.1e} {r['torch_ref64_err']:8.1e} "
+                      f"{r['ref64_err']:8.1e}  x{ratio(r):.2f}", flush=True)
+
+
 RUNNERS = {"ts-eval": run_eval, "ts-train": run_train, "reexport": run_reexport, "dynamo": run_eval}
 
 
@@ -498,9 +590,15 @@ def main():
                     help="ts-train: the training-mode forward against ONNX Runtime only, no backward or SGD step")
     ap.add_argument("--deadline", type=float, default=380, help="no model starts after this many seconds")
     ap.add_argument("--out", default="/tmp/onnx-torchvision")
+    ap.add_argument("--layers", default=None, help="models whose modules' outputs are compared with float64 (alone)")
     args = ap.parse_args()
     start = time.perf_counter()
     os.makedirs(args.out, exist_ok=True)
+    if args.layers:
+        import clnet
+        layers(args, clnet.device(args.device))
+        sys.stdout.flush()
+        os._exit(0)
     jsonl = os.path.join(args.out, "onnx-torchvision.jsonl")
     names = args.models.split(",")
     if args.train_models:
