@@ -498,8 +498,8 @@ def layers(args, dev):
         worst = sorted(rows, key=lambda r: -ratio(r))[:8]
         for r in rows:
             if r["module"] in top or r in worst:
-                print(f"{r['module'][:50]:50s} {str(r['op']):18s} {r['ort_ref64_err']:8.1e} {r['torch_ref64_err']:8.1e} "
-                      f"{r['ref64_err']:8.1e}  x{ratio(r):.2f}", flush=True)
+                print(f"{r['module'][:50]:50s} {str(r['op']):18s} {r['ort_ref64_err']:8.1e} "
+                      f"{r['torch_ref64_err']:8.1e} {r['ref64_err']:8.1e}  x{ratio(r):.2f}", flush=True)
 
 
 RUNNERS = {"ts-eval": run_eval, "ts-train": run_train, "reexport": run_reexport, "dynamo": run_eval}

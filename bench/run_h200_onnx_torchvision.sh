@@ -7,7 +7,8 @@
 # Files in $OUT: onnx-torchvision.log (all text), onnx-torchvision.jsonl (one record a model and phase, appended as
 # each ends) and table.md (rewritten after each record), so a call cut short keeps what it finished.
 # POCL=1: PoCL on the machine's CPUs (its wheel installed too, `clnet devices` listed first), e.g.
-#   POCL=1 OUT=$OUT/pocl bash bench/run_h200_onnx_torchvision.sh --device cpu --torch-device cpu --iterations 0 --no-step
+#   POCL=1 OUT=$OUT/pocl bash bench/run_h200_onnx_torchvision.sh --device cpu --torch-device cpu --iterations 0 \
+#     --no-step
 # On the CPU (a dry run without torchvision): NO_WHEELS=1 OUT=/tmp/tv bash bench/run_h200_onnx_torchvision.sh \
 #   --family zoo --models resnet8 --batch 2 --device 0 --torch-device cpu --workers 1 --threads 1
 set -u
