@@ -26,6 +26,15 @@ tensors the capture read (`x.write(batch)`, or `x.copy_from(t)`) before each rep
 produced (the loss, the metrics) after it. Reading a tensor back or writing one from the host inside a capture is
 refused, since a replay could not repeat it. Shapes are fixed: a batch of another size needs its own graph.
 
+Fusion: at the end of a capture, each run of consecutive pointwise launches (clnet/pointwise.py's unary, binary,
+comparison, where and cast launches, and unary backward, which tell the graph what they are as a `ChainStep` when
+they launch) becomes one launch of cl_kernels/chain.cl, which runs the steps per element in order through the same
+formula text and still writes every step's output; `_Chain` holds the rules (one element count; a buffer the chain
+wrote read again only where it was written; no output over what an earlier step read elsewhere; at most 16 steps
+and 12 buffers). `launches` counts what a replay enqueues after fusion, `fused` the launches merged away, `chains`
+each fused launch's length. `Graph(fuse=False)` or CLNET_FUSE=0 replays every launch as recorded. Eager steps and
+the capture itself never fuse: the capture runs the step unfused, as an eager step.
+
 Memory: every buffer a recorded launch touches belongs to the graph until the graph goes: buffers freed during the
 capture are taken out of the pool (no later allocation can be handed one that a replay writes), and tensors still
 alive are kept alive. Within the capture, the pool reuses buffers as an eager step does, so a graph holds what one
@@ -33,6 +42,7 @@ step needs.
 """
 import contextlib
 import ctypes
+import os
 import weakref
 
 import pyopencl as cl
@@ -60,14 +70,18 @@ def copy_buffer(dev, dst, src, nbytes, dst_offset=0, src_offset=0):
                         dst_offset=dst_offset, src_offset=src_offset)
 
 
+FUSE = os.environ.get("CLNET_FUSE", "1") != "0"  # CLNET_FUSE=0: graphs replay every launch as it was recorded
+
+
 class CaptureError(Error, RuntimeError):
     """Something inside `Graph.capture()` that a replay could not repeat."""
 
 
 class Graph:
-    """A recorded step: its launches, copies and host actions in order, replayed by `replay()`."""
+    """A recorded step: its launches, copies and host actions in order, replayed by `replay()`. fuse: merge runs of
+    pointwise launches into one launch each at the end of the capture (default: on, unless CLNET_FUSE=0)."""
 
-    def __init__(self):
+    def __init__(self, fuse=None):
         self._items = []  # (clone, global size, local size, live args) launches; callables (copies, host actions)
         self._queue = self._device = None  # bound at the first recorded launch
         self._seen = {}  # id(cl buffer) -> (buffer, its pool, [weak references to its storages]) during capture
@@ -76,7 +90,13 @@ class Graph:
         self._taken = []  # (pool, creation number, buffer, size): freed during capture, out of the pool until we go
         self._grads = {}  # id -> leaf whose .grad the step writes or reads (note_grad)
         self._leaves = ()  # (leaf, its storage, its .grad) at the end of capture: what replays check has not moved
-        self.launches = 0
+        self.launches = 0  # launches a replay enqueues (after fusion)
+        self.fuse = FUSE if fuse is None else bool(fuse)  # merge runs of pointwise launches at the end of capture
+        self.fused = 0  # launches that fusion merged into others (launches + fused: what the capture recorded)
+        self.chains = []  # the number of launches each fused launch replaced
+        self._offered = None  # (kernel, arguments, ChainStep) of the launch being made now (offer)
+        self._steps = {}  # index in _items -> (ChainStep, operands, n) of a recorded launch that may fuse
+        self._programs = []  # the fused launches' code tensors, alive as long as the graph
         # enqueue without events through ctypes (see event_free); False: through pyopencl
         self.event_free = _enqueue_raw is not None
         self.captured = False
@@ -100,6 +120,7 @@ class Graph:
             context.capturing = None
             kernels._captures.discard(self)
             self._items, self._seen, self._regions, self._grads, self.launches = [], {}, {}, {}, 0
+            self._steps = {}
             self.failed = True
             raise
         context.capturing = None
@@ -125,19 +146,24 @@ class Graph:
         """Whether a recorded launch touches this buffer."""
         return id(buf) in self._seen
 
+    def offer(self, k, args, step):
+        """The launch of kernel k with args about to be made is `step` (a pointwise.ChainStep) of a chain that may
+        fuse; offer(None, None, None) after it. Only the launch that matches k and args by identity takes it."""
+        self._offered = (k, args, step) if k is not None else None
+
     def record_launch(self, dev, k, args, global_size, local_size):
         for a in args:
             storage = getattr(a, "storage", None)
             if storage is not None:
                 self._note(storage)
         self._bind_queue(dev)
-        clone = kernels.own_clone(k, args)
-        live = tuple((i, v) for i, v in enumerate(args) if type(v) is kernels.Live)
-        dims = len(global_size)
-        sizes = (ctypes.c_size_t * dims)(*global_size)
-        local = (ctypes.c_size_t * dims)(*local_size) if local_size is not None else None
-        self._items.append((clone, global_size, local_size, live, ctypes.c_void_p(clone.int_ptr), kernels._DIMS[dims],
-                            sizes, local))
+        offered, self._offered = self._offered, None
+        if self.fuse and offered is not None and offered[0] is k and len(offered[1]) == len(args) and \
+                all(x is y for x, y in zip(offered[1], args)) and local_size is None and len(global_size) == 1:
+            operands = _operands(args)
+            if operands is not None:
+                self._steps[len(self._items)] = (offered[2], operands, global_size[0])
+        self._items.append(_item(k, args, global_size, local_size))
         self.launches += 1
 
     def record_copy(self, dst, src, copy):
@@ -179,8 +205,45 @@ class Graph:
                 raise CaptureError("internal: a buffer the capture used is neither alive nor in the pool")
             self._taken.append((p,) + entry)
         self._seen.clear()
+        if self.fuse and len(self._steps) > 1:
+            self._fuse()  # after the withdrawals: the code tensors it allocates cannot be buffers the step uses
+        self._steps = {}
         self._leaves = tuple((t, t.storage, t._grad) for t in self._grads.values())
         self.captured = True
+
+    def _fuse(self):
+        """Merge each run of consecutive recorded pointwise launches that _Chain admits into one launch of
+        cl_kernels/chain.cl, which runs their steps per element in order and still writes every step's output."""
+        items, chain = [], None
+
+        def close():
+            if chain is None:
+                return
+            if len(chain.steps) == 1:
+                items.append(chain.items[0])
+                return
+            step = chain.steps[0][0]
+            k, args, program = step.chain_launch(self._device, chain.buffers, chain.steps, chain.n)
+            self._programs.append(program)
+            items.append(_item(k, args, (chain.n,), None))
+            self.fused += len(chain.steps) - 1
+            self.chains.append(len(chain.steps))
+
+        for index, item in enumerate(self._items):
+            entry = self._steps.get(index)
+            if entry is not None and chain is not None and chain.admit(item, *entry):
+                continue
+            close()
+            chain = None
+            if entry is not None:
+                chain = _Chain(entry[2])
+                if not chain.admit(item, *entry):  # its own output overlaps what it reads otherwise than at i
+                    chain = None
+            if chain is None:
+                items.append(item)
+        close()
+        self._items = items
+        self.launches = sum(1 for item in items if type(item) is tuple)
 
     # -- replay ----------------------------------------------------------------------------------------------------
     def replay(self):
@@ -263,6 +326,110 @@ class Graph:
                 p.give(buf, number, size)
         except Exception:  # interpreter shutdown
             pass
+
+
+def _item(k, args, global_size, local_size):
+    """A replay's entry for one launch: its own clone with args set, and what the raw enqueue takes."""
+    clone = kernels.own_clone(k, args)
+    live = tuple((i, v) for i, v in enumerate(args) if type(v) is kernels.Live)
+    dims = len(global_size)
+    sizes = (ctypes.c_size_t * dims)(*global_size)
+    local = (ctypes.c_size_t * dims)(*local_size) if local_size is not None else None
+    return (clone, global_size, local_size, live, ctypes.c_void_p(clone.int_ptr), kernels._DIMS[dims], sizes, local)
+
+
+def _operands(args):
+    """{argument index: (cl buffer, memory it lies in, byte offset there, bytes, dtype)} of a launch's tensor
+    arguments, or None where one has no buffer of its own (a window) or an argument is Live."""
+    out = {}
+    for i, a in enumerate(args):
+        if type(a) is kernels.Live:
+            return None
+        storage = getattr(a, "storage", None)
+        if storage is None:
+            continue
+        try:
+            buf = storage.buffer
+        except kernels.NeedsStaging:
+            return None
+        root, offset = storage.whole()
+        out[i] = (buf, root.int_ptr, offset, a.size * a.dtype.itemsize, a.dtype)
+    return out
+
+
+class _Chain:
+    """A run of pointwise launches being merged, and the rules that keep the merged launch's results those of the
+    separate launches. Every work-item of the merged launch runs all steps at its own flat index i before another's
+    may run any, so a step may read memory an earlier step of the chain writes only where the writer wrote it: the
+    same region (buffer, offset, size and type), read at i (it then takes the value from the earlier step, as it
+    would have read it from memory). A step's output may overlap what an earlier step read only if that read was of
+    the same region at i. Regions are compared by the memory they lie in (a sub-buffer by its parent's), so two
+    storages of one buffer, or a sub-buffer and its parent, are seen to overlap. Anything else ends the chain."""
+
+    def __init__(self, n):
+        self.n = n
+        self.items, self.steps, self.buffers = [], [], []
+        self.slot_of = {}  # cl buffer handle -> slot
+        self.written = []  # (memory, start, end, dtype, step index)
+        self.read = []  # (memory, start, end, dtype, at i)
+
+    def admit(self, item, step, operands, n):
+        """Add the launch `item` (its ChainStep and _operands) if the rules allow; False leaves the chain as it was."""
+        if n != self.n or len(self.steps) >= step.most_steps:
+            return False
+        if self.steps and type(self.steps[0][0]) is not type(step):  # one family encodes a chain
+            return False
+        sources, reads, new = [], [], []
+        for index, layout in step.reads:
+            buf, memory, start, size, dtype = operands[index]
+            end, source = start + size, None
+            for w_memory, w_start, w_end, w_dtype, w_step in reversed(self.written):
+                if w_memory == memory and w_start < end and start < w_end:  # the last writer of this memory
+                    if layout is not None or (w_start, w_end, w_dtype) != (start, end, dtype):
+                        return False
+                    source = -(w_step + 1)
+                    break
+            if source is None:
+                source = self._slot(buf, new)
+            sources.append(source)
+            reads.append((memory, start, end, dtype, layout is None))
+        buf, memory, start, size, dtype = operands[step.out]
+        end = start + size
+        if size != n * dtype.itemsize:
+            return False
+        # over what was read or written: only the same bytes, element for element (a pooled buffer the step reuses
+        # for another type of one size included), read at i; a read elsewhere would see this step's value too soon
+        for r_memory, r_start, r_end, r_dtype, at_i in self.read + reads:
+            if r_memory == memory and r_start < end and start < r_end and not (
+                    at_i and (r_start, r_end, r_dtype.itemsize) == (start, end, dtype.itemsize)):
+                return False
+        for w_memory, w_start, w_end, w_dtype, _ in self.written:
+            if w_memory == memory and w_start < end and start < w_end and \
+                    (w_start, w_end, w_dtype.itemsize) != (start, end, dtype.itemsize):
+                return False
+        out_slot = self._slot(buf, new)
+        if len(self.buffers) + len(new) > step.most_buffers:
+            return False
+        for b in new:
+            self.slot_of[b.int_ptr] = len(self.buffers)
+            self.buffers.append(b)
+        self.read += reads
+        self.written.append((memory, start, end, dtype, len(self.steps)))
+        self.steps.append((step, {i: o[4] for i, o in operands.items()}, out_slot, sources))
+        self.items.append(item)
+        return True
+
+    def _slot(self, buf, new):
+        """buf's slot: its own if the chain has it, else the one it gets when the step is admitted (new buffers are
+        appended in order)."""
+        slot = self.slot_of.get(buf.int_ptr)
+        if slot is not None:
+            return slot
+        for j, b in enumerate(new):
+            if b.int_ptr == buf.int_ptr:
+                return len(self.buffers) + j
+        new.append(buf)
+        return len(self.buffers) + len(new) - 1
 
 
 def refuse_in_capture(what):

@@ -73,10 +73,82 @@ def _kernel(dev, name, defines):
     return kernels.kernel(dev, "pointwise.cl", name, defines)
 
 
-def _launch(dev, k, n, *args, what):
+def _launch(dev, k, n, *args, what, step=None):
+    """One launch of n work-items. `step` says what it is as a step of a fusable chain (ChainStep): a graph being
+    captured is told, with the launch's arguments, and decides at the end of the capture what fuses."""
     if n > kernels.INDEX_LIMIT:
         raise too_large(what, (n,), "split the tensor into parts first")
-    kernels.launch(dev, k, (n,), None, *args, what=what)
+    graph = kernels.recording() if step is not None else None
+    if graph is None:
+        kernels.launch(dev, k, (n,), None, *args, what=what)
+        return
+    graph.offer(k, args, step)
+    try:
+        kernels.launch(dev, k, (n,), None, *args, what=what)
+    finally:
+        graph.offer(None, None, None)  # recorded or not, it describes this launch only
+
+
+# ---- fusion: what a launch is as a step of a chain (clnet/graph.py decides what fuses; cl_kernels/chain.cl runs it)
+
+CHAIN_STEPS, CHAIN_BUFFERS, STEP_WORDS = 16, 12, 16  # chain.cl's MAX_STEPS, its buffer arguments, STEP_WORDS
+_TAG = {FLOAT: 0, INT: 1, BOOL: 2}  # chain.cl's element types
+UNARY_FWD, UNARY_BWD, BINARY_FWD, WHERE_FWD, CAST = 1, 2, 3, 4, 5  # chain.cl's step kinds
+
+
+def _read(sizes, strides):
+    """A ChainStep operand's layout: None where it is read at the flat index i (its strides the row-major ones of
+    sizes), else (sizes, strides)."""
+    step = 1
+    for size, stride in zip(reversed(sizes), reversed(strides)):
+        if stride != step:
+            return tuple(sizes), tuple(strides)
+        step *= size
+    return None
+
+
+class ChainStep(NamedTuple):
+    """A pointwise launch as one step of a fused chain: its kind (UNARY_FWD ...), op number and parameters, the index
+    among the launch's arguments of its output (written at the flat index i) and of each operand with its layout
+    (None: read at i; else the coalesced (sizes, strides) strided.h would read it through), and the working type of
+    a binary op. Graph reads `out` and `reads` to decide what may fuse and calls `chain_launch` for each chain."""
+    kind: int
+    op: int
+    out: int
+    reads: tuple
+    work: object = None
+    p0: float = 0.0
+    p1: float = 0.0
+    most_steps = CHAIN_STEPS  # what one chain.cl launch holds, which Graph's fusion keeps to
+    most_buffers = CHAIN_BUFFERS
+
+    @staticmethod
+    def chain_launch(dev, buffers, steps, n):
+        """(kernel, arguments, code tensor) of one chain.cl launch over n elements: `buffers` the cl buffers of its
+        slots (at most CHAIN_BUFFERS), `steps` (ChainStep, {argument index: dtype}, output slot, [source per operand:
+        a slot, or -(j+1) for the value step j computed]) in order (at most CHAIN_STEPS). The code tensor is the
+        graph's to keep alive."""
+        if len(steps) > CHAIN_STEPS or len(buffers) > CHAIN_BUFFERS:
+            raise ValueError("internal: a chain longer than chain.cl holds")
+        code, layouts = [len(steps)], []
+        base = 1 + STEP_WORDS * len(steps)
+        for step, dtypes, out_slot, sources in steps:
+            bits = np.array([step.p0, step.p1], np.float32).view(np.int32)
+            words = [step.kind, step.op, _TAG[dtypes[step.out]], out_slot,
+                     _TAG[step.work] if step.work is not None else 0, int(bits[0]), int(bits[1])]
+            for (index, lay), source in zip(step.reads, sources):
+                at = 0
+                if lay is not None:
+                    at = base + len(layouts)
+                    layouts += [len(lay[0]), *lay[0], *lay[1]]
+                words += [source, _TAG[dtypes[index]], at]
+            code += words + [0] * (STEP_WORDS - len(words))
+        values = np.array(code + layouts, np.int32)
+        with kernels.set_up():
+            program = Tensor(values.shape, INT, dev).write(values)
+        k = kernels.kernel(dev, "chain.cl", "pointwise_chain", None)
+        slots = list(buffers) + [buffers[0]] * (CHAIN_BUFFERS - len(buffers))
+        return k, tuple(slots) + (program, n), program
 
 
 def _check(what, x):
@@ -101,7 +173,8 @@ class Unary(Function):
         y = empty(x.shape, x.device, out_dtype)
         if x.size:
             k = _kernel(x.device, "unary_fwd", dict(TA=CL_TYPE[x.dtype], TO=CL_TYPE[out_dtype]))
-            _launch(x.device, k, x.size, x, y, x.size, spec.number, *self.params, what=op)
+            _launch(x.device, k, x.size, x, y, x.size, spec.number, *self.params, what=op,
+                    step=ChainStep(UNARY_FWD, spec.number, 1, ((0, None),), None, *self.params))
         self.save(x)
         return y
 
@@ -110,8 +183,9 @@ class Unary(Function):
         dx = empty(x.shape, x.device)
         if x.size:
             k = _kernel(x.device, "unary_bwd", None)
-            _launch(x.device, k, x.size, x, dy, dx, x.size, UNARY[self.op].number, *self.params,
-                    what=self.op + " backward")
+            number = UNARY[self.op].number
+            _launch(x.device, k, x.size, x, dy, dx, x.size, number, *self.params, what=self.op + " backward",
+                    step=ChainStep(UNARY_BWD, number, 2, ((0, None), (1, None)), None, *self.params))
         return dx
 
 
@@ -126,7 +200,8 @@ def logical_not(x):
     y = empty(x.shape, x.device, BOOL)
     if x.size:
         k = _kernel(x.device, "unary_fwd", dict(TA=CL_TYPE[x.dtype], TO="uchar"))
-        _launch(x.device, k, x.size, x, y, x.size, 35, 0.0, 0.0, what="logical_not")
+        _launch(x.device, k, x.size, x, y, x.size, 35, 0.0, 0.0, what="logical_not",
+                step=ChainStep(UNARY_FWD, 35, 1, ((0, None),)))
     return y
 
 
@@ -200,7 +275,7 @@ class Cast(Function):
         y = empty(x.shape, x.device, dtype)
         if x.size:
             k = _kernel(x.device, "cast", dict(TA=CL_TYPE[x.dtype], TO=CL_TYPE[np.dtype(dtype)]))
-            _launch(x.device, k, x.size, x, y, x.size, what="cast")
+            _launch(x.device, k, x.size, x, y, x.size, what="cast", step=ChainStep(CAST, 0, 1, ((0, None),)))
         return y
 
     def backward(self, dy):
@@ -265,8 +340,9 @@ class Binary(Function):
             work = FLOAT if spec.result == "float" else a.dtype
             defines = dict(NDIM=len(sizes), TA=CL_TYPE[a.dtype], TB=CL_TYPE[b.dtype], TO=CL_TYPE[out_dtype],
                            TW=CL_TYPE[work], TW_FLOAT=int(work == FLOAT))
+            step = ChainStep(BINARY_FWD, spec.number, 2, ((0, _read(sizes, sa)), (1, _read(sizes, sb))), work)
             _launch(a.device, _kernel(a.device, "binary_fwd", defines), out.size, a, b, out,
-                    layout.meta(a.device, sizes, sa, sb), out.size, spec.number, what=spec.symbol)
+                    layout.meta(a.device, sizes, sa, sb), out.size, spec.number, what=spec.symbol, step=step)
         if spec.saves:
             self.save(a, b)
         return out
@@ -432,8 +508,10 @@ class Where(Function):
             sizes, sc, sa, sb = _layout(out_shape, cond.shape, a.shape, b.shape)
             defines = dict(NDIM=len(sizes), TC=CL_TYPE[cond.dtype], TA=CL_TYPE[a.dtype], TB=CL_TYPE[b.dtype],
                            TO=CL_TYPE[a.dtype])
+            step = ChainStep(WHERE_FWD, 0, 3, ((0, _read(sizes, sc)), (1, _read(sizes, sa)), (2, _read(sizes, sb))))
             _launch(a.device, _kernel(a.device, "where_fwd", defines), out.size, cond, a, b, out,
-                    layout.meta(a.device, sizes, sc, sa, sb), out.size, what="where")
+                    layout.meta(a.device, sizes, sc, sa, sb), out.size, what="where",
+                    step=step if a.dtype == b.dtype == out.dtype else None)
         self.save(cond)
         return out
 

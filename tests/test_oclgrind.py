@@ -23,7 +23,7 @@ CHECKS = dict(OCLGRIND_CHECK_API="1", OCLGRIND_DATA_RACES="1")
 
 FAMILIES = ("gemm_tiled", "gemm_block", "gemm_split_transposed", "linear", "im2col", "direct", "winograd_3x3",
             "winograd_5x5", "winograd_4x4", "pooling", "elementwise", "softmax", "optimizers", "batch_norm", "lrn",
-            "cat", "pointwise", "reduce", "views", "depthwise")
+            "cat", "pointwise", "reduce", "views", "depthwise", "chain")
 
 
 def _oclgrind_present():
@@ -294,6 +294,25 @@ def _pointwise(clnet, dev, rng):
     assert (clnet.zeros(5, dtype=clnet.int32, device=dev).numpy() == 0).all()
 
 
+def _chain(clnet, dev, rng):
+    """A fused graph chain (cl_kernels/chain.cl): float, bool and int steps, a broadcast operand, where, a cast."""
+    from clnet import pointwise
+    a, b = clnet.tensor(rng.standard_normal((5, 3)).astype(np.float32), dev), _param(clnet, dev, rng, 3)
+    g = clnet.Graph(fuse=True)
+    with g.capture():
+        w = clnet.tanh(clnet.maximum(clnet.exp(a), b))
+        m = w > 0.5
+        q = pointwise.binary("remainder", pointwise.cast(w, np.int32), 2)
+        s = clnet.where(m, w, clnet.sigmoid(a))
+    assert g.chains and max(g.chains) >= 4, g.chains
+    a64 = rng.standard_normal((5, 3))
+    a.write(a64.astype(np.float32))
+    g.replay()
+    w64 = np.tanh(np.maximum(np.exp(a64), b.numpy().astype(np.float64)))
+    _close(s.numpy(), np.where(w64 > 0.5, w64, 1 / (1 + np.exp(-a64))), "a fused chain")
+    assert (q.numpy() == 0).all() and (m.numpy() == (w.numpy() > 0.5)).all()
+
+
 def _reduce(clnet, dev, rng):
     x = _param(clnet, dev, rng, 3, 5, 7)
     x64 = x.numpy().astype(np.float64)
@@ -332,7 +351,8 @@ RUN = dict(gemm_tiled=_gemm_tiled, gemm_block=_gemm_block, gemm_split_transposed
            winograd_5x5=lambda c, d, r: _winograd(c, d, r, 5, "winograd"),
            winograd_4x4=lambda c, d, r: _winograd(c, d, r, 3, "winograd4"),
            depthwise=_depthwise, pooling=_pooling, elementwise=_elementwise, softmax=_softmax, optimizers=_optimizers,
-           batch_norm=_batch_norm, lrn=_lrn, cat=_cat, pointwise=_pointwise, reduce=_reduce, views=_views)
+           batch_norm=_batch_norm, lrn=_lrn, cat=_cat, pointwise=_pointwise, reduce=_reduce, views=_views,
+           chain=_chain)
 
 
 def _child(family):
