@@ -43,6 +43,7 @@ step needs.
 import contextlib
 import ctypes
 import os
+import warnings
 import weakref
 
 import pyopencl as cl
@@ -94,6 +95,7 @@ class Graph:
         self.fuse = FUSE if fuse is None else bool(fuse)  # merge runs of pointwise launches at the end of capture
         self.fused = 0  # launches that fusion merged into others (launches + fused: what the capture recorded)
         self.chains = []  # the number of launches each fused launch replaced
+        self.fusion_refused = None  # why this graph's chains stayed unfused (chain.cl did not build), or None
         self._offered = None  # (kernel, arguments, ChainStep) of the launch being made now (offer)
         self._steps = {}  # index in _items -> (ChainStep, operands, n) of a recorded launch that may fuse
         self._programs = []  # the fused launches' code tensors, alive as long as the graph
@@ -223,7 +225,16 @@ class Graph:
                 items.append(chain.items[0])
                 return
             step = chain.steps[0][0]
-            k, args, program = step.chain_launch(self._device, chain.buffers, chain.steps, chain.n)
+            if self.fusion_refused is None:
+                try:
+                    k, args, program = step.chain_launch(self._device, chain.buffers, chain.steps, chain.n)
+                except kernels.KernelError as e:  # a compiler that cannot build chain.cl: the step replays unfused
+                    self.fusion_refused = str(e)
+                    warnings.warn(f"clnet.Graph: fusion is off for this graph, chain.cl did not build: {e}",
+                                  RuntimeWarning, stacklevel=4)
+            if self.fusion_refused is not None:
+                items.extend(chain.items)
+                return
             self._programs.append(program)
             items.append(_item(k, args, (chain.n,), None))
             self.fused += len(chain.steps) - 1

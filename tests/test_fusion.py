@@ -268,3 +268,19 @@ def test_a_buffer_reused_for_another_type_of_one_size_takes_the_last_writers_val
     assert c.admit("read as int", cast, {0: region(2, 2, 0, 6, i32), 1: region(4, 4, 0, 6)}, 6)
     assert c.steps[-1][3] == [-2]  # the int writer's value
     assert not c.admit("read as float", unary(), {0: region(2, 2, 0, 6), 1: region(5, 5, 0, 6)}, 6)
+
+
+def test_a_chain_kernel_that_does_not_build_leaves_the_step_unfused(dev, rng, monkeypatch):
+    def refuse(*args):
+        raise clnet.kernels.KernelError("building chain.cl failed (injected)")
+    monkeypatch.setattr(ChainStep, "chain_launch", staticmethod(refuse))
+    x = clnet.tensor(rng.standard_normal(37).astype(np.float32), dev)
+    g = clnet.Graph(fuse=True)
+    with pytest.warns(RuntimeWarning, match="chain.cl did not build"):
+        with g.capture():
+            y = clnet.tanh(clnet.exp(x))
+    assert g.fused == 0 and g.launches == 2 and "injected" in g.fusion_refused
+    v = rng.standard_normal(37).astype(np.float32)
+    x.write(v)
+    g.replay()
+    np.testing.assert_array_equal(y.numpy(), clnet.tanh(clnet.exp(x)).numpy())
