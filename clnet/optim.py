@@ -23,7 +23,7 @@ import numpy as np
 
 from . import autograd, kernels, lr_scheduler, ops
 from .graph import CaptureError
-from .tensor import Parameter, Tensor, region_alignment
+from .tensor import Parameter, Tensor, pool, region_alignment
 
 sys.modules[__name__ + ".lr_scheduler"] = lr_scheduler  # `from clnet.optim.lr_scheduler import StepLR`, as torch's
 
@@ -79,6 +79,15 @@ class Optimizer:
         self._pending = None  # state loaded before the flat buffers exist
         for g in groups:
             self.add_param_group(g)
+        self._early_layout()
+
+    def _early_layout(self):
+        """Lay the flat buffers out now where every parameter is on one device already (else at the first
+        zero_grad() or step()): the parameters' own buffers are then given back before the first forward, not held
+        through the first step by what that forward saved for backward (resnet50: a step's peak 20% higher)."""
+        if self.params and kernels.capturing is None and all(p.storage is not None for p in self.params) and len(
+                {id(p.device) for p in self.params}) == 1:
+            self._flatten()
 
     def add_param_group(self, param_group):
         """Add a group (a dict with "params" and any hyperparameters; the others from the constructor's) to train
@@ -212,6 +221,10 @@ class Optimizer:
             if self._pending is not None:
                 pending, self._pending = self._pending, None
                 self._load_state(pending)
+        # The parameters' own buffers (and an earlier layout's) are free now, in sizes that nothing else asks for:
+        # cached by the pool, they would stay allocated for the process's lifetime (a third of resnet50's pool)
+        del new_data, new_grad, data, grad, state
+        pool(dev).release_cached()
 
     def zero_grad(self, set_to_none=False):
         """Marks every gradient as zero, writing nothing: the next backward overwrites each instead of adding to it,

@@ -259,10 +259,13 @@ def test_what_a_replay_cannot_repeat_is_refused(dev):
 
 
 def test_a_capture_that_would_record_the_optimizers_first_layout_is_refused(dev, rng):
-    """PyTorch's order (forward, backward, step, zero_grad) on a fresh optimizer lays the parameters out after
-    launches that read the old layout: a replay would train stale copies, so the capture says what to do."""
-    model = small_net(dev, 0)
+    """An optimizer made before its model is on a device lays the parameters out at its first zero_grad() or step().
+    PyTorch's order (forward, backward, step, zero_grad) on it records launches on the old layout first: a replay
+    would train stale copies, so the capture says what to do."""
+    clnet.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 5, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(5 * 7 * 7, 7))
     opt, loss_fn = make_optimizer("sgd", model), nn.CrossEntropyLoss()
+    model.to(dev)
     (xb, yb), = batches(rng, 1, 3)
     x, y = clnet.tensor(xb, dev), clnet.tensor(yb, dev)
     g = clnet.Graph()
