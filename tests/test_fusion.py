@@ -104,6 +104,44 @@ def test_backward_chains_fuse_and_give_the_eager_gradients(dev, rng):
         assert_close(fused[0], grad, "d sin(tanh(exp(x/4))) / dx", tol=1e-5)
 
 
+def test_in_place_ops_and_regions_of_one_buffer_stay_right(dev, rng):
+    """An in-place op is a launch and a device copy into its tensor: the copy ends the chain, and the launches after
+    it read what it wrote. Two regions (sub-buffers) of one tensor are read in one chain."""
+    n = 1024  # q starts 4096 bytes in: a sub-buffer on every device (region_alignment), not a staged window
+    big = clnet.tensor(rng.standard_normal(2 * n).astype(np.float32), dev)
+    p, q = big.region(0, (n,)), big.region(n, (n,))
+    assert type(q.storage).__name__ == "_Region"
+
+    def step():
+        y = clnet.exp(p)
+        y.clamp_(max=1.5)
+        z = clnet.tanh(y) * q
+        z.mul_(q)
+        return clnet.where(z > 0.0, z, y), y
+
+    graphs = {}
+    for fuse in (False, True):
+        g = clnet.Graph(fuse=fuse)
+        with g.capture():
+            graphs[fuse] = g, step()
+    assert graphs[True][0].fused >= 2, graphs[True][0].chains  # exp, clamp | gt, where (a same-shape * is ops.Mul)
+    for _ in range(2):
+        v = rng.standard_normal(2 * n).astype(np.float32)
+        big.write(v)
+        got = {}
+        for fuse, (g, outs) in graphs.items():
+            g.replay()
+            got[fuse] = [o.numpy() for o in outs]
+        eager = [o.numpy() for o in step()]
+        for f, u, e in zip(got[True], got[False], eager):
+            np.testing.assert_array_equal(f, u)
+            np.testing.assert_array_equal(f, e)
+        v64 = v.astype(np.float64)
+        y64 = np.minimum(np.exp(v64[:n]), 1.5)
+        z64 = np.tanh(y64) * v64[n:] * v64[n:]
+        assert_close(got[True][0], np.where(z64 > 0, z64, y64), "where(z > 0, z, y) after in-place ops", tol=1e-5)
+
+
 class Block(nn.Module):
     """A ConvNeXt-style block over channels-last input: layer norm, linear, GELU, linear, layer scale, residual."""
 
