@@ -74,15 +74,16 @@ def _kernel(dev, name, defines):
 
 
 def _launch(dev, k, n, *args, what, step=None):
-    """One launch of n work-items. `step` says what it is as a step of a fusable chain (ChainStep): a graph being
-    captured is told, with the launch's arguments, and decides at the end of the capture what fuses."""
+    """One launch of n work-items. `step` makes what it is as a step of a fusable chain (a function returning a
+    ChainStep, called only under a capture, so eager launches pay nothing for it): a graph being captured is told,
+    with the launch's arguments, and decides at the end of the capture what fuses."""
     if n > kernels.INDEX_LIMIT:
         raise too_large(what, (n,), "split the tensor into parts first")
     graph = kernels.recording() if step is not None else None
     if graph is None:
         kernels.launch(dev, k, (n,), None, *args, what=what)
         return
-    graph.offer(k, args, step)
+    graph.offer(k, args, step())
     try:
         kernels.launch(dev, k, (n,), None, *args, what=what)
     finally:
@@ -174,7 +175,7 @@ class Unary(Function):
         if x.size:
             k = _kernel(x.device, "unary_fwd", dict(TA=CL_TYPE[x.dtype], TO=CL_TYPE[out_dtype]))
             _launch(x.device, k, x.size, x, y, x.size, spec.number, *self.params, what=op,
-                    step=ChainStep(UNARY_FWD, spec.number, 1, ((0, None),), None, *self.params))
+                    step=lambda: ChainStep(UNARY_FWD, spec.number, 1, ((0, None),), None, *self.params))
         self.save(x)
         return y
 
@@ -185,7 +186,7 @@ class Unary(Function):
             k = _kernel(x.device, "unary_bwd", None)
             number = UNARY[self.op].number
             _launch(x.device, k, x.size, x, dy, dx, x.size, number, *self.params, what=self.op + " backward",
-                    step=ChainStep(UNARY_BWD, number, 2, ((0, None), (1, None)), None, *self.params))
+                    step=lambda: ChainStep(UNARY_BWD, number, 2, ((0, None), (1, None)), None, *self.params))
         return dx
 
 
@@ -201,7 +202,7 @@ def logical_not(x):
     if x.size:
         k = _kernel(x.device, "unary_fwd", dict(TA=CL_TYPE[x.dtype], TO="uchar"))
         _launch(x.device, k, x.size, x, y, x.size, 35, 0.0, 0.0, what="logical_not",
-                step=ChainStep(UNARY_FWD, 35, 1, ((0, None),)))
+                step=lambda: ChainStep(UNARY_FWD, 35, 1, ((0, None),)))
     return y
 
 
@@ -275,7 +276,8 @@ class Cast(Function):
         y = empty(x.shape, x.device, dtype)
         if x.size:
             k = _kernel(x.device, "cast", dict(TA=CL_TYPE[x.dtype], TO=CL_TYPE[np.dtype(dtype)]))
-            _launch(x.device, k, x.size, x, y, x.size, what="cast", step=ChainStep(CAST, 0, 1, ((0, None),)))
+            _launch(x.device, k, x.size, x, y, x.size, what="cast",
+                    step=lambda: ChainStep(CAST, 0, 1, ((0, None),)))
         return y
 
     def backward(self, dy):
@@ -340,7 +342,9 @@ class Binary(Function):
             work = FLOAT if spec.result == "float" else a.dtype
             defines = dict(NDIM=len(sizes), TA=CL_TYPE[a.dtype], TB=CL_TYPE[b.dtype], TO=CL_TYPE[out_dtype],
                            TW=CL_TYPE[work], TW_FLOAT=int(work == FLOAT))
-            step = ChainStep(BINARY_FWD, spec.number, 2, ((0, _read(sizes, sa)), (1, _read(sizes, sb))), work)
+
+            def step():
+                return ChainStep(BINARY_FWD, spec.number, 2, ((0, _read(sizes, sa)), (1, _read(sizes, sb))), work)
             _launch(a.device, _kernel(a.device, "binary_fwd", defines), out.size, a, b, out,
                     layout.meta(a.device, sizes, sa, sb), out.size, spec.number, what=spec.symbol, step=step)
         if spec.saves:
@@ -508,7 +512,9 @@ class Where(Function):
             sizes, sc, sa, sb = _layout(out_shape, cond.shape, a.shape, b.shape)
             defines = dict(NDIM=len(sizes), TC=CL_TYPE[cond.dtype], TA=CL_TYPE[a.dtype], TB=CL_TYPE[b.dtype],
                            TO=CL_TYPE[a.dtype])
-            step = ChainStep(WHERE_FWD, 0, 3, ((0, _read(sizes, sc)), (1, _read(sizes, sa)), (2, _read(sizes, sb))))
+
+            def step():
+                return ChainStep(WHERE_FWD, 0, 3, ((0, _read(sizes, sc)), (1, _read(sizes, sa)), (2, _read(sizes, sb))))
             _launch(a.device, _kernel(a.device, "where_fwd", defines), out.size, cond, a, b, out,
                     layout.meta(a.device, sizes, sc, sa, sb), out.size, what="where",
                     step=step if a.dtype == b.dtype == out.dtype else None)
