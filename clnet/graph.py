@@ -118,6 +118,7 @@ class Graph:
         kernels._captures.add(self)  # another thread's release of the pool's cache keeps what this one used
         try:
             yield self
+            self._fill_late_marks()
         except BaseException:  # a half-recorded step must never replay: forget it, hold nothing
             context.capturing = None
             kernels._captures.discard(self)
@@ -128,6 +129,15 @@ class Graph:
         context.capturing = None
         kernels._captures.discard(self)
         self._seal()
+
+    def _fill_late_marks(self):
+        """A .grad that zero_grad marked after the step's last use of it (PyTorch's order: backward, step, zero_grad)
+        is still marked when the capture ends. Only the next step's backward would read that mark, and no replay makes
+        it again, so the second replay on would add to the gradient of the one before. Filled here, recorded, every
+        replay ends as the eager step does: with that gradient reading as zeros."""
+        for leaf in list(self._grads.values()):
+            if leaf._grad_zeroed:
+                leaf.grad  # noqa: B018 -- reading a marked .grad fills it with zeros (autograd), recorded here
 
     def _note(self, storage):
         if hasattr(storage, "parent"):  # a sub-buffer or window: keep it (and so its parent) alive

@@ -278,6 +278,54 @@ def test_a_capture_that_would_record_the_optimizers_first_layout_is_refused(dev,
     assert kernels.capturing is None
 
 
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+@pytest.mark.parametrize("captured_at", [0, 1], ids=["first-step", "after-an-eager-step"])
+def test_pytorchs_order_replays_as_eager_steps(dev, rng, name, captured_at):
+    """PyTorch's order (backward, step, zero_grad) captured and replayed gives what eager steps give, bit for bit:
+    the zero_grad at the end of the step marks the gradients for the next step, which every replay must do again
+    (the second replay added to the first one's gradient). An optimizer made on a model already on its device has
+    its layout from the start, so even the very first step can be the one captured."""
+    data = batches(rng, 6, 3)
+
+    def net():
+        clnet.manual_seed(1)
+        return nn.Sequential(nn.Conv2d(2, 5, 3, padding=1), nn.BatchNorm2d(5), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(5 * 3 * 3, 7)).to(dev)
+
+    runs = []
+    for replayed in (False, True):
+        model = net()
+        opt, loss_fn = make_optimizer(name, model), nn.CrossEntropyLoss()
+        x, y = clnet.tensor(data[0][0], dev), clnet.tensor(data[0][1], dev)
+
+        def step():
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        g = clnet.Graph() if replayed else None
+        losses = []
+        for i, (xb, yb) in enumerate(data):
+            x.write(xb)
+            y.write(yb)
+            if g is None or i < captured_at:
+                losses.append(float(step()))
+            elif i == captured_at:
+                with g.capture():
+                    loss = step()
+                losses.append(float(loss))
+            else:
+                g.replay()
+                losses.append(float(loss))
+        runs.append(state(model, losses))
+    (eager, eager_losses), (replay, replay_losses) = runs
+    assert eager_losses == replay_losses
+    for k in eager:
+        np.testing.assert_array_equal(replay[k], eager[k], err_msg=k)
+
+
 def test_an_exception_inside_capture_leaves_nothing_to_replay(dev):
     x = clnet.tensor(np.ones((2, 3), np.float32), dev)
     g = clnet.Graph()
