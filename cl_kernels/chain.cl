@@ -1,12 +1,14 @@
-// A fused chain of pointwise launches (clnet/graph.py decides which; clnet/pointwise.py encodes them): one work-item
+// A fused chain of element-wise launches (clnet/graph.py decides which; clnet/chain.py encodes them): one work-item
 // per flat index i runs the recorded steps in order, each exactly as its own launch would have (pointwise.cl's
-// unary_fwd, unary_bwd, binary_fwd, where_fwd, cast), through the same formula text (pointwise_formulas.h,
-// pointwise_binary.h), and stores every step's result, so a replay of the fused step writes what the unfused one
-// wrote, bit for bit.
+// unary_fwd, unary_bwd, binary_fwd, where_fwd, cast; elementwise.cl's axpby, affine, mul, act_fwd, act_bwd), through
+// the same formula text (pointwise_formulas.h, pointwise_binary.h, elementwise_formulas.h), and stores every step's
+// result, so a replay of the fused step writes what the unfused one wrote, bit for bit.
 //   pointwise_chain  for each step s: read its operands (a buffer at i, or through a strided layout, or the value an
 //                    earlier step of this work-item computed), compute, convert to the output type, store at out[i]
 // Layout of `code` (int32): code[0] = the number of steps; then STEP_WORDS words a step:
-//   kind (1 unary_fwd, 2 unary_bwd, 3 binary_fwd, 4 where_fwd, 5 cast), op number, output type, output slot,
+//   kind (1 unary_fwd, 2 unary_bwd, 3 binary_fwd, 4 where_fwd, 5 cast, 6 axpby, 7 affine, 8 mul, 9 act_fwd,
+//   10 act_bwd: float only; p0, p1 are alpha, beta), op number (the activation's kind for 9 and 10), output type,
+//   output slot,
 //   working type (binary_fwd's TW), p0 and p1 (float bits), then MAX_OPERANDS triples (source, type, layout):
 //   source >= 0 a buffer slot, source < 0 the value of step -source-1; layout 0 reads at i, else the word at which
 //   [ndim, sizes..., strides...] of that operand start (strided.h's arithmetic, its rank a run-time value).
@@ -14,6 +16,7 @@
 // used is any buffer. No defines.
 #include "common.h"
 #include "pointwise_formulas.h"
+#include "elementwise_formulas.h"
 
 #define BW float
 #define BW_FLOAT 1
@@ -111,7 +114,7 @@ __kernel void pointwise_chain(__global uchar* b0, __global uchar* b1, __global u
         const float p0 = as_float(w[5]), p1 = as_float(w[6]);
         val x[MAX_OPERANDS];
         int tx[MAX_OPERANDS];
-        const int nops = kind == 4 ? 3 : (kind == 1 || kind == 5 ? 1 : 2);
+        const int nops = kind == 4 ? 3 : (kind == 1 || kind == 5 || kind == 7 || kind == 9 ? 1 : 2);
         for (int j = 0; j < nops; j++) {
             const int src = w[7 + 3 * j], lay = w[9 + 3 * j];
             tx[j] = w[8 + 3 * j];
@@ -129,9 +132,19 @@ __kernel void pointwise_chain(__global uchar* b0, __global uchar* b1, __global u
         } else if (kind == 4) {
             const int keep = tx[0] == 0 ? x[0].f != 0.0f : x[0].i != 0;
             r = keep ? x[1] : x[2];
-        } else {
+        } else if (kind == 5) {
             r = tout == 0 ? from_f(to_f(x[0], tx[0]), 0) : (tout == 1 ? from_i(to_i(x[0], tx[0]), 1) :
                                                               from_u(to_u(x[0], tx[0]), 2));
+        } else if (kind == 6) {
+            r = from_f(axpby_of(p0, x[0].f, p1, x[1].f), 0);
+        } else if (kind == 7) {
+            r = from_f(affine_of(p0, x[0].f, p1), 0);
+        } else if (kind == 8) {
+            r = from_f(x[0].f * x[1].f, 0);
+        } else if (kind == 9) {
+            r = from_f(act_of(op, x[0].f), 0);
+        } else {
+            r = from_f(act_grad_of(op, x[0].f, x[1].f), 0);
         }
         store(buf[w[3]], tout, i, r);
         reg[s] = r;

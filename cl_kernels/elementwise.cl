@@ -24,6 +24,7 @@
 // Defines: ACT (1 ReLU, 2 Sigmoid, 3 Tanh, 4 ReLU6), LSIZE (work-group size of bias_grad and reduce_sum, a
 // power of two), PARTIAL 0/1, ACCUMULATE 0/1.
 #include "common.h"
+#include "elementwise_formulas.h"
 
 #ifndef ACT
 #define ACT 1       // 1 ReLU, 2 Sigmoid, 3 Tanh, 4 ReLU6
@@ -37,37 +38,17 @@
 #ifndef ACCUMULATE
 #define ACCUMULATE 0  // reduce_sum: add to out[0] instead of overwriting it
 #endif
+#if ACT < 1 || ACT > 4
+#error "unknown ACT"
+#endif
 #if LSIZE & (LSIZE - 1)
 #error "LSIZE must be a power of two"
 #endif
 
-inline float act(const float v) {
-#if ACT == 1
-    return v < 0.0f ? 0.0f : v;
-#elif ACT == 2
-    return 1.0f / (1.0f + exp(-v));
-#elif ACT == 3
-    return tanh(v);
-#elif ACT == 4
-    return v < 0.0f ? 0.0f : (v > 6.0f ? 6.0f : v);
-#else
-#error "unknown ACT"
-#endif
-}
+inline float act(const float v) { return act_of(ACT, v); }
 
 // The gradient from the saved output y and the upstream gradient g.
-inline float act_grad(const float y, const float g) {
-#if ACT == 1
-    return y <= 0.0f ? 0.0f : g;
-#elif ACT == 2
-    return g * y * (1.0f - y);
-#elif ACT == 3
-    return g * (1.0f - y * y);
-#elif ACT == 4
-    return y <= 0.0f || y >= 6.0f ? 0.0f : g;
-#endif
-}
-
+inline float act_grad(const float y, const float g) { return act_grad_of(ACT, y, g); }
 
 __kernel void act_fwd(__global const float* restrict x, __global float* restrict y, const int n) {
     const int i = get_global_id(0) * VW;
@@ -118,14 +99,14 @@ __kernel void axpby(__global const float* restrict a, __global const float* rest
     if (i + VW <= n) {
         VEC(out + i) = alpha * CVEC(a + i) + beta * CVEC(b + i);
     } else {
-        for (int j = i; j < n; j++) out[j] = alpha * a[j] + beta * b[j];
+        for (int j = i; j < n; j++) out[j] = axpby_of(alpha, a[j], beta, b[j]);
     }
 }
 
 __kernel void affine(__global const float* restrict a, __global float* restrict out, const float alpha,
                      const float beta, const int n) {
     const int i = get_global_id(0);
-    if (i < n) out[i] = alpha * a[i] + beta;
+    if (i < n) out[i] = affine_of(alpha, a[i], beta);
 }
 
 __kernel void accumulate(__global float* restrict dst, __global const float* restrict src, const int n) {

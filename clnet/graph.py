@@ -26,13 +26,16 @@ tensors the capture read (`x.write(batch)`, or `x.copy_from(t)`) before each rep
 produced (the loss, the metrics) after it. Reading a tensor back or writing one from the host inside a capture is
 refused, since a replay could not repeat it. Shapes are fixed: a batch of another size needs its own graph.
 
-Fusion: at the end of a capture, each run of consecutive pointwise launches (clnet/pointwise.py's unary, binary,
-comparison, where and cast launches, and unary backward, which tell the graph what they are as a `ChainStep` when
-they launch) becomes one launch of cl_kernels/chain.cl, which runs the steps per element in order through the same
+Fusion: at the end of a capture, each run of consecutive element-wise launches (clnet/pointwise.py's unary, binary,
+comparison, where and cast launches, and unary backward; clnet/elementwise.py's axpby, affine, mul and activations
+with their gradients; each tells the graph what it is as a chain.ChainStep when it launches) becomes one launch of
+cl_kernels/chain.cl, which runs the steps per element in order through the same
 formula text and still writes every step's output; `_Chain` holds the rules (one element count; a buffer the chain
 wrote read again only where it was written; no output over what an earlier step read elsewhere; at most 16 steps
 and 12 buffers). `launches` counts what a replay enqueues after fusion, `fused` the launches merged away, `chains`
-each fused launch's length. `Graph(fuse=False)` or CLNET_FUSE=0 replays every launch as recorded. Eager steps and
+each fused launch's length. GPUs fuse, CPUs do not (tuning.fuses_chains: the chain is an interpreter, which CPUs run
+slower than the separate launches); `Graph(fuse=True)` fuses anywhere, `Graph(fuse=False)` or CLNET_FUSE=0 replays
+every launch as recorded. Eager steps and
 the capture itself never fuse: the capture runs the step unfused, as an eager step.
 
 Memory: every buffer a recorded launch touches belongs to the graph until the graph goes: buffers freed during the
@@ -48,7 +51,7 @@ import weakref
 
 import pyopencl as cl
 
-from . import kernels
+from . import kernels, tuning
 from .errors import Error
 
 
@@ -80,7 +83,8 @@ class CaptureError(Error, RuntimeError):
 
 class Graph:
     """A recorded step: its launches, copies and host actions in order, replayed by `replay()`. fuse: merge runs of
-    pointwise launches into one launch each at the end of the capture (default: on, unless CLNET_FUSE=0)."""
+    element-wise launches into one launch each at the end of the capture (default: the device's, tuning.fuses_chains:
+    on GPUs; off where CLNET_FUSE=0)."""
 
     def __init__(self, fuse=None):
         self._items = []  # (clone, global size, local size, live args) launches; callables (copies, host actions)
@@ -92,7 +96,8 @@ class Graph:
         self._grads = {}  # id -> leaf whose .grad the step writes or reads (note_grad)
         self._leaves = ()  # (leaf, its storage, its .grad) at the end of capture: what replays check has not moved
         self.launches = 0  # launches a replay enqueues (after fusion)
-        self.fuse = FUSE if fuse is None else bool(fuse)  # merge runs of pointwise launches at the end of capture
+        # merge runs of element-wise launches at the end of capture (None: as the device does, decided then)
+        self.fuse = (None if FUSE else False) if fuse is None else bool(fuse)
         self.fused = 0  # launches that fusion merged into others (launches + fused: what the capture recorded)
         self.chains = []  # the number of launches each fused launch replaced
         self.fusion_refused = None  # why this graph's chains stayed unfused (chain.cl did not build), or None
@@ -158,10 +163,11 @@ class Graph:
         """Whether a recorded launch touches this buffer."""
         return id(buf) in self._seen
 
-    def offer(self, k, args, step):
-        """The launch of kernel k with args about to be made is `step` (a pointwise.ChainStep) of a chain that may
-        fuse; offer(None, None, None) after it. Only the launch that matches k and args by identity takes it."""
-        self._offered = (k, args, step) if k is not None else None
+    def offer(self, k, args, step, n=None):
+        """The launch of kernel k with args about to be made is `step` (a chain.ChainStep) over n elements of a chain
+        that may fuse; offer(None, None, None) after it. Only the launch that matches k and args by identity takes
+        it."""
+        self._offered = (k, args, step, n) if k is not None else None
 
     def record_launch(self, dev, k, args, global_size, local_size):
         for a in args:
@@ -170,11 +176,11 @@ class Graph:
                 self._note(storage)
         self._bind_queue(dev)
         offered, self._offered = self._offered, None
-        if self.fuse and offered is not None and offered[0] is k and len(offered[1]) == len(args) and \
+        if self.fuse is not False and offered is not None and offered[0] is k and len(offered[1]) == len(args) and \
                 all(x is y for x, y in zip(offered[1], args)) and local_size is None and len(global_size) == 1:
             operands = _operands(args)
             if operands is not None:
-                self._steps[len(self._items)] = (offered[2], operands, global_size[0])
+                self._steps[len(self._items)] = (offered[2], operands, offered[3])
         self._items.append(_item(k, args, global_size, local_size))
         self.launches += 1
 
@@ -217,6 +223,8 @@ class Graph:
                 raise CaptureError("internal: a buffer the capture used is neither alive nor in the pool")
             self._taken.append((p,) + entry)
         self._seen.clear()
+        if self.fuse is None:
+            self.fuse = self._device is not None and tuning.fuses_chains(self._device)
         if self.fuse and len(self._steps) > 1:
             self._fuse()  # after the withdrawals: the code tensors it allocates cannot be buffers the step uses
         self._steps = {}

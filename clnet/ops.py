@@ -10,7 +10,8 @@ import numpy as np
 
 from . import conv, kernels, normalization, tuning
 from .autograd import Function
-from .elementwise import ACTIVATIONS, VW, _activation_grad, _elementwise, _map, fill, full, mul
+from .chain import AFFINE, ChainStep
+from .elementwise import VW, _activation_grad, _elementwise, _map, activation, axpby_step, fill, full, mul
 from .elementwise import add, full_like, zeros  # noqa: F401  (ops.add, ops.zeros, ops.full_like: optim's and tests')
 from .tensor import Tensor, chunks, empty, run_limit, tensor, too_large
 
@@ -90,7 +91,8 @@ class Axpby(Function):
     def forward(self, a, b, alpha, beta):
         self.alpha, self.beta = alpha, beta
         out = empty(a.shape, a.device)
-        _map(a.device, _elementwise(a.device, "axpby"), a.size, VW, a, b, out, alpha, beta, a.size, what="add")
+        _map(a.device, _elementwise(a.device, "axpby"), a.size, VW, a, b, out, alpha, beta, a.size, what="add",
+             step=axpby_step(alpha, beta))
         return out
 
     def backward(self, dy):
@@ -100,8 +102,9 @@ class Axpby(Function):
 
 def _affine(x, alpha, beta):
     out = empty(x.shape, x.device)
-    _map(x.device, _elementwise(x.device, "affine"), x.size, 1, x, out, float(alpha), float(beta), x.size,
-         what="scale")
+    alpha, beta = float(alpha), float(beta)
+    _map(x.device, _elementwise(x.device, "affine"), x.size, 1, x, out, alpha, beta, x.size, what="scale",
+         step=lambda: ChainStep(AFFINE, 0, 1, ((0, None),), None, alpha, beta))
     return out
 
 
@@ -240,9 +243,7 @@ class Activation(Function):
     def forward(self, x, kind):
         _float(kind, x)
         self.kind = kind
-        y = empty(x.shape, x.device)
-        k = _elementwise(x.device, "act_fwd", dict(ACT=ACTIVATIONS[kind]))
-        _map(x.device, k, x.size, VW, x, y, x.size, what=kind)
+        y = activation(kind, x)
         self.save(y)
         return y
 

@@ -14,8 +14,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import autograd, kernels, layout, ops, reduce
+from . import autograd, chain, kernels, layout, ops, reduce
 from .autograd import Function
+from .chain import BINARY_FWD, CAST, UNARY_BWD, UNARY_FWD, WHERE_FWD, ChainStep
+from .chain import read_layout as _read
 from .tensor import Tensor, empty, too_large
 
 FLOAT, INT, BOOL = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.bool_)
@@ -74,82 +76,10 @@ def _kernel(dev, name, defines):
 
 
 def _launch(dev, k, n, *args, what, step=None):
-    """One launch of n work-items. `step` makes what it is as a step of a fusable chain (a function returning a
-    ChainStep, called only under a capture, so eager launches pay nothing for it): a graph being captured is told,
-    with the launch's arguments, and decides at the end of the capture what fuses."""
+    """One launch of n work-items, one an element (`step`: what it is as a chain step, chain.launch)."""
     if n > kernels.INDEX_LIMIT:
         raise too_large(what, (n,), "split the tensor into parts first")
-    graph = kernels.recording() if step is not None else None
-    if graph is None:
-        kernels.launch(dev, k, (n,), None, *args, what=what)
-        return
-    graph.offer(k, args, step())
-    try:
-        kernels.launch(dev, k, (n,), None, *args, what=what)
-    finally:
-        graph.offer(None, None, None)  # recorded or not, it describes this launch only
-
-
-# ---- fusion: what a launch is as a step of a chain (clnet/graph.py decides what fuses; cl_kernels/chain.cl runs it)
-
-CHAIN_STEPS, CHAIN_BUFFERS, STEP_WORDS = 16, 12, 16  # chain.cl's MAX_STEPS, its buffer arguments, STEP_WORDS
-_TAG = {FLOAT: 0, INT: 1, BOOL: 2}  # chain.cl's element types
-UNARY_FWD, UNARY_BWD, BINARY_FWD, WHERE_FWD, CAST = 1, 2, 3, 4, 5  # chain.cl's step kinds
-
-
-def _read(sizes, strides):
-    """A ChainStep operand's layout: None where it is read at the flat index i (its strides the row-major ones of
-    sizes), else (sizes, strides)."""
-    step = 1
-    for size, stride in zip(reversed(sizes), reversed(strides)):
-        if stride != step:
-            return tuple(sizes), tuple(strides)
-        step *= size
-    return None
-
-
-class ChainStep(NamedTuple):
-    """A pointwise launch as one step of a fused chain: its kind (UNARY_FWD ...), op number and parameters, the index
-    among the launch's arguments of its output (written at the flat index i) and of each operand with its layout
-    (None: read at i; else the coalesced (sizes, strides) strided.h would read it through), and the working type of
-    a binary op. Graph reads `out` and `reads` to decide what may fuse and calls `chain_launch` for each chain."""
-    kind: int
-    op: int
-    out: int
-    reads: tuple
-    work: object = None
-    p0: float = 0.0
-    p1: float = 0.0
-    most_steps = CHAIN_STEPS  # what one chain.cl launch holds, which Graph's fusion keeps to
-    most_buffers = CHAIN_BUFFERS
-
-    @staticmethod
-    def chain_launch(dev, buffers, steps, n):
-        """(kernel, arguments, code tensor) of one chain.cl launch over n elements: `buffers` the cl buffers of its
-        slots (at most CHAIN_BUFFERS), `steps` (ChainStep, {argument index: dtype}, output slot, [source per operand:
-        a slot, or -(j+1) for the value step j computed]) in order (at most CHAIN_STEPS). The code tensor is the
-        graph's to keep alive."""
-        if len(steps) > CHAIN_STEPS or len(buffers) > CHAIN_BUFFERS:
-            raise ValueError("internal: a chain longer than chain.cl holds")
-        code, layouts = [len(steps)], []
-        base = 1 + STEP_WORDS * len(steps)
-        for step, dtypes, out_slot, sources in steps:
-            bits = np.array([step.p0, step.p1], np.float32).view(np.int32)
-            words = [step.kind, step.op, _TAG[dtypes[step.out]], out_slot,
-                     _TAG[step.work] if step.work is not None else 0, int(bits[0]), int(bits[1])]
-            for (index, lay), source in zip(step.reads, sources):
-                at = 0
-                if lay is not None:
-                    at = base + len(layouts)
-                    layouts += [len(lay[0]), *lay[0], *lay[1]]
-                words += [source, _TAG[dtypes[index]], at]
-            code += words + [0] * (STEP_WORDS - len(words))
-        values = np.array(code + layouts, np.int32)
-        with kernels.set_up():
-            program = Tensor(values.shape, INT, dev).write(values)
-        k = kernels.kernel(dev, "chain.cl", "pointwise_chain", None)
-        slots = list(buffers) + [buffers[0]] * (CHAIN_BUFFERS - len(buffers))
-        return k, tuple(slots) + (program, n), program
+    chain.launch(dev, k, (n,), args, what, step, n)
 
 
 def _check(what, x):

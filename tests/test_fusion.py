@@ -1,4 +1,4 @@
-"""Graph fusion: runs of consecutive pointwise launches of a capture replay as one launch of cl_kernels/chain.cl.
+"""Graph fusion: runs of consecutive element-wise launches of a capture replay as one launch of cl_kernels/chain.cl.
 A fused replay gives bit for bit what the unfused replay and the eager step give (forward, backward, int and bool
 steps, broadcast operands, training steps with SGD and Adam), and what the rules refuse (a chain-written buffer read
 other than at the flat index, an output overlapping what an earlier step read elsewhere) does not fuse."""
@@ -7,8 +7,8 @@ import pytest
 
 import clnet
 from clnet import graph as graph_module
-from clnet import nn, optim, pointwise
-from clnet.pointwise import BINARY_FWD, UNARY_FWD, ChainStep
+from clnet import nn, ops, optim, pointwise
+from clnet.chain import BINARY_FWD, UNARY_FWD, ChainStep
 
 from conftest import assert_close
 
@@ -31,6 +31,53 @@ def reference(a, b, c):
     a, b, c = (v.astype(np.float64) for v in (a, b, c))
     w = np.tanh(np.maximum(np.exp(a), b)) - c
     return np.where(w > 0.25, w, 1 / (1 + np.exp(-c))), w
+
+
+def flat_chain(a, b, w):
+    """elementwise.cl's launches, the fast paths of same-shape and number arithmetic: affine (a product by a number,
+    a number added), axpby (a same-shape sum and difference, and with other coefficients through the gradients of
+    ops.binary), mul, the activations and their gradients from the saved output."""
+    y = ops.binary(a, b, 0.7, -1.3, "+")           # axpby with coefficients that are not 1
+    y = clnet.sigmoid(ops.Activation.apply(y * 1.7 + 0.2, kind="tanh")) * w  # affine, act, (pointwise), mul
+    z = ops.Activation.apply(y - a, kind="relu6") + b  # axpby -1, act, axpby
+    return z, ops.Activation.apply(z, kind="relu") * -0.0
+
+
+@pytest.mark.parametrize("n", [1, 7, 1027])  # axpby and the activations take float4s: a tail, none, and both
+def test_elementwise_steps_fuse_bit_for_bit(dev, rng, n):
+    a, b, w = (clnet.tensor(rng.standard_normal(n).astype(np.float32), dev, requires_grad=True) for _ in range(3))
+    g = clnet.tensor(rng.standard_normal(n).astype(np.float32), dev)
+    grads = optim.SGD([a, b, w], lr=0.1)  # (only its zero_grad: the gradients stay where the graphs saw them)
+
+    def step():
+        grads.zero_grad()
+        z, r = flat_chain(a, b, w)
+        (z * g).sum().backward()
+        return [z, r, a.grad, b.grad, w.grad]
+
+    graphs = {}
+    for fuse in (False, True):
+        graphs[fuse] = clnet.Graph(fuse=fuse)
+        with graphs[fuse].capture():
+            outs = step()
+        graphs[fuse] = (graphs[fuse], outs)
+    assert graphs[True][0].fused >= 6, "the forward's and the backward's flat launches fuse"
+    for _ in range(2):
+        for t in (a, b, w):
+            t.write(rng.standard_normal(n).astype(np.float32) * 3)
+        got = {}
+        for fuse, (graph, outs) in graphs.items():
+            graph.replay()
+            got[fuse] = [o.numpy().copy() for o in outs]
+        with clnet.no_grad():
+            z, r = flat_chain(a, b, w)
+        for u, f in zip(got[False], got[True]):
+            np.testing.assert_array_equal(f.view(np.int32), u.view(np.int32))  # bit for bit, signed zeros too
+        np.testing.assert_array_equal(got[True][0].view(np.int32), z.numpy().view(np.int32))
+        np.testing.assert_array_equal(got[True][1].view(np.int32), r.numpy().view(np.int32))
+    x = [t.numpy().astype(np.float64) for t in (a, b, w)]
+    y = 1 / (1 + np.exp(-np.tanh((0.7 * x[0] - 1.3 * x[1]) * 1.7 + 0.2))) * x[2]
+    assert_close(got[True][0], np.clip(y - x[0], 0, 6) + x[1], "z against NumPy")
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -228,6 +275,21 @@ def test_lenet_at_batch_1_has_no_pointwise_chain(dev):
 def test_the_environment_switch_turns_fusion_off(monkeypatch):
     monkeypatch.setattr(graph_module, "FUSE", False)
     assert clnet.Graph().fuse is False and clnet.Graph(fuse=True).fuse is True
+
+
+def test_gpus_fuse_and_cpus_do_not_by_default(dev):
+    """Graph() leaves the choice to the device (tuning.fuses_chains): on a CPU the interpreted chain is slower than
+    the launches it replaces, so a CPU's graph replays them as recorded; Graph(fuse=True) fuses there too."""
+    x = clnet.tensor(np.arange(6, dtype=np.float32), dev)
+    graphs = {}
+    for fuse in (None, True):
+        g = graphs[fuse] = clnet.Graph(fuse=fuse)
+        with clnet.no_grad(), g.capture():
+            y = (x * 2.0 + x).relu() - x
+        assert g.fuse is (dev.is_gpu if fuse is None else True)
+    assert graphs[True].fused >= 2, "the affine, axpby, activation and axpby launches make one chain"
+    assert graphs[None].fused == (graphs[True].fused if dev.is_gpu else 0)
+    np.testing.assert_array_equal(y.numpy(), np.maximum(np.arange(6) * 3.0, 0) - np.arange(6))
 
 
 # ---- the rules, on the chain's bookkeeping itself -----------------------------------------------------------------
