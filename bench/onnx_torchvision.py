@@ -39,6 +39,13 @@ with every module's output made a graph output (a module's output is its last no
 module), each against the float64 model's output of that module (a forward hook), for ONNX Runtime, PyTorch float32
 and clnet; modules whose ONNX tensor is not PyTorch's (a batch norm folded into the convolution before it) are left
 out, as are modules that no node names. One line a module in --out/layers.jsonl, the main ones printed.
+
+--shared-relu MODEL[,MODEL] instead asks whether a gradient far from float64 comes from ReLU decisions taken the other
+way within float32 rounding of the kink: the training-mode file with every Relu node's input made a graph output, one
+step in clnet, and PyTorch's step in float64 twice, plainly and with relu(x) replaced by x * (clnet's input > 0)
+(the k-th nn.ReLU call taking the k-th Relu node), and PyTorch float32's beside them; the decisions that differ are
+counted, each with its distance from the kink over its call's largest input. Max-pool decisions are not shared. One
+line a model in --out/shared-relu.jsonl.
 """
 import argparse
 import contextlib
@@ -502,6 +509,143 @@ def layers(args, dev):
                       f"{r['torch_ref64_err']:8.1e} {r['ref64_err']:8.1e}  x{ratio(r):.2f}", flush=True)
 
 
+def relu_inputs(proto):
+    """The input tensor of each Relu node, in the graph's order (the TorchScript exporter writes nodes in the order the
+    forward ran them, so the k-th is the k-th nn.ReLU call)."""
+    return [n.input[0] for n in proto.graph.node if n.op_type == "Relu"]
+
+
+class SharedRelu:
+    """Forward hooks on every nn.ReLU of a float64 model (inplace turned off, so the hook sees the input) that replace
+    relu(x) by x * (clnet's input > 0), clnet's inputs taken in call order (torchvision reuses one nn.ReLU several
+    times in a block, so the order of calls, not the module, matches an ONNX Relu node). Each decision that differs
+    from float64's own (given the shared decisions above it) is counted, with |x| at it over the call's max |x|."""
+
+    def __init__(self, model, ours):
+        self.ours, self.calls, self.rows = ours, 0, []
+        self.handles = []
+        for m in model.modules():
+            if type(m).__name__ == "ReLU":
+                m.inplace = False
+                self.handles.append(m.register_forward_hook(self.follow))
+
+    def follow(self, m, args, out):
+        import torch
+        v = args[0]
+        k = self.calls
+        self.calls += 1
+        if k >= len(self.ours):
+            raise RuntimeError(f"nn.ReLU call {k + 1}: clnet's file has only {len(self.ours)} Relu nodes")
+        ours = torch.from_numpy(self.ours[k])
+        if tuple(ours.shape) != tuple(v.shape):
+            raise RuntimeError(f"nn.ReLU call {k}: shape {tuple(v.shape)}, clnet's Relu input {tuple(ours.shape)}")
+        on = ours > 0
+        d = v.detach()
+        differ = on != (d > 0)
+        scale = float(d.abs().max())
+        n = int(differ.sum())
+        gap = float(d.abs()[differ].max()) / max(scale, 1e-300) if n else 0.0
+        self.rows.append(dict(call=k, numel=int(d.numel()), flips=n, worst_gap=gap,
+                              input_err=rel_err(self.ours[k], d.numpy())))
+        return v * on.to(v.dtype)
+
+
+def shared_relu(args, dev):
+    """--shared-relu: for each model, the training-mode TorchScript file's one step in clnet (with every Relu node's
+    input made a graph output) against PyTorch float64's step, plain and with clnet's ReLU decisions imposed; PyTorch
+    float32's step beside it against both. Max-pool decisions are not shared."""
+    import torch
+    import onnx
+    import clnet
+    import clnet.onnx as connx
+    from clnet import nn
+    torch.set_num_threads(args.threads)
+    path_out = os.path.join(args.out, "shared-relu.jsonl")
+    for name in args.shared_relu.split(","):
+        t0 = time.perf_counter()
+        rec = dict(model=name, phase="ts-train", shared="relu", maxpool_shared=False)
+        model, shape, classes = build(args.family, name, SEED)
+        informative(model, shape, args.batch, SEED)
+        no_dropout(model)
+        model.train()
+        rng = np.random.default_rng(SEED)  # prepare's input and labels
+        x = rng.standard_normal((args.batch, *shape)).astype(np.float32)
+        labels = rng.integers(0, classes, args.batch)
+        folder = tempfile.mkdtemp(prefix="onnx-shared-")
+        path = os.path.join(folder, "model.onnx")
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(copy.deepcopy(model), (torch.from_numpy(x),), path, dynamo=False,
+                              training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                              opset_version=17, input_names=["input"])
+        proto = onnx.load(path)
+        relus = relu_inputs(proto)
+        n_out = len(proto.graph.output)
+        inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(proto).graph.value_info}
+        missing = [t for t in relus if t not in inferred]
+        if missing:
+            raise RuntimeError(f"no inferred shape for Relu inputs {missing[:4]}")
+        proto.graph.output.extend(inferred[t] for t in relus)
+        onnx.save(proto, path)
+        rec["relu_nodes"] = len(relus)
+        rec["maxpool_nodes"] = sum(1 for n in proto.graph.node if n.op_type == "MaxPool")
+        # clnet's step, its Relu inputs from the same forward
+        net = connx.load(path, device=dev).train()
+        shutil.rmtree(folder, ignore_errors=True)
+        params = dict(net.named_parameters())
+        out = net(clnet.tensor(x, dev))
+        outs = out if isinstance(out, tuple) else (out,)
+        ours = [o.numpy() for o in outs[n_out:]]
+        loss = nn.CrossEntropyLoss()(outs[0], clnet.tensor(labels.astype(np.int32), dev))
+        loss.backward()
+        dev.synchronize()
+        rec["loss"] = float(loss.numpy())
+        clgrads = []
+        for k, p in params.items():
+            key = k if k in dict(model.named_parameters()) else getattr(net, "file_names", {}).get(k)
+            g = p.grad.numpy() if p.grad is not None else np.zeros(p.shape, np.float32)
+            clgrads.append((key, g))
+        del net, out, outs, loss
+        # PyTorch: float64 plain, float64 with clnet's decisions, float32 plain
+        grads = {}
+        for label, dtype, share in (("f64", torch.float64, False), ("f64_shared", torch.float64, True),
+                                    ("f32", torch.float32, False)):
+            m = copy.deepcopy(model).to(dtype).train()
+            follow = SharedRelu(m, ours) if share else None
+            y = first_output(m(torch.from_numpy(x).to(dtype)))
+            torch.nn.functional.cross_entropy(y, torch.from_numpy(labels)).backward()
+            grads[label] = {n: p.grad.numpy() for n, p in m.named_parameters() if p.grad is not None}
+            if share:
+                if follow.calls != len(ours):
+                    raise RuntimeError(f"{follow.calls} nn.ReLU calls, {len(ours)} Relu nodes in the file")
+                rows = follow.rows
+            del m, y
+        params64 = grads["f64"]
+        pairs = [(k, g.T if g.shape != params64[k].shape and g.T.shape == params64[k].shape else g)
+                 for k, g in clgrads if k in params64]
+        rec["params_matched"], rec["params_torch"] = len(pairs), len(params64)
+        rec["flips"] = sum(r["flips"] for r in rows)
+        rec["calls_with_flips"] = sum(1 for r in rows if r["flips"])
+        rec["relu_inputs"] = sum(r["numel"] for r in rows)
+        rec["worst_flip_gap"] = max(r["worst_gap"] for r in rows)
+        rec["worst_relu_input_err"] = max(r["input_err"] for r in rows)  # clnet's Relu input against float64's
+        rec["flip_calls"] = [r for r in rows if r["flips"]][:40]
+        for ref in ("f64", "f64_shared"):
+            rec[f"grad_err_{ref}"], rec[f"grad_worst_{ref}"] = grad_err(pairs, grads[ref])
+            rec[f"torch32_grad_err_{ref}"], rec[f"torch32_worst_{ref}"] = grad_err(grads["f32"].items(), grads[ref])
+        rec["wall_s"] = round(time.perf_counter() - t0, 2)
+        with open(path_out, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        print(json.dumps({k: v for k, v in rec.items() if k != "flip_calls"}), flush=True)
+        print(f"{name}: {rec['flips']} of {rec['relu_inputs']} ReLU decisions flipped in {rec['calls_with_flips']} "
+              f"of {len(rows)} calls (worst {rec['worst_flip_gap']:.1e} of the call's max |x| from the kink); "
+              f"grad err vs float64 {rec['grad_err_f64']:.1e} (PyTorch float32 {rec['torch32_grad_err_f64']:.1e}), "
+              f"vs float64 with clnet's decisions {rec['grad_err_f64_shared']:.1e} "
+              f"(PyTorch float32 {rec['torch32_grad_err_f64_shared']:.1e}); worst {rec['grad_worst_f64_shared']}",
+              flush=True)
+        gc.collect()
+
+
 RUNNERS = {"ts-eval": run_eval, "ts-train": run_train, "reexport": run_reexport, "dynamo": run_eval}
 
 
@@ -591,12 +735,19 @@ def main():
     ap.add_argument("--deadline", type=float, default=380, help="no model starts after this many seconds")
     ap.add_argument("--out", default="/tmp/onnx-torchvision")
     ap.add_argument("--layers", default=None, help="models whose modules' outputs are compared with float64 (alone)")
+    ap.add_argument("--shared-relu", default=None,
+                    help="models whose training step is compared with float64 run with clnet's ReLU decisions (alone)")
     args = ap.parse_args()
     start = time.perf_counter()
     os.makedirs(args.out, exist_ok=True)
     if args.layers:
         import clnet
         layers(args, clnet.device(args.device))
+        sys.stdout.flush()
+        os._exit(0)
+    if args.shared_relu:
+        import clnet
+        shared_relu(args, clnet.device(args.device))
         sys.stdout.flush()
         os._exit(0)
     jsonl = os.path.join(args.out, "onnx-torchvision.jsonl")

@@ -11,6 +11,8 @@
 #     --no-step
 # On the CPU (a dry run without torchvision): NO_WHEELS=1 OUT=/tmp/tv bash bench/run_h200_onnx_torchvision.sh \
 #   --family zoo --models resnet8 --batch 2 --device 0 --torch-device cpu --workers 1 --threads 1
+# Issue 25's ReLU flips (run 4): TIMEOUT=330 bash bench/run_h200_onnx_torchvision.sh \
+#   --shared-relu resnet18,alexnet,resnet50 --threads 16
 set -u
 source bench/h200_env.sh
 LOG="$OUT/onnx-torchvision.log"
