@@ -103,7 +103,7 @@ def main():
                 for lname, (X, x) in layouts.items():
                     def run():
                         gemm._gemm(dev, cfg, n, n, n, X, x, B, Mat(rs=n, cs=1), C, Mat(rs=n, cs=1), 1.0, 0.0, 1,
-                                  None, 0, {}, 1, n, "sgemm")
+                                  None, 0, (0, 0), 1, n, "sgemm")
                     try:
                         run()
                     except kernels.KernelError as e:

@@ -1,5 +1,5 @@
 // GPU-shaped matrix product, plus the split-K reduction every GEMM kernel uses (see gemm_common.h for the operand
-// layout, split-K and the epilogue defines).
+// layout, split-K and the run-time epilogue).
 //   gemm_tiled  a TM x TN tile of C per work-group, staged through local memory in TK-deep slices. Each work-item
 //               computes WM x WN outputs in groups of 4 consecutive rows and columns, so one float4 local read feeds
 //               4 rows (or columns): 4x fewer local-memory instructions per multiply-add than scalar reads. The next
@@ -221,6 +221,7 @@ void gemm_tiled(GEMM_ARGS) {
 
     __global float* Cb = C + c_off + z * c_bs;
     __global const float* biasb = bias + b * bias_bs;
+#define OUT(i, j, gm, gn, ci) gemm_epilogue(acc[i][j], alpha, beta, Cb, ci, biasb, bias_mode, gm, gn, relu)
     for (int i = 0; i < WM; i++) {
         const int gm = m0 + (i / 4) * (TY * 4) + ty * 4 + i % 4;
         if (gm >= M) continue;
@@ -230,17 +231,17 @@ void gemm_tiled(GEMM_ARGS) {
             if (gn + 3 < N) {
                 const int ci = gm * c_rs + C_COL(gn);
                 float4 v;
-                v.x = epilogue(acc[i][4 * g], alpha, beta, Cb, ci, biasb, BIAS == 1 ? gm : gn);
-                v.y = epilogue(acc[i][4 * g + 1], alpha, beta, Cb, ci + 1, biasb, BIAS == 1 ? gm : gn + 1);
-                v.z = epilogue(acc[i][4 * g + 2], alpha, beta, Cb, ci + 2, biasb, BIAS == 1 ? gm : gn + 2);
-                v.w = epilogue(acc[i][4 * g + 3], alpha, beta, Cb, ci + 3, biasb, BIAS == 1 ? gm : gn + 3);
+                v.x = OUT(i, 4 * g, gm, gn, ci);
+                v.y = OUT(i, 4 * g + 1, gm, gn + 1, ci + 1);
+                v.z = OUT(i, 4 * g + 2, gm, gn + 2, ci + 2);
+                v.w = OUT(i, 4 * g + 3, gm, gn + 3, ci + 3);
                 *(__global float4*)(Cb + ci) = v;
                 continue;
             }
 #endif
             for (int j = 0; j < 4 && gn + j < N; j++) {
                 const int ci = gm * c_rs + C_COL(gn + j);
-                Cb[ci] = epilogue(acc[i][4 * g + j], alpha, beta, Cb, ci, biasb, BIAS == 1 ? gm : gn + j);
+                Cb[ci] = OUT(i, 4 * g + j, gm, gn + j, ci);
             }
         }
     }
@@ -252,7 +253,8 @@ __kernel void gemm_reduce(const int M, const int N, const int ksplit, const floa
                           __global const float* restrict P,
                           __global float* C, const int c_off, const int c_bs, const int c_rs, const int c_cs,
                           const int c_cdiv, const int c_cso,
-                          __global const float* restrict bias, const int bias_bs) {
+                          __global const float* restrict bias, const int bias_bs, const int bias_mode,
+                          const int relu) {
     const int n = get_global_id(0), m = get_global_id(1), b = get_global_id(2);
     if (n >= N || m >= M) return;
     __global const float* p = P + (size_t)b * ksplit * M * N + m * N + n;
@@ -260,5 +262,5 @@ __kernel void gemm_reduce(const int M, const int N, const int ksplit, const floa
     for (int s = 0; s < ksplit; s++) acc += p[(size_t)s * M * N];
     __global float* Cb = C + c_off + b * c_bs;
     const int ci = m * c_rs + C_COL(n);
-    Cb[ci] = epilogue(acc, alpha, beta, Cb, ci, bias + b * bias_bs, BIAS == 1 ? m : n);
+    Cb[ci] = gemm_epilogue(acc, alpha, beta, Cb, ci, bias + b * bias_bs, bias_mode, m, n, relu);
 }

@@ -9,10 +9,12 @@
 // scratch buffer), then gemm_reduce (gemm.cl) sums the slices in a fixed order and applies the real epilogue. This
 // keeps products with a small M x N and a huge K (convolution weight gradients) both parallel and accurate.
 //
+// The epilogue is chosen at run time by two arguments, not by defines: bias_mode (0 none, 1 one value per row m, 2 one
+// value per column n; the bias pointer advanced by b*bias_bs) and relu (0/1: ReLU last, NaN kept). Both are the same
+// for every work-item and are read once per output after the k loop, so a bias or ReLU costs no program of its own
+// (one program serves a layer's forward with them and its gradients without; a split-K slice and the plain product).
 // Defines:
 //   A_SPLIT, B_SPLIT, C_SPLIT  0/1: column split in use for that operand
-//   BIAS      0 none, 1 one value per row m, 2 one value per column n (bias pointer advanced by b*bias_bs)
-//   RELU      0/1: apply ReLU last (NaN kept)
 #ifndef CLNET_GEMM_COMMON_H
 #define CLNET_GEMM_COMMON_H
 #include "common.h"
@@ -26,17 +28,6 @@
 #ifndef C_SPLIT
 #define C_SPLIT 0   // column split on C
 #endif
-#ifndef BIAS
-#define BIAS 0      // 0 none, 1 per row, 2 per column
-#endif
-#ifndef RELU
-#define RELU 0      // fused ReLU
-#endif
-
-#if BIAS < 0 || BIAS > 2
-#error "BIAS must be 0, 1 or 2"
-#endif
-
 #if A_SPLIT
 #define A_COL(c) (((c) % a_cdiv) * a_cs + ((c) / a_cdiv) * a_cso)
 #else
@@ -61,18 +52,18 @@
     const int b_cdiv, const int b_cso, \
     __global float* C, const int c_off, const int c_bs, const int c_rs, const int c_cs, \
     const int c_cdiv, const int c_cso, \
-    __global const float* restrict bias, const int bias_bs, const int ksplit, const int kc
+    __global const float* restrict bias, const int bias_bs, const int bias_mode, const int relu, \
+    const int ksplit, const int kc
 
-inline float epilogue(float acc, const float alpha, const float beta, __global const float* C, const int c_idx,
-                      __global const float* restrict bias, const int bias_idx) {
+// One output: alpha * acc + beta * C + the bias of its row m or column n, then the ReLU (gemv.cl and gemv_cpu.cl
+// apply it too).
+inline float gemm_epilogue(float acc, const float alpha, const float beta, __global const float* C, const int c_idx,
+                           __global const float* restrict bias, const int bias_mode, const int m, const int n,
+                           const int relu) {
     float v = alpha * acc;
     if (beta != 0.0f) v += beta * C[c_idx];
-#if BIAS
-    v += bias[bias_idx];
-#endif
-#if RELU
-    v = v < 0.0f ? 0.0f : v;  // not fmax: NaN stays NaN, as in PyTorch's ReLU
-#endif
+    if (bias_mode) v += bias[bias_mode == 1 ? m : n];
+    if (relu) v = v < 0.0f ? 0.0f : v;  // not fmax: NaN stays NaN, as in PyTorch's ReLU
     return v;
 }
 

@@ -1,4 +1,4 @@
-// CPU-shaped matrix product (see gemm_common.h for the operand layout, split-K and the epilogue defines).
+// CPU-shaped matrix product (see gemm_common.h for the operand layout, split-K and the run-time epilogue).
 //   gemm_block  each work-item computes RM rows x 16 columns of C straight from global memory: no local memory, no
 //               barriers, so PoCL turns each work-item into one loop body. The core is a register block of MR rows
 //               x 16 columns (2 * MR float8 accumulators) that broadcasts one element of A per row and k.
@@ -223,7 +223,7 @@ void gemm_block(GEMM_ARGS) {
         for (int j = 0; j < cols; j++) {
             const int gn = n0 + j;
             const int ci = gm * c_rs + C_COL(gn);
-            Cb[ci] = epilogue(sums[16 * i + j], alpha, beta, Cb, ci, biasb, BIAS == 1 ? gm : gn);
+            Cb[ci] = gemm_epilogue(sums[16 * i + j], alpha, beta, Cb, ci, biasb, bias_mode, gm, gn, relu);
         }
     }
 }

@@ -15,7 +15,7 @@
 // 1, LN across n where its n stride is 1 (tuning.gemv_shape). GPUs only: on PoCL one output per work-item streamed a
 // 2048 x 2048 weight 3-6x slower than gemm_block; CPUs run gemv_cpu.cl.
 //
-// Defines (besides gemm_common.h's BIAS and RELU, gemv_common.h's ROWSUM and A_MASK):
+// Defines (besides gemv_common.h's ROWSUM and A_MASK):
 //   LN  outputs per work-group (a power of two)
 //   LK  work-items per output, along k (a power of two; LN * LK <= 256)
 //   KS  terms per stage of a work-item's sum
@@ -40,7 +40,7 @@ void gemv(const int N, const int K, const float alpha, const float beta,
           __global const float* restrict A, const int a_off, const int a_cs,
           __global const float* restrict B, const int b_off, const int b_rs, const int b_cs,
           __global float* C, const int c_off, const int c_cs,
-          __global const float* restrict bias A_MASK_ARG) {
+          __global const float* restrict bias, const int bias_mode, const int relu A_MASK_ARG) {
     const int i = get_local_id(0), j = get_local_id(1);
     const int n = get_group_id(0) * LN + i;
     float total = 0.0f;
@@ -65,7 +65,7 @@ void gemv(const int N, const int K, const float alpha, const float beta,
     total = part[i];
 #endif
     if (j == 0 && n < N) {
-        C[c_off + n * c_cs] = epilogue(total, alpha, beta, C + c_off, n * c_cs, bias, BIAS == 1 ? 0 : n);
+        C[c_off + n * c_cs] = gemm_epilogue(total, alpha, beta, C + c_off, n * c_cs, bias, bias_mode, 0, n, relu);
     }
 }
 
@@ -73,12 +73,14 @@ __kernel void gemm_rank1(const int M, const int N, const float alpha, const floa
                          __global const float* restrict A, const int a_off, const int a_rs,
                          __global const float* restrict B, const int b_off, const int b_cs,
                          __global float* C, const int c_off, const int c_rs, const int c_cs,
-                         __global const float* restrict bias ROWSUM_ARGS A_MASK_ARG) {
+                         __global const float* restrict bias, const int bias_mode,
+                         const int relu ROWSUM_ARGS A_MASK_ARG) {
     const int n = get_global_id(0), m = get_global_id(1);
     if (n >= N || m >= M) return;
     const int ci = m * c_rs + n * c_cs;
     const float a = MASKED(A[a_off + m * a_rs], m);
-    C[c_off + ci] = epilogue(a * B[b_off + n * b_cs], alpha, beta, C + c_off, ci, bias, BIAS == 1 ? m : n);
+    C[c_off + ci] = gemm_epilogue(a * B[b_off + n * b_cs], alpha, beta, C + c_off, ci, bias, bias_mode, m, n,
+                                  relu);
 #if ROWSUM
     if (n == 0) D[m] = d_add ? D[m] + alpha * a : alpha * a;
 #endif

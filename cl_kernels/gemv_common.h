@@ -1,4 +1,5 @@
-// What the batch-1 product kernels share (gemv.cl for GPUs, gemv_cpu.cl for CPUs), besides gemm_common.h:
+// What the batch-1 product kernels share (gemv.cl for GPUs, gemv_cpu.cl for CPUs), besides gemm_common.h (whose
+// gemm_epilogue they apply, bias_mode and relu kernel arguments after bias, as the other products' are):
 //   ROWSUM  the rank-1 kernels: 1 also writes alpha times A's values (after A_MASK) into D, added to D when d_add:
 //           A's sum over its one column, a dense layer's bias gradient in its weight gradient's launch
 //   A_MASK  1: A's elements are read through a ReLU's gradient, as zero where amask (the ReLU's output, one value per

@@ -12,7 +12,7 @@
 // Each float8 lane of gemv_dot sums its terms in stages of 64 (then added to the lane's total), as gemm_block's
 // two-level sums: float32 error grows with the stage and stage-count lengths, not K.
 //
-// Defines (besides gemm_common.h's BIAS and RELU, gemv_common.h's ROWSUM and A_MASK):
+// Defines (besides gemv_common.h's ROWSUM and A_MASK):
 //   ROWS    gemv_dot: outputs per work-item (fewer work-groups: PoCL pays for each)
 #include "gemv_common.h"
 
@@ -33,7 +33,7 @@ void gemv_dot(const int N, const int K, const float alpha, const float beta,
               __global const float* restrict A, const int a_off,
               __global const float* restrict B, const int b_off, const int b_cs,
               __global float* C, const int c_off,
-              __global const float* restrict bias A_MASK_ARG) {
+              __global const float* restrict bias, const int bias_mode, const int relu A_MASK_ARG) {
     const int n0 = get_global_id(0) * ROWS;
     const int n1 = min(N, n0 + ROWS);
     __global const float* a = A + a_off;
@@ -67,7 +67,7 @@ void gemv_dot(const int N, const int K, const float alpha, const float beta,
             sums[r] = ((t4.x + t4.y) + (t4.z + t4.w)) + tail;
         }
         for (int r = 0; r < 4 && n + r < n1; r++)
-            C[c_off + n + r] = epilogue(sums[r], alpha, beta, C + c_off, n + r, bias, BIAS == 1 ? 0 : n + r);
+            C[c_off + n + r] = gemm_epilogue(sums[r], alpha, beta, C + c_off, n + r, bias, bias_mode, 0, n + r, relu);
     }
 }
 
@@ -108,12 +108,12 @@ void gemv_axpy(const int N, const int K, const int kc,
 __kernel void gemv_sum(const int N, const int P, const float alpha, const float beta,
                        __global const float* restrict part,
                        __global float* C, const int c_off,
-                       __global const float* restrict bias) {
+                       __global const float* restrict bias, const int bias_mode, const int relu) {
     const int n = get_global_id(0);
     if (n >= N) return;
     float s = 0.0f;
     for (int p = 0; p < P; p++) s += part[p * N + n];
-    C[c_off + n] = epilogue(s, alpha, beta, C + c_off, n, bias, BIAS == 1 ? 0 : n);
+    C[c_off + n] = gemm_epilogue(s, alpha, beta, C + c_off, n, bias, bias_mode, 0, n, relu);
 }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
@@ -121,23 +121,23 @@ void rank1_rows(const int M, const int N, const float alpha, const float beta,
                 __global const float* restrict A, const int a_off, const int a_rs,
                 __global const float* restrict B, const int b_off,
                 __global float* C, const int c_off, const int c_rs,
-                __global const float* restrict bias ROWSUM_ARGS A_MASK_ARG) {
+                __global const float* restrict bias, const int bias_mode, const int relu ROWSUM_ARGS A_MASK_ARG) {
     const int m = get_global_id(0);
     if (m >= M) return;
     const float a = MASKED(A[a_off + m * a_rs], m);
     __global const float* b = B + b_off;
     __global float* c = C + c_off + m * c_rs;
     const int N8 = N & ~7;
-#if BIAS == 0 && !RELU  // the weight gradient: the epilogue's arithmetic, eight at a time
-    for (int n = 0; n < N8; n += 8) {
-        float8 v = alpha * (a * vload8(0, b + n));
-        if (beta != 0.0f) v += beta * vload8(0, c + n);
-        vstore8(v, 0, c + n);
+    if (bias_mode == 0 && !relu) {  // the weight gradient: the epilogue's arithmetic, eight at a time
+        for (int n = 0; n < N8; n += 8) {
+            float8 v = alpha * (a * vload8(0, b + n));
+            if (beta != 0.0f) v += beta * vload8(0, c + n);
+            vstore8(v, 0, c + n);
+        }
+        for (int n = N8; n < N; n++) c[n] = gemm_epilogue(a * b[n], alpha, beta, c, n, bias, 0, m, n, 0);
+    } else {
+        for (int n = 0; n < N; n++) c[n] = gemm_epilogue(a * b[n], alpha, beta, c, n, bias, bias_mode, m, n, relu);
     }
-    for (int n = N8; n < N; n++) c[n] = epilogue(a * b[n], alpha, beta, c, n, bias, 0);
-#else
-    for (int n = 0; n < N; n++) c[n] = epilogue(a * b[n], alpha, beta, c, n, bias, BIAS == 1 ? m : n);
-#endif
 #if ROWSUM
     D[m] = d_add ? D[m] + alpha * a : alpha * a;
 #endif

@@ -80,51 +80,51 @@ def _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, 
     to choose. GPUs: one gemv.cl launch each (its sums in 64-term stages). CPUs: gemv_cpu.cl, which streams B's rows
     (lenet-wide's 2048 x 2048 layer on PoCL, weights from memory: forward, input and weight gradients 2.09, 3.22 and
     1.82 ms through gemm_block, 1.54, 1.21 and 1.24 ms; bench/gemv_cpu_ab.py)."""
-    epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
-    if a_mask is not None:
-        epilogue["A_MASK"] = 1
+    epilogue = (bias_mode if bias is not None else 0, int(relu))  # kernel arguments after bias (gemv_common.h)
+    flags = dict(A_MASK=1) if a_mask is not None else {}
     mask = (a_mask,) if a_mask is not None else ()
     if tuning.used is not None:
         tuning.note_used(f"gemv {M}x{N}x{K}", "rank-1" if K == 1 else "gemv")
     extra = (rowsum, int(rowsum_beta != 0.0)) if rowsum is not None else ()
     if tuning.cpu_shaped(dev):
-        _skinny_cpu(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, epilogue, mask, extra, what)
+        _skinny_cpu(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, epilogue, flags, mask, extra, what)
         return
     if K == 1:
-        k = kernels.kernel(dev, "gemv.cl", "gemm_rank1", dict(epilogue, ROWSUM=1) if extra else epilogue)
+        k = kernels.kernel(dev, "gemv.cl", "gemm_rank1", dict(flags, ROWSUM=1) if extra else flags)
         kernels.launch(dev, k, (N, M), None, M, N, alpha, beta, A, a.off, a.rs, B, b.off, b.cs, C, c.off, c.rs, c.cs,
-                       bias, *extra, *mask, what=what)
+                       bias, *epilogue, *extra, *mask, what=what)
         return
     LN, LK, KS = tuning.gemv_shape(dev, k_fast=b.rs == 1, n_fast=b.cs == 1)
-    k = kernels.kernel(dev, "gemv.cl", "gemv", dict(LN=LN, LK=LK, KS=KS, **epilogue))
+    k = kernels.kernel(dev, "gemv.cl", "gemv", dict(LN=LN, LK=LK, KS=KS, **flags))
     kernels.launch(dev, k, (-(-N // LN) * LN, LK), (LN, LK), N, K, alpha, beta, A, a.off, a.cs, B, b.off, b.rs, b.cs,
-                   C, c.off, c.cs, bias, *mask, what=what)
+                   C, c.off, c.cs, bias, *epilogue, *mask, what=what)
 
 
 GEMV_CPU_ROWS = 16  # gemv_dot's outputs per work-item (a multiple of 4)
 
 
-def _skinny_cpu(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, epilogue, mask, extra, what):
+def _skinny_cpu(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, epilogue, flags, mask, extra, what):
     """gemv_cpu.cl: the rank-1 product a row of C per work-item; one row of C from B's k-contiguous rows as dot
     products (one launch), or from its n-contiguous rows as P partial rows, each a slice of k, then their ordered sum
     (two launches; P about four per core, each slice at least 128 rows)."""
+    flags = dict(flags, ROWS=GEMV_CPU_ROWS)  # every kernel of the file with the same defines: one program
     if K == 1:
-        k = kernels.kernel(dev, "gemv_cpu.cl", "rank1_rows", dict(epilogue, ROWSUM=1) if extra else epilogue)
+        k = kernels.kernel(dev, "gemv_cpu.cl", "rank1_rows", dict(flags, ROWSUM=1) if extra else flags)
         kernels.launch(dev, k, (M,), (1,), M, N, alpha, beta, A, a.off, a.rs, B, b.off, C, c.off, c.rs, bias,
-                       *extra, *mask, what=what)
+                       *epilogue, *extra, *mask, what=what)
     elif b.rs == 1:
-        k = kernels.kernel(dev, "gemv_cpu.cl", "gemv_dot", dict(epilogue, ROWS=GEMV_CPU_ROWS))
+        k = kernels.kernel(dev, "gemv_cpu.cl", "gemv_dot", flags)
         kernels.launch(dev, k, (-(-N // GEMV_CPU_ROWS),), (1,), N, K, alpha, beta, A, a.off, B, b.off, b.cs, C, c.off,
-                       bias, *mask, what=what)
+                       bias, *epilogue, *mask, what=what)
     else:
         parts = max(1, min(4 * dev.compute_units, K // 128))
         kc = -(-K // parts)
         parts = -(-K // kc)
         part = empty((parts * N,), dev)
-        k = kernels.kernel(dev, "gemv_cpu.cl", "gemv_axpy", dict(A_MASK=1) if mask else {})
+        k = kernels.kernel(dev, "gemv_cpu.cl", "gemv_axpy", flags)
         kernels.launch(dev, k, (parts,), (1,), N, K, kc, A, a.off, B, b.off, b.rs, part, *mask, what=what)
-        k = kernels.kernel(dev, "gemv_cpu.cl", "gemv_sum", dict(BIAS=epilogue["BIAS"], RELU=epilogue["RELU"]))
-        kernels.launch(dev, k, (N,), None, N, parts, alpha, beta, part, C, c.off, bias, what=what)
+        k = kernels.kernel(dev, "gemv_cpu.cl", "gemv_sum", flags)
+        kernels.launch(dev, k, (N,), None, N, parts, alpha, beta, part, C, c.off, bias, *epilogue, what=what)
 
 
 def gemm_key(M, N, K, batch, a, b, c):
@@ -189,15 +189,17 @@ def _gemm_choice(dev, choice, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bia
     if choice.get("tb"):  # B(k, n), k fastest, seen as (N, K) -> stored (K, N): loads along n
         assert not b.split, "a transposed B copy needs an unsplit B (gemm_candidates never offers it otherwise)"
         B, b = _transposed(dev, B, Mat(off=b.off, bs=b.bs, rs=b.cs, cs=b.rs), N, K, batch), Mat(bs=K * N, rs=N, cs=1)
-    epilogue = dict(BIAS=bias_mode if bias is not None else 0, RELU=relu)
+    # the epilogue's (bias mode, ReLU): kernel arguments, so the plain product, a split-K slice and a layer's fused
+    # forward share one program (gemm_common.h)
+    epilogue = (bias_mode if bias is not None else 0, int(relu))
     ksplit, kc = tuning.slices(cfg, K, ksplit)
     if ksplit > 1:
         partial = empty((batch * ksplit * M * N,), dev)
         _gemm(dev, cfg, M, N, K, A, a, B, b, partial, Mat(bs=M * N, rs=N, cs=1), 1.0, 0.0, batch * ksplit,
-              None, 0, {}, ksplit, kc, what)
-        k = kernels.kernel(dev, "gemm.cl", "gemm_reduce", dict(C_SPLIT=c.split, **epilogue))
+              None, 0, (0, 0), ksplit, kc, what)
+        k = kernels.kernel(dev, "gemm.cl", "gemm_reduce", dict(C_SPLIT=c.split))
         kernels.launch(dev, k, (N, M, batch), None, M, N, ksplit, alpha, beta, partial, C, *c.args(), bias, bias_bs,
-                       what=what + " (split-K sum)")
+                       *epilogue, what=what + " (split-K sum)")
         return
     _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bias, bias_bs, epilogue, 1, K, what)
 
@@ -208,7 +210,7 @@ GEMM_FILES = dict(gemm_tiled="gemm.cl", gemm_block="gemm_cpu.cl")
 def _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, zsize, bias, bias_bs, epilogue, ksplit, kc, what):
     name = cfg["kernel"]
     defines = {k: v for k, v in cfg.items() if k != "kernel"}
-    defines.update(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split, **epilogue)
+    defines.update(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split)
     if name == "gemm_tiled":
         # float4 fetches where the operand's layout allows and each slice splits into float4s over the work-group
         float4s_per_round = 4 * (cfg["TM"] // cfg["WM"]) * (cfg["TN"] // cfg["WN"])
@@ -223,4 +225,4 @@ def _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, zsize, bias, bias_bs
         global_size = (-(-N // 16), -(-M // cfg["RM"]), zsize)
     k = kernels.kernel(dev, GEMM_FILES[name], name, defines)
     kernels.launch(dev, k, global_size, local, M, N, K, alpha, beta, A, *a.args(), B, *b.args(), C, *c.args(),
-                   bias, bias_bs, ksplit, kc, what=what)
+                   bias, bias_bs, *epilogue, ksplit, kc, what=what)
