@@ -90,7 +90,12 @@ def test_pool_reuses_buffers(dev):
     assert pool(dev).allocated_bytes == before
 
 
-GEMM_CASES = [(1, 1, 1), (3, 31, 33), (65, 17, 129), (130, 129, 31), (33, 200, 65), (3, 17, 2049)]  # last: split-K
+# No size here is a multiple of 4 along any stride, so every gemm_tiled program of this test fetches and stores
+# scalars (one program per tile shape and layout, which the split-K slices of the last case share since the epilogue
+# became kernel arguments); test_gemm_float4_fetches runs every tile shape and layout with float4 fetches and stores.
+# The float4 switches of A, B and C are separate code (each operand's fetch, the store), so covering each of them on
+# and off with every tile and layout covers what their mixes would: a mix here built 24 more programs per device.
+GEMM_CASES = [(1, 1, 1), (3, 31, 33), (65, 17, 129), (130, 129, 31), (33, 201, 65), (3, 17, 2049)]  # last: split-K
 
 
 @pytest.fixture(params=["device-default", "tiled-small", "tiled-large", "tiled-shallow", "tiled-deep", "tiled-wide",
@@ -137,7 +142,9 @@ def test_gemm_layouts(dev, rng, gemm_variant, M, N, K, trans_a, trans_b):
         assert_close_to_terms(C.numpy(), expected, terms, "C", tol=1e-6)
 
 
-@pytest.mark.parametrize("M,N,K", [(37, 71, 45), (130, 129, 67), (5, 6, 4099)])  # N % 4 = 3, 1, 2; last: split-K
+# N % 4 = 3 and 1: float4s cross C's and B's last column; the last case runs split-K, its N a multiple of 4 so that the
+# slices' dense partial products are stored as float4s too and the slices share the other cases' program
+@pytest.mark.parametrize("M,N,K", [(37, 71, 45), (130, 129, 67), (5, 8, 4099)])
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("bias_mode", [1, 2])
 def test_gemm_float4_fetches(dev, rng, gemm_variant, M, N, K, trans_a, trans_b, bias_mode):
