@@ -33,9 +33,9 @@ cl_kernels/chain.cl, which runs the steps per element in order through the same
 formula text and still writes every step's output; `_Chain` holds the rules (one element count; a buffer the chain
 wrote read again only where it was written; no output over what an earlier step read elsewhere; at most 16 steps
 and 12 buffers). `launches` counts what a replay enqueues after fusion, `fused` the launches merged away, `chains`
-each fused launch's length. GPUs fuse, CPUs do not (tuning.fuses_chains: the chain is an interpreter, which CPUs run
-slower than the separate launches); `Graph(fuse=True)` fuses anywhere, `Graph(fuse=False)` or CLNET_FUSE=0 replays
-every launch as recorded. Eager steps and
+each fused launch's length. By default a GPU fuses runs of up to 2^19 elements and a CPU none
+(tuning.fused_chain_elements: the chain is an interpreter, slower than the separate launches on large tensors, and
+on CPUs at every size); `Graph(fuse=True)` fuses every run, `Graph(fuse=False)` or CLNET_FUSE=0 none. Eager steps and
 the capture itself never fuse: the capture runs the step unfused, as an eager step.
 
 Memory: every buffer a recorded launch touches belongs to the graph until the graph goes: buffers freed during the
@@ -83,8 +83,8 @@ class CaptureError(Error, RuntimeError):
 
 class Graph:
     """A recorded step: its launches, copies and host actions in order, replayed by `replay()`. fuse: merge runs of
-    element-wise launches into one launch each at the end of the capture (default: the device's, tuning.fuses_chains:
-    on GPUs; off where CLNET_FUSE=0)."""
+    element-wise launches into one launch each at the end of the capture (None, the default: as the device does,
+    runs of up to tuning.fused_chain_elements(dev) elements, none on CPUs; True: every run; CLNET_FUSE=0: none)."""
 
     def __init__(self, fuse=None):
         self._items = []  # (clone, global size, local size, live args) launches; callables (copies, host actions)
@@ -223,15 +223,17 @@ class Graph:
                 raise CaptureError("internal: a buffer the capture used is neither alive nor in the pool")
             self._taken.append((p,) + entry)
         self._seen.clear()
+        limit = None  # fuse=True: runs of any size
         if self.fuse is None:
-            self.fuse = self._device is not None and tuning.fuses_chains(self._device)
+            limit = tuning.fused_chain_elements(self._device) if self._device is not None else 0
+            self.fuse = limit > 0
         if self.fuse and len(self._steps) > 1:
-            self._fuse()  # after the withdrawals: the code tensors it allocates cannot be buffers the step uses
+            self._fuse(limit)  # after the withdrawals: the code tensors it allocates cannot be buffers the step uses
         self._steps = {}
         self._leaves = tuple((t, t.storage, t._grad) for t in self._grads.values())
         self.captured = True
 
-    def _fuse(self):
+    def _fuse(self, limit=None):
         """Merge each run of consecutive recorded pointwise launches that _Chain admits into one launch of
         cl_kernels/chain.cl, which runs their steps per element in order and still writes every step's output."""
         items, chain = [], None
@@ -260,6 +262,8 @@ class Graph:
 
         for index, item in enumerate(self._items):
             entry = self._steps.get(index)
+            if entry is not None and limit is not None and entry[2] > limit:
+                entry = None  # a run this large runs faster as its separate launches
             if entry is not None and chain is not None and chain.admit(item, *entry):
                 continue
             close()

@@ -70,11 +70,12 @@ DIRECT_MAX_CHANNELS_CPU = 64  # input channels per group up to which direct is P
 # Largest im2col buffer per convolution chunk; the batch is split into chunks that fit.
 COL_BYTES = dict(gpu=512 << 20, cpu=64 << 20)
 
-# Whether a replayed graph fuses its runs of element-wise launches into one launch of chain.cl (graph.py). A chain is
-# an interpreter, a loop over its steps for each element, which saves launches where they are what costs (a GPU);
-# PoCL and Intel's CPU runtime ran a chain of 5 steps 2-27x slower than the 5 launches it replaced from 4K to 1M
-# elements, no faster at 1K (bench/chain_cost.py; bench/NOTES.md v23), and their replayed launches cost little.
-FUSE_CHAINS = dict(gpu=True, cpu=False)
+# The most elements a run of element-wise launches of a replayed graph may cover to be fused into one launch of
+# chain.cl (graph.py; 0: none fuse). A chain is an interpreter, a loop over its steps for each element: it saves
+# launches, and costs arithmetic. bench/chain_cost.py, a chain of 5 steps against its 5 launches (bench/NOTES.md
+# v23): on the H200 0.43x at 1K elements, 0.59x at 256K, 1.24x at 1M, 2.30x at 16M; on PoCL and Intel's CPU
+# runtime no faster at 1K and 2-27x slower from 4K to 1M (their replayed launches cost little).
+FUSED_CHAIN_ELEMENTS = dict(gpu=1 << 19, cpu=0)
 
 # Split-K: slices of at least this depth, and enough work-groups to fill the device this many times over.
 SPLIT_K_MIN_DEPTH = 256
@@ -85,8 +86,8 @@ def device_class(dev):
     return "gpu" if dev.is_gpu else "cpu"
 
 
-def fuses_chains(dev):
-    return FUSE_CHAINS[device_class(dev)]
+def fused_chain_elements(dev):
+    return FUSED_CHAIN_ELEMENTS[device_class(dev)]
 
 
 def local_bytes(cfg):

@@ -7,7 +7,7 @@ import pytest
 
 import clnet
 from clnet import graph as graph_module
-from clnet import nn, ops, optim, pointwise
+from clnet import nn, ops, optim, pointwise, tuning
 from clnet.chain import BINARY_FWD, UNARY_FWD, ChainStep
 
 from conftest import assert_close
@@ -277,19 +277,24 @@ def test_the_environment_switch_turns_fusion_off(monkeypatch):
     assert clnet.Graph().fuse is False and clnet.Graph(fuse=True).fuse is True
 
 
-def test_gpus_fuse_and_cpus_do_not_by_default(dev):
-    """Graph() leaves the choice to the device (tuning.fuses_chains): on a CPU the interpreted chain is slower than
-    the launches it replaces, so a CPU's graph replays them as recorded; Graph(fuse=True) fuses there too."""
-    x = clnet.tensor(np.arange(6, dtype=np.float32), dev)
-    graphs = {}
-    for fuse in (None, True):
-        g = graphs[fuse] = clnet.Graph(fuse=fuse)
+def test_the_device_decides_which_runs_fuse(dev, monkeypatch):
+    """Graph() leaves the choice to the device (tuning.fused_chain_elements): a GPU fuses runs of up to 2^19
+    elements (the interpreted chain is slower than the separate launches past that), a CPU none (slower at every
+    size); Graph(fuse=True) fuses every run."""
+    def capture(n, fuse):
+        x = clnet.tensor(np.arange(n, dtype=np.float32), dev)
+        g = clnet.Graph(fuse=fuse)
         with clnet.no_grad(), g.capture():
-            y = (x * 2.0 + x).relu() - x
-        assert g.fuse is (dev.is_gpu if fuse is None else True)
-    assert graphs[True].fused >= 2, "the affine, axpby, activation and axpby launches make one chain"
-    assert graphs[None].fused == (graphs[True].fused if dev.is_gpu else 0)
-    np.testing.assert_array_equal(y.numpy(), np.maximum(np.arange(6) * 3.0, 0) - np.arange(6))
+            y = (x * 2.0 + x).relu() - x  # affine, axpby, an activation, axpby: one run
+        np.testing.assert_array_equal(y.numpy(), np.maximum(np.arange(n) * 3.0, 0) - np.arange(n))
+        return g
+
+    assert capture(6, None).fused == (3 if dev.is_gpu else 0) and capture(6, True).fused == 3
+    monkeypatch.setitem(tuning.FUSED_CHAIN_ELEMENTS, "gpu", 8)
+    monkeypatch.setitem(tuning.FUSED_CHAIN_ELEMENTS, "cpu", 8)
+    small, large = capture(8, None), capture(9, None)
+    assert small.fuse and small.fused == 3, "a run of the limit's size fuses"
+    assert large.fused == 0 and capture(9, True).fused == 3, "a larger one only when asked"
 
 
 # ---- the rules, on the chain's bookkeeping itself -----------------------------------------------------------------
