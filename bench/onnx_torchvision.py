@@ -44,7 +44,8 @@ out, as are modules that no node names. One line a module in --out/layers.jsonl,
 way within float32 rounding of the kink: the training-mode file with every Relu node's input made a graph output, one
 step in clnet, and PyTorch's step in float64 twice, plainly and with relu(x) replaced by x * (clnet's input > 0)
 (the k-th nn.ReLU call taking the k-th Relu node), and PyTorch float32's beside them; the decisions that differ are
-counted, each with its distance from the kink over its call's largest input. Max-pool decisions are not shared. One
+counted, each with its distance from the kink over its call's largest input; then a third float64 step with
+clnet's max-pool choices shared too (each window's argmax of clnet's input, the float64 input gathered there). One
 line a model in --out/shared-relu.jsonl.
 """
 import argparse
@@ -521,13 +522,38 @@ class SharedRelu:
     times in a block, so the order of calls, not the module, matches an ONNX Relu node). Each decision that differs
     from float64's own (given the shared decisions above it) is counted, with |x| at it over the call's max |x|."""
 
-    def __init__(self, model, ours):
+    def __init__(self, model, ours, pools=None):
         self.ours, self.calls, self.rows = ours, 0, []
-        self.handles = []
+        self.pools, self.pool_calls, self.pool_rows = pools, 0, []
         for m in model.modules():
             if type(m).__name__ == "ReLU":
                 m.inplace = False
-                self.handles.append(m.register_forward_hook(self.follow))
+                m.register_forward_hook(self.follow)
+            if pools is not None and type(m).__name__ == "MaxPool2d":
+                m.register_forward_hook(self.follow_pool)
+
+    def follow_pool(self, m, args, out):
+        """Max pooling with clnet's choice in each window: the argmax of clnet's input (its float32 values, exact in
+        float64), the float64 input gathered there. A choice that differs from float64's own is a flip."""
+        import torch
+        import torch.nn.functional as F
+        v = args[0]
+        k = self.pool_calls
+        self.pool_calls += 1
+        ours = torch.from_numpy(self.pools[k]).to(v.dtype)
+        kw = dict(kernel_size=m.kernel_size, stride=m.stride, padding=m.padding, dilation=m.dilation,
+                  ceil_mode=m.ceil_mode, return_indices=True)
+        idx = F.max_pool2d(ours, **kw)[1]
+        own = F.max_pool2d(v.detach(), **kw)[1]
+        differ = idx != own
+        flat = v.detach().flatten(2)
+        n = int(differ.sum())
+        gap = 0.0
+        if n:  # how far apart float64 holds the two candidates, over the call's max |x|
+            a, b = flat.gather(2, own.flatten(2)), flat.gather(2, idx.flatten(2))
+            gap = float((a - b).abs().flatten()[differ.flatten()].max()) / max(float(flat.abs().max()), 1e-300)
+        self.pool_rows.append(dict(call=k, windows=int(idx.numel()), flips=n, worst_gap=gap))
+        return v.flatten(2).gather(2, idx.flatten(2)).view(idx.shape)
 
     def follow(self, m, args, out):
         import torch
@@ -553,7 +579,7 @@ class SharedRelu:
 def shared_relu(args, dev):
     """--shared-relu: for each model, the training-mode TorchScript file's one step in clnet (with every Relu node's
     input made a graph output) against PyTorch float64's step, plain and with clnet's ReLU decisions imposed; PyTorch
-    float32's step beside it against both. Max-pool decisions are not shared."""
+    float32's step beside it against both; then with clnet's max-pool choices shared as well."""
     import torch
     import onnx
     import clnet
@@ -563,7 +589,7 @@ def shared_relu(args, dev):
     path_out = os.path.join(args.out, "shared-relu.jsonl")
     for name in args.shared_relu.split(","):
         t0 = time.perf_counter()
-        rec = dict(model=name, phase="ts-train", shared="relu", maxpool_shared=False)
+        rec = dict(model=name, phase="ts-train", shared="relu, then relu and max-pool")
         model, shape, classes = build(args.family, name, SEED)
         informative(model, shape, args.batch, SEED)
         no_dropout(model)
@@ -580,12 +606,13 @@ def shared_relu(args, dev):
                               opset_version=17, input_names=["input"])
         proto = onnx.load(path)
         relus = relu_inputs(proto)
+        pool_in = [n.input[0] for n in proto.graph.node if n.op_type == "MaxPool"]
         n_out = len(proto.graph.output)
         inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(proto).graph.value_info}
-        missing = [t for t in relus if t not in inferred]
+        missing = [t for t in relus + pool_in if t not in inferred]
         if missing:
             raise RuntimeError(f"no inferred shape for Relu inputs {missing[:4]}")
-        proto.graph.output.extend(inferred[t] for t in relus)
+        proto.graph.output.extend(inferred[t] for t in relus + pool_in)
         onnx.save(proto, path)
         rec["relu_nodes"] = len(relus)
         rec["maxpool_nodes"] = sum(1 for n in proto.graph.node if n.op_type == "MaxPool")
@@ -595,7 +622,8 @@ def shared_relu(args, dev):
         params = dict(net.named_parameters())
         out = net(clnet.tensor(x, dev))
         outs = out if isinstance(out, tuple) else (out,)
-        ours = [o.numpy() for o in outs[n_out:]]
+        ours = [o.numpy() for o in outs[n_out:n_out + len(relus)]]
+        pools = [o.numpy() for o in outs[n_out + len(relus):]]
         loss = nn.CrossEntropyLoss()(outs[0], clnet.tensor(labels.astype(np.int32), dev))
         loss.backward()
         dev.synchronize()
@@ -609,16 +637,21 @@ def shared_relu(args, dev):
         # PyTorch: float64 plain, float64 with clnet's decisions, float32 plain
         grads = {}
         for label, dtype, share in (("f64", torch.float64, False), ("f64_shared", torch.float64, True),
-                                    ("f32", torch.float32, False)):
+                                    ("f64_shared_pool", torch.float64, True), ("f32", torch.float32, False)):
             m = copy.deepcopy(model).to(dtype).train()
-            follow = SharedRelu(m, ours) if share else None
+            follow = SharedRelu(m, ours, pools if label == "f64_shared_pool" else None) if share else None
             y = first_output(m(torch.from_numpy(x).to(dtype)))
             torch.nn.functional.cross_entropy(y, torch.from_numpy(labels)).backward()
             grads[label] = {n: p.grad.numpy() for n, p in m.named_parameters() if p.grad is not None}
             if share:
                 if follow.calls != len(ours):
                     raise RuntimeError(f"{follow.calls} nn.ReLU calls, {len(ours)} Relu nodes in the file")
-                rows = follow.rows
+                if follow.pools is not None and follow.pool_calls != len(pools):
+                    raise RuntimeError(f"{follow.pool_calls} nn.MaxPool2d calls, {len(pools)} MaxPool nodes")
+                if follow.pools is None:
+                    rows = follow.rows
+                else:
+                    pool_rows = follow.pool_rows
             del m, y
         params64 = grads["f64"]
         pairs = [(k, g.T if g.shape != params64[k].shape and g.T.shape == params64[k].shape else g)
@@ -630,7 +663,11 @@ def shared_relu(args, dev):
         rec["worst_flip_gap"] = max(r["worst_gap"] for r in rows)
         rec["worst_relu_input_err"] = max(r["input_err"] for r in rows)  # clnet's Relu input against float64's
         rec["flip_calls"] = [r for r in rows if r["flips"]][:40]
-        for ref in ("f64", "f64_shared"):
+        rec["maxpool_flips"] = sum(r["flips"] for r in pool_rows)
+        rec["maxpool_windows"] = sum(r["windows"] for r in pool_rows)
+        rec["maxpool_worst_gap"] = max((r["worst_gap"] for r in pool_rows), default=0.0)
+        rec["maxpool_calls"] = pool_rows
+        for ref in ("f64", "f64_shared", "f64_shared_pool"):
             rec[f"grad_err_{ref}"], rec[f"grad_worst_{ref}"] = grad_err(pairs, grads[ref])
             rec[f"torch32_grad_err_{ref}"], rec[f"torch32_worst_{ref}"] = grad_err(grads["f32"].items(), grads[ref])
         rec["wall_s"] = round(time.perf_counter() - t0, 2)
@@ -641,7 +678,10 @@ def shared_relu(args, dev):
               f"of {len(rows)} calls (worst {rec['worst_flip_gap']:.1e} of the call's max |x| from the kink); "
               f"grad err vs float64 {rec['grad_err_f64']:.1e} (PyTorch float32 {rec['torch32_grad_err_f64']:.1e}), "
               f"vs float64 with clnet's decisions {rec['grad_err_f64_shared']:.1e} "
-              f"(PyTorch float32 {rec['torch32_grad_err_f64_shared']:.1e}); worst {rec['grad_worst_f64_shared']}",
+              f"(PyTorch float32 {rec['torch32_grad_err_f64_shared']:.1e}); worst {rec['grad_worst_f64_shared']}; "
+              f"{rec['maxpool_flips']} of {rec['maxpool_windows']} max-pool choices flipped (worst "
+              f"{rec['maxpool_worst_gap']:.1e}), with them shared too {rec['grad_err_f64_shared_pool']:.1e}, worst "
+              f"{rec['grad_worst_f64_shared_pool']}",
               flush=True)
         gc.collect()
 
