@@ -13,8 +13,11 @@
 // value per column n; the bias pointer advanced by b*bias_bs) and relu (0/1: ReLU last, NaN kept). Both are the same
 // for every work-item and are read once per output after the k loop, so a bias or ReLU costs no program of its own
 // (one program serves a layer's forward with them and its gradients without; a split-K slice and the plain product).
+// Where EPILOGUE_BIAS and EPILOGUE_RELU are defined (GPUs: clnet/tuning.py EPILOGUE_AT_BUILD), they fix the two at
+// build time and the arguments go unread: on the H200 the run-time form took SGEMM at 1024 from 0.072 to 0.088 ms.
 // Defines:
 //   A_SPLIT, B_SPLIT, C_SPLIT  0/1: column split in use for that operand
+//   EPILOGUE_BIAS, EPILOGUE_RELU  (optional, both or neither) the epilogue's bias mode and ReLU fixed at build time
 #ifndef CLNET_GEMM_COMMON_H
 #define CLNET_GEMM_COMMON_H
 #include "common.h"
@@ -28,6 +31,20 @@
 #ifndef C_SPLIT
 #define C_SPLIT 0   // column split on C
 #endif
+#ifdef EPILOGUE_BIAS
+#ifndef EPILOGUE_RELU
+#error "EPILOGUE_BIAS needs EPILOGUE_RELU"
+#endif
+#if EPILOGUE_BIAS < 0 || EPILOGUE_BIAS > 2
+#error "EPILOGUE_BIAS must be 0, 1 or 2"
+#endif
+#define EPI_BIAS(run_time) EPILOGUE_BIAS
+#define EPI_RELU(run_time) EPILOGUE_RELU
+#else
+#define EPI_BIAS(run_time) (run_time)
+#define EPI_RELU(run_time) (run_time)
+#endif
+
 #if A_SPLIT
 #define A_COL(c) (((c) % a_cdiv) * a_cs + ((c) / a_cdiv) * a_cso)
 #else
@@ -62,8 +79,8 @@ inline float gemm_epilogue(float acc, const float alpha, const float beta, __glo
                            const int relu) {
     float v = alpha * acc;
     if (beta != 0.0f) v += beta * C[c_idx];
-    if (bias_mode) v += bias[bias_mode == 1 ? m : n];
-    if (relu) v = v < 0.0f ? 0.0f : v;  // not fmax: NaN stays NaN, as in PyTorch's ReLU
+    if (EPI_BIAS(bias_mode)) v += bias[EPI_BIAS(bias_mode) == 1 ? m : n];
+    if (EPI_RELU(relu)) v = v < 0.0f ? 0.0f : v;  // not fmax: NaN stays NaN, as in PyTorch's ReLU
     return v;
 }
 

@@ -89,6 +89,7 @@ def _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, 
     if tuning.cpu_shaped(dev):
         _skinny_cpu(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, epilogue, flags, mask, extra, what)
         return
+    flags.update(_built_epilogue(dev, epilogue))
     if K == 1:
         k = kernels.kernel(dev, "gemv.cl", "gemm_rank1", dict(flags, ROWSUM=1) if extra else flags)
         kernels.launch(dev, k, (N, M), None, M, N, alpha, beta, A, a.off, a.rs, B, b.off, b.cs, C, c.off, c.rs, c.cs,
@@ -197,7 +198,7 @@ def _gemm_choice(dev, choice, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bia
         partial = empty((batch * ksplit * M * N,), dev)
         _gemm(dev, cfg, M, N, K, A, a, B, b, partial, Mat(bs=M * N, rs=N, cs=1), 1.0, 0.0, batch * ksplit,
               None, 0, (0, 0), ksplit, kc, what)
-        k = kernels.kernel(dev, "gemm.cl", "gemm_reduce", dict(C_SPLIT=c.split))
+        k = kernels.kernel(dev, "gemm.cl", "gemm_reduce", dict(C_SPLIT=c.split, **_built_epilogue(dev, epilogue)))
         kernels.launch(dev, k, (N, M, batch), None, M, N, ksplit, alpha, beta, partial, C, *c.args(), bias, bias_bs,
                        *epilogue, what=what + " (split-K sum)")
         return
@@ -207,10 +208,16 @@ def _gemm_choice(dev, choice, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bia
 GEMM_FILES = dict(gemm_tiled="gemm.cl", gemm_block="gemm_cpu.cl")
 
 
+def _built_epilogue(dev, epilogue):
+    """The epilogue (bias mode, ReLU) as defines where the device fixes it at build time (tuning.EPILOGUE_AT_BUILD:
+    GPUs), else none: the kernels then read their arguments, and one program serves every epilogue."""
+    return dict(EPILOGUE_BIAS=epilogue[0], EPILOGUE_RELU=epilogue[1]) if tuning.epilogue_at_build(dev) else {}
+
+
 def _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, zsize, bias, bias_bs, epilogue, ksplit, kc, what):
     name = cfg["kernel"]
     defines = {k: v for k, v in cfg.items() if k != "kernel"}
-    defines.update(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split)
+    defines.update(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split, **_built_epilogue(dev, epilogue))
     if name == "gemm_tiled":
         # float4 fetches where the operand's layout allows and each slice splits into float4s over the work-group
         float4s_per_round = 4 * (cfg["TM"] // cfg["WM"]) * (cfg["TN"] // cfg["WN"])
