@@ -4,6 +4,8 @@ computation in float64 (attention built from MatMul, Einsum, Softmax, LayerNorma
 tensors; an image path through reflect Pad, linear Resize, ConvTranspose with asymmetric pads, Where,
 InstanceNormalization, a negative-step Slice, ReduceL2 and Gather). Also: the unnamed weights of PyTorch's TorchScript
 exporter ("onnx::Conv_17") take their module's names."""
+import copy
+
 import numpy as np
 import pytest
 
@@ -231,9 +233,16 @@ def test_pytorch_exports_of_modern_blocks_train(dev, rng, tmp_path, dynamo, trai
     theirs = dict(model.named_parameters())
     ours = dict(net.named_parameters())
     assert set(ours) <= set(theirs) and len(ours) == len(theirs), sorted(set(theirs) ^ set(ours))
+    # the reference: the same step in float64; each gradient within 2e-5 of it, or within 4x PyTorch float32's own
+    # distance from it where float32 itself lands farther (se1's weight: a sum over few active ReLUs)
+    model64 = copy.deepcopy(model).double()
+    (model64(x.double()) * torch.tensor(g, dtype=torch.float64)).sum().backward()
+    exact = dict(model64.named_parameters())
     for k, p in ours.items():
         grad = p.grad.numpy().T if k in net._transposed else p.grad.numpy()
-        assert_close(grad, theirs[k].grad.numpy(), f"gradient of {k}", tol=2e-5)
+        ref = exact[k].grad.numpy()
+        f32 = np.linalg.norm(theirs[k].grad.numpy() - ref) / max(np.linalg.norm(ref), 1e-30)
+        assert_close(grad, ref, f"gradient of {k}", tol=max(2e-5, 4 * f32))
 
 
 def test_index_and_shape_ops_of_computed_tensors(dev, rng, tmp_path):

@@ -354,8 +354,9 @@ def test_clip_grad_norm_over_an_optimizers_gradients(dev, rng, which):
     opt.zero_grad()
     x = rng.standard_normal((6, 7)).astype(np.float32)
     (model(clnet.tensor(x, dev)) ** 2).sum().backward()
-    (twin(torch.from_numpy(x).double()) ** 2).sum().backward()
     ours, theirs = model.parameters(), list(twin.parameters())
+    for p, t in zip(ours, theirs):  # torch clips clnet's own gradients (in float64): the clipping is what is tested
+        t.grad = torch.from_numpy(p.grad.numpy().astype(np.float64))
     if which == "every other":
         ours, theirs = ours[::2], theirs[::2]
     before = kernels.launch_count
