@@ -89,4 +89,4 @@ def launch(dev, k, global_size, args, what, step, n):
     try:
         kernels.launch(dev, k, global_size, None, *args, what=what)
     finally:
-        graph.offer(None, None, None)  # recorded or not, it describes this launch only
+        graph.offer(None, None, None, None)  # recorded or not, it describes this launch only

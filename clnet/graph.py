@@ -101,7 +101,7 @@ class Graph:
         self.fused = 0  # launches that fusion merged into others (launches + fused: what the capture recorded)
         self.chains = []  # the number of launches each fused launch replaced
         self.fusion_refused = None  # why this graph's chains stayed unfused (chain.cl did not build), or None
-        self._offered = None  # (kernel, arguments, ChainStep) of the launch being made now (offer)
+        self._offered = None  # (kernel, arguments, ChainStep, element count) of the launch being made now (offer)
         self._steps = {}  # index in _items -> (ChainStep, operands, n) of a recorded launch that may fuse
         self._programs = []  # the fused launches' code tensors, alive as long as the graph
         # enqueue without events through ctypes (see event_free); False: through pyopencl
@@ -163,7 +163,7 @@ class Graph:
         """Whether a recorded launch touches this buffer."""
         return id(buf) in self._seen
 
-    def offer(self, k, args, step, n=None):
+    def offer(self, k, args, step, n):
         """The launch of kernel k with args about to be made is `step` (a chain.ChainStep) over n elements of a chain
         that may fuse; offer(None, None, None) after it. Only the launch that matches k and args by identity takes
         it."""
