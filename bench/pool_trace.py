@@ -2,8 +2,9 @@
 asked for it, over a few eager steps of a zoo network.
 
 Prints the pool's bytes (buffers in use and cached: what `clnet bench` reports as peak memory), the peak of the
-bytes in use, and per calling site the most bytes it held at once, its share of the pool, and its distinct sizes.
-The gap between the pool and the in-use peak is what the pool keeps cached of sizes nothing is asking for.
+bytes the traced steps had in use at once, and per calling site the most bytes it held at once and its distinct
+sizes; the sites' peaks summed, set against the in-use peak, say how far apart in time they fall. The step is
+`clnet bench`'s (bench.runner.ClnetRunner: SGD with momentum, cross-entropy).
 
     python3 bench/pool_trace.py --model resnet50 --batch 128 --device gpu [--json out.json]
 """
@@ -15,12 +16,14 @@ import click
 import numpy as np
 
 import clnet
-from clnet import models, nn, optim
+from clnet import models
+from clnet.bench.runner import ClnetRunner
 from clnet.tensor import _Storage, pool as device_pool
 
 
 def _site():
-    """The innermost frame outside tensor.py and creation/ops helpers that made the buffer: module.function."""
+    """module.function of the innermost clnet frame that asked for the buffer, past tensor.py, creation.py and the
+    generic makers (empty, zeros, _make)."""
     f = sys._getframe(2)
     skip = {"tensor.py", "creation.py", "pool_trace.py"}
     while f is not None:
@@ -41,7 +44,7 @@ def main(model, batch, device_spec, steps, json_path):
     dev = clnet.device(device_spec)
     pool = device_pool(dev)
     live = {}  # id(buffer) -> (size, site)
-    state = dict(live_bytes=0, peak_live=0, peak_pool=0)
+    state = dict(live_bytes=0, peak_live=0)
     site_now = collections.Counter()
     site_peak = collections.Counter()
     site_sizes = collections.defaultdict(set)
@@ -53,7 +56,6 @@ def main(model, batch, device_spec, steps, json_path):
         live[id(buf)] = (size, site)
         state["live_bytes"] += size
         state["peak_live"] = max(state["peak_live"], state["live_bytes"])
-        state["peak_pool"] = max(state["peak_pool"], pool.allocated_bytes)
         site_now[site] += size
         site_peak[site] = max(site_peak[site], site_now[site])
         site_sizes[site].add(size)
@@ -75,24 +77,18 @@ def main(model, batch, device_spec, steps, json_path):
         returned(storage.buffer)
         storage_del(storage)
 
-    net = models.build(model)
-    shape = models.MODELS[model]["input_shape"]
-    classes = models.MODELS[model]["classes"]
     rng = np.random.default_rng(0)
-    net.to(dev)
-    x = clnet.tensor(rng.standard_normal((batch,) + tuple(shape)).astype(np.float32), dev)
-    y = clnet.tensor(rng.integers(0, classes, batch).astype(np.int32), dev)
-    opt = optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
+    spec = models.MODELS[model]
+    runner = ClnetRunner(models.build(model), dev,
+                         rng.standard_normal((batch,) + tuple(spec["input_shape"])).astype(np.float32),
+                         rng.integers(0, spec["classes"], batch).astype(np.int32))
     pool.release_cached()
     state["pool_at_start"] = pool.allocated_bytes
     pool.take, pool.give = traced_take, traced_give
     _Storage.__del__ = traced_del
     per_step = []
     for i in range(steps):
-        opt.zero_grad()
-        loss_fn(net(x), y).backward()
-        opt.step()
+        runner.step()
         dev.synchronize()
         per_step.append(pool.allocated_bytes)
         click.echo(f"step {i}: pool {pool.allocated_bytes / 2**20:.1f} MiB, in-use peak "
@@ -106,6 +102,7 @@ def main(model, batch, device_spec, steps, json_path):
     click.echo(f"{model} batch {batch} on {dev.name}: pool {pool.allocated_bytes / 2**20:.1f} MiB "
                f"(at start {state['pool_at_start'] / 2**20:.1f}), peak in use {state['peak_live'] / 2**20:.1f} MiB, "
                f"cached now {sum(s * n for s, n in cached.items()) / 2**20:.1f} MiB in {len(cached)} sizes")
+    click.echo(f"the sites' peaks summed: {sum(site_peak.values()) / 2**20:.1f} MiB")
     click.echo(f"{'site':48s} {'peak MiB':>10s} {'sizes':>6s}")
     for site, peak in rows[:30]:
         click.echo(f"{site:48s} {peak / 2**20:10.1f} {len(site_sizes[site]):6d}")

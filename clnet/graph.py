@@ -165,7 +165,7 @@ class Graph:
 
     def offer(self, k, args, step, n):
         """The launch of kernel k with args about to be made is `step` (a chain.ChainStep) over n elements of a chain
-        that may fuse; offer(None, None, None) after it. Only the launch that matches k and args by identity takes
+        that may fuse; offer(None, None, None, None) after it. Only the launch that matches k and args by identity takes
         it."""
         self._offered = (k, args, step, n) if k is not None else None
 
