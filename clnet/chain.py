@@ -77,16 +77,16 @@ class ChainStep(NamedTuple):
 
 
 def launch(dev, k, global_size, args, what, step, n):
-    """kernels.launch of k over global_size (no work-group size), which covers n elements. `step` makes what the
+    """kernels.launch of k over global_size (any work-group: the kernel checks its bounds), which covers n elements. `step` makes what the
     launch is as a chain step (a function returning a ChainStep, called only while a graph records, so eager launches
     pay nothing for it): that graph is told, with the launch's arguments, and decides at the end of the capture what
     fuses."""
     graph = kernels.recording() if step is not None else None
     if graph is None:
-        kernels.launch(dev, k, global_size, None, *args, what=what)
+        kernels.launch(dev, k, global_size, kernels.ANY_GROUP, *args, what=what)
         return
     graph.offer(k, args, step(), n)
     try:
-        kernels.launch(dev, k, global_size, None, *args, what=what)
+        kernels.launch(dev, k, global_size, kernels.ANY_GROUP, *args, what=what)
     finally:
         graph.offer(None, None, None, None)  # recorded or not, it describes this launch only

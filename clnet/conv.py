@@ -14,7 +14,7 @@ def _im2col(x, s, n0, nimg, col):
         k, size = kernels.kernel(x.device, "im2col.cl", "im2col"), (nimg * s.OH * s.OW, s.C)
     else:
         k, size = kernels.kernel(x.device, "im2col.cl", "im2col_rows"), (rows, nimg)
-    kernels.launch(x.device, k, size, None, x, n0 * s.C * s.H * s.W, *s.geometry(nimg), col, what="im2col")
+    kernels.launch(x.device, k, size, kernels.ANY_GROUP, x, n0 * s.C * s.H * s.W, *s.geometry(nimg), col, what="im2col")
 
 
 def _col2im(col, s, n0, nimg, dx):
@@ -22,7 +22,7 @@ def _col2im(col, s, n0, nimg, dx):
         k, size = kernels.kernel(dx.device, "im2col.cl", "col2im"), (nimg * s.C * s.H * s.W,)
     else:
         k, size = kernels.kernel(dx.device, "im2col.cl", "col2im_planes"), (nimg, s.C)
-    kernels.launch(dx.device, k, size, None, col, *s.geometry(nimg), dx, n0 * s.C * s.H * s.W, what="col2im")
+    kernels.launch(dx.device, k, size, kernels.ANY_GROUP, col, *s.geometry(nimg), dx, n0 * s.C * s.H * s.W, what="col2im")
 
 
 # Convolution algorithms. im2col + GEMM runs every shape; Winograd (winograd.py) runs 3x3 and 5x5 stride-1 layers
@@ -226,7 +226,7 @@ def bias_grad(dy, db, N, C, P, beta=1.0):
     dev = dy.device
     if tuning.cpu_shaped(dev):
         k = kernels.kernel(dev, "elementwise.cl", "bias_grad_planes")
-        kernels.launch(dev, k, (C,), None, dy, db, N, C, P, int(beta != 0.0), what="bias gradient")
+        kernels.launch(dev, k, (C,), kernels.ANY_GROUP, dy, db, N, C, P, int(beta != 0.0), what="bias gradient")
         return
     lsize = 256 if dev.max_work_group_size >= 256 else 1 << (dev.max_work_group_size.bit_length() - 1)
     runs = tuning.reduction_runs(dev, N * P, C, lsize)

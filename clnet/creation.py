@@ -33,7 +33,7 @@ def _new(what, shape, dtype, device):
 def _launch(t, name, defines, *args, what):
     if t.size:
         k = kernels.kernel(t.device, "creation.cl", name, defines)
-        kernels.launch(t.device, k, (t.size,), None, t, *args, what=what)
+        kernels.launch(t.device, k, (t.size,), kernels.ANY_GROUP, t, *args, what=what)
     return t
 
 
@@ -102,7 +102,7 @@ def eye(n, m=None, dtype=None, device=None, requires_grad=False):
     t = _new("eye", (int(n), int(m)), _dtype(FLOAT if dtype is None else dtype), device)
     if t.size:
         k = kernels.kernel(t.device, "creation.cl", "eye_fwd", dict(T=CL_TYPE[t.dtype]))
-        kernels.launch(t.device, k, (t.size,), None, t, int(n), int(m), what="eye")
+        kernels.launch(t.device, k, (t.size,), kernels.ANY_GROUP, t, int(n), int(m), what="eye")
     return _finish(t, requires_grad)
 
 

@@ -179,12 +179,12 @@ def conv2d_backward_weights(x, dy, s, dw, beta=1.0, what="Conv2d backward (weigh
     tail = (chunk, int(runs > 1), accumulate)
     if cpu:
         k = _kernel(dev, "conv2d_bwd_weights_depthwise_planes", s)
-        kernels.launch(dev, k, (s.O, runs), None, x, dy, out, *_args(s), *tail, what=what + " (depthwise)")
+        kernels.launch(dev, k, (s.O, runs), kernels.ANY_GROUP, x, dy, out, *_args(s), *tail, what=what + " (depthwise)")
     else:
         k = _kernel(dev, "conv2d_bwd_weights_depthwise", s)
         kernels.launch(dev, k, (s.O * ls, runs), (ls, 1), x, dy, out, *_args(s), *tail, what=what + " (depthwise)")
     if runs > 1:
         count = s.O * s.KH * s.KW
         k = _kernel(dev, "conv2d_depthwise_sum_runs", s)
-        kernels.launch(dev, k, (count,), None, out, dw, count, runs, accumulate, what=what + " (depthwise runs)")
+        kernels.launch(dev, k, (count,), kernels.ANY_GROUP, out, dw, count, runs, accumulate, what=what + " (depthwise runs)")
     return dw

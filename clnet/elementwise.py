@@ -19,7 +19,7 @@ def _map(dev, k, n, vw, *args, what="", step=None):
         for start, count in chunks(what, (n,), n, [1], unit="element", multiple=VW):
             part = tuple(a.region(start, (count,)) if isinstance(a, Tensor) and a.size == n else
                          (count if type(a) in (int, Numel) and a == n else a) for a in args)
-            kernels.launch(dev, k, (-(-count // vw),), None, *part, what=what)
+            kernels.launch(dev, k, (-(-count // vw),), kernels.ANY_GROUP, *part, what=what)
         return
     chain.launch(dev, k, (-(-n // vw),), args, what, step, n)
 

@@ -124,7 +124,7 @@ def _reduce(dev, gpu_kernel, planes_kernel, width, N, C, P, inputs, what):
             nb = max(1, min(N, N * C // (4 * dev.compute_units * lsize)))
         runs = -(-N // nb)
         part = empty((runs, C, width), dev)
-        kernels.launch(dev, _bn_kernel(dev, planes_kernel, lsize), (runs * C,), None, *inputs, part, N, C, P, nb,
+        kernels.launch(dev, _bn_kernel(dev, planes_kernel, lsize), (runs * C,), kernels.ANY_GROUP, *inputs, part, N, C, P, nb,
                        what=what)
         return part, runs, lsize
     runs, chunk = _runs(dev, N, C, P, lsize)
@@ -145,7 +145,7 @@ def _elementwise(dev, name, N, C, P, *args, what, images):
     lsize = _lsize(dev)
     if lsize == 1:
         cb = _planes_per_item(P, C)
-        kernels.launch(dev, _bn_kernel(dev, name + "_planes", 1), (N * -(-C // cb),), None, *args, C, P, N, cb,
+        kernels.launch(dev, _bn_kernel(dev, name + "_planes", 1), (N * -(-C // cb),), kernels.ANY_GROUP, *args, C, P, N, cb,
                        what=what)
     else:
         total = N * C * P
@@ -220,7 +220,7 @@ def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentu
 def _eval_invstd(running_var, eps, C):
     invstd = empty((C,), running_var.device)
     dev = running_var.device
-    kernels.launch(dev, _bn_kernel(dev, "batchnorm_invstd", _lsize(dev)), (C,), None, running_var, float(eps), invstd,
+    kernels.launch(dev, _bn_kernel(dev, "batchnorm_invstd", _lsize(dev)), (C,), kernels.ANY_GROUP, running_var, float(eps), invstd,
                    C, what="batch norm invstd")
     return invstd
 
@@ -320,7 +320,7 @@ def _lrn_launch(name, x, N, C, P, tensors, scalars, what):
     if tuning.cpu_shaped(dev):
         cb = _planes_per_item(P, C)
         k = kernels.kernel(dev, "lrn.cl", name + "_planes")
-        kernels.launch(dev, k, (N * -(-C // cb),), None, *tensors, C, P, N, cb, *scalars, what=what)
+        kernels.launch(dev, k, (N * -(-C // cb),), kernels.ANY_GROUP, *tensors, C, P, N, cb, *scalars, what=what)
     else:
         k = kernels.kernel(dev, "lrn.cl", name)
         kernels.launch(dev, k, (N * C * P,), (256,) if dev.max_work_group_size >= 256 else None, *tensors, C, P,
