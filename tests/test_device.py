@@ -9,7 +9,7 @@ from clnet import devices as device_mod
 from clnet import gemm, ops
 from clnet.gemm import Mat
 
-from conftest import assert_close, assert_close_to_terms, launched
+from conftest import assert_close, assert_close_to_terms, launched, skip_other_class_unless_first
 
 
 def test_devices_listed():
@@ -100,8 +100,9 @@ GEMM_CASES = [(1, 1, 1), (3, 31, 33), (65, 17, 129), (130, 129, 31), (33, 201, 6
 
 @pytest.fixture(params=["device-default", "tiled-small", "tiled-large", "tiled-shallow", "tiled-deep", "tiled-wide",
                         "block"])
-def gemm_variant(request, monkeypatch):
-    """Every GEMM kernel shape is checked on every device, not only the one its tuning would pick."""
+def gemm_variant(request, monkeypatch, dev):
+    """Every GEMM kernel shape is checked on every device of its class and on the first of the other class, not only
+    the one its tuning would pick."""
     from clnet import tuning
     forced = {"tiled-small": tuning.GEMM_TILED_SMALL, "tiled-large": tuning.GEMM_TILED_LARGE,
               # an 8-deep slice over 128 work-items: another split of the fetches
@@ -112,6 +113,8 @@ def gemm_variant(request, monkeypatch):
               "tiled-wide": dict(kernel="gemm_tiled", TM=128, TN=256, TK=8, WM=8, WN=16),
               "block": tuning.GEMM_BLOCK}.get(request.param)
     if forced:
+        if (forced["kernel"] == "gemm_tiled") != dev.is_gpu:
+            skip_other_class_unless_first(dev, request.param)
         monkeypatch.setattr(tuning, "gemm_config", lambda *args, **kwargs: forced)
     tuning.forget()  # defaults are memoised per shape
     yield request.param
