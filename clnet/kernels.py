@@ -485,8 +485,11 @@ def launch(dev, k, global_size, local_size, *args, what=""):
     to the device's padded work-group)."""
     global launch_count
     any_group = local_size is ANY_GROUP
-    if any_group or local_size is not None:
-        global_size, local_size = grid(dev, global_size, local_size)
+    if any_group:  # grid, inline where the driver picks (every GPU): this runs at every launch
+        global_size, local_size = grid(dev, global_size, local_size) if dev.padded_group is not None else \
+            (global_size, None)
+    elif local_size is not None:
+        global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
     if 0 in global_size:
         return None
     try:
