@@ -77,10 +77,10 @@ class ChainStep(NamedTuple):
 
 
 def launch(dev, k, global_size, args, what, step, n):
-    """kernels.launch of k over global_size (any work-group: the kernel checks its bounds), which covers n elements. `step` makes what the
-    launch is as a chain step (a function returning a ChainStep, called only while a graph records, so eager launches
-    pay nothing for it): that graph is told, with the launch's arguments, and decides at the end of the capture what
-    fuses."""
+    """kernels.launch of k over global_size (any work-group: the kernel checks its bounds), which covers n elements.
+    `step` makes what the launch is as a chain step (a function returning a ChainStep, called only while a graph
+    records, so eager launches pay nothing for it): that graph is told, with the launch's arguments, and decides at
+    the end of the capture what fuses."""
     graph = kernels.recording() if step is not None else None
     if graph is None:
         kernels.launch(dev, k, global_size, kernels.ANY_GROUP, *args, what=what)

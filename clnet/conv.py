@@ -22,7 +22,8 @@ def _col2im(col, s, n0, nimg, dx):
         k, size = kernels.kernel(dx.device, "im2col.cl", "col2im"), (nimg * s.C * s.H * s.W,)
     else:
         k, size = kernels.kernel(dx.device, "im2col.cl", "col2im_planes"), (nimg, s.C)
-    kernels.launch(dx.device, k, size, kernels.ANY_GROUP, col, *s.geometry(nimg), dx, n0 * s.C * s.H * s.W, what="col2im")
+    kernels.launch(dx.device, k, size, kernels.ANY_GROUP, col, *s.geometry(nimg), dx, n0 * s.C * s.H * s.W,
+                   what="col2im")
 
 
 # Convolution algorithms. im2col + GEMM runs every shape; Winograd (winograd.py) runs 3x3 and 5x5 stride-1 layers

@@ -186,5 +186,6 @@ def conv2d_backward_weights(x, dy, s, dw, beta=1.0, what="Conv2d backward (weigh
     if runs > 1:
         count = s.O * s.KH * s.KW
         k = _kernel(dev, "conv2d_depthwise_sum_runs", s)
-        kernels.launch(dev, k, (count,), kernels.ANY_GROUP, out, dw, count, runs, accumulate, what=what + " (depthwise runs)")
+        kernels.launch(dev, k, (count,), kernels.ANY_GROUP, out, dw, count, runs, accumulate,
+                       what=what + " (depthwise runs)")
     return dw

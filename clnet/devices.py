@@ -285,11 +285,12 @@ class Device:
         self.vendor = cl_device.vendor.strip()
         self.is_simulator = is_simulator(cl_device)
         self.opencl_c_version = _opencl_c_version(cl_device)
-        # The largest work-group that launches of kernels checking their own bounds are padded to (kernels.grid):
-        # PoCL compiles a work-group function for each local size it runs (80-180 ms each on a CPU) and, given none,
-        # picks a divisor of the global size, so every odd size was a build of its own (bench/NOTES.md v25); 1024
-        # ran a flat kernel as fast as PoCL's own choice. Oclgrind pads too, past the pool's rounding of a small
-        # buffer (64 floats), so that its checks see a padded work-item that writes. Other drivers choose (None).
+        # The largest work-group that launches of kernels checking their own bounds are padded to
+        # (kernels.any_group): PoCL compiles a work-group function for each local size it runs (80-180 ms each on a
+        # CPU) and, given none, picks a divisor of the global size, so every odd size was a build of its own
+        # (bench/NOTES.md v25); 1024 ran fill and add over 4M and 7M elements as fast as PoCL's own choice. Oclgrind
+        # pads too, past the pool's rounding of a small buffer (64 floats), so that its checks see a padded
+        # work-item that writes. Other drivers choose (None).
         self.padded_group = (1024 if self.platform_name == "Portable Computing Language" else
                              128 if self.is_simulator else None)
 

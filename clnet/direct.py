@@ -75,7 +75,8 @@ def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d", cfg=None):
         ckk = (s.C // s.G) * s.KH * s.KW
         wp = empty((blocks * ckk * ob,), dev)
         pack = kernels.kernel(dev, "conv_direct.cl", "conv2d_direct_pack", dict(OB=ob))
-        kernels.launch(dev, pack, (ckk * ob, blocks), kernels.ANY_GROUP, w, wp, s.O, s.G, ckk, what=what + " (direct, weights)")
+        kernels.launch(dev, pack, (ckk * ob, blocks), kernels.ANY_GROUP, w, wp, s.O, s.G, ckk,
+                       what=what + " (direct, weights)")
         defines.update(PX=cfg["PX"])
         k = kernels.kernel(dev, "conv_direct.cl", cfg["kernel"], defines)
         local = (1, cfg["ROWS"], 1) if cfg["ROWS"] else None

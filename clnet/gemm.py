@@ -92,8 +92,8 @@ def _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, 
     flags.update(_built_epilogue(dev, epilogue))
     if K == 1:
         k = kernels.kernel(dev, "gemv.cl", "gemm_rank1", dict(flags, ROWSUM=1) if extra else flags)
-        kernels.launch(dev, k, (N, M), kernels.ANY_GROUP, M, N, alpha, beta, A, a.off, a.rs, B, b.off, b.cs, C, c.off, c.rs, c.cs,
-                       bias, *epilogue, *extra, *mask, what=what)
+        kernels.launch(dev, k, (N, M), kernels.ANY_GROUP, M, N, alpha, beta, A, a.off, a.rs, B, b.off, b.cs, C, c.off,
+                       c.rs, c.cs, bias, *epilogue, *extra, *mask, what=what)
         return
     LN, LK, KS = tuning.gemv_shape(dev, k_fast=b.rs == 1, n_fast=b.cs == 1)
     k = kernels.kernel(dev, "gemv.cl", "gemv", dict(LN=LN, LK=LK, KS=KS, **flags))
@@ -125,7 +125,8 @@ def _skinny_cpu(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, epilogue, fla
         k = kernels.kernel(dev, "gemv_cpu.cl", "gemv_axpy", flags)
         kernels.launch(dev, k, (parts,), (1,), N, K, kc, A, a.off, B, b.off, b.rs, part, *mask, what=what)
         k = kernels.kernel(dev, "gemv_cpu.cl", "gemv_sum", flags)
-        kernels.launch(dev, k, (N,), kernels.ANY_GROUP, N, parts, alpha, beta, part, C, c.off, bias, *epilogue, what=what)
+        kernels.launch(dev, k, (N,), kernels.ANY_GROUP, N, parts, alpha, beta, part, C, c.off, bias, *epilogue,
+                       what=what)
 
 
 def gemm_key(M, N, K, batch, a, b, c):
@@ -199,8 +200,8 @@ def _gemm_choice(dev, choice, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bia
         _gemm(dev, cfg, M, N, K, A, a, B, b, partial, Mat(bs=M * N, rs=N, cs=1), 1.0, 0.0, batch * ksplit,
               None, 0, (0, 0), ksplit, kc, what)
         k = kernels.kernel(dev, "gemm.cl", "gemm_reduce", dict(C_SPLIT=c.split, **_built_epilogue(dev, epilogue)))
-        kernels.launch(dev, k, (N, M, batch), kernels.ANY_GROUP, M, N, ksplit, alpha, beta, partial, C, *c.args(), bias, bias_bs,
-                       *epilogue, what=what + " (split-K sum)")
+        kernels.launch(dev, k, (N, M, batch), kernels.ANY_GROUP, M, N, ksplit, alpha, beta, partial, C, *c.args(), bias,
+                       bias_bs, *epilogue, what=what + " (split-K sum)")
         return
     _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bias, bias_bs, epilogue, 1, K, what)
 

@@ -169,9 +169,9 @@ class Graph:
         it."""
         self._offered = (k, args, step, n) if k is not None else None
 
-    def record_launch(self, dev, k, args, global_size, local_size, any_group=False):
-        """A launch as kernels.launch enqueued it; any_group: its kernel took any work-group (kernels.ANY_GROUP), as a
-        chain step must."""
+    def record_launch(self, dev, k, args, global_size, local_size, any_work_group=False):
+        """A launch as kernels.launch enqueued it; any_work_group: its kernel took any work-group (kernels.ANY_GROUP),
+        as a chain step must."""
         for a in args:
             storage = getattr(a, "storage", None)
             if storage is not None:
@@ -179,7 +179,7 @@ class Graph:
         self._bind_queue(dev)
         offered, self._offered = self._offered, None
         if self.fuse is not False and offered is not None and offered[0] is k and len(offered[1]) == len(args) and \
-                all(x is y for x, y in zip(offered[1], args)) and (local_size is None or any_group) and \
+                all(x is y for x, y in zip(offered[1], args)) and (local_size is None or any_work_group) and \
                 len(global_size) == 1:
             operands = _operands(args)
             if operands is not None:
@@ -259,7 +259,7 @@ class Graph:
                 items.extend(chain.items)
                 return
             self._programs.append(program)
-            items.append(_item(k, args, *kernels.grid(self._device, (chain.n,), kernels.ANY_GROUP)))
+            items.append(_item(k, args, *kernels.any_group(self._device, (chain.n,))))
             self.fused += len(chain.steps) - 1
             self.chains.append(len(chain.steps))
 

@@ -439,26 +439,21 @@ class NeedsStaging(Exception):
         self.stage = stage
 
 
-# The local size of a launch whose kernel checks its global ids in dimension 0 against its sizes (and needs no
-# particular work-group): the device's padded_group where it has one (the global size rounded up to it), else the
-# driver's choice (None).
+# The local size of a launch whose kernel checks its global ids in dimension 0 against its sizes and needs no
+# particular work-group: `any_group` picks it (a padded global size) where the device has a padded_group, else the
+# driver does (None).
 ANY_GROUP = "any work-group"
 
 
-def grid(dev, global_size, local_size):
-    """(global size, work-group) a launch enqueues: global_size rounded up to a multiple of local_size.
-
-    An ANY_GROUP launch on a device with a padded_group (PoCL, which builds each work-group size it runs) takes one
-    of three sizes, so that the sizes the tests and the networks meet add few builds. Counting some eight work-groups
-    a compute unit (a launch of few heavy work-items, a plane each, must still spread over the cores): a launch too
-    small for groups of 16 takes groups of 1; a 1-D launch, or one whose first dimension fills padded_group, takes
-    padded_group (in dimension 0, then 1s) when it fills eight of them, else 16 (1-D); the rest, several dimensions
-    with short rows, is left to the driver (None), whose own choice spreads them best. Oclgrind always pads, so
-    that its checks see every padded work-item. Elsewhere the driver picks (None)."""
-    if local_size is not ANY_GROUP:
-        if local_size is not None:
-            global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
-        return global_size, local_size
+def any_group(dev, global_size):
+    """(global size, work-group) of an ANY_GROUP launch on dev: (global_size, None), the driver's choice, where dev
+    has no padded_group. Else (PoCL, which builds each work-group size it runs; Oclgrind) one of three sizes, so that
+    the sizes the tests and the networks meet add few builds. Counting some eight work-groups a compute unit (a
+    launch of few heavy work-items, a plane each, must still spread over the cores): a launch too small for groups of
+    16 takes groups of 1; a 1-D launch, or one whose first dimension is at least half of padded_group, takes
+    padded_group (in dimension 0, then 1s) when it fills eight of them; another 1-D launch takes 16; the rest,
+    several dimensions with short rows, is left to the driver (None), whose own choice spreads them best. Oclgrind
+    always pads, so that its checks see every padded work-item."""
     group = dev.padded_group
     if group is None:
         return global_size, None
@@ -482,12 +477,11 @@ def grid(dev, global_size, local_size):
 
 def launch(dev, k, global_size, local_size, *args, what=""):
     """Enqueue kernel k (a Kernel from `kernel`); global_size is rounded up to a multiple of local_size (ANY_GROUP:
-    to the device's padded work-group)."""
+    the work-group `any_group` picks, or the driver's)."""
     global launch_count
-    any_group = local_size is ANY_GROUP
-    if any_group:  # grid, inline where the driver picks (every GPU): this runs at every launch
-        global_size, local_size = grid(dev, global_size, local_size) if dev.padded_group is not None else \
-            (global_size, None)
+    picked = local_size is ANY_GROUP
+    if picked:  # any_group, without the call where the driver picks (every GPU): this runs at every launch
+        global_size, local_size = any_group(dev, global_size) if dev.padded_group is not None else (global_size, None)
     elif local_size is not None:
         global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
     if 0 in global_size:
@@ -514,7 +508,7 @@ def launch(dev, k, global_size, local_size, *args, what=""):
     if c.profiler is not None:
         c.profiler.records.append((c.profiler.tag, k.name, ev))
     if c.capturing is not None and not c.paused:
-        c.capturing.record_launch(dev, k, args, global_size, local_size, any_group)
+        c.capturing.record_launch(dev, k, args, global_size, local_size, picked)
     return ev
 
 

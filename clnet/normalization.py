@@ -124,8 +124,8 @@ def _reduce(dev, gpu_kernel, planes_kernel, width, N, C, P, inputs, what):
             nb = max(1, min(N, N * C // (4 * dev.compute_units * lsize)))
         runs = -(-N // nb)
         part = empty((runs, C, width), dev)
-        kernels.launch(dev, _bn_kernel(dev, planes_kernel, lsize), (runs * C,), kernels.ANY_GROUP, *inputs, part, N, C, P, nb,
-                       what=what)
+        kernels.launch(dev, _bn_kernel(dev, planes_kernel, lsize), (runs * C,), kernels.ANY_GROUP, *inputs, part, N, C,
+                       P, nb, what=what)
         return part, runs, lsize
     runs, chunk = _runs(dev, N, C, P, lsize)
     part = empty((runs, C, width), dev)
@@ -145,8 +145,8 @@ def _elementwise(dev, name, N, C, P, *args, what, images):
     lsize = _lsize(dev)
     if lsize == 1:
         cb = _planes_per_item(P, C)
-        kernels.launch(dev, _bn_kernel(dev, name + "_planes", 1), (N * -(-C // cb),), kernels.ANY_GROUP, *args, C, P, N, cb,
-                       what=what)
+        kernels.launch(dev, _bn_kernel(dev, name + "_planes", 1), (N * -(-C // cb),), kernels.ANY_GROUP, *args, C, P, N,
+                       cb, what=what)
     else:
         total = N * C * P
         kernels.launch(dev, _bn_kernel(dev, name, lsize), (-(-total // UNROLL),), (lsize,), *args, C, P, total,
@@ -220,8 +220,8 @@ def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentu
 def _eval_invstd(running_var, eps, C):
     invstd = empty((C,), running_var.device)
     dev = running_var.device
-    kernels.launch(dev, _bn_kernel(dev, "batchnorm_invstd", _lsize(dev)), (C,), kernels.ANY_GROUP, running_var, float(eps), invstd,
-                   C, what="batch norm invstd")
+    kernels.launch(dev, _bn_kernel(dev, "batchnorm_invstd", _lsize(dev)), (C,), kernels.ANY_GROUP, running_var,
+                   float(eps), invstd, C, what="batch norm invstd")
     return invstd
 
 

@@ -198,7 +198,8 @@ def _copy2d(src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what):
     dev = dst.device
     k = _elementwise(dev, "copy2d")
     if max(src.size, dst.size) <= kernels.INDEX_LIMIT:
-        kernels.launch(dev, k, (cols, rows), kernels.ANY_GROUP, src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what=what)
+        kernels.launch(dev, k, (cols, rows), kernels.ANY_GROUP, src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols,
+                       what=what)
         return
     span, ld = run_limit(), max(src_ld, dst_ld, 1)  # elements a block's region may cover
     step_r, step_c = (span // ld, cols) if ld <= span else (1, span)  # whole rows (cols <= ld), or pieces of one
@@ -388,8 +389,8 @@ def _pool_launch(kern, per, head, tail, x_shape, out_hw, geometry, what):
     window = (k[0], k[1], s[0], s[1], p[0], p[1], out_hw[0], out_hw[1])
     def launch(count, head, tail):
         if per == "grid":
-            kernels.launch(dev, kern, (out_hw[1], out_hw[0], count), kernels.ANY_GROUP, *head, count, H, W, *window, *tail,
-                           what=what)
+            kernels.launch(dev, kern, (out_hw[1], out_hw[0], count), kernels.ANY_GROUP, *head, count, H, W, *window,
+                           *tail, what=what)
         else:
             n = count * (OHW if per == "out" else HW if per == "in" else 1)
             _flat_launch(dev, kern, n, *head, count, H, W, *window, *tail, what=what)

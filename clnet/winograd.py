@@ -142,12 +142,12 @@ def _convolve(x, U, bias, s, m, relu, what):
     for n0 in range(0, s.N, n_chunk):
         nimg = min(n_chunk, s.N - n0)
         P = nimg * th * tw
-        kernels.launch(dev, k_in, (P, s.C), kernels.ANY_GROUP, x, n0 * s.C * s.H * s.W, s.C, s.H, s.W, s.PH, s.PW, th, tw, nimg,
-                       V, what=what + " (Winograd input transform)")
+        kernels.launch(dev, k_in, (P, s.C), kernels.ANY_GROUP, x, n0 * s.C * s.H * s.W, s.C, s.H, s.W, s.PH, s.PW, th,
+                       tw, nimg, V, what=what + " (Winograd input transform)")
         gemm(s.O, P, s.C, U, Mat(bs=s.O * s.C, rs=s.C, cs=1), V, Mat(bs=s.C * P, rs=P, cs=1), M,
              Mat(bs=s.O * P, rs=P, cs=1), batch=a * a, what=what + " (Winograd products)")
-        kernels.launch(dev, k_out, (P, s.O), kernels.ANY_GROUP, M, bias, s.O, s.OH, s.OW, th, tw, nimg, y, n0 * s.O * s.OH * s.OW,
-                       what=what + " (Winograd output transform)")
+        kernels.launch(dev, k_out, (P, s.O), kernels.ANY_GROUP, M, bias, s.O, s.OH, s.OW, th, tw, nimg, y,
+                       n0 * s.O * s.OH * s.OW, what=what + " (Winograd output transform)")
     return y
 
 
@@ -229,11 +229,12 @@ def conv2d_backward_weights(x, dy, s, dw, what="Conv2d backward (weights)", m=2,
         # square work-groups: V is stored through local memory (winograd.cl, store_channel_fastest)
         kernels.launch(dev, k_in, (P, s.C), (block, block), x, n0 * s.C * s.H * s.W, s.C, s.H, s.W, s.PH, s.PW, th, tw,
                        nimg, V, what=what + " (Winograd input transform)")
-        kernels.launch(dev, k_z, (s.O, P), kernels.ANY_GROUP, dy, n0 * s.O * s.OH * s.OW, s.O, s.OH, s.OW, th, tw, nimg, Z,
-                       what=what + " (Winograd output-gradient transform)")
+        kernels.launch(dev, k_z, (s.O, P), kernels.ANY_GROUP, dy, n0 * s.O * s.OH * s.OW, s.O, s.OH, s.OW, th, tw, nimg,
+                       Z, what=what + " (Winograd output-gradient transform)")
         # Mhat[xi] (O, C) (+)= Z[xi]^T (O, P) @ V[xi] (P, C); the first chunk overwrites whatever the pool handed out
         gemm(s.O, s.C, P, Z, Mat(bs=P * s.O, rs=1, cs=s.O), V, Mat(bs=P * s.C, rs=s.C, cs=1), Mhat,
              Mat(bs=s.O * s.C, rs=s.C, cs=1), beta=0.0 if n0 == 0 else 1.0, batch=a * a,
              what=what + " (Winograd products)")
-    kernels.launch(dev, _kernel(dev, "winograd_grad_weights", m, r), (s.O * s.C,), kernels.ANY_GROUP, Mhat, s.O, s.C, dw,
-                   int(beta != 0.0), what=what + " (Winograd weight transform)")
+    k = _kernel(dev, "winograd_grad_weights", m, r)
+    kernels.launch(dev, k, (s.O * s.C,), kernels.ANY_GROUP, Mhat, s.O, s.C, dw, int(beta != 0.0),
+                   what=what + " (Winograd weight transform)")

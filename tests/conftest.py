@@ -29,7 +29,7 @@ if not _only:
 # The other class's kernels (GPU-shaped ones on a CPU, forced by kernel_shape and gemm_variant) run on the first
 # device of each class only: no device of that class picks them, and a second CPU runtime building them again checked
 # the same source with another compiler (Intel's runtime: 114 builds, 150 s of a cold run for the GEMM tiles alone).
-# PoCL and Oclgrind (tests/test_oclgrind.py) still check every one.
+# PoCL still runs every one, and Oclgrind (tests/test_oclgrind.py) each kernel family.
 _FIRST_OF_CLASS = {}
 for _d in DEVICES:
     _FIRST_OF_CLASS.setdefault("GPU" in _d["type"], _d["index"])

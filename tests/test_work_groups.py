@@ -18,7 +18,7 @@ def test_any_group_takes_few_work_group_sizes_and_covers_the_launch(dev):
     shapes = [(n,) for n in SIZES] + [(a, b) for a in (1, 7, 33, 512, 1024, 3000) for b in (1, 3, 64)] + \
         [(a, b, c) for a in (2, 9, 700) for b in (1, 5) for c in (1, 11)]
     for shape in shapes:
-        global_size, local = kernels.grid(dev, shape, kernels.ANY_GROUP)
+        global_size, local = kernels.any_group(dev, shape)
         if local is None:  # several dimensions with short rows: the driver's choice, nothing padded
             assert len(shape) > 1 and global_size == shape and not dev.is_simulator
             continue
