@@ -122,14 +122,16 @@ def measure_torch(adds=2000, chains=50, chain_ops=40, repeats=5):
     }
 
 
-def breakdown(dev, number=20000, repeats=7):
-    """Microseconds of the pieces of one `a + b` (the least of `repeats` timings of `number` calls each), the enqueue
-    stubbed, in this thread's CPU time: the whole op, its tensor allocation and release, its launch (argument set seen
-    before), the argument key alone, the kernel look-up, and autograd's bookkeeping around a forward that does
-    nothing."""
+def breakdown(dev, number=20000, repeats=7, stub=True):
+    """Microseconds of the pieces of one `a + b` (the least of `repeats` timings of `number` calls each): the whole op,
+    its tensor allocation and release, its launch (argument set seen before), the argument key alone, the kernel
+    look-up, and autograd's bookkeeping around a forward that does nothing. stub: the enqueue stubbed, in this
+    thread's CPU time; else the real launches in wall-clock time, the queue finished after each timing (what the
+    driver's enqueue adds to each piece)."""
     import timeit
     from clnet import autograd, ops
-    _stub_enqueue()
+    if stub:
+        _stub_enqueue()
     a = clnet.tensor(np.ones(1024, np.float32), dev, requires_grad=True)
     b = clnet.tensor(np.ones(1024, np.float32), dev, requires_grad=True)
     c, d = a.detach(), b.detach()
@@ -151,8 +153,19 @@ def breakdown(dev, number=20000, repeats=7):
         "Function.apply recording, forward doing nothing": lambda: Nothing.apply(a, b),
         "Function.apply not recording, forward doing nothing": lambda: Nothing.apply(c, d),
     }
-    return {name: min(timeit.repeat(fn, number=number, repeat=repeats, timer=time.thread_time)) / number * 1e6
-            for name, fn in pieces.items()}
+    if stub:
+        return {name: min(timeit.repeat(fn, number=number, repeat=repeats, timer=time.thread_time)) / number * 1e6
+                for name, fn in pieces.items()}
+
+    def wall(fn):
+        fn()
+        dev.synchronize()
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        dev.synchronize()
+        return time.perf_counter() - start
+    return {name: min(wall(fn) for _ in range(repeats)) / number * 1e6 for name, fn in pieces.items()}
 
 
 def python_calls(dev):
@@ -207,6 +220,8 @@ def main(argv=None):
     parser.add_argument("--profile", action="store_true", help="cProfile one run of adds with autograd")
     parser.add_argument("--torch", action="store_true", help="the same probes in PyTorch (CUDA where present)")
     parser.add_argument("--breakdown", action="store_true", help="time the pieces of an add (enqueue stubbed)")
+    parser.add_argument("--breakdown-real", action="store_true",
+                        help="time the pieces of an add with their real launches, in wall-clock time")
     parser.add_argument("--plain-queue", action="store_true",
                         help="a queue without profiling enabled (what a launch costs without timestamps)")
     args = parser.parse_args(argv)
@@ -224,9 +239,9 @@ def main(argv=None):
         print(f"{us:8.2f} us  {name}")
     for name, n in python_calls(dev).items():
         print(f"{n:8.1f} Python function calls an op: {name}")
-    if args.breakdown:
-        for name, us in breakdown(dev).items():
-            print(f"{us:8.2f} us  piece: {name}")
+    if args.breakdown_real:
+        for name, us in breakdown(dev, stub=False).items():
+            print(f"{us:8.2f} us  piece, launched: {name}")
     if args.torch:
         where, theirs = measure_torch(args.adds, args.chains, repeats=args.repeats)
         for name, us in theirs.items():
@@ -241,6 +256,9 @@ def main(argv=None):
         prof.disable()
         dev.synchronize()
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(18)
+    if args.breakdown:  # after every real launch: it stubs the enqueue for the process
+        for name, us in breakdown(dev).items():
+            print(f"{us:8.2f} us  piece: {name}")
     return results
 
 

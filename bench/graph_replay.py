@@ -2,6 +2,7 @@
 GPU), on one device. Each step is forward, cross-entropy, backward and SGD with momentum, on a fixed batch.
 
     python3 bench/graph_replay.py --device 1 --model lenet --batch 64 --model lenet-wide --batch 1
+    python3 bench/graph_replay.py --device 0 --model lenet-wide --batch 1 --in-backward  # optimizer in backward
 
 Prints and writes JSON (--json) of medians over --repeats timed blocks of --steps steps each, the queue finished at
 the end of each block (so the figure is the steady rate of a training loop, host and device overlapping).
@@ -18,20 +19,48 @@ from clnet import kernels, models, nn, optim
 from clnet.bench import torch_graph_ms
 
 
-def zoo_training(name, dev):
+def in_backward(params, make):
+    """PyTorch's optimizer-in-backward pattern: an optimizer per parameter (make([p])), stepped and zeroed in the
+    parameter's post-accumulate-grad hook as soon as its gradient is complete (on a CPU a large dense weight's batch-1
+    gradient is then taken by its step in one pass and never written, conv.DeferredWeightGrad). Returns the
+    optimizers, whose zero_grad the step also calls first: inside a captured step, so that the capture's backward
+    overwrites the gradients rather than adding to gradients a step before the capture zeroed."""
+    opts = {id(p): make([p]) for p in params}
+
+    def hook(p):
+        opts[id(p)].step()
+        opts[id(p)].zero_grad()
+    for p in params:
+        p.register_post_accumulate_grad_hook(hook)
+    return list(opts.values())
+
+
+def zoo_training(name, dev, hooked=False):
     """(train_step, batch_of) for a zoo model on dev with SGD (momentum 0.9) and cross-entropy: train_step(x, y) runs
     one step and returns its loss tensor; batch_of(n) draws n random images and labels on dev. The other bench
-    scripts that time or stress a training step use it too."""
+    scripts that time or stress a training step use it too. hooked: the optimizer-in-backward pattern (in_backward)
+    instead of one optimizer stepped after backward."""
     spec = models.MODELS[name]
     clnet.manual_seed(0)
     model = models.build(name).to(dev)
-    opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
+    if hooked:
+        opts = in_backward(list(model.parameters()), lambda ps: optim.SGD(ps, lr=0.01, momentum=0.9))
     rng = np.random.default_rng(0)
 
     def batch_of(n):
         return (clnet.tensor(rng.standard_normal((n,) + spec["input_shape"]).astype(np.float32), dev),
                 clnet.tensor(rng.integers(0, spec["classes"], n).astype(np.int32), dev))
+
+    if hooked:
+        def train_step(x, y):
+            for o in opts:
+                o.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            return loss
+        return train_step, batch_of
+    opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def train_step(x, y):
         opt.zero_grad()
@@ -42,8 +71,8 @@ def zoo_training(name, dev):
     return train_step, batch_of
 
 
-def clnet_rates(name, batch, dev, steps, repeats):
-    train_step, batch_of = zoo_training(name, dev)
+def clnet_rates(name, batch, dev, steps, repeats, hooked=False):
+    train_step, batch_of = zoo_training(name, dev, hooked)
     x, y = batch_of(batch)
 
     def step():
@@ -73,21 +102,29 @@ def clnet_rates(name, batch, dev, steps, repeats):
     return dict(eager_ms=eager, replay_ms=replay, launches=launches, recorded=g.launches)
 
 
-def torch_rates(name, batch, steps, repeats, cuda):
+def torch_rates(name, batch, steps, repeats, cuda, hooked=False):
     import torch
     spec = models.MODELS[name]
     tdev = torch.device("cuda" if cuda else "cpu")
     model = models.build(name, lib=torch).to(tdev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     x = torch.randn((batch,) + spec["input_shape"], device=tdev)
     y = torch.randint(0, spec["classes"], (batch,), device=tdev)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if hooked:
+        opts = in_backward(list(model.parameters()), lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9))
 
-    def step():
-        opt.zero_grad(set_to_none=False)
-        loss_fn(model(x), y).backward()
-        opt.step()
+        def step():
+            for o in opts:
+                o.zero_grad(set_to_none=False)
+            loss_fn(model(x), y).backward()
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            loss_fn(model(x), y).backward()
+            opt.step()
 
     def timed(fn):
         out = []
@@ -103,7 +140,7 @@ def torch_rates(name, batch, steps, repeats, cuda):
     for _ in range(3):
         step()
     result = dict(eager_ms=timed(step))
-    if cuda:  # the CUDA-graph step a PyTorch user who cares about small batches runs (per replay, synchronised)
+    if cuda and not hooked:  # the CUDA-graph step a PyTorch user who cares about small batches runs (per replay)
         result["graph_ms"] = torch_graph_ms(model, opt, x, y, steps * repeats, forward_only=False)
     return result
 
@@ -116,13 +153,17 @@ def torch_rates(name, batch, steps, repeats, cuda):
 @click.option("--repeats", type=click.IntRange(1), default=5)
 @click.option("--torch/--no-torch", "with_torch", default=True)
 @click.option("--json", "json_path", default=None)
-def main(device_spec, names, batches, steps, repeats, with_torch, json_path):
+@click.option("--in-backward", "hooked", is_flag=True,
+              help="both engines in PyTorch's optimizer-in-backward pattern (an optimizer per parameter, stepped in "
+                   "its post-accumulate-grad hook) instead of one optimizer stepped after backward")
+def main(device_spec, names, batches, steps, repeats, with_torch, json_path, hooked):
     dev = clnet.device(device_spec)
     rows = []
     for name, batch in zip(names, batches):
-        row = dict(model=name, batch=batch, device=dev.name, **clnet_rates(name, batch, dev, steps, repeats))
+        row = dict(model=name, batch=batch, device=dev.name, in_backward=hooked,
+                   **clnet_rates(name, batch, dev, steps, repeats, hooked))
         if with_torch:
-            row["torch"] = torch_rates(name, batch, steps, repeats, cuda=dev.is_gpu)
+            row["torch"] = torch_rates(name, batch, steps, repeats, cuda=dev.is_gpu, hooked=hooked)
         rows.append(row)
         click.echo(json.dumps(row))
     if json_path:

@@ -19,7 +19,10 @@ Tensor's gradient attributes are this module's, installed on the class at import
 
 `register_post_accumulate_grad_hook(leaf, hook)` (PyTorch's name; also a Tensor method) calls ``hook(leaf)`` during
 backward as soon as the last op that feeds the leaf has run its backward: its `.grad` is complete (queued on the
-device) while earlier layers' backward is still to come. clnet.distributed starts its all-reduce there.
+device) while earlier layers' backward is still to come. clnet.distributed starts its all-reduce there. While such
+hooks run, an op may have left the leaf's gradient unwritten (`deferral`: a CPU's batch-1 dense weight gradient,
+which an SGD step in the hook takes in one pass over the weight, PyTorch's optimizer-in-backward pattern); reading
+`.grad` writes it, and so does the end of the hooks unless a zero_grad has marked it since (Tensor._settle_pending).
 
 Tensor hooks, as PyTorch's: `register_hook(t, fn)` calls ``fn(grad)`` with t's whole gradient of the backward (a
 leaf's summed over its uses first, then accumulated; a computed tensor's before its op's backward), and a tensor fn
@@ -131,6 +134,8 @@ class Function:
         t = self.inputs[i]
         if t is None or isinstance(t, Function) or t.__dict__.get("_grad_hooks"):  # its hooks see the gradient first
             return None, 1.0
+        if t._grad_pending is not None:  # a second use of a leaf whose first use deferred its gradient
+            t._settle_pending()
         if _context.capturing is not None:
             settle_grad(t)
         if t._grad is None:
@@ -173,6 +178,19 @@ def settle_grad(leaf):
         leaf.grad  # noqa: B018 -- reading a .grad marked zero fills it with zeros (Tensor.grad), here unrecorded
 
 
+def deferral(leaf):
+    """Where an op's backward may leave leaf's gradient unwritten for its post-accumulate-grad hooks: a function that
+    takes what will write it (an object with ``write(grad)``, which overwrites grad) and keeps it as the leaf's
+    `_grad_pending`; None where the leaf has no such hooks, or has tensor hooks (they are given the gradient itself).
+    Only an op that would overwrite the .grad (beta 0) defers it."""
+    if not isinstance(leaf, Tensor) or not leaf.__dict__.get("_post_grad_hooks") or leaf.__dict__.get("_grad_hooks"):
+        return None
+
+    def defer(pending):
+        leaf._grad_pending = pending
+    return defer
+
+
 def _untouched(graph, shape, dev):
     """A new tensor whose buffer no launch the graph recorded has used. A gradient made during a capture that
     replays add to must keep its values from one replay to the next, and a buffer the pool hands out may be one that
@@ -186,6 +204,8 @@ def _untouched(graph, shape, dev):
 def accumulate(leaf, g):
     """leaf.grad += g (leaf.grad made as a copy of g the first time, or copied over when zero_grad marked it; inside a
     capture, a mark or absence older than the capture is settled first: settle_grad)."""
+    if leaf._grad_pending is not None:
+        leaf._settle_pending()
     if kernels.capturing is not None:
         settle_grad(leaf)
     if leaf._grad is None:
@@ -332,8 +352,15 @@ def _leaf_gradient(leaf, g):
     if hooks:
         g = _run_hooks(hooks, g, leaf.shape)
     accumulate(leaf, g)
+    _post_accumulate(leaf)
+
+
+def _post_accumulate(leaf):
+    """leaf's post-accumulate-grad hooks, then its deferred gradient written unless they took it."""
     for hook in list(leaf.__dict__.get("_post_grad_hooks", {}).values()):
         hook(leaf)
+    if leaf._grad_pending is not None:
+        leaf._settle_pending()
 
 
 def _hooked_uses(order):
@@ -360,8 +387,7 @@ def _used(fn, uses):
                 if g is not None:
                     _leaf_gradient(leaf, g)
                 else:  # nothing to add (written in place through grad_sink, or no gradient reached it)
-                    for hook in list(leaf.__dict__.get("_post_grad_hooks", {}).values()):
-                        hook(leaf)
+                    _post_accumulate(leaf)
 
 
 def _topological(root_fn):
@@ -448,7 +474,9 @@ def backward(root, grad=None, retain_graph=False):
 
 def _grad(t):
     """Tensor.grad: the gradient backward accumulated (a device tensor, for leaves), or None. One that zero_grad marked
-    as zero (Tensor._mark_grad_zero) is filled with zeros at its first read."""
+    as zero (Tensor._mark_grad_zero) is filled with zeros at its first read, one an op deferred is written."""
+    if t._grad_pending is not None:
+        t._settle_pending()
     if t._grad_zeroed:
         t._grad_zeroed = False
         if _context.capturing is not None:
@@ -458,7 +486,7 @@ def _grad(t):
 
 
 def _set_grad(t, g):
-    t._grad, t._grad_zeroed = g, False
+    t._grad, t._grad_zeroed, t._grad_pending = g, False, None
 
 
 def _backward(self, grad=None, retain_graph=False):

@@ -272,16 +272,52 @@ def linear_forward(x, w, bias, relu=False, what="Linear"):
     return y
 
 
-def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", betas=(1.0, 1.0), relu_y=None):
+# A batch-1 weight gradient that an SGD step in the weight's post-accumulate-grad hook may take in one pass over the
+# weight (DeferredWeightGrad): weights of at least this many elements (below it, what the pass saves is less than the
+# launches deferring adds on PoCL: the bias gradient and a fused ReLU's gradient then take launches of their own).
+DEFER_MIN = 1 << 18
+
+
+class DeferredWeightGrad:
+    """A dense layer's batch-1 weight gradient on a CPU, dw = dy^T x (rank 1), not yet written: the weight's
+    `_grad_pending` while its post-accumulate-grad hooks run (autograd.deferral). An SGD step in such a hook, as in
+    PyTorch's optimizer-in-backward pattern, takes it through `sgd_step`: one pass over the weight and its momentum,
+    the gradient never stored (lenet-wide's 2048 x 2048 layer on PoCL: 67 MB a step instead of 101). Otherwise
+    `write` writes it into the .grad, as linear_backward would have."""
+    __slots__ = ("dy", "x", "what")
+
+    def __init__(self, dy, x, what):
+        self.dy, self.x, self.what = dy, x, what
+
+    def write(self, grad):
+        O, I = grad.shape
+        gemm(O, I, 1, self.dy, Mat(rs=1, cs=O), self.x, Mat(rs=I, cs=1), grad, Mat(rs=I, cs=1), beta=0.0,
+             what=self.what)
+
+    def sgd_step(self, p, buf, lr, momentum, weight_decay, nesterov):
+        """p (the weight, O x I) and buf (its momentum buffer, or None for none) take SGD's step with this gradient
+        (optim.SGD's arithmetic, sgd.cl). lr, momentum, weight_decay: kernels.Live (np.float32) or floats."""
+        O, I = p.shape
+        k = kernels.kernel(p.device, "sgd.cl", "rank1_sgd_rows", dict(MOMENTUM=buf is not None, NESTEROV=nesterov))
+        kernels.launch(p.device, k, (O,), (1,), O, I, 1.0, self.dy, 0, 1, self.x, 0, p, p if buf is None else buf,
+                       lr, momentum, weight_decay, what=self.what + " and SGD step")
+
+
+def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", betas=(1.0, 1.0), relu_y=None,
+                    defer=None):
     """Adds d loss / d w into dw and d loss / d b into db (each unless None; overwrites it where its beta in betas is
     0); returns d loss / d x when need_dx. relu_y: the forward's output where it ended in a fused ReLU, whose
     gradient dy is first taken through: inside the products at batch 1 where gemm.skinny runs them (gemv.cl on a GPU,
-    gemv_cpu.cl on a CPU: each reads dy once; not when only the bias gradient is wanted), else by a pass of its own."""
+    gemv_cpu.cl on a CPU: each reads dy once; not when only the bias gradient is wanted), else by a pass of its own.
+    defer: None, or a function that takes a DeferredWeightGrad in place of writing dw, where dw would be overwritten
+    by a CPU's rank-1 product of at least DEFER_MIN elements."""
     N, I = x.shape
     O = w.shape[0]
     a, b, c = Mat(rs=1, cs=O), Mat(rs=I, cs=1), Mat(rs=I, cs=1)  # the weight gradient's operands
     rank1 = N == 1 and skinny(x.device, O, N, 1, a, b, c)  # (then the data gradient's one row is skinny too)
-    mask_inside = relu_y is not None and rank1 and (dw is not None or db is None)
+    deferred = (defer is not None and rank1 and dw is not None and betas[0] == 0.0 and O * I >= DEFER_MIN
+                and tuning.cpu_shaped(x.device))
+    mask_inside = relu_y is not None and rank1 and not deferred and (dw is not None or db is None)
     if relu_y is not None and not mask_inside:
         dy, relu_y = _activation_grad("relu", relu_y, dy, what + " (its ReLU)"), None
     runs = _row_runs(x, O, what)
@@ -294,6 +330,9 @@ def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", beta
             if need_dx:
                 dx.region(n0 * I, part.shape).copy_from(part)
         return dx
+    if deferred:
+        defer(DeferredWeightGrad(dy, x, what + " (weights)"))
+        dw = None
     # at batch 1 the weight gradient is a rank-1 launch, which writes the bias gradient (dy itself) too
     db_in_dw = dw is not None and db is not None and rank1
     if dw is not None:

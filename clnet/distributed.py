@@ -611,6 +611,8 @@ class DataParallel(Module):
     def _grad_ready(self, p):
         if not self.reduce:
             return
+        if p._grad_pending is not None:  # the all-reduce reads the gradient buffers themselves (autograd.deferral)
+            p._settle_pending()
         bucket, _ = self._where[id(p)]
         if not self._active:
             self._begin()

@@ -452,8 +452,8 @@ def any_group(dev, global_size):
     launch of few heavy work-items, a plane each, must still spread over the cores): a launch too small for groups of
     16 takes groups of 1; a 1-D launch, or one whose first dimension is at least half of padded_group, takes
     padded_group (in dimension 0, then 1s) when it fills eight of them; another 1-D launch takes 16; the rest,
-    several dimensions with short rows, is left to the driver (None), whose own choice spreads them best. Oclgrind
-    always pads, so that its checks see every padded work-item."""
+    several dimensions with short rows, takes whole rows (rows_group: nothing padded). Oclgrind always pads, so that
+    its checks see every padded work-item."""
     group = dev.padded_group
     if group is None:
         return global_size, None
@@ -470,9 +470,30 @@ def any_group(dev, global_size):
     elif len(global_size) == 1:
         size = 16
     else:
-        return global_size, None
+        return global_size, rows_group(global_size)
     local_size = (size,) + (1,) * (len(global_size) - 1)
     return tuple(-(-g // l) * l for g, l in zip(global_size, local_size)), local_size
+
+
+ROWS_GROUP_LIMIT = 512  # a first dimension this long or longer is left to the driver in rows_group's launches
+
+
+def rows_group(global_size):
+    """PoCL's work-group for a launch of several dimensions whose first is shorter than ROWS_GROUP_LIMIT, where the
+    driver would pick: whole rows (dimension 0 entire, so nothing is padded and any kernel can take it), and rows
+    shorter than 16 in up to 16 rows (a power of two dividing dimension 1). PoCL builds each work-group size it runs
+    (125-220 ms each on the 2-core VM), and its own choice, divisors of every dimension, made a size for nearly every
+    shape; this one depends on the first dimension alone. Whole rows also ran as fast as its choice or faster
+    (NOTES v26). None (the driver's choice) for a 1-D launch or a longer first dimension."""
+    first = global_size[0]
+    if len(global_size) == 1 or first >= ROWS_GROUP_LIMIT:
+        return None
+    rows = 1
+    if first < 16:
+        rows = 16
+        while global_size[1] % rows:
+            rows //= 2
+    return (first, rows) + (1,) * (len(global_size) - 2)
 
 
 def launch(dev, k, global_size, local_size, *args, what=""):
@@ -484,6 +505,8 @@ def launch(dev, k, global_size, local_size, *args, what=""):
         global_size, local_size = any_group(dev, global_size) if dev.padded_group is not None else (global_size, None)
     elif local_size is not None:
         global_size = tuple(-(-g // l) * l for g, l in zip(global_size, local_size))
+    elif dev.padded_group is not None and not dev.is_simulator:
+        local_size = rows_group(global_size)
     if 0 in global_size:
         return None
     try:

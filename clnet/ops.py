@@ -8,7 +8,7 @@ to the host.
 """
 import numpy as np
 
-from . import conv, kernels, normalization, tuning
+from . import autograd, conv, kernels, normalization, tuning
 from .autograd import Function
 from .chain import AFFINE, ChainStep
 from .elementwise import VW, _activation_grad, _elementwise, _map, activation, axpby_step, fill, full, mul
@@ -553,7 +553,8 @@ class Linear(Function):
         x, w = self.saved[:2]
         (dw, db), betas, fresh = _param_grads(self, w.shape, (w.shape[0],))
         dx = conv.linear_backward(x, w, dy, dw, db, need_dx=self.needs[0], what=self.what + " backward", betas=betas,
-                                  relu_y=self.saved[2] if self.relu else None)
+                                  relu_y=self.saved[2] if self.relu else None,
+                                  defer=autograd.deferral(self.inputs[1]) if fresh[0] is None else None)
         return (dx,) + fresh
 
 

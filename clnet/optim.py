@@ -244,6 +244,12 @@ class Optimizer:
         if kernels.capturing is not None:  # the update reads every gradient: marks older than the capture settled
             for p in self.params:
                 autograd.settle_grad(p)
+        groups = self.param_groups
+        fused = [self._takes_deferred(g) for g in groups]  # a deferred gradient taken in the update's pass
+        for g, f in zip(groups, fused):
+            for p in g["params"]:
+                if p._grad_pending is not None and not f:
+                    p._settle_pending()
         unwritten = [p for p in self.params if p._grad_zeroed]  # no backward reached them since zero_grad
         if len(unwritten) == len(self.params):
             ops.fill(grad, 0.0)
@@ -252,7 +258,7 @@ class Optimizer:
         else:
             for p in unwritten:
                 p.grad  # noqa: B018 -- reading a .grad marked zero fills it
-        groups, layout = self.param_groups, self._layout
+        layout = self._layout
         built = [self._built(g) for g in groups]  # the kernels' defines, fixed for the launches recorded below
 
         def host():  # every step's action, replayed ones too: the groups as they are now reach the Live arguments
@@ -268,11 +274,18 @@ class Optimizer:
                 self._set_live(i, g)
         kernels.per_step(host)
         for i, bufs in enumerate(self._group_bufs):
-            if bufs is not None:
+            if fused[i]:
+                self._deferred_update(i, groups[i])
+            elif bufs is not None:
                 self._update_group(i, groups[i], *bufs)
 
     # -- per optimizer -------------------------------------------------------------------------------------------
     _what_built = "a setting"
+
+    def _takes_deferred(self, group):
+        """Whether the group's update takes its gradient from what a backward deferred (autograd.deferral), in one
+        pass with the update (_deferred_update)."""
+        return False
 
     def _group_state(self, group):
         return self.state_names
@@ -451,6 +464,19 @@ class SGD(Optimizer):
             self._live_set[i] = now
             for live, v in zip(self._live[i], _f32(*now)):
                 live.value = v
+
+    def _takes_deferred(self, g):
+        # a group of one parameter, as PyTorch's optimizer-in-backward pattern makes: an optimizer per parameter,
+        # stepped in its post-accumulate-grad hook (conv.DeferredWeightGrad)
+        params = g["params"]
+        return len(params) == 1 and hasattr(params[0]._grad_pending, "sgd_step")
+
+    def _deferred_update(self, i, g):
+        lr, momentum, weight_decay = self._live[i]
+        p = g["params"][0]
+        index = sum(len(h["params"]) for h in self.param_groups[:i])
+        buf = self._views["momentum_buffer"][index] if g["momentum"] else None
+        p._grad_pending.sgd_step(p, buf, lr, momentum, weight_decay, g["nesterov"])
 
     def _update_group(self, i, g, data, grad, state):
         lr, momentum, weight_decay = self._live[i]

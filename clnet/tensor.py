@@ -345,6 +345,15 @@ class Tensor:
     # on a CPU spent 2.4 ms of 15 filling 20 MB of gradients (bench/NOTES.md, v16). The `grad` property that fills
     # it, and `backward`, are autograd's, which installs them on this class (autograd builds on this module).
     _grad_zeroed = False
+    _grad_pending = None  # a gradient an op deferred for the leaf's post-accumulate hooks (autograd.deferral)
+
+    def _settle_pending(self):
+        """Writes the gradient an op deferred (autograd.deferral) into .grad, unless a zero_grad has marked it since:
+        then nothing reads what it would have written. Run at every read of .grad, when the leaf's hooks are done,
+        and before anything else uses the gradient's buffer."""
+        pending, self._grad_pending = self._grad_pending, None
+        if pending is not None and not self._grad_zeroed:
+            pending.write(self._grad)
 
     def _mark_grad_zero(self):
         """What zero_grad does to each parameter: its .grad (if any) reads as zeros from now on."""
@@ -362,6 +371,7 @@ class Tensor:
         self.device, self.storage, self._host = dev, _Storage(dev, self.nbytes), None
         self.write(host)
         if self._grad is not None:  # a .grad marked zero stays marked: what it holds is not read
+            self._settle_pending()
             self._grad._place(dev)
         return self
 

@@ -241,6 +241,30 @@ def _optimizers(clnet, dev, rng):
             (params[0].sum() + params[1].sum()).backward()
             opt.step()
         assert all(np.all(np.isfinite(p.numpy())) for p in params)
+    # a batch-1 dense weight gradient taken by its SGD step in the hook (sgd.cl rank1_sgd_rows), at every size
+    from clnet import conv, kernels, nn, tuning
+    conv.DEFER_MIN = 1
+    default_shape, tuning.cpu_shaped = tuning.cpu_shaped, lambda d: True  # the CPU's batch-1 kernels
+    names, launch = [], kernels.launch
+
+    def spy(dev, k, *args, **kwargs):
+        names.append(k.name)
+        return launch(dev, k, *args, **kwargs)
+    kernels.launch = spy
+    for kw in (dict(lr=0.1), dict(lr=0.1, momentum=0.9, weight_decay=1e-2)):
+        layer = nn.Linear(13, 9).to(dev)
+        opts = {id(p): optim.SGD([p], **kw) for p in layer.parameters()}
+
+        def hook(p, opts=opts):
+            opts[id(p)].step()
+            opts[id(p)].zero_grad()
+        for p in layer.parameters():
+            p.register_post_accumulate_grad_hook(hook)
+        for _ in range(2):
+            layer(_param(clnet, dev, rng, 1, 13)).sum().backward()
+        assert np.all(np.isfinite(layer.weight.numpy()))
+    kernels.launch, tuning.cpu_shaped = launch, default_shape
+    assert names.count("rank1_sgd_rows") >= 2, names
 
 
 def _batch_norm(clnet, dev, rng):

@@ -19,13 +19,28 @@ def test_any_group_takes_few_work_group_sizes_and_covers_the_launch(dev):
         [(a, b, c) for a in (2, 9, 700) for b in (1, 5) for c in (1, 11)]
     for shape in shapes:
         global_size, local = kernels.any_group(dev, shape)
-        if local is None:  # several dimensions with short rows: the driver's choice, nothing padded
-            assert len(shape) > 1 and global_size == shape and not dev.is_simulator
-            continue
+        if len(shape) > 1 and not dev.is_simulator and global_size == shape and local == kernels.rows_group(shape):
+            continue  # several dimensions with short rows: whole rows, nothing padded (test_rows_group)
         assert len(local) == len(shape) and all(l == 1 for l in local[1:]), (shape, local)
         assert all(g % l == 0 and shape[i] <= g < shape[i] + l for i, (g, l) in enumerate(zip(global_size, local)))
         seen.add(local[0])
     assert seen <= ({dev.padded_group} if dev.is_simulator else {1, 16, dev.padded_group}), seen
+
+
+def test_rows_group_takes_whole_rows_and_depends_on_the_first_dimension():
+    """PoCL's choice where the driver would pick, for launches of several dimensions with short rows: dimension 0
+    whole, rows shorter than 16 grouped by a power of two dividing dimension 1, nothing padded; None elsewhere."""
+    limit = kernels.ROWS_GROUP_LIMIT
+    assert kernels.rows_group((37,)) is None and kernels.rows_group((limit, 3)) is None
+    for shape in [(a, b) for a in (1, 3, 7, 15, 16, 45, limit - 1) for b in (1, 2, 3, 12, 48, 97)] + \
+            [(a, b, c) for a in (5, 37) for b in (8, 9) for c in (1, 4)]:
+        local = kernels.rows_group(shape)
+        assert len(local) == len(shape) and local[0] == shape[0] and all(n == 1 for n in local[2:]), (shape, local)
+        rows = local[1]
+        assert shape[1] % rows == 0 and rows in (1, 2, 4, 8, 16), (shape, local)
+        assert rows == 1 if shape[0] >= 16 else (shape[1] % (2 * rows) or rows == 16), (shape, local)
+    # what PoCL builds depends on the first dimension alone where rows are long (its own choice took divisors of both)
+    assert {kernels.rows_group((45, b)) for b in (7, 11, 64, 1000)} == {(45, 1)}
 
 
 @pytest.mark.parametrize("n", SIZES)
