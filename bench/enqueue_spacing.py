@@ -1,7 +1,8 @@
 """What one event-free enqueue of a tiny kernel costs the host as a function of the host time between enqueues
 (issue 26's eager steps). On the H200 (h200-eager-cost-v26) a replay enqueues an add in 0.6-0.8 us, but the same
 call made inside an eager add costs about 6.5 us more than the Python around it. The eager loop leaves a few
-microseconds of Python between enqueues, and the device goes idle in them: this times the enqueue call alone
+microseconds of Python between enqueues; if the device going idle in them is the cost (a hypothesis, not yet
+measured), the enqueue grows with the gap and bursts of launches pay it once. This times the enqueue call alone
 after a busy-wait of each gap, and the same launches enqueued in bursts after the same total wait.
 
     python3 bench/enqueue_spacing.py --device gpu

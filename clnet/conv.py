@@ -273,8 +273,9 @@ def linear_forward(x, w, bias, relu=False, what="Linear"):
 
 
 # A batch-1 weight gradient that an SGD step in the weight's post-accumulate-grad hook may take in one pass over the
-# weight (DeferredWeightGrad): weights of at least this many elements (below it, what the pass saves is less than the
-# launches deferring adds on PoCL: the bias gradient and a fused ReLU's gradient then take launches of their own).
+# weight (DeferredWeightGrad): weights of at least this many elements (1 MB). Deferring costs launches of their own
+# for the bias gradient and a fused ReLU's gradient (about 50 us each on PoCL), which a small weight's saved pass does
+# not repay; the threshold is chosen from that count, not measured (bench/NOTES.md v26).
 DEFER_MIN = 1 << 18
 
 
@@ -282,7 +283,8 @@ class DeferredWeightGrad:
     """A dense layer's batch-1 weight gradient on a CPU, dw = dy^T x (rank 1), not yet written: the weight's
     `_grad_pending` while its post-accumulate-grad hooks run (autograd.deferral). An SGD step in such a hook, as in
     PyTorch's optimizer-in-backward pattern, takes it through `sgd_step`: one pass over the weight and its momentum,
-    the gradient never stored (lenet-wide's 2048 x 2048 layer on PoCL: 67 MB a step instead of 101). Otherwise
+    the gradient never stored (lenet-wide's 2048 x 2048 layer on PoCL: 67 MB a step instead of 101, and 1.76 ms of
+    kernel time against 5.0 for the rank-1 product and the flat update, bench/NOTES.md v26). Otherwise
     `write` writes it into the .grad, as linear_backward would have."""
     __slots__ = ("dy", "x", "what")
 

@@ -483,8 +483,8 @@ def rows_group(global_size):
     driver would pick: whole rows (dimension 0 entire, so nothing is padded and any kernel can take it), and rows
     shorter than 16 in up to 16 rows (a power of two dividing dimension 1). PoCL builds each work-group size it runs
     (125-220 ms each on the 2-core VM), and its own choice, divisors of every dimension, made a size for nearly every
-    shape; this one depends on the first dimension alone. Whole rows also ran as fast as its choice or faster
-    (NOTES v26). None (the driver's choice) for a 1-D launch or a longer first dimension."""
+    shape; this one depends on the first dimension alone. Eight ops timed both ways ran 0.90-1.24x as fast, within
+    the VM's noise (bench/NOTES.md v26). None (the driver's choice) for a 1-D launch or a longer first dimension."""
     first = global_size[0]
     if len(global_size) == 1 or first >= ROWS_GROUP_LIMIT:
         return None
@@ -498,7 +498,7 @@ def rows_group(global_size):
 
 def launch(dev, k, global_size, local_size, *args, what=""):
     """Enqueue kernel k (a Kernel from `kernel`); global_size is rounded up to a multiple of local_size (ANY_GROUP:
-    the work-group `any_group` picks, or the driver's)."""
+    the work-group `any_group` picks, or the driver's; None: the driver's, or rows_group's on PoCL)."""
     global launch_count
     picked = local_size is ANY_GROUP
     if picked:  # any_group, without the call where the driver picks (every GPU): this runs at every launch

@@ -474,8 +474,7 @@ class SGD(Optimizer):
     def _deferred_update(self, i, g):
         lr, momentum, weight_decay = self._live[i]
         p = g["params"][0]
-        index = sum(len(h["params"]) for h in self.param_groups[:i])
-        buf = self._views["momentum_buffer"][index] if g["momentum"] else None
+        buf = self._views["momentum_buffer"][self._group_indices()[i][0]] if g["momentum"] else None
         p._grad_pending.sgd_step(p, buf, lr, momentum, weight_decay, g["nesterov"])
 
     def _update_group(self, i, g, data, grad, state):

@@ -102,6 +102,15 @@ def assert_close(actual, expected, name, tol=2e-5):
         f"{name}: relative error {norm:.2e} (worst element {worst:.2e} of the largest magnitude), tolerance {tol:.0e}"
 
 
+def close_to_largest(got, want, name, tol=2e-5):
+    """Every element of got within tol of the largest magnitude in want (a float64 reference, torch's here)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, f"{name}: shape {got.shape}, torch {want.shape}"
+    scale = max(np.abs(want).max(initial=0.0), 1e-30)
+    assert np.abs(got - want).max(initial=0.0) <= tol * scale, \
+        f"{name}: largest error {np.abs(got - want).max() / scale:.2e} of the largest magnitude"
+
+
 def assert_close_to_terms(actual, expected, terms, name, tol):
     """Compare each element's error with the size of the terms it sums (|a| |b| summed as the result sums a b): the
     scale of float32's error bound. For results of a few elements, which can cancel to far below their terms."""

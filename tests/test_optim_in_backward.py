@@ -9,6 +9,8 @@ import pytest
 import clnet
 from clnet import conv, kernels, nn, optim
 
+from conftest import close_to_largest
+
 torch = pytest.importorskip("torch")
 
 TOL = 2e-5
@@ -16,11 +18,7 @@ I, H, O = 37, 53, 7  # odd sizes: the fused kernel's float8 runs and their tails
 
 
 def close(got, want, name):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert got.shape == want.shape, f"{name}: shape {got.shape}, torch {want.shape}"
-    scale = max(np.abs(want).max(initial=0.0), 1e-30)
-    assert np.abs(got - want).max(initial=0.0) <= TOL * scale, \
-        f"{name}: largest error {np.abs(got - want).max() / scale:.2e} of the largest magnitude"
+    close_to_largest(got, want, name, TOL)
 
 
 @pytest.fixture
