@@ -221,6 +221,25 @@ def test_a_log_that_fails_to_write_after_an_epoch_keeps_the_checkpoint(dev, tmp_
     assert checkpoint.load_checkpoint(ckpt)["epoch"] == 1
 
 
+def test_a_plot_that_fails_to_write_after_training_says_where_the_run_is_kept(dev, tmp_path, monkeypatch):
+    """The disk fills during the run: the plot's write after the last epoch fails in one line that says the training
+    is done and where its checkpoint and log are."""
+    d = idx_dir(tmp_path / "mnist", train=20, test=6)
+    ckpt, log, plot = tmp_path / "run.ckpt", tmp_path / "log.json", tmp_path / "curves.png"
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(cli, "_pyplot", lambda: None)  # the check before training needs no matplotlib
+    monkeypatch.setattr(cli, "plot_history", full)
+    r = CliRunner().invoke(cli.train_command, train_args(d, dev, "--checkpoint", str(ckpt), "--log", str(log),
+                                                         "--plot", str(plot)))
+    line = one_line_error(r, alone=False)  # the epoch's report comes first
+    assert line == (f"Error: cannot write the plot {plot} (No space left on device); the training is done and kept "
+                    f"in {ckpt}, the figures in {log}"), line
+    assert "epoch 1/1" in r.output and checkpoint.load_checkpoint(ckpt)["epoch"] == 1 and log.exists()
+
+
 def test_tune_command_fails_when_the_cache_cannot_be_written(dev, cache_dir, monkeypatch):
     """It exited 0, having tuned for the whole budget and kept nothing: refused before tuning when the cache's
     folder cannot be made, and a failure when the tuned shapes are not in the file afterwards (a full disk)."""

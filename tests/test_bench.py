@@ -301,3 +301,15 @@ def test_a_batch_past_the_devices_largest_allocation_is_one_line(dev):
                                   "--iterations", "1"])
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert "use a smaller batch" in r.output and "should fit" in r.output, r.output
+
+
+def test_bench_json_that_cannot_be_written_is_refused_before_the_run(tmp_path, dev):
+    """--json under a regular file (what a read-only folder is to a user who is not root) fails before anything is
+    timed, in one line, and a write that fails after the run says the figures were printed."""
+    (tmp_path / "a-file").write_text("")
+    path = tmp_path / "a-file" / "out.json"
+    r = run(["bench", "lenet", "--device", str(dev.index), "--batch", "8", "--iterations", "1", "--warmup", "0",
+             "--json", str(path)])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert r.output.strip().splitlines()[-1].startswith(f"Error: --json {path} cannot be written"), r.output
+    assert "images/s" not in r.output

@@ -663,3 +663,22 @@ def test_run_file(dev, tmp_path, rng):
         expected = model.eval()(clnet.tensor(x, dev)).numpy()
     assert_close(np.load(tmp_path / "y.npy"), expected, "clnet run", tol=1e-6)
     assert connx.input_shape(tmp_path / "lenet.onnx") == (None, 1, 28, 28)
+
+
+def test_export_writes_through_the_one_file_helper(dev, tmp_path):
+    """clnet.onnx.export writes as checkpoints do (files.write_atomically): a folder its group can write is refused
+    with nothing written, and a file already there keeps its mode when it is replaced."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3)).to(dev)
+    x = np.random.default_rng(3).standard_normal((2, 3, 2, 2)).astype(np.float32)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o775)
+    with pytest.raises(clnet.files.UnsafeFolder, match="can be written by its group"):
+        connx.export(model, str(shared / "net.onnx"), x)
+    assert not os.listdir(shared)
+    path = tmp_path / "net.onnx"
+    path.write_bytes(b"old")
+    os.chmod(path, 0o600)
+    connx.export(model, str(path), x)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert onnx.load(str(path)).graph.node

@@ -9,7 +9,8 @@ import numpy as np
 
 from .. import kernels, models, onnx, rng, tuning
 from ..devices import DeviceNotFound, device as get_device
-from ..train import mpi_world
+from ..files import write_atomically
+from ..train import WriteError, check_writable, mpi_world
 from ..tune import tune_first
 from . import report
 from .runner import describe, run_clnet
@@ -59,9 +60,17 @@ def _data_parallel(net, in_shape, dev, x, labels, args):
         return
     click.echo(distributed.format_timing(timing))
     if args["json_path"]:
-        with open(args["json_path"], "w") as f:
-            json.dump(dict(model=args["model"], batch_per_rank=in_shape[0], iterations=args["iterations"],
-                           warmup=args["warmup"], timing=timing), f, indent=1)
+        record = dict(model=args["model"], batch_per_rank=in_shape[0], iterations=args["iterations"],
+                      warmup=args["warmup"], timing=timing)
+        _write_json(args["json_path"], record)
+
+
+def _write_json(path, record):
+    try:
+        write_atomically(path, lambda f: json.dump(record, f, indent=1, default=str), text=True)
+    except OSError as e:
+        raise click.ClickException(f"cannot write --json {path} ({e.strerror or e}); the figures are printed above") \
+            from e
 
 
 def _compare(result, zoo_name, onnx_mod, fresh, dev, tdev, x, labels, args):
@@ -144,6 +153,11 @@ def bench(**args):
     if not onnx_file and model not in models.MODELS:
         raise click.BadParameter(f"unknown model {model!r}; known: {', '.join(models.MODELS)} or a file.onnx",
                                  param_hint="MODEL")
+    if args["json_path"]:  # before the run, not after it
+        try:
+            check_writable(args["json_path"], "--json")
+        except WriteError as e:
+            raise click.ClickException(str(e)) from e
     tdev = _torch_device(compare) if compare else None
     try:
         if world is not None:
@@ -204,8 +218,7 @@ def bench(**args):
     if compare and "tf32_total_ms" in result["compare"]:
         click.echo(f"PyTorch with TF32 allowed: total {result['compare']['tf32_total_ms']:.3f} ms")
     if args["json_path"]:
-        with open(args["json_path"], "w") as f:
-            json.dump(result, f, indent=1, default=str)
+        _write_json(args["json_path"], result)
         click.echo(f"wrote {args['json_path']}", err=True)
     if result.get("onnxruntime_error", 0) > AGREEMENT_TOLERANCE:
         click.echo(f"ERROR: clnet disagrees with ONNX Runtime on the output: relative error "

@@ -6,6 +6,7 @@ import os
 import numpy as np
 
 from .. import autograd
+from ..files import write_atomically
 from ..pointwise import BINARY, UNARY
 from ..reduce import MAX as _MAX
 from ..tensor import Tensor, tensor as _to_device
@@ -476,6 +477,6 @@ def export(model, path, example_input, opset=EXPORT_OPSET, dynamic_batch=True):
                            [value_info(n, t.shape) for t, n in zip(outs, output_names)], w.initializers)
     proto = w.h.make_model(graph, opset_imports=[w.h.make_opsetid("", int(opset))], producer_name="clnet")
     proto.ir_version = min(proto.ir_version, 9)  # ONNX Runtime's readers lag the newest IR version
-    onnx.save(proto, os.fspath(path))
+    write_atomically(path, lambda f: f.write(proto.SerializeToString()))
     onnx.checker.check_model(os.fspath(path))  # from the file: no second serialisation of the weights
     return proto
