@@ -67,13 +67,20 @@ def measure(dev, adds=2000, chains=50, chain_ops=40, repeats=5):
                 y = (y * b + a).tanh() * 0.5
             y.sum().backward()
 
-    g = clnet.Graph()  # the floor: the same adds captured, a replay is one enqueue an add
-    g.event_free = getattr(kernels, "event_free_launches", True)  # --stub: through the stubbed enqueue as well
-    with g.capture():
-        for _ in range(adds):
-            c + d
+    # The floor: the same adds captured. Unfused, a replay is one enqueue an add; fused (a GPU's default), runs of
+    # independent adds merge into launches of the pointwise chain, so its figure is per add, not per launch.
+    replays = {}
+    for fuse in (False, None):
+        g = replays[fuse] = clnet.Graph(fuse=fuse)
+        g.event_free = getattr(kernels, "event_free_launches", True)  # --stub: through the stubbed enqueue as well
+        with g.capture():
+            for _ in range(adds):
+                c + d
+    fused = replays[None]
     out = {
-        "add, replayed (one enqueue each: the floor)": _timed(g.replay, dev, adds, repeats),
+        "add, replayed unfused (one enqueue an add: the floor)": _timed(replays[False].replay, dev, adds, repeats),
+        f"add, replayed with the device's fusion ({fused.launches} launches for {adds} adds), per add":
+            _timed(fused.replay, dev, adds, repeats),
         "add, autograd recording": _timed(add_grad, dev, adds, repeats),
         "add, under no_grad": _timed(add_no_grad, dev, adds, repeats),
         "add, no tensor requires a gradient": _timed(add_plain, dev, adds, repeats),

@@ -45,6 +45,7 @@ def main(argv=None):
     raw, none = kernels._enqueue_raw, kernels._NO_EVENTS
     clock = time.perf_counter
     variants(dev, args.count)
+    argument_cost(dev, args.count)
     for kinds, cycle in handles.items():
         for burst in (1, 8):
             for gap in (0, 1, 2, 4, 8, 16, 32):
@@ -121,6 +122,46 @@ def variants(dev, count):
         dev.synchronize()
         plain.finish()
         print(f"eager probe, {name}: enqueue median {statistics.median(calls) * 1e6:6.2f} us")
+
+
+def argument_cost(dev, count):
+    """The enqueue's cost by the kernel's buffer arguments (1, 3, 4 and 13; the same buffer each time against
+    distinct ones) and by the buffers alive in the context (2000 more), every kernel given n = 0 (no work)."""
+    import pyopencl as cl
+    clock = time.perf_counter
+    bufs = [clnet.tensor(np.zeros(1024, np.float32), dev) for _ in range(13)]
+    code = clnet.tensor(np.zeros(16, np.int32), dev)
+    cases = {
+        "fill, 1 buffer": ("elementwise.cl", "fill", (bufs[0], 0.0, 0)),
+        "axpby, 3 distinct buffers": ("elementwise.cl", "axpby", (bufs[0], bufs[1], bufs[2], 1.0, 1.0, 0)),
+        "axpby, one buffer thrice": ("elementwise.cl", "axpby", (bufs[0], bufs[0], bufs[0], 1.0, 1.0, 0)),
+        "adam_step, 4 buffers": ("adam.cl", "adam_step", (*bufs[:4], 0, 0.1, 0.1, 1.0, 0.9, 0.99, 1e-8, 0.0)),
+        "pointwise_chain, 13 distinct buffers": ("chain.cl", "pointwise_chain", (*bufs[:12], code, 0)),
+        "pointwise_chain, one buffer 12 times": ("chain.cl", "pointwise_chain", (*[bufs[0]] * 12, code, 0)),
+    }
+
+    def timed(name):
+        filename, kname, kargs = cases[name]
+        k = kernels.kernel(dev, filename, kname)
+        _, _, h = kernels._with_args(k, kargs)
+        grid = kernels._grid((1024,))
+        calls = []
+        for _ in range(count):
+            t0 = clock()
+            kernels._enqueue_raw(k.queue, h, kernels._DIMS[1], None, grid, None, kernels._NO_EVENTS, None, None)
+            calls.append(clock() - t0)
+        dev.synchronize()
+        return statistics.median(calls) * 1e6
+
+    for name in cases:
+        print(f"arguments: {name}: enqueue median {timed(name):6.2f} us")
+    extra = [cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, 4096) for _ in range(2000)]
+    for b in extra:  # each made resident once (a fill of its own)
+        cl.enqueue_fill_buffer(dev.queue, b, np.float32(0), 0, 4096)
+    dev.synchronize()
+    for name in ("fill, 1 buffer", "axpby, 3 distinct buffers"):
+        print(f"arguments, 2000 more buffers alive: {name}: enqueue median {timed(name):6.2f} us")
+    del extra
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Convolution and dense layers on the device: per pass (forward, data gradient, weight gradient) the algorithm
-tuned or defaulted for the shape (im2col + GEMM, Winograd, direct), and the bias gradient they share."""
+tuned or defaulted for the shape (im2col + GEMM, Winograd, direct, depthwise, 1x1), and the bias gradient they share."""
 import dataclasses
 
-from . import depthwise, direct, kernels, tuning, winograd
+from . import conv1x1, depthwise, direct, kernels, tuning, winograd
 from .elementwise import _activation_grad
 from .gemm import NO_SPLIT, Mat, gemm, skinny
 from .tensor import TooLarge, chunks, empty
@@ -29,8 +29,9 @@ def _col2im(col, s, n0, nimg, dx):
 # Convolution algorithms. im2col + GEMM runs every shape; Winograd (winograd.py) runs 3x3 and 5x5 stride-1 layers
 # with 2.25-4x fewer multiply-adds, and wins where channels are many (its transforms cost traffic per pixel); direct
 # (direct.py, forward only) reads x and w in place, for few input channels; depthwise (depthwise.py) runs layers of one
-# input channel per group, all three passes, reading each operand in place. Forward, data gradient and weight
-# gradient are three separate choices; the defaults per device class are tuning.conv_default's.
+# input channel per group, all three passes, reading each operand in place; conv1x1 (conv1x1.py, CPUs) runs pointwise
+# layers' three passes in place, a block of channels by a run of pixel vectors a work-item. Forward, data gradient and
+# weight gradient are three separate choices; the defaults per device class are tuning.conv_default's.
 WINOGRAD_TILE = {"winograd": 2, "winograd4": 4}  # algorithm name -> output tile side m of F(m x m, r x r)
 LESS_ACCURATE = {"winograd4"}  # offered only with tuning.allow_less_accurate
 
@@ -50,9 +51,11 @@ def _conv_algorithm(dev, kind, s, run):
         options.append("direct")
     if depthwise.supported(s):
         options.append("depthwise")
+    if tuning.cpu_shaped(dev) and conv1x1.supported(s):  # CPU-shaped kernels: not offered to GPUs' tuners
+        options.append("conv1x1")
     # depthwise layers take their own kernels by default on every device class: each pass reads its operands once,
     # where im2col runs them as C products of M rows each (depthwise.py)
-    default = "depthwise" if "depthwise" in options else tuning.conv_default(dev, s, options)
+    default = "depthwise" if "depthwise" in options else tuning.conv_default(dev, s, options, kind)
     return tuning.choose(dev, _conv_key(kind, s), lambda: default,
                          lambda: [default] + [a for a in options if a != default], run,
                          lambda cached: cached in options)
@@ -89,6 +92,8 @@ def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d"):
             return direct.conv2d_forward(x, w, bias, s, relu, what=what)
         if algorithm == "depthwise":
             return depthwise.conv2d_forward(x, w, bias, s, relu, what=what)
+        if algorithm == "conv1x1":
+            return conv1x1.conv2d_forward(x, w, bias, s, relu, what=what)
         return _conv2d_forward_im2col(x, w, bias, s, relu, what)
 
     return run(_conv_algorithm(x.device, "conv2d_fwd", s, run))
@@ -164,6 +169,8 @@ def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward", b
                                              beta=dw_beta)
         elif algorithm == "depthwise":
             depthwise.conv2d_backward_weights(x, dy, s, dw, beta=dw_beta, what=what + " (weights)")
+        elif algorithm == "conv1x1":
+            conv1x1.conv2d_backward_weights(x, dy, s, dw, beta=dw_beta, what=what + " (weights)")
         else:
             _conv2d_backward_im2col(x, w, dy, s, dw, False, what, dw_beta)
         return dw
@@ -173,6 +180,8 @@ def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward", b
             return winograd.conv2d_backward_data(w, dy, s, what=what + " (data)", m=WINOGRAD_TILE[algorithm])
         if algorithm == "depthwise":
             return depthwise.conv2d_backward_data(w, dy, s, what=what + " (data)")
+        if algorithm == "conv1x1":
+            return conv1x1.conv2d_backward_data(w, dy, s, what=what + " (data)")
         return _conv2d_backward_im2col(x, w, dy, s, None, True, what)
 
     w_alg = _conv_algorithm(dev, "conv2d_bwd_weights", s, weights) if dw is not None else None

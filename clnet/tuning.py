@@ -135,6 +135,20 @@ def reduction_runs(dev, n, groups, lsize):
     return max(1, min(-(-n // (64 * lsize)), -(-4 * dev.compute_units // groups)))
 
 
+# 1x1 convolutions (conv1x1.py): rows, a run of NV vectors of PV pixels by OB output channels a work-item, LS runs a
+# work-group; weights, OB x CB weights of one image a work-item.
+CONV1X1 = dict(rows=dict(PV=16, NV=2, OB=8, LS=4), weights=dict(PV=16, OB=4, CB=4))
+# The smallest plane (pixels) on which each pass defaults to them on CPUs. PoCL, mobilenet_v2's layers at batch 16
+# (bench/NOTES.md v27): at 14x14 the rows kernel tied im2col + GEMM forward (4.1 against 4.0 ms) and halved the data
+# gradient (2.3 against 5.1), the weight gradient took 2.4x the GEMM's time; at 7x7 every pass lost (1.7-9x).
+CONV1X1_MIN_PLANE = dict(conv2d_fwd=196, conv2d_bwd_data=196, conv2d_bwd_weights=784)
+
+
+def conv1x1_config(dev, which):
+    """The 1x1 convolution's kernel entry (which: "rows" for the forward and data gradient, "weights")."""
+    return CONV1X1[which]
+
+
 def direct_config(dev, s):
     """The default direct-convolution entry for shape s on dev."""
     if not cpu_shaped(dev):
@@ -145,8 +159,11 @@ def direct_config(dev, s):
     return dict(DIRECT_CPU, OB=min(8, max(2, 1 << (og - 1).bit_length())))
 
 
-def conv_default(dev, s, options):
-    """The default algorithm, among `options` (those that can run it), for a convolution pass of shape s."""
+def conv_default(dev, s, options, kind="conv2d_fwd"):
+    """The default algorithm, among `options` (those that can run it), for a convolution pass (kind: conv2d_fwd,
+    conv2d_bwd_data, conv2d_bwd_weights) of shape s."""
+    if "conv1x1" in options and s.H * s.W >= CONV1X1_MIN_PLANE[kind]:
+        return "conv1x1"
     if not dev.is_gpu and "direct" in options and s.C // s.G <= DIRECT_MAX_CHANNELS_CPU:
         return "direct"
     if dev.is_gpu and "winograd" in options and min(s.C, s.O) >= WINOGRAD_MIN_CHANNELS:

@@ -197,7 +197,8 @@ def test_zero_grad_marks_gradients_that_backward_then_overwrites(dev, rng, monke
     gradients add up. Against PyTorch in float64."""
     torch = pytest.importorskip("torch")
     from clnet import optim, tuning
-    monkeypatch.setattr(tuning, "conv_default", lambda d, s, options: algorithm if algorithm in options else "im2col")
+    monkeypatch.setattr(tuning, "conv_default",
+                        lambda d, s, options, kind=None: algorithm if algorithm in options else "im2col")
     tuning.forget()
     clnet.manual_seed(int(rng.integers(1 << 30)))
     ours = _ZeroGradNet.build(clnet, eval_norm).to(dev)

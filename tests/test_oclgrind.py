@@ -23,7 +23,7 @@ CHECKS = dict(OCLGRIND_CHECK_API="1", OCLGRIND_DATA_RACES="1")
 
 FAMILIES = ("gemm_tiled", "gemm_block", "gemm_split_transposed", "linear", "im2col", "direct", "winograd_3x3",
             "winograd_5x5", "winograd_4x4", "pooling", "elementwise", "softmax", "optimizers", "batch_norm", "lrn",
-            "cat", "pointwise", "reduce", "views", "depthwise", "chain")
+            "cat", "pointwise", "reduce", "views", "depthwise", "conv1x1", "chain")
 
 
 def _oclgrind_present():
@@ -142,7 +142,7 @@ def _conv_cases(clnet, dev, rng, cases, algorithm, shapes=("own", "other")):
     default_shape = tuning.cpu_shaped
     for shape in shapes:
         tuning.cpu_shaped = default_shape if shape == "own" else (lambda d: not default_shape(d))
-        tuning.conv_default = lambda d, s, options: algorithm if algorithm in options else "im2col"
+        tuning.conv_default = lambda d, s, options, kind=None: algorithm if algorithm in options else "im2col"
         tuning.forget()
         for xs, ws, kw in cases:
             x, w = _param(clnet, dev, rng, *xs), _param(clnet, dev, rng, *ws)
@@ -184,6 +184,13 @@ def _depthwise(clnet, dev, rng):
                                   ((1, 2, 6, 15), (4, 1, 3, 3), dict(padding=1, groups=2)),
                                   ((1, 2, 5, 20), (2, 1, 5, 5), dict(padding=2, groups=2)),
                                   ((1, 2, 3, 35), (2, 1, 3, 3), dict(padding=1, groups=2))], "depthwise")
+
+
+def _conv1x1(clnet, dev, rng):
+    # conv1x1.cl (CPU-shaped: taken where the device runs that shape): 21 pixels, less than a run of 32; 9 output
+    # channels, a block of 8 and a partial one; two images (each image's share, then their sum); batch 1 in groups
+    _conv_cases(clnet, dev, rng, [((2, 5, 3, 7), (9, 5, 1, 1), {}), ((1, 4, 2, 3), (6, 2, 1, 1), dict(groups=2))],
+                "conv1x1")
 
 
 def _pooling(clnet, dev, rng):
@@ -374,9 +381,9 @@ RUN = dict(gemm_tiled=_gemm_tiled, gemm_block=_gemm_block, gemm_split_transposed
            winograd_3x3=lambda c, d, r: _winograd(c, d, r, 3, "winograd"),
            winograd_5x5=lambda c, d, r: _winograd(c, d, r, 5, "winograd"),
            winograd_4x4=lambda c, d, r: _winograd(c, d, r, 3, "winograd4"),
-           depthwise=_depthwise, pooling=_pooling, elementwise=_elementwise, softmax=_softmax, optimizers=_optimizers,
-           batch_norm=_batch_norm, lrn=_lrn, cat=_cat, pointwise=_pointwise, reduce=_reduce, views=_views,
-           chain=_chain)
+           depthwise=_depthwise, conv1x1=_conv1x1, pooling=_pooling, elementwise=_elementwise, softmax=_softmax,
+           optimizers=_optimizers, batch_norm=_batch_norm, lrn=_lrn, cat=_cat, pointwise=_pointwise, reduce=_reduce,
+           views=_views, chain=_chain)
 
 
 def _child(family):
