@@ -2,6 +2,7 @@
 later) against the whole step, and the Python functions that cost most (cProfile).
 
     python bench/host_profile.py --device gpu --model lenet --batch 64
+    python bench/host_profile.py --device gpu --model resnet50 --batch 1 --forward-only  # eager inference
 """
 import argparse
 import cProfile
@@ -20,6 +21,8 @@ def main():
     p.add_argument("--model", default="lenet")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--forward-only", action="store_true", help="an eval-mode forward under no_grad, not a step")
+    p.add_argument("--top", type=int, default=18, help="cProfile's rows")
     args = p.parse_args()
     dev = clnet.device(args.device)
     clnet.manual_seed(0)
@@ -36,6 +39,13 @@ def main():
         opt.zero_grad()
         loss.backward()
         opt.step()
+
+    if args.forward_only:
+        model.eval()
+
+        def step():  # noqa: F811 -- the inference pass instead
+            with clnet.no_grad():
+                model(x)
 
     for _ in range(5):
         step()
@@ -57,7 +67,7 @@ def main():
         step()
     prof.disable()
     dev.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@
 //             updates running_mean and running_var (with the unbiased variance) when they are not NULL
 //   batchnorm_invstd  invstd = 1/sqrt(var + eps) (evaluation mode, from the running variance)
 //   batchnorm_apply  y = (x - mean) * invstd * weight + bias; NULL mean, weight or bias mean 0, 1 and 0 (so dy *
-//             weight * invstd is this kernel too). GPU-shaped: UNROLL elements per work-item, a UNROLL-th of the
+//             weight * invstd is this kernel too). With eps >= 0 the `invstd` argument holds the variance and each
+//             channel's 1/sqrt(var + eps) is taken here (evaluation: one launch, no invstd pass); eps < 0: invstd. GPU-shaped: UNROLL elements per work-item, a UNROLL-th of the
 //             tensor apart, all loaded first
 //   batchnorm_apply_planes  the same, CPU-shaped: work-item (n, g) takes the planes of channels g*cb .. g*cb + cb - 1
 //             of image n (cb*P about SPAN values or more), eight lanes at a time
@@ -214,7 +215,7 @@ __kernel void batchnorm_invstd(__global const float* restrict var, const float e
 // The per-channel affine map y = (x - m) * s + b of batchnorm_apply.
 #define CHANNEL_AFFINE(c) \
     const float m = mean ? mean[c] : 0.0f; \
-    const float s = invstd[c] * (weight ? weight[c] : 1.0f); \
+    const float s = (eps < 0.0f ? invstd[c] : 1.0f / sqrt(invstd[c] + eps)) * (weight ? weight[c] : 1.0f); \
     const float b = bias ? bias[c] : 0.0f
 
 // A GPU-shaped element-wise work-item's elements: e0 + u*G for u < UNROLL, G a UNROLL-th of the total.
@@ -224,8 +225,8 @@ __kernel void batchnorm_invstd(__global const float* restrict var, const float e
 
 __kernel void batchnorm_apply(__global const float* restrict x, __global const float* restrict mean,
                               __global const float* restrict invstd, __global const float* restrict weight,
-                              __global const float* restrict bias, __global float* restrict y, const int C,
-                              const int P, const int total) {
+                              __global const float* restrict bias, __global float* restrict y, const float eps,
+                              const int C, const int P, const int total) {
     SPREAD_START();
     float v[UNROLL];
 #pragma unroll
@@ -252,8 +253,8 @@ __kernel void batchnorm_apply(__global const float* restrict x, __global const f
 
 __kernel void batchnorm_apply_planes(__global const float* restrict x, __global const float* restrict mean,
                                      __global const float* restrict invstd, __global const float* restrict weight,
-                                     __global const float* restrict bias, __global float* restrict y, const int C,
-                                     const int P, const int N, const int cb) {
+                                     __global const float* restrict bias, __global float* restrict y, const float eps,
+                                     const int C, const int P, const int N, const int cb) {
     CHANNEL_GROUP();
     const int P8 = P & ~7;
     for (int c = c0; c < c1; c++) {

@@ -212,7 +212,7 @@ def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentu
     _check_channel(bias, C, "bias", "batch norm")
     mean, invstd = batch_norm_stats(x, eps, running_mean, running_var, momentum)
     y = empty(x.shape, x.device)
-    _elementwise(x.device, "batchnorm_apply", N, C, P, x, mean, invstd, weight, bias, y,
+    _elementwise(x.device, "batchnorm_apply", N, C, P, x, mean, invstd, weight, bias, y, -1.0,
                  what=f"batch norm {tuple(x.shape)}", images=(x, y))
     return y, mean, invstd
 
@@ -230,9 +230,8 @@ def batch_norm_eval_forward(x, weight, bias, running_mean, running_var, eps):
     N, C, P = _geometry(x, "batch norm")
     for t, name in ((weight, "weight"), (bias, "bias"), (running_mean, "running_mean"), (running_var, "running_var")):
         _check_channel(t, C, name, "batch norm")
-    invstd = _eval_invstd(running_var, eps, C)
-    y = empty(x.shape, x.device)
-    _elementwise(x.device, "batchnorm_apply", N, C, P, x, running_mean, invstd, weight, bias, y,
+    y = empty(x.shape, x.device)  # 1/sqrt(running_var + eps) taken inside the pass
+    _elementwise(x.device, "batchnorm_apply", N, C, P, x, running_mean, running_var, weight, bias, y, float(eps),
                  what=f"batch norm (evaluation) {tuple(x.shape)}", images=(x, y))
     return y
 
@@ -298,13 +297,14 @@ def batch_norm_eval_backward(dy, x, weight, running_mean, running_var, eps, need
         _check_channel(t, C, name, what)
     if not need_dx and dweight is None and dbias is None:
         return None
-    invstd = _eval_invstd(running_var, eps, C)
+    invstd, eps_arg = running_var, float(eps)  # the data gradient's pass takes 1/sqrt(var + eps) itself
     if dweight is not None or dbias is not None:
+        invstd, eps_arg = _eval_invstd(running_var, eps, C), -1.0
         _grad_sums(dy, x, running_mean, invstd, dweight, dbias, None, what, beta)
     if not need_dx:
         return None
     dx = empty(x.shape, x.device)
-    _elementwise(x.device, "batchnorm_apply", N, C, P, dy, None, invstd, weight, None, dx,
+    _elementwise(x.device, "batchnorm_apply", N, C, P, dy, None, invstd, weight, None, dx, eps_arg,
                  what=f"{what} {tuple(x.shape)}", images=(dy, dx))
     return dx
 

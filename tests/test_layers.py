@@ -425,3 +425,19 @@ def test_sequential_fuses_relu_into_the_conv2d_and_linear_before_it(dev, rng, ho
         out = model[:2](clnet.tensor(x, dev)).numpy()
     expect = np.maximum(ref.conv2d(x, conv_w, conv_b, (1, 1), (1, 1), (2, 2), (1, 1), 1), 0)
     assert np.array_equal(np.isnan(out), np.isnan(expect)) and np.isnan(out).sum() == O * 9
+
+
+def test_a_layer_is_named_by_its_configuration_as_it_is_now():
+    """A layer's repr (which names it in every message of its forward) is kept between calls, and follows any
+    attribute set or deleted since."""
+    drop, conv = nn.Dropout(0.5), nn.Conv2d(3, 4, 3)
+    assert repr(drop) == "Dropout(p=0.5)" and repr(drop) == "Dropout(p=0.5)"
+    drop.p = 0.25
+    assert repr(drop) == "Dropout(p=0.25)"
+    assert repr(conv).endswith("stride=(1, 1))")
+    conv.groups = 1
+    conv.stride = (2, 2)
+    assert repr(conv) == "Conv2d(3, 4, kernel_size=(3, 3), stride=(2, 2))", repr(conv)
+    conv.extra = 1
+    del conv.extra
+    assert repr(conv) == "Conv2d(3, 4, kernel_size=(3, 3), stride=(2, 2))"

@@ -38,6 +38,7 @@ class Module:
     # -- registration --------------------------------------------------------------------------------------------
     def __setattr__(self, name, value):
         d = self.__dict__
+        d.pop("_repr", None)  # any attribute may be configuration that repr shows
         if "_parameters" not in d:
             raise AttributeError(f"{type(self).__name__}: call super().__init__() before assigning attributes")
         params, buffers, modules = d["_parameters"], d["_buffers"], d["_modules"]
@@ -67,6 +68,7 @@ class Module:
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __delattr__(self, name):
+        self.__dict__.pop("_repr", None)
         for table in ("_parameters", "_buffers", "_modules"):
             if name in self.__dict__[table]:
                 del self.__dict__[table][name]
@@ -266,8 +268,11 @@ class Module:
 
     def __repr__(self):
         children = [f"  ({name}): " + repr(m).replace("\n", "\n  ") for name, m in self._modules.items()]
-        if not children:
-            return f"{type(self).__name__}({self.extra_repr()})"
+        if not children:  # kept until an attribute is set: layers name themselves in every forward's messages
+            r = self.__dict__.get("_repr")
+            if r is None:
+                r = self.__dict__["_repr"] = f"{type(self).__name__}({self.extra_repr()})"
+            return r
         head = f"{type(self).__name__}({self.extra_repr()}"
         return head + "\n" + "\n".join(children) + "\n)"
 
