@@ -34,6 +34,10 @@
 #ifndef RELU
 #define RELU 0  // conv1x1_rows: 1 takes max(0, .) after the bias (NaN stays NaN)
 #endif
+#ifndef WEIGHTS
+#define WEIGHTS 0  // 0 builds conv1x1_rows, 1 conv1x1_weights and conv1x1_weights_sum (one pass's kernels a build: an
+                   // unrolled block is slow to compile, Intel's compiler taking tens of seconds for each)
+#endif
 #ifndef PART
 #define PART 1  // conv1x1_weights: 1 writes each image's share to part; 0 (one image) writes dw = beta * dw + it
 #endif
@@ -82,12 +86,14 @@
 #error "PV must be 8 or 16"
 #endif
 
+
 // The block's first channel within its group and how many of its channels are real.
 #define BLOCK(blk, per_group, width, count) \
     const int grp = (blk) / (per_group); \
     const int first = ((blk) - grp * (per_group)) * (width); \
     const int real = (count) - first < (width) ? (count) - first : (width)
 
+#if !WEIGHTS
 __kernel void conv1x1_rows(__global const float* restrict in, __global const float* restrict w,
                            __global const float* restrict bias, __global float* restrict out, const int IC,
                            const int OC, const int G, const int P, const int WO, const int WC) {
@@ -158,6 +164,9 @@ __kernel void conv1x1_rows(__global const float* restrict in, __global const flo
     }
 }
 
+#endif
+
+#if WEIGHTS
 __kernel void conv1x1_weights(__global const float* restrict dy, __global const float* restrict x,
                               __global float* restrict part, const int C, const int O, const int G, const int P,
                               const float beta) {
@@ -231,3 +240,4 @@ __kernel void conv1x1_weights_sum(__global const float* restrict part, __global 
     for (int n = 0; n < N; n++) s += part[(long)n * count + i];
     dw[i] = beta == 0.0f ? s : beta * dw[i] + s;
 }
+#endif

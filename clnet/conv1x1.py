@@ -23,7 +23,7 @@ def _rows(x, w, bias, IC, OC, s, WO, WC, relu, what, cfg):
     per_run, ob = cfg["NV"] * cfg["PV"], cfg["OB"]
     blocks = s.G * -(-(OC // s.G) // ob)
     k = kernels.kernel(dev, "conv1x1.cl", "conv1x1_rows",
-                       dict(PV=cfg["PV"], NV=cfg["NV"], OB=ob, BIAS=bias is not None, RELU=relu))
+                       dict(PV=cfg["PV"], NV=cfg["NV"], OB=ob, BIAS=bias is not None, RELU=relu, WEIGHTS=0))
     runs = -(-P // per_run)
     ls = min(cfg["LS"], runs)
     kernels.launch(dev, k, (runs, blocks, s.N), (ls, 1, 1), x, w, bias, out, IC, OC, s.G, P, WO, WC, what=what)
@@ -49,13 +49,13 @@ def conv2d_backward_weights(x, dy, s, dw, beta=1.0, what="Conv2d backward (weigh
     cfg = tuning.conv1x1_config(dev, "weights")
     Og, Cg, P = s.O // s.G, s.C // s.G, s.H * s.W
     part = s.N > 1
-    k = kernels.kernel(dev, "conv1x1.cl", "conv1x1_weights",
-                       dict(PV=cfg["PV"], OB=cfg["OB"], CB=cfg["CB"], PART=part))
+    defines = dict(PV=cfg["PV"], OB=cfg["OB"], CB=cfg["CB"], PART=part, WEIGHTS=1)
+    k = kernels.kernel(dev, "conv1x1.cl", "conv1x1_weights", defines)
     grid = (-(-Cg // cfg["CB"]), s.G * -(-Og // cfg["OB"]), s.N)
     target = empty((s.N, s.O, Cg), dev) if part else dw
     kernels.launch(dev, k, grid, (1, 1, 1), dy, x, target, s.C, s.O, s.G, P, float(beta), what=what + " (1x1)")
     if part:
-        total = kernels.kernel(dev, "conv1x1.cl", "conv1x1_weights_sum")
+        total = kernels.kernel(dev, "conv1x1.cl", "conv1x1_weights_sum", defines)  # the same build
         kernels.launch(dev, total, (s.O * Cg,), kernels.ANY_GROUP, target, dw, s.N, s.O * Cg, float(beta),
                        what=what + " (1x1, images' shares)")
     return dw
