@@ -13,8 +13,8 @@
 //   batchnorm_invstd  invstd = 1/sqrt(var + eps) (evaluation mode, from the running variance)
 //   batchnorm_apply  y = (x - mean) * invstd * weight + bias; NULL mean, weight or bias mean 0, 1 and 0 (so dy *
 //             weight * invstd is this kernel too). With eps >= 0 the `invstd` argument holds the variance and each
-//             channel's 1/sqrt(var + eps) is taken here (evaluation: one launch, no invstd pass); eps < 0: invstd. GPU-shaped: UNROLL elements per work-item, a UNROLL-th of the
-//             tensor apart, all loaded first
+//             channel's 1/sqrt(var + eps) is taken here (evaluation: one launch, no invstd pass); eps < 0: invstd.
+//             GPU-shaped: UNROLL elements per work-item, a UNROLL-th of the tensor apart, all loaded first
 //   batchnorm_apply_planes  the same, CPU-shaped: work-item (n, g) takes the planes of channels g*cb .. g*cb + cb - 1
 //             of image n (cb*P about SPAN values or more), eight lanes at a time
 //   batchnorm_grad_sums  GPU-shaped first pass of backward: work-group (c, r) sums dy and dy * (x - mean) over its
