@@ -6,7 +6,8 @@ columns run across images, and its weight gradient still lowers x first; the dir
 for up to 64 input channels) takes a vector over output channels and a scalar of x per pixel. Here a work-item holds
 a block of output channels times a run of pixel vectors, so each load of x feeds a block of multiply-adds, and the
 data gradient is the same kernel with the weight matrix read transposed. On PoCL, mobilenet_v2's layers of 28x28 and
-up ran 1.3-4x faster than the better of the two (bench/NOTES.md v27); on 7x7 planes the GEMM stays faster.
+up ran 1.05-4.4x faster than the better of the two, pass by pass (bench/NOTES.md v27); on 7x7 planes the GEMM
+stays faster.
 """
 from . import kernels, tuning
 from .tensor import empty
