@@ -148,6 +148,7 @@ def test_sgd_updates_every_parameter_in_one_launch(dev, rng):
     params = model.parameters()
     opt = optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=0.01, nesterov=True)
     p = [q.numpy().astype(np.float64) for q in params]
+    start = [a.copy() for a in p]
     bufs = [None] * len(p)
     opt.zero_grad()  # the first use builds the flat buffers
     for _ in range(3):
@@ -164,7 +165,11 @@ def test_sgd_updates_every_parameter_in_one_launch(dev, rng):
         for i, g in enumerate(grads):
             p[i], bufs[i] = ref.sgd(p[i], g.astype(np.float64), bufs[i], 0.05, 0.9, 0.01, True)
     for i, q in enumerate(params):
-        assert_close(q.data.numpy(), p[i], f"parameter {i} after 3 steps", tol=1e-6)
+        # within 1e-6 of the parameter's scale before and after the steps: a one-element bias that the steps carried
+        # near 0 (0.004 in one CI run, from about 0.3) keeps the rounding of the values it passed through
+        scale = max(np.abs(start[i]).max(), np.abs(p[i]).max())
+        err = np.abs(q.data.numpy() - p[i]).max()
+        assert err <= 1e-6 * scale, f"parameter {i} after 3 steps: error {err:.2e}, scale {scale:.2e}"
 
 
 def test_sgd_state_survives_loading_before_the_first_step(dev, rng):
