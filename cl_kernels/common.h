@@ -24,4 +24,12 @@ inline uint clnet_hash(uint x) {
 #define VEC(p) (*(__global float4*)(p))
 #define CVEC(p) (*(__global const float4*)(p))
 
+// n consecutive floats from p as a vector, read lane by lane: PoCL calls vloadn rather than inline it, and the
+// register-blocked kernels (conv_direct.cl, conv1x1.cl) keep their accumulators in registers only so.
+#define LANES2(p) ((float2)((p)[0], (p)[1]))
+#define LANES4(p) ((float4)((p)[0], (p)[1], (p)[2], (p)[3]))
+#define LANES8(p) ((float8)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7]))
+#define LANES16(p) ((float16)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7], (p)[8], (p)[9], \
+    (p)[10], (p)[11], (p)[12], (p)[13], (p)[14], (p)[15]))
+
 #endif

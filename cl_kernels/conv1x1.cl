@@ -50,8 +50,8 @@
 // A vector of the PV pixels from p (LOADV: all inside the plane; LOADV_IN: the first `room`, the rest 0), PV pixels
 // stored from p (STOREV_IN: the first `room`), and the sum of a vector's lanes.
 #if PV == 8
-#define VEC float8
-#define LOADV(p) ((float8)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7]))
+#define PVEC float8
+#define LOADV(p) LANES8(p)
 #define LOADV_IN(p, room) ((float8)((p)[0], (1 < (room) ? (p)[1] : 0.0f), (2 < (room) ? (p)[2] : 0.0f), \
     (3 < (room) ? (p)[3] : 0.0f), (4 < (room) ? (p)[4] : 0.0f), (5 < (room) ? (p)[5] : 0.0f), \
     (6 < (room) ? (p)[6] : 0.0f), (7 < (room) ? (p)[7] : 0.0f)))
@@ -62,9 +62,8 @@
     if (5 < (room)) (p)[5] = (v).s5; if (6 < (room)) (p)[6] = (v).s6; if (7 < (room)) (p)[7] = (v).s7; } while (0)
 #define SUMV(v) ((v).s0 + (v).s1 + (v).s2 + (v).s3 + (v).s4 + (v).s5 + (v).s6 + (v).s7)
 #elif PV == 16
-#define VEC float16
-#define LOADV(p) ((float16)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7], (p)[8], (p)[9], \
-    (p)[10], (p)[11], (p)[12], (p)[13], (p)[14], (p)[15]))
+#define PVEC float16
+#define LOADV(p) LANES16(p)
 #define LOADV_IN(p, room) ((float16)((p)[0], (1 < (room) ? (p)[1] : 0.0f), (2 < (room) ? (p)[2] : 0.0f), \
     (3 < (room) ? (p)[3] : 0.0f), (4 < (room) ? (p)[4] : 0.0f), (5 < (room) ? (p)[5] : 0.0f), \
     (6 < (room) ? (p)[6] : 0.0f), (7 < (room) ? (p)[7] : 0.0f), (8 < (room) ? (p)[8] : 0.0f), \
@@ -106,7 +105,7 @@ __kernel void conv1x1_rows(__global const float* restrict in, __global const flo
     __global const float* wg = w + grp * OCg * ICg;
     __global const float* x = in + ((long)n * IC + grp * ICg) * P + p0;
     int wo[OB];
-    VEC acc[OB][NV];
+    PVEC acc[OB][NV];
 #pragma unroll
     for (int b = 0; b < OB; b++) {
         const int oc = first + (b < real ? b : real - 1);
@@ -117,11 +116,11 @@ __kernel void conv1x1_rows(__global const float* restrict in, __global const flo
         const float b0 = 0.0f;
 #endif
 #pragma unroll
-        for (int j = 0; j < NV; j++) acc[b][j] = (VEC)(b0);
+        for (int j = 0; j < NV; j++) acc[b][j] = (PVEC)(b0);
     }
     if (room >= NV * PV) {
         for (int c = 0; c < ICg; c++, x += P) {
-            VEC v[NV];
+            PVEC v[NV];
 #pragma unroll
             for (int j = 0; j < NV; j++) v[j] = LOADV(x + j * PV);
 #pragma unroll
@@ -133,9 +132,9 @@ __kernel void conv1x1_rows(__global const float* restrict in, __global const flo
         }
     } else {
         for (int c = 0; c < ICg; c++, x += P) {
-            VEC v[NV];
+            PVEC v[NV];
 #pragma unroll
-            for (int j = 0; j < NV; j++) v[j] = room > j * PV ? LOADV_IN(x + j * PV, room - j * PV) : (VEC)(0.0f);
+            for (int j = 0; j < NV; j++) v[j] = room > j * PV ? LOADV_IN(x + j * PV, room - j * PV) : (PVEC)(0.0f);
 #pragma unroll
             for (int b = 0; b < OB; b++) {
                 const float wv = wg[wo[b] + c * WC];
@@ -151,9 +150,9 @@ __kernel void conv1x1_rows(__global const float* restrict in, __global const flo
 #pragma unroll
         for (int j = 0; j < NV; j++) {
 #if RELU
-            const VEC r = select(acc[b][j], (VEC)(0.0f), acc[b][j] < (VEC)(0.0f));
+            const PVEC r = select(acc[b][j], (PVEC)(0.0f), acc[b][j] < (PVEC)(0.0f));
 #else
-            const VEC r = acc[b][j];
+            const PVEC r = acc[b][j];
 #endif
             if (room >= (j + 1) * PV) {
                 STOREV(y + b * P + j * PV, r);
@@ -182,14 +181,14 @@ __kernel void conv1x1_weights(__global const float* restrict dy, __global const 
     for (int b = 0; b < OB; b++) dyb[b] = dy + ((long)n * O + grp * Og + first + (b < real ? b : real - 1)) * P;
 #pragma unroll
     for (int k = 0; k < CB; k++) xb[k] = x + ((long)n * C + grp * Cg + c0 + (k < creal ? k : creal - 1)) * P;
-    VEC acc[OB][CB];
+    PVEC acc[OB][CB];
 #pragma unroll
     for (int b = 0; b < OB; b++)
 #pragma unroll
-        for (int k = 0; k < CB; k++) acc[b][k] = (VEC)(0.0f);
+        for (int k = 0; k < CB; k++) acc[b][k] = (PVEC)(0.0f);
     int p = 0;
     for (; p + PV <= P; p += PV) {
-        VEC d[OB], v[CB];
+        PVEC d[OB], v[CB];
 #pragma unroll
         for (int b = 0; b < OB; b++) d[b] = LOADV(dyb[b] + p);
 #pragma unroll
@@ -200,7 +199,7 @@ __kernel void conv1x1_weights(__global const float* restrict dy, __global const 
             for (int k = 0; k < CB; k++) acc[b][k] += d[b] * v[k];
     }
     if (p < P) {
-        VEC d[OB], v[CB];
+        PVEC d[OB], v[CB];
 #pragma unroll
         for (int b = 0; b < OB; b++) d[b] = LOADV_IN(dyb[b] + p, P - p);
 #pragma unroll

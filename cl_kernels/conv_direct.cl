@@ -123,22 +123,21 @@ __kernel void conv2d_fwd_direct(__global const float* restrict x, __global const
 // accumulators in memory.
 #if OB == 2
 #define OVEC float2
-#define LOADV(p) ((float2)((p)[0], (p)[1]))
+#define LOADV(p) LANES2(p)
 #define CHANNELS(F, o, v, n) do { F(o, v, n, 0, s0); F(o, v, n, 1, s1); } while (0)
 #elif OB == 4
 #define OVEC float4
-#define LOADV(p) ((float4)((p)[0], (p)[1], (p)[2], (p)[3]))
+#define LOADV(p) LANES4(p)
 #define CHANNELS(F, o, v, n) do { F(o, v, n, 0, s0); F(o, v, n, 1, s1); F(o, v, n, 2, s2); F(o, v, n, 3, s3); } \
     while (0)
 #elif OB == 8
 #define OVEC float8
-#define LOADV(p) ((float8)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7]))
+#define LOADV(p) LANES8(p)
 #define CHANNELS(F, o, v, n) do { F(o, v, n, 0, s0); F(o, v, n, 1, s1); F(o, v, n, 2, s2); F(o, v, n, 3, s3); \
     F(o, v, n, 4, s4); F(o, v, n, 5, s5); F(o, v, n, 6, s6); F(o, v, n, 7, s7); } while (0)
 #elif OB == 16
 #define OVEC float16
-#define LOADV(p) ((float16)((p)[0], (p)[1], (p)[2], (p)[3], (p)[4], (p)[5], (p)[6], (p)[7], (p)[8], (p)[9], \
-    (p)[10], (p)[11], (p)[12], (p)[13], (p)[14], (p)[15]))
+#define LOADV(p) LANES16(p)
 #define CHANNELS(F, o, v, n) do { F(o, v, n, 0, s0); F(o, v, n, 1, s1); F(o, v, n, 2, s2); F(o, v, n, 3, s3); \
     F(o, v, n, 4, s4); F(o, v, n, 5, s5); F(o, v, n, 6, s6); F(o, v, n, 7, s7); F(o, v, n, 8, s8); \
     F(o, v, n, 9, s9); F(o, v, n, 10, sa); F(o, v, n, 11, sb); F(o, v, n, 12, sc); F(o, v, n, 13, sd); \

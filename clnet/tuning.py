@@ -139,8 +139,9 @@ def reduction_runs(dev, n, groups, lsize):
 # work-group; weights, OB x CB weights of one image a work-item.
 CONV1X1 = dict(rows=dict(PV=16, NV=2, OB=8, LS=4), weights=dict(PV=16, OB=4, CB=4))
 # The smallest plane (pixels) on which each pass defaults to them on CPUs. PoCL, mobilenet_v2's layers at batch 16
-# (bench/NOTES.md v27): at 14x14 the rows kernel tied im2col + GEMM forward (4.1 against 4.0 ms) and halved the data
-# gradient (2.3 against 5.1), the weight gradient took 2.4x the GEMM's time; at 7x7 every pass lost (1.7-9x).
+# (bench/results/pocl-conv1x1/layers-dev0.txt): at 14x14 the rows kernel's forward took 1.9-3.8 ms against im2col +
+# GEMM's 2.5-3.5 (even), its data gradient 1.5-1.9 against 2.5-3.5, the weight kernel 4.3-4.6 against 1.9-2.5; at 7x7
+# every pass lost (1.4-9.7x).
 CONV1X1_MIN_PLANE = dict(conv2d_fwd=196, conv2d_bwd_data=196, conv2d_bwd_weights=784)
 
 
