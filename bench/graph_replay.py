@@ -99,7 +99,13 @@ def clnet_rates(name, batch, dev, steps, repeats, hooked=False):
     with g.capture():
         step()
     replay = timed(g.replay)
-    return dict(eager_ms=eager, replay_ms=replay, launches=launches, recorded=g.launches)
+    return dict(eager_ms=eager, replay_ms=replay, launches=launches, recorded=g.launches, kernels=replayed_kernels(g))
+
+
+def replayed_kernels(g):
+    """The replay's launches in order, by kernel name (fused chains included), and its host actions as "host"."""
+    return [getattr(item[0], "function_name", None) or "host" if isinstance(item, tuple) else "host"
+            for item in g._items]
 
 
 def torch_rates(name, batch, steps, repeats, cuda, hooked=False):

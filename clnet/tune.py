@@ -3,7 +3,7 @@ the fastest in the persistent cache (tuning.py) keyed by platform, device, drive
 
 The first candidate of every site is the device class's default. A choice is timed by its kernels' profiling events
 (device time, summed over the launches it makes), as the median of a few runs after one untimed run that builds the
-kernels; a candidate that cannot run on this device (a build failure, too many registers) is dropped, and so is one
+kernels, plus the host's cost of each of its launches (tuning.LAUNCH_COST_MS: small layers are bound by launches); a candidate that cannot run on this device (a build failure, too many registers) is dropped, and so is one
 whose output disagrees with the default's (checked before timing, as CLTune does: a kernel that a driver miscompiles
 must not become the choice there). Buffers are the ones the recorded iteration used, so the timing sees real layouts
 and real sizes. The recorded sites keep those buffers alive until tuning ends: tuning needs more device memory than a
@@ -160,6 +160,15 @@ def _sum_of_squares(x):
     return float(np.einsum("i,i->", x, x, dtype=np.float64))  # cast and summed in buffered chunks
 
 
+def _cost_ms(dev, fn, repeats):
+    """What a candidate costs a step: its kernels' device time, plus the host's cost of each launch it makes
+    (tuning.LAUNCH_COST_MS), which at small sizes is the larger part."""
+    before = kernels.launch_count
+    fn()
+    launches = kernels.launch_count - before
+    return kernels.device_ms(dev, fn, repeats) + launches * tuning.launch_cost_ms(dev)
+
+
 def tune_sites(dev, sites, budget_s=300.0, repeats=3, retune=False, progress=None, t0=None):
     """Times every candidate of every site (products before the algorithms that contain them) and stores winners.
 
@@ -209,7 +218,7 @@ def tune_sites(dev, sites, budget_s=300.0, repeats=3, retune=False, progress=Non
         if over:  # a site left half-built keeps its default, as the sites after it do
             report["left"] = todo[i:]
             break
-        timed = [(kernels.device_ms(dev, lambda: run(candidates[j]), repeats), j) for j in runnable]
+        timed = [(_cost_ms(dev, lambda: run(candidates[j]), repeats), j) for j in runnable]
         best_ms, best = min(timed)  # ties go to the earlier candidate, the default first
         tuning.store(dev, {key: candidates[best]})
         report["tuned"][key] = dict(choice=tuning.describe(candidates[best]), ms=best_ms, default_ms=timed[0][0])

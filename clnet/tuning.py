@@ -83,6 +83,13 @@ FUSED_CHAIN_ELEMENTS = dict(gpu=1 << 19, cpu=0)
 # measurable from it (the test suite built 170 programs of test_device.py per device with it, 64 without).
 EPILOGUE_AT_BUILD = dict(gpu=True, cpu=False)
 
+# The host's cost of one kernel launch (ms), which the autotuner adds to a candidate's device time for each launch it
+# makes: at small sizes a step is bound by its launches, not its kernels (lenet at batch 1 on the H200: 26 launches,
+# 0.24 ms a replayed step, each kernel a few us), and an algorithm of four launches that saves 2 us of device time
+# loses there. NVIDIA's clEnqueueNDRangeKernel costs 7.5 us plus 0.4 us a buffer argument, replayed or eager
+# (bench/NOTES.md v27); a replayed launch costs PoCL 8-10 us (v23). Against a layer of a millisecond it changes nothing.
+LAUNCH_COST_MS = dict(gpu=0.009, cpu=0.009)
+
 # Split-K: slices of at least this depth, and enough work-groups to fill the device this many times over.
 SPLIT_K_MIN_DEPTH = 256
 SPLIT_K_WAVES = 4
@@ -94,6 +101,10 @@ def device_class(dev):
 
 def epilogue_at_build(dev):
     return EPILOGUE_AT_BUILD[device_class(dev)]
+
+
+def launch_cost_ms(dev):
+    return LAUNCH_COST_MS[device_class(dev)]
 
 
 def fused_chain_elements(dev):

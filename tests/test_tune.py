@@ -272,6 +272,37 @@ def test_gpus_with_small_work_groups_get_kernels_that_fit(dev, rng, monkeypatch,
     tuning.forget()
 
 
+# ---- a candidate's launches count against it ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("saved_launches", [1.5, 2.5])
+def test_a_candidate_pays_the_hosts_cost_for_each_launch(dev, rng, cache_dir, monkeypatch, saved_launches):
+    """Two candidates with the same result, one launch against three: the three-launch one is faster on the device
+    by saved_launches launches' host cost (tuning.LAUNCH_COST_MS). It wins only when that pays for its two extra
+    launches."""
+    x = clnet.tensor(rng.standard_normal(1000).astype(np.float32), dev)
+    cost = tuning.launch_cost_ms(dev)
+    device_time = {"1": 1.0, "3": 1.0 - saved_launches * cost}
+    ran = []
+
+    def run(choice):
+        ran.append(choice)
+        launches = int(choice)
+        with clnet.no_grad():
+            y = x * 1.0
+            for _ in range(launches - 1):
+                y = y * 1.0
+        return y
+
+    def device_ms(dev, fn, repeats=1):
+        fn()
+        return device_time[ran[-1]]
+    monkeypatch.setattr(tune.kernels, "device_ms", device_ms)
+    report = tune.tune_sites(dev, {"test site": (["1", "3"], run)}, repeats=1)
+    want = "3" if saved_launches > 2 else "1"
+    assert report["tuned"]["test site"]["choice"] == want, report
+    assert report["tuned"]["test site"]["ms"] == pytest.approx(device_time[want] + int(want) * cost)
+
+
 # ---- every candidate's output is checked against the default's before it is timed --------------------------------
 
 def _fastest(monkeypatch, victim, ran):
