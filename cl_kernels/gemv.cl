@@ -4,6 +4,10 @@
 //   gemm_rank1  C(m, n) = epilogue(alpha * A(m, 0) B(0, n))         (K == 1: its weight gradient; beta 0 or 1)
 //               with ROWSUM, also D(m) (+)= alpha * A(m, 0): A's sum over its one column (the bias gradient), added
 //               to D when d_add, else written
+//   gemv_rank1  the layer's whole batch-1 backward in one launch: gemv's C(0, n) = sum_k A(0, k) B(k, n) (its input
+//               gradient, B the weight) and, at each (k, n) of B it reads, W(k, n) = A(0, k) X(n) (+ W(k, n) when
+//               w_beta is 1): gemm_rank1's product of A's one row as a column with X (its weight gradient, W laid
+//               out as B), with ROWSUM its bias gradient D(k). Every (k, n) is visited by one work-item, once.
 // One product (batch 1), operands without column splits; addressing and epilogue as gemm_common.h (the host passes
 // each operand's offset and the strides it uses).
 //
@@ -84,4 +88,46 @@ __kernel void gemm_rank1(const int M, const int N, const float alpha, const floa
 #if ROWSUM
     if (n == 0) D[m] = d_add ? D[m] + alpha * a : alpha * a;
 #endif
+}
+
+__kernel __attribute__((reqd_work_group_size(LN, LK, 1)))
+void gemv_rank1(const int N, const int K,
+                __global const float* restrict A, const int a_off, const int a_cs,
+                __global const float* restrict B, const int b_off, const int b_rs, const int b_cs,
+                __global float* restrict C, const int c_off, const int c_cs,
+                __global const float* restrict X, const int x_off, const int x_cs,
+                __global float* restrict W, const int w_off, const float w_beta ROWSUM_ARGS A_MASK_ARG) {
+    const int i = get_local_id(0), j = get_local_id(1);
+    const int n = get_group_id(0) * LN + i;
+    float total = 0.0f;
+    if (n < N) {
+        __global const float* a = A + a_off;
+        __global const float* b = B + b_off + n * b_cs;
+        __global float* w = W + w_off + n * b_cs;
+        const float xn = X[x_off + n * x_cs];
+        for (int k0 = j; k0 < K; k0 += KS * LK) {
+            const int end = min(K, k0 + KS * LK);
+            float stage = 0.0f;
+            for (int k = k0; k < end; k += LK) {
+                const float ak = MASKED(a[k * a_cs], k);
+                stage += ak * b[k * b_rs];
+                w[k * b_rs] = gemm_epilogue(ak * xn, 1.0f, w_beta, w, k * b_rs, C, 0, 0, 0, 0);
+#if ROWSUM
+                if (n == 0) D[k] = d_add ? D[k] + ak : ak;
+#endif
+            }
+            total += stage;
+        }
+    }
+#if LK > 1
+    __local float part[LK * LN];  // [j][i]
+    part[j * LN + i] = total;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int h = LK / 2; h > 0; h >>= 1) {
+        if (j < h) part[j * LN + i] += part[(j + h) * LN + i];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    total = part[i];
+#endif
+    if (j == 0 && n < N) C[c_off + n * c_cs] = total;
 }

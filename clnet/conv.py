@@ -4,7 +4,7 @@ import dataclasses
 
 from . import conv1x1, depthwise, direct, kernels, tuning, winograd
 from .elementwise import _activation_grad
-from .gemm import NO_SPLIT, Mat, gemm, skinny
+from .gemm import NO_SPLIT, Mat, dense_backward_one_row, gemm, skinny
 from .tensor import TooLarge, chunks, empty
 
 
@@ -344,8 +344,13 @@ def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", beta
     if deferred:
         defer(DeferredWeightGrad(dy, x, what + " (weights)"))
         dw = None
-    # at batch 1 the weight gradient is a rank-1 launch, which writes the bias gradient (dy itself) too
+    # at batch 1 the weight gradient is a rank-1 launch, which writes the bias gradient (dy itself) too; on a GPU the
+    # input gradient's launch takes both (a launch of about 9 us fewer, bench/NOTES.md v28)
     db_in_dw = dw is not None and db is not None and rank1
+    if dw is not None and rank1 and need_dx and not tuning.cpu_shaped(x.device):
+        dx = empty((N, I), x.device)
+        dense_backward_one_row(x.device, O, I, dy, w, x, dx, dw, betas[0], db, betas[1], relu_y, what)
+        return dx
     if dw is not None:
         gemm(O, I, N, dy, a, x, b, dw, c, beta=betas[0], what=what + " (weights)",
              rowsum=db if db_in_dw else None, rowsum_beta=betas[1], a_mask=relu_y)

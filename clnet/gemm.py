@@ -101,6 +101,26 @@ def _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, 
                    C, c.off, c.cs, bias, *epilogue, *mask, what=what)
 
 
+def dense_backward_one_row(dev, O, I, dy, w, x, dx, dw, dw_beta, db=None, db_beta=1.0, a_mask=None,
+                           what="Linear backward"):
+    """A dense layer's backward at batch 1 on a GPU in one gemv.cl launch (gemv_rank1): dx = dy w (w: O x I, rows
+    contiguous) and, as each work-item reads w(o, i), dw(o, i) = dy(o) x(i) + dw_beta dw(o, i); with db, also
+    db = dy + db_beta db. The same arithmetic, in the same order, as _skinny's gemv and rank-1 launches, one launch
+    fewer. a_mask: dy read through a fused ReLU's gradient, as _skinny's."""
+    flags = dict(A_MASK=1) if a_mask is not None else {}
+    if db is not None:
+        flags["ROWSUM"] = 1
+    LN, LK, KS = tuning.gemv_shape(dev, k_fast=False, n_fast=True)
+    if tuning.used is not None:
+        tuning.note_used(f"gemv {1}x{I}x{O}", "gemv + rank-1")
+    k = kernels.kernel(dev, "gemv.cl", "gemv_rank1", dict(LN=LN, LK=LK, KS=KS, **flags,
+                                                           **_built_epilogue(dev, (0, 0))))
+    extra = (db, int(db_beta != 0.0)) if db is not None else ()
+    mask = (a_mask,) if a_mask is not None else ()
+    kernels.launch(dev, k, (-(-I // LN) * LN, LK), (LN, LK), I, O, dy, 0, 1, w, 0, I, 1, dx, 0, 1, x, 0, 1, dw, 0,
+                   float(dw_beta), *extra, *mask, what=what)
+
+
 GEMV_CPU_ROWS = 16  # gemv_dot's outputs per work-item (a multiple of 4)
 
 

@@ -6,7 +6,7 @@ import pytest
 
 import clnet
 from clnet import devices as device_mod
-from clnet import gemm, ops
+from clnet import conv, gemm, ops
 from clnet.gemm import Mat
 
 from conftest import assert_close, assert_close_to_terms, launched, skip_other_class_unless_first
@@ -295,6 +295,50 @@ def test_deep_products_stay_accurate(dev, rng, cache_dir):
 
 SKINNY_CASES = [(1, 1, 7), (1, 3, 64), (1, 33, 2049), (1, 257, 130), (1, 120, 4100),  # one row: gemv
                 (1, 5, 1), (5, 1, 1), (130, 257, 1), (33, 7, 1)]                         # depth one: rank-1
+
+
+@pytest.mark.parametrize("O,I", [(1, 1), (7, 33), (130, 257), (600, 5)])
+@pytest.mark.parametrize("beta,masked,with_db", [(0.0, False, True), (1.0, True, True), (1.0, False, False)])
+def test_a_dense_layers_batch_one_backward_is_one_launch_on_gpus(dev, rng, kernel_shape, O, I, beta, masked,
+                                                                 with_db):
+    """A Linear's backward at batch 1 (input, weight and bias gradients, accumulating or not, through a fused ReLU's
+    mask) takes one gemv_rank1 launch on a GPU, with the same bits as the separate gemv and rank-1 launches, and
+    matches float64; a CPU keeps gemv_cpu.cl's launches."""
+    from clnet import tuning
+    x, w, dy = (rng.standard_normal(shape).astype(np.float32) for shape in ((1, I), (O, I), (1, O)))
+    mask = rng.standard_normal(O).astype(np.float32)
+    mask[:: 3] = 0.0  # a ReLU output of exactly 0 masks too
+    dw0, db0 = rng.standard_normal((O, I)).astype(np.float32), rng.standard_normal(O).astype(np.float32)
+    tx, tw, tdy, tmask = (clnet.tensor(a, dev) for a in (x, w, dy, mask))
+
+    def backward():
+        dw, db = clnet.tensor(dw0, dev), clnet.tensor(db0, dev) if with_db else None
+        with launched() as names:
+            dx = conv.linear_backward(tx, tw, tdy, dw, db, betas=(beta, beta), relu_y=tmask if masked else None)
+        return names, dx.numpy(), dw.numpy(), db.numpy() if with_db else None
+    names, dx, dw, db = backward()
+    g = dy[0] * (mask > 0) if masked else dy[0]
+    g64 = g.astype(np.float64)
+    assert_close(dx[0], g64 @ w.astype(np.float64), "dx", tol=1e-6)
+    assert_close(dw, np.outer(g64, x[0]) + beta * dw0, "dw", tol=1e-6)
+    if with_db:
+        assert_close(db, g64 + beta * db0, "db", tol=1e-6)
+    if tuning.cpu_shaped(dev):
+        assert "gemv_rank1" not in names, names
+        return
+    assert names == ["gemv_rank1"], names
+    # the separate launches the fused one replaces: the rank-1 weight gradient (with the bias gradient) and the gemv
+    dw_apart, db_apart = clnet.tensor(dw0, dev), clnet.tensor(db0, dev) if with_db else None
+    dx_apart = clnet.tensor(np.zeros((1, I), np.float32), dev)
+    with launched() as apart:
+        gemm.gemm(O, I, 1, tdy, Mat(rs=1, cs=O), tx, Mat(rs=I, cs=1), dw_apart, Mat(rs=I, cs=1), beta=beta,
+                  rowsum=db_apart, rowsum_beta=beta, a_mask=tmask if masked else None)
+        gemm.gemm(1, I, O, tdy, Mat(rs=O, cs=1), tw, Mat(rs=I, cs=1), dx_apart, Mat(rs=I, cs=1),
+                  a_mask=tmask if masked else None)
+    assert apart == ["gemm_rank1", "gemv" if O > 1 else "gemm_rank1"], apart  # a sum of one term: a rank-1 product
+    assert np.array_equal(dx, dx_apart.numpy()) and np.array_equal(dw, dw_apart.numpy())
+    if with_db:
+        assert np.array_equal(db, db_apart.numpy())
 
 
 @pytest.mark.parametrize("M,N,K", SKINNY_CASES)
