@@ -314,6 +314,13 @@ class DeferredWeightGrad:
                        lr, momentum, weight_decay, what=self.what + " and SGD step")
 
 
+# The largest weight (elements) whose batch-1 backward takes one launch on a GPU (dense_backward_one_row). Its grid is
+# the input gradient's, a work-group per 32 inputs: on the H200 lenet's 500 x 800 layer gained with it, and
+# lenet-wide's 2048 x 2048 lost (64 work-groups then write its 16.8 MB gradient, which the rank-1 launch writes from
+# 4 M work-items); sizes between were not measured (bench/NOTES.md v28).
+FUSED_BACKWARD_MAX = 1 << 19
+
+
 def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", betas=(1.0, 1.0), relu_y=None,
                     defer=None):
     """Adds d loss / d w into dw and d loss / d b into db (each unless None; overwrites it where its beta in betas is
@@ -344,10 +351,10 @@ def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", beta
     if deferred:
         defer(DeferredWeightGrad(dy, x, what + " (weights)"))
         dw = None
-    # at batch 1 the weight gradient is a rank-1 launch, which writes the bias gradient (dy itself) too; on a GPU the
-    # input gradient's launch takes both (a launch of about 9 us fewer, bench/NOTES.md v28)
+    # at batch 1 the weight gradient is a rank-1 launch, which writes the bias gradient (dy itself) too; on a GPU a
+    # small layer's input-gradient launch takes both (a launch of about 9 us fewer, bench/NOTES.md v28)
     db_in_dw = dw is not None and db is not None and rank1
-    if dw is not None and rank1 and need_dx and not tuning.cpu_shaped(x.device):
+    if dw is not None and rank1 and need_dx and not tuning.cpu_shaped(x.device) and O * I <= FUSED_BACKWARD_MAX:
         dx = empty((N, I), x.device)
         dense_backward_one_row(x.device, O, I, dy, w, x, dx, dw, betas[0], db, betas[1], relu_y, what)
         return dx

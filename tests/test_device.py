@@ -327,6 +327,7 @@ def test_a_dense_layers_batch_one_backward_is_one_launch_on_gpus(dev, rng, kerne
         assert "gemv_rank1" not in names, names
         return
     assert names == ["gemv_rank1"], names
+    assert O * I <= conv.FUSED_BACKWARD_MAX
     # the separate launches the fused one replaces: the rank-1 weight gradient (with the bias gradient) and the gemv
     dw_apart, db_apart = clnet.tensor(dw0, dev), clnet.tensor(db0, dev) if with_db else None
     dx_apart = clnet.tensor(np.zeros((1, I), np.float32), dev)
@@ -372,3 +373,23 @@ def test_one_row_and_depth_one_products(dev, rng, kernel_shape, M, N, K, trans_a
         expected = np.maximum(expected, 0)
     terms = 0.5 * np.abs(A64) @ np.abs(B64) + abs(beta) * np.abs(C0) + np.abs(b64)
     assert_close_to_terms(C.numpy(), expected, terms, "C", tol=1e-6)
+
+
+def test_a_large_dense_layers_batch_one_backward_keeps_its_separate_launches(dev, rng, kernel_shape, monkeypatch):
+    """Above conv.FUSED_BACKWARD_MAX weights a GPU runs the rank-1 weight gradient and the gemv apart (the fused
+    launch's few work-groups write a large gradient slowly); results as float64."""
+    from clnet import tuning
+    monkeypatch.setattr(conv, "FUSED_BACKWARD_MAX", 7 * 33 - 1)
+    O, I = 7, 33
+    x, w, dy = (rng.standard_normal(shape).astype(np.float32) for shape in ((1, I), (O, I), (1, O)))
+    dw, db = clnet.tensor(np.zeros((O, I), np.float32), dev), clnet.tensor(np.zeros(O, np.float32), dev)
+    with launched() as names:
+        dx = conv.linear_backward(clnet.tensor(x, dev), clnet.tensor(w, dev), clnet.tensor(dy, dev), dw, db,
+                                  betas=(0.0, 0.0))
+    assert "gemv_rank1" not in names, names
+    if not tuning.cpu_shaped(dev):
+        assert names == ["gemm_rank1", "gemv"], names
+    g64 = dy[0].astype(np.float64)
+    assert_close(dx.numpy()[0], g64 @ w.astype(np.float64), "dx", tol=1e-6)
+    assert_close(dw.numpy(), np.outer(g64, x[0]), "dw", tol=1e-6)
+    assert_close(db.numpy(), g64, "db", tol=1e-6)
