@@ -104,7 +104,7 @@ def clnet_rates(name, batch, dev, steps, repeats, hooked=False):
 
 def replayed_kernels(g):
     """The replay's launches in order, by kernel name (fused chains included), and its host actions as "host"."""
-    return [getattr(item[0], "function_name", None) or "host" if isinstance(item, tuple) else "host"
+    return [(getattr(item[0], "function_name", None) or "host") if isinstance(item, tuple) else "host"
             for item in g._items]
 
 

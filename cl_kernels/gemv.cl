@@ -39,6 +39,20 @@
 #error "LN and LK must be powers of two with LN * LK <= 256"
 #endif
 
+#if LK > 1
+// The LK partial sums of each of a work-group's LN outputs (work-item (i, j) holds output i's j-th), added in a fixed
+// tree order, so results repeat bit for bit; every work-item gets its output's total. part: LK * LN floats, [j][i].
+inline float group_total(const float total, __local float* part, const int i, const int j) {
+    part[j * LN + i] = total;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int h = LK / 2; h > 0; h >>= 1) {
+        if (j < h) part[j * LN + i] += part[(j + h) * LN + i];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return part[i];
+}
+#endif
+
 __kernel __attribute__((reqd_work_group_size(LN, LK, 1)))
 void gemv(const int N, const int K, const float alpha, const float beta,
           __global const float* restrict A, const int a_off, const int a_cs,
@@ -59,14 +73,8 @@ void gemv(const int N, const int K, const float alpha, const float beta,
         }
     }
 #if LK > 1
-    __local float part[LK * LN];  // [j][i]
-    part[j * LN + i] = total;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int h = LK / 2; h > 0; h >>= 1) {
-        if (j < h) part[j * LN + i] += part[(j + h) * LN + i];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    total = part[i];
+    __local float part[LK * LN];
+    total = group_total(total, part, i, j);
 #endif
     if (j == 0 && n < N) {
         C[c_off + n * c_cs] = gemm_epilogue(total, alpha, beta, C + c_off, n * c_cs, bias, bias_mode, 0, n, relu);
@@ -120,14 +128,8 @@ void gemv_rank1(const int N, const int K,
         }
     }
 #if LK > 1
-    __local float part[LK * LN];  // [j][i]
-    part[j * LN + i] = total;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int h = LK / 2; h > 0; h >>= 1) {
-        if (j < h) part[j * LN + i] += part[(j + h) * LN + i];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    total = part[i];
+    __local float part[LK * LN];
+    total = group_total(total, part, i, j);
 #endif
     if (j == 0 && n < N) C[c_off + n * c_cs] = total;
 }

@@ -112,7 +112,7 @@ def dense_backward_one_row(dev, O, I, dy, w, x, dx, dw, dw_beta, db=None, db_bet
         flags["ROWSUM"] = 1
     LN, LK, KS = tuning.gemv_shape(dev, k_fast=False, n_fast=True)
     if tuning.used is not None:
-        tuning.note_used(f"gemv {1}x{I}x{O}", "gemv + rank-1")
+        tuning.note_used(f"gemv 1x{I}x{O}", "gemv + rank-1")
     k = kernels.kernel(dev, "gemv.cl", "gemv_rank1", dict(LN=LN, LK=LK, KS=KS, **flags,
                                                            **_built_epilogue(dev, (0, 0))))
     extra = (db, int(db_beta != 0.0)) if db is not None else ()

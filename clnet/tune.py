@@ -3,9 +3,10 @@ the fastest in the persistent cache (tuning.py) keyed by platform, device, drive
 
 The first candidate of every site is the device class's default. A choice is timed by its kernels' profiling events
 (device time, summed over the launches it makes), as the median of a few runs after one untimed run that builds the
-kernels, plus the host's cost of each of its launches (tuning.LAUNCH_COST_MS: small layers are bound by launches); a candidate that cannot run on this device (a build failure, too many registers) is dropped, and so is one
-whose output disagrees with the default's (checked before timing, as CLTune does: a kernel that a driver miscompiles
-must not become the choice there). Buffers are the ones the recorded iteration used, so the timing sees real layouts
+kernels, plus the host's cost of each of its launches (tuning.LAUNCH_COST_MS: small layers are bound by launches).
+A candidate that cannot run on this device (a build failure, too many registers) is dropped, and so is one whose
+output disagrees with the default's (checked before timing, as CLTune does: a kernel that a driver miscompiles must
+not become the choice there). Buffers are the ones the recorded iteration used, so the timing sees real layouts
 and real sizes. The recorded sites keep those buffers alive until tuning ends: tuning needs more device memory than a
 training step. The model's weights and buffers are left as they were; its gradients are left undefined (call
 zero_grad before training, as every step does).
@@ -162,11 +163,11 @@ def _sum_of_squares(x):
 
 def _cost_ms(dev, fn, repeats):
     """What a candidate costs a step: its kernels' device time, plus the host's cost of each launch it makes
-    (tuning.LAUNCH_COST_MS), which at small sizes is the larger part."""
+    (tuning.LAUNCH_COST_MS), which at small sizes is the larger part. The launches are counted during the timed
+    runs themselves."""
     before = kernels.launch_count
-    fn()
-    launches = kernels.launch_count - before
-    return kernels.device_ms(dev, fn, repeats) + launches * tuning.launch_cost_ms(dev)
+    ms = kernels.device_ms(dev, fn, repeats)
+    return ms + (kernels.launch_count - before) / repeats * tuning.launch_cost_ms(dev)
 
 
 def tune_sites(dev, sites, budget_s=300.0, repeats=3, retune=False, progress=None, t0=None):
