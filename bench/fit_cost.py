@@ -6,9 +6,12 @@ Rows (ms per step, each the median of --repeats runs over --steps steps):
   fit      clnet.fit for one epoch of --steps batches (graphs on), its own `seconds` per step;
   loader   data.Loader alone: the batches gathered and uploaded, no step;
   replay   the captured step replayed back to back (no loader, no metrics), finished once at the end.
-fit - replay is the host work fit adds per step.
+fit - replay is the host work fit adds per step. --profile: cProfile's top functions (internal time) of one more
+fit epoch, where that host work goes.
 """
+import cProfile
 import json
+import pstats
 import statistics
 import time
 
@@ -35,7 +38,8 @@ def dataset(name, steps, batch):
 @click.option("--steps", type=int, default=3000)
 @click.option("--repeats", type=int, default=3)
 @click.option("--json", "json_path", default=None)
-def main(device_spec, name, batch, steps, repeats, json_path):
+@click.option("--profile", is_flag=True, help="cProfile one more fit epoch")
+def main(device_spec, name, batch, steps, repeats, json_path, profile):
     dev = clnet.device(device_spec)
     print(f"{dev.name} ({dev.platform_name}, driver {dev.driver_version}): {name} batch {batch}, {steps} steps")
     ds = dataset(name, steps, batch)
@@ -69,6 +73,10 @@ def main(device_spec, name, batch, steps, repeats, json_path):
         rows[row] = statistics.median(fn() for _ in range(repeats))
         print(f"{row:8s} {rows[row]:.3f} ms per step", flush=True)
     print(f"fit adds {rows['fit'] - rows['replay']:.3f} ms per step to the replayed step ({g.launches} launches)")
+    if profile:
+        prof = cProfile.Profile()
+        prof.runcall(fit_ms)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(dict(device=dev.name, driver=dev.driver_version, model=name, batch=batch, steps=steps,

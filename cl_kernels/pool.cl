@@ -8,6 +8,10 @@
 //                  flag and its window scanned again only then (one work-item per plane, as the backward runs, took
 //                  2x as long on PoCL; a NaN test inside the select, 2-3x)
 //   maxpool2d_bwd  dx = sum of dy over the windows whose argmax is this element
+//   maxpool2d_bwd_bias  the same for a small layer (GPUs) whose input is a convolution's output with a bias:
+//                  work-group c (of LSIZE) writes dx over channel c of every image and sums it into db[c] (add 1:
+//                  db[c] += that sum), in elementwise.cl bias_grad's order and tree, so db has that kernel's bits and
+//                  its launch is saved
 //   maxpool2d_bwd_planes  the same, CPU-shaped: one work-item per plane zeroes it and adds each window's dy at its
 //                  argmax, in window order (the plane is its own: no atomics, deterministic)
 //   RELU 1 (max pooling): y = max(0, the window's max), which is the max of the ReLU'd window (ReLU is monotonic:
@@ -15,7 +19,7 @@
 //                  after idx and pass dy only where y > 0 (a NaN's gradient passes, as act_bwd's)
 //   avgpool2d_fwd  y = sum / divisor; divisor counts padding when COUNT_PAD (windows clipped to the padded input)
 //   avgpool2d_bwd  dx = sum over covering windows of dy / divisor
-// Defines: RELU 0/1 (maxpool only); COUNT_PAD 0/1 (avgpool only); WIN_KH, WIN_KW (maxpool2d_fwd_grid only): the
+// Defines: RELU 0/1 (maxpool only); LSIZE (maxpool2d_bwd_bias's work-group size, a power of two); COUNT_PAD 0/1 (avgpool only); WIN_KH, WIN_KW (maxpool2d_fwd_grid only): the
 // window's size, set by the host where no padding and no ceil mode put a window past the input's edge (0: sizes and
 // bounds at run time).
 #include "common.h"
@@ -34,6 +38,9 @@
 #define RELU_Y
 #define RELU_GRAD(g, o) (g)
 #define RELU_OUT(v) (v)
+#endif
+#ifndef LSIZE
+#define LSIZE 256  // maxpool2d_bwd_bias's work-group size
 #endif
 #ifndef WIN_KH
 #define WIN_KH 0  // maxpool2d_fwd_grid's window height fixed at build (0: at run time)
@@ -108,11 +115,16 @@ __kernel void maxpool2d_fwd_grid(__global const float* restrict x, POOL_GEOMETRY
     idx[o] = arg;
 }
 
-__kernel void maxpool2d_bwd(__global const float* restrict dy, __global const int* restrict idx RELU_Y,
-                            POOL_GEOMETRY, __global float* restrict dx) {
-    const int e = get_global_id(0);
-    if (e >= NC * H * W) return;
-    const int xx = e % W, yy = (e / W) % H, nc = e / (W * H);
+#if RELU
+#define RELU_Y_ARG , y
+#else
+#define RELU_Y_ARG
+#endif
+
+// The gradient at input element (yy, xx) of plane nc: dy summed over the windows whose argmax it is, in window order.
+inline float max_gather(__global const float* restrict dy, __global const int* restrict idx RELU_Y, const int nc,
+                        const int yy, const int xx, const int H, const int W, const int KH, const int KW,
+                        const int SH, const int SW, const int PH, const int PW, const int OH, const int OW) {
     const int off = yy * W + xx;
     const int oy_lo = max(0, CEIL_DIV(yy + PH - KH + 1, SH)), oy_hi = min(OH - 1, (yy + PH) / SH);
     const int ox_lo = max(0, CEIL_DIV(xx + PW - KW + 1, SW)), ox_hi = min(OW - 1, (xx + PW) / SW);
@@ -122,7 +134,37 @@ __kernel void maxpool2d_bwd(__global const float* restrict dy, __global const in
             const int o = (nc * OH + oy) * OW + ox;
             if (idx[o] == off) sum += RELU_GRAD(dy[o], o);
         }
-    dx[e] = sum;
+    return sum;
+}
+
+__kernel void maxpool2d_bwd(__global const float* restrict dy, __global const int* restrict idx RELU_Y,
+                            POOL_GEOMETRY, __global float* restrict dx) {
+    const int e = get_global_id(0);
+    if (e >= NC * H * W) return;
+    const int xx = e % W, yy = (e / W) % H, nc = e / (W * H);
+    dx[e] = max_gather(dy, idx RELU_Y_ARG, nc, yy, xx, H, W, KH, KW, SH, SW, PH, PW, OH, OW);
+}
+
+__kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
+void maxpool2d_bwd_bias(__global const float* restrict dy, __global const int* restrict idx RELU_Y, POOL_GEOMETRY,
+                        __global float* restrict dx, __global float* restrict db, const int C, const int add) {
+    const int c = get_group_id(0), lid = get_local_id(0);
+    const int P = H * W, NP = NC / C * P;
+    __local float part[LSIZE];
+    float s = 0.0f;
+    for (int e = lid; e < NP; e += LSIZE) {  // bias_grad's loop over (n, p)
+        const int n = e / P, p = e % P, nc = n * C + c;
+        const float g = max_gather(dy, idx RELU_Y_ARG, nc, p / W, p % W, H, W, KH, KW, SH, SW, PH, PW, OH, OW);
+        dx[nc * P + p] = g;
+        s += g;
+    }
+    part[lid] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = LSIZE / 2; w > 0; w >>= 1) {
+        if (lid < w) part[lid] += part[lid + w];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) db[c] = add ? db[c] + part[0] : part[0];
 }
 
 __kernel void maxpool2d_bwd_planes(__global const float* restrict dy, __global const int* restrict idx RELU_Y,

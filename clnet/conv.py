@@ -229,6 +229,11 @@ def _conv2d_backward_im2col(x, w, dy, s, dw, need_dx, what, dw_beta=1.0):
     return dx
 
 
+def bias_group(dev):
+    """The work-group size of a GPU's bias gradient: a work-group a channel (bias_grad; ops' maxpool2d_bwd_bias)."""
+    return 256 if dev.max_work_group_size >= 256 else 1 << (dev.max_work_group_size.bit_length() - 1)
+
+
 def bias_grad(dy, db, N, C, P, beta=1.0):
     """db += sum of dy (N, C, P) over N and P (beta 0: db = that sum, db not read). Few channels over many pixels (a
     first layer) would leave most of a GPU idle with a work-group per channel, so there each channel's sum is cut into
@@ -238,7 +243,7 @@ def bias_grad(dy, db, N, C, P, beta=1.0):
         k = kernels.kernel(dev, "elementwise.cl", "bias_grad_planes")
         kernels.launch(dev, k, (C,), kernels.ANY_GROUP, dy, db, N, C, P, int(beta != 0.0), what="bias gradient")
         return
-    lsize = 256 if dev.max_work_group_size >= 256 else 1 << (dev.max_work_group_size.bit_length() - 1)
+    lsize = bias_group(dev)
     runs = tuning.reduction_runs(dev, N * P, C, lsize)
     if runs > 1:
         chunk = -(-N * P // runs)

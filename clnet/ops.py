@@ -402,6 +402,61 @@ def _pool_launch(kern, per, head, tail, x_shape, out_hw, geometry, what):
                         for ts in (head, tail)))
 
 
+def _maxpool_forward(x, out_shape, geometry, relu):
+    """(y, idx): the max pooling of x (with relu, of its ReLU: applied to the pooled output) and each output's argmax
+    offset in its plane."""
+    k, s, p = geometry
+    y = empty(out_shape, x.device)
+    idx = empty(out_shape, x.device, np.int32)
+    defines = dict(RELU=1) if relu else {}
+    if not tuning.cpu_shaped(x.device):
+        kern, per = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd", defines or None), "out"
+    else:  # windows all inside the input (no padding, none past the edge): their size fixed at build
+        OH, OW = out_shape[2:]
+        inside = (tuple(p) == (0, 0) and (OH - 1) * s[0] + k[0] <= x.shape[2]
+                  and (OW - 1) * s[1] + k[1] <= x.shape[3])
+        if inside:
+            defines.update(WIN_KH=k[0], WIN_KW=k[1])
+        kern = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_grid", defines or None)
+        per = "grid"
+    _pool_launch(kern, per, (x,), (y, idx), x.shape, out_shape[2:], geometry, "max pooling")
+    return y, idx
+
+
+def _maxpool_backward(dy, saved, x_shape, geometry, relu, db=None, db_beta=1.0):
+    """The max pooling's input gradient from dy and saved (idx, and y with relu). db: also d loss / d bias of the
+    convolution whose output the pooling read, added into db (db_beta 0: written), in the same launch
+    (pool_takes_bias_grad must hold)."""
+    dev = dy.device
+    dx = empty(x_shape, dev)
+    defines = dict(RELU=1) if relu else {}
+    if db is not None:
+        lsize = conv.bias_group(dev)
+        window = (geometry[0][0], geometry[0][1], geometry[1][0], geometry[1][1], geometry[2][0], geometry[2][1],
+                  dy.shape[2], dy.shape[3])
+        N, C, H, W = x_shape
+        kern = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd_bias", dict(defines, LSIZE=lsize))
+        kernels.launch(dev, kern, (C * lsize,), (lsize,), dy, *saved, N * C, H, W, *window, dx, db, C,
+                       int(db_beta != 0.0), what="max pooling backward (and the bias gradient)")
+        return dx
+    if not tuning.cpu_shaped(dev):
+        kern, per = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd", defines or None), "in"
+    else:  # one work-item per plane: scatter without a search per element
+        kern, per = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd_planes", defines or None), "plane"
+    _pool_launch(kern, per, (dy,) + tuple(saved), (dx,), x_shape, dy.shape[2:], geometry, "max pooling backward")
+    return dx
+
+
+POOL_BIAS_GRAD_MAX = 4096  # pixels a channel (N * OH * OW of the convolution) up to which its pooling sums its bias
+
+
+def pool_takes_bias_grad(dev, s):
+    """Whether the max pooling after a convolution of shape s takes its bias gradient in the pooling's backward
+    (Conv2dMaxPool): on GPUs, for small layers, whose launches cost more than their work (one work-group a channel
+    must still keep a GPU busy, so not past POOL_BIAS_GRAD_MAX pixels a channel)."""
+    return not tuning.cpu_shaped(dev) and s.N * s.OH * s.OW <= POOL_BIAS_GRAD_MAX
+
+
 class MaxPool2d(Function):
     """Max pooling; with relu, of a ReLU's output (nn.Sequential moves a ReLU before the pooling after it: ReLU is
     monotonic, so it commutes with the max exactly), the ReLU applied to the pooled output and its gradient taken in
@@ -410,34 +465,12 @@ class MaxPool2d(Function):
 
     def forward(self, x, out_shape, k, s, p, relu=False):
         self.geometry, self.in_shape, self.relu = (k, s, p), x.shape, relu
-        y = empty(out_shape, x.device)
-        idx = empty(out_shape, x.device, np.int32)
-        defines = dict(RELU=1) if relu else {}
-        if not tuning.cpu_shaped(x.device):
-            kern, per = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd", defines or None), "out"
-        else:  # windows all inside the input (no padding, none past the edge): their size fixed at build
-            OH, OW = out_shape[2:]
-            inside = (tuple(p) == (0, 0) and (OH - 1) * s[0] + k[0] <= x.shape[2]
-                      and (OW - 1) * s[1] + k[1] <= x.shape[3])
-            if inside:
-                defines.update(WIN_KH=k[0], WIN_KW=k[1])
-            kern = kernels.kernel(x.device, "pool.cl", "maxpool2d_fwd_grid", defines or None)
-            per = "grid"
-        _pool_launch(kern, per, (x,), (y, idx), x.shape, out_shape[2:], self.geometry, "max pooling")
+        y, idx = _maxpool_forward(x, out_shape, self.geometry, relu)
         self.save(*((idx, y) if relu else (idx,)))
         return y
 
     def backward(self, dy):
-        head = (dy,) + self.saved  # dy, idx, and y when the ReLU is in here
-        x_shape = self.in_shape
-        dx = empty(x_shape, dy.device)
-        defines = dict(RELU=1) if self.relu else None
-        if not tuning.cpu_shaped(dy.device):
-            kern, per = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd", defines), "in"
-        else:  # one work-item per plane: scatter without a search per element
-            kern, per = kernels.kernel(dy.device, "pool.cl", "maxpool2d_bwd_planes", defines), "plane"
-        _pool_launch(kern, per, head, (dx,), x_shape, dy.shape[2:], self.geometry, "max pooling backward")
-        return dx
+        return _maxpool_backward(dy, self.saved, self.in_shape, self.geometry, self.relu)
 
 
 class AvgPool2d(Function):
@@ -504,6 +537,29 @@ class Conv2d(Function):
         (dw, db), betas, fresh = _param_grads(self, w.shape, (w.shape[0],))
         dx = conv.conv2d_backward(x, w, dy, self.shape, dw, db, need_dx=self.needs[0],
                                   what=self.what + " backward", betas=betas)
+        return (dx,) + fresh
+
+
+class Conv2dMaxPool(Function):
+    """Conv2d with a bias for a shapes.ConvShape s, then max pooling (with relu, of its ReLU): nn.Sequential's run of
+    Conv2d, [ReLU,] MaxPool2d where pool_takes_bias_grad holds. The passes are the layers' own (conv.py, MaxPool2d's),
+    except that the pooling's backward writes the bias gradient as well (pool.cl maxpool2d_bwd_bias): a launch
+    saved."""
+    __slots__ = ("shape", "what", "geometry", "relu")
+
+    def forward(self, x, w, b, s, what, out_shape, k, st, p, relu):
+        self.shape, self.what, self.geometry, self.relu = s, what, (k, st, p), relu
+        y, idx = _maxpool_forward(conv.conv2d_forward(x, w, b, s, what=what), out_shape, self.geometry, relu)
+        self.save(x, w, idx, *((y,) if relu else ()))
+        return y
+
+    def backward(self, dy):
+        x, w = self.saved[:2]
+        s = self.shape
+        (dw, db), betas, fresh = _param_grads(self, w.shape, (w.shape[0],))
+        dconv = _maxpool_backward(dy, self.saved[2:], (s.N, s.O, s.OH, s.OW), self.geometry, self.relu, db, betas[1])
+        dx = conv.conv2d_backward(x, w, dconv, s, dw, None, need_dx=self.needs[0], what=self.what + " backward",
+                                  betas=betas)
         return (dx,) + fresh
 
 

@@ -362,7 +362,8 @@ def test_sequential_runs_a_relu_before_max_pooling_inside_the_pooling(dev, rng, 
     with launched() as apart:
         yu = model(xu)
         yu.backward(clnet.tensor(dy, dev))
-    assert len(apart) == len(names) + 2, apart  # apart, the ReLU is a launch each way
+    # apart, the ReLU is a launch each way, and so is the bias gradient where the pooling took it
+    assert len(apart) == len(names) + 2 + names.count("maxpool2d_bwd_bias"), apart
     assert np.array_equal(yu.numpy(), y.numpy()) and np.array_equal(xu.grad.numpy(), xt.grad.numpy())
     assert all(np.array_equal(p.grad.numpy(), g) for p, g in zip(model.parameters(), fused_grads))
     model.fuse_relu = True
@@ -372,6 +373,85 @@ def test_sequential_runs_a_relu_before_max_pooling_inside_the_pooling(dev, rng, 
         model.fuse_relu = False
         apart = model(clnet.tensor(x, dev)).numpy()
     assert np.isnan(fused).any() and np.array_equal(np.isnan(fused), np.isnan(apart))
+
+
+@pytest.mark.parametrize("N,H,W,O,pool,accumulate", [(1, 12, 11, 7, (2, 2, 0, False), False),
+                                                     (3, 9, 8, 5, (3, 2, 1, True), True),
+                                                     (1, 64, 64, 3, (2, 2, 0, False), False)],  # 4096 pixels
+                         ids=["b1", "b3-3x3-s2-pad1-ceil-accumulating", "b1-4096-pixels"])
+@pytest.mark.parametrize("frozen,relu", [(False, True), (True, True), (False, False)],
+                         ids=["relu", "relu-frozen-bias", "no-relu"])
+def test_a_small_convolutions_pooling_takes_its_bias_gradient_on_gpus(dev, rng, kernel_shape, N, H, W, O, pool,
+                                                                     accumulate, frozen, relu):
+    """Conv2d, MaxPool2d (a ReLU between or not) at small sizes on a GPU: the pooling's backward also writes the
+    convolution's bias gradient (one launch fewer), into a fresh .grad or adding to one, with the bits of the layers
+    run apart; every gradient against float64 NumPy. A frozen bias, a CPU, a hook or a larger layer keep the separate
+    launches."""
+    from clnet import ops, tuning
+    k, st, pad, ceil = pool
+    C = 2
+    model = nn.Sequential(nn.Conv2d(C, O, 3, padding=1), *([nn.ReLU()] if relu else []),
+                          nn.MaxPool2d(k, st, pad, ceil_mode=ceil), nn.Flatten()).to(dev)
+    pool_layer = model[1 + relu]
+    model[0].bias.requires_grad_(not frozen)
+    x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    before = [rng.standard_normal(p.shape).astype(np.float32) for p in model.parameters()]
+    dy = None
+
+    def step():
+        nonlocal dy
+        model.zero_grad()
+        if accumulate:
+            for p, g in zip(model.parameters(), before):
+                if p.requires_grad:
+                    p.grad = clnet.tensor(g, dev)
+        xt = clnet.tensor(x, dev, requires_grad=True)
+        with launched() as names:
+            y = model(xt)
+            if dy is None:
+                dy = rng.standard_normal(y.shape).astype(np.float32)
+            y.backward(clnet.tensor(dy, dev))
+        grads = [None if p.grad is None else p.grad.numpy() for p in model.parameters()]
+        return names, y.numpy(), xt.grad.numpy(), grads
+    names, y, dx, grads = step()
+    assert ops.pool_takes_bias_grad(dev, model[0].conv_shape(x.shape)) == (not tuning.cpu_shaped(dev))
+    fused = not tuning.cpu_shaped(dev) and not frozen
+    own_launch = any(n.startswith("bias_grad") for n in names)  # bias_grad, or a CPU's bias_grad_planes
+    assert ("maxpool2d_bwd_bias" in names) == fused and own_launch == (not fused and not frozen), names
+    w, b = model[0].weight.numpy(), model[0].bias.numpy()
+    z = ref.conv2d(x, w, b, (1, 1), (1, 1), (2, 2), (1, 1), 1)
+    pooled, da = ref.maxpool2d(np.maximum(z, 0) if relu else z, (k, k), (st, st), (pad, pad), ceil,
+                               dy.reshape(pool_layer.output_shape(z.shape)))
+    assert_close(y, pooled.reshape(N, -1), "forward")
+    _, dx64, dw64, db64 = ref.conv2d(x, w, b, (1, 1), (1, 1), (2, 2), (1, 1), 1, da * (z > 0) if relu else da)
+    if accumulate:
+        dw64, db64 = dw64 + before[0], db64 + before[1]
+    assert_close(dx, dx64, "dx", tol=1e-4)
+    assert_close(grads[0], dw64, "conv dw", tol=1e-4)
+    if frozen:
+        assert grads[1] is None
+    else:
+        assert_close(grads[1], db64, "conv db", tol=1e-4)
+    model.fuse_relu = False
+    apart_names, y_apart, dx_apart, grads_apart = step()
+    assert "maxpool2d_bwd_bias" not in apart_names
+    assert len(apart_names) == len(names) + 2 * relu + fused, apart_names  # the ReLU each way, the bias gradient
+    assert np.array_equal(y_apart, y) and np.array_equal(dx_apart, dx)
+    assert all((a is None and g is None) or np.array_equal(a, g) for a, g in zip(grads_apart, grads))
+    model.fuse_relu = True
+    pool_layer.register_forward_hook(lambda m, args, out: None)
+    hooked_names = step()[0]
+    assert "maxpool2d_bwd_bias" not in hooked_names
+
+
+def test_a_larger_convolutions_pooling_leaves_the_bias_gradient_to_its_own_launch(dev):
+    """Past ops.POOL_BIAS_GRAD_MAX pixels a channel the pooling's one work-group a channel would leave a GPU idle: the
+    bias gradient keeps its own launch."""
+    from clnet import ops, shapes
+    s = nn.Conv2d(2, 3, 3, padding=1).conv_shape((1, 2, 65, 65))
+    assert s.N * s.OH * s.OW > ops.POOL_BIAS_GRAD_MAX and not ops.pool_takes_bias_grad(dev, s)
+    s = nn.Conv2d(2, 3, 3, padding=1).conv_shape((1, 2, 64, 64))
+    assert ops.pool_takes_bias_grad(dev, s) == dev.is_gpu
 
 
 @pytest.mark.parametrize("N", [2, 1])

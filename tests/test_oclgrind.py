@@ -207,6 +207,12 @@ def _pooling(clnet, dev, rng):
         x = _param(clnet, dev, rng, 2, 3, 7, 6)
         _backward(clnet, F.avg_pool2d(x, 3, 2, 1, count_include_pad=False), rng)
         _backward(clnet, F.adaptive_avg_pool2d(_param(clnet, dev, rng, 1, 2, 6, 4), (3, 2)), rng)
+        # Conv2d, ReLU, MaxPool2d: in the GPU shape the pooling's backward writes the bias gradient
+        # (maxpool2d_bwd_bias), a work-group a channel over 2 x 7 x 6 pixels, fewer than the work-group's items
+        model = clnet.nn.Sequential(clnet.nn.Conv2d(3, 4, 3, padding=1), clnet.nn.ReLU(),
+                                    clnet.nn.MaxPool2d(3, 2, 1, ceil_mode=True)).to(dev)
+        _backward(clnet, model(_param(clnet, dev, rng, 2, 3, 7, 6)), rng)
+        assert np.all(np.isfinite(model[0].bias.grad.numpy()))
     tuning.cpu_shaped = default_shape
 
 

@@ -61,6 +61,14 @@ class Conv2d(Module):
         """relu: a ReLU fused after the bias (nn.Sequential passes it for a ReLU that follows)."""
         return ops.Conv2d.apply(x, self.weight, self.bias, s=self.conv_shape(x.shape), what=repr(self), relu=relu)
 
+    def forward_pooled(self, x, s, pool, relu):
+        """This layer (of shape s on x), a ReLU (if relu) and the MaxPool2d pool as one op, whose pooling backward
+        takes the bias gradient (ops.Conv2dMaxPool): nn.Sequential runs them so where ops.pool_takes_bias_grad
+        holds."""
+        return ops.Conv2dMaxPool.apply(x, self.weight, self.bias, s=s, what=repr(self),
+                                       out_shape=pool.output_shape((s.N, s.O, s.OH, s.OW)), k=pool.kernel_size,
+                                       st=pool.stride, p=pool.padding, relu=relu)
+
 
 class Linear(Module):
     def __init__(self, in_features, out_features, bias=True):
@@ -317,9 +325,17 @@ class LocalResponseNorm(Module):
         return F.local_response_norm(x, self.size, self.alpha, self.beta, self.k)
 
 
+def _watched(*modules):
+    """Whether a hook watches any of the modules (their run must then be their own: the benchmark's per-layer
+    times)."""
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
 class Sequential(Module):
     """Modules applied in order. A ReLU right before a MaxPool2d runs inside the pooling, one right after a Conv2d or
-    Linear inside that layer's kernels, unless `fuse_relu` is False (on the class or on one instance)."""
+    Linear inside that layer's kernels; a small Conv2d with a bias and the MaxPool2d after it (a ReLU between or not)
+    run as one op on GPUs (Conv2d.forward_pooled); none of these where a hook watches, or where `fuse_relu` is False
+    (on the class or on one instance)."""
 
     fuse_relu = True
 
@@ -372,6 +388,15 @@ class Sequential(Module):
         layers, names = list(self._modules.values()), list(self._modules)
         i = 0
         while i < len(layers):
+            pooled = self._pooled_conv(*(layers[i:i + 3] + [None, None])[:3], x)
+            if pooled is not None:
+                s, relu = pooled
+                try:
+                    x = layers[i].forward_pooled(x, s, layers[i + 1 + relu], relu)
+                except ValueError as e:
+                    raise ValueError(f"layer {names[i]}: {e}") from None
+                i += 2 + relu
+                continue
             fused = self._fused_relu(*(layers[i:i + 3] + [None, None])[:3])
             at = i + 1 if fused == "into the pooling" else i  # the layer that runs (a fused ReLU runs inside it)
             try:
@@ -381,13 +406,25 @@ class Sequential(Module):
             i += 2 if fused else 1
         return x
 
+    def _pooled_conv(self, layer, nxt, after, x):
+        """(ConvShape of layer on x, whether a ReLU comes between) where layer (a Conv2d with a bias), maybe a ReLU, and
+        a MaxPool2d run as one op (Conv2d.forward_pooled: ops.pool_takes_bias_grad holds, no hook watches); else
+        None."""
+        relu = type(nxt) is ReLU
+        pool = after if relu else nxt
+        if (not self.fuse_relu or type(layer) is not Conv2d or layer.bias is None or type(pool) is not MaxPool2d
+                or _watched(layer, nxt, pool) or not isinstance(x, Tensor)):
+            return None
+        s = layer.conv_shape(x.shape)
+        return (s, relu) if ops.pool_takes_bias_grad(x.device, s) else None
+
     def _fused_relu(self, layer, nxt, after):
         """How a ReLU runs fused here: "into the pooling" when layer is a ReLU and nxt a MaxPool2d (ReLU commutes
         with the max, so the pooling applies it to its smaller output and takes its gradient in its own backward);
         "into the layer" when nxt is a ReLU that layer, a Conv2d or Linear, applies in its kernels' epilogue (unless
         a MaxPool2d after takes it); None otherwise, and wherever a hook watches (the benchmark's per-layer times)."""
         def bare(*ms):
-            return not any(m._forward_hooks or m._forward_pre_hooks for m in ms)
+            return not _watched(*ms)
         if not self.fuse_relu or nxt is None:
             return None
         if type(layer) is ReLU and type(nxt) is MaxPool2d and bare(layer, nxt):
