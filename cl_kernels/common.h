@@ -14,6 +14,20 @@ inline uint clnet_hash(uint x) {
     return x;
 }
 
+// The sum of every work-item's s over a 1-D work-group of n items (a power of two: the kernel's LSIZE), added in
+// one fixed pairwise tree in part (n floats of local memory), so it repeats bit for bit and two kernels that call it
+// on the same values agree (elementwise.cl bias_grad, pool.cl maxpool2d_bwd_bias); every work-item gets it.
+inline float group_sum(__local float* part, const float s, const int n) {
+    const int lid = get_local_id(0);
+    part[lid] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = n / 2; w > 0; w >>= 1) {
+        if (lid < w) part[lid] += part[lid + w];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return part[0];
+}
+
 // Element-wise kernels of the training loop's hot path (activations, adds, fill, the optimizers) take VW elements
 // per work-item, as float4s where a whole group lies inside n. One work-item per element ran ReLU at 1.4 TB/s on the
 // H200 (VGG-A's forward ReLUs 1.41 ms for 1.9 GB, bench/results/h200-v12), and on PoCL its bounds check keeps the

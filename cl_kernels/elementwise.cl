@@ -138,16 +138,11 @@ void reduce_sum(__global const float* restrict x, __global float* restrict out, 
         for (int e = b; e < min(e1, b + 64); e++) t += x[e];
         s += t;
     }
-    part[lid] = s;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int w = LSIZE / 2; w > 0; w >>= 1) {
-        if (lid < w) part[lid] += part[lid + w];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
+    const float total = group_sum(part, s, LSIZE);
 #if ACCUMULATE
-    if (lid == 0) out[0] += scale * part[0];
+    if (lid == 0) out[0] += scale * total;
 #else
-    if (lid == 0) out[0] = scale * part[0];
+    if (lid == 0) out[0] = scale * total;
 #endif
 }
 
@@ -184,16 +179,11 @@ void bias_grad(__global const float* restrict dy, __global float* restrict db, c
         const int n = e / P, p = e % P;
         s += dy[(n * C + c) * P + p];
     }
-    part[lid] = s;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int w = LSIZE / 2; w > 0; w >>= 1) {
-        if (lid < w) part[lid] += part[lid + w];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
+    const float total = group_sum(part, s, LSIZE);
 #if PARTIAL
-    if (lid == 0) db[get_group_id(1) * C + c] = part[0];
+    if (lid == 0) db[get_group_id(1) * C + c] = total;
 #else
-    if (lid == 0) db[c] = add ? db[c] + part[0] : part[0];
+    if (lid == 0) db[c] = add ? db[c] + total : total;
 #endif
 }
 

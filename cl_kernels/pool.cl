@@ -19,9 +19,9 @@
 //                  after idx and pass dy only where y > 0 (a NaN's gradient passes, as act_bwd's)
 //   avgpool2d_fwd  y = sum / divisor; divisor counts padding when COUNT_PAD (windows clipped to the padded input)
 //   avgpool2d_bwd  dx = sum over covering windows of dy / divisor
-// Defines: RELU 0/1 (maxpool only); LSIZE (maxpool2d_bwd_bias's work-group size, a power of two); COUNT_PAD 0/1 (avgpool only); WIN_KH, WIN_KW (maxpool2d_fwd_grid only): the
-// window's size, set by the host where no padding and no ceil mode put a window past the input's edge (0: sizes and
-// bounds at run time).
+// Defines: RELU 0/1 (maxpool only); LSIZE (maxpool2d_bwd_bias's work-group size, a power of two); COUNT_PAD 0/1
+// (avgpool only); WIN_KH, WIN_KW (maxpool2d_fwd_grid only): the window's size, set by the host where no padding and
+// no ceil mode put a window past the input's edge (0: sizes and bounds at run time).
 #include "common.h"
 
 #ifndef COUNT_PAD
@@ -158,13 +158,8 @@ void maxpool2d_bwd_bias(__global const float* restrict dy, __global const int* r
         dx[nc * P + p] = g;
         s += g;
     }
-    part[lid] = s;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int w = LSIZE / 2; w > 0; w >>= 1) {
-        if (lid < w) part[lid] += part[lid + w];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    if (lid == 0) db[c] = add ? db[c] + part[0] : part[0];
+    const float total = group_sum(part, s, LSIZE);  // bias_grad's tree
+    if (lid == 0) db[c] = add ? db[c] + total : total;
 }
 
 __kernel void maxpool2d_bwd_planes(__global const float* restrict dy, __global const int* restrict idx RELU_Y,

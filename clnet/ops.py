@@ -378,6 +378,12 @@ def cross_entropy(logits, labels):
 
 # ---- pooling -------------------------------------------------------------------------------------------------------
 
+def _pool_window(geometry, out_hw):
+    """The pooling kernels' window arguments after NC, H, W (pool.cl POOL_GEOMETRY): KH, KW, SH, SW, PH, PW, OH, OW."""
+    k, s, p = geometry
+    return k[0], k[1], s[0], s[1], p[0], p[1], out_hw[0], out_hw[1]
+
+
 def _pool_launch(kern, per, head, tail, x_shape, out_hw, geometry, what):
     """A pooling kernel: its tensors `head`, the geometry, its tensors `tail`; a work-item per output element (per
     "out"; "grid": in a 3-D launch of (x, y, plane)), input element ("in") or plane ("plane"). Past
@@ -385,8 +391,7 @@ def _pool_launch(kern, per, head, tail, x_shape, out_hw, geometry, what):
     N, C, H, W = x_shape
     planes, HW, OHW = N * C, H * W, out_hw[0] * out_hw[1]
     dev = head[0].device
-    k, s, p = geometry
-    window = (k[0], k[1], s[0], s[1], p[0], p[1], out_hw[0], out_hw[1])
+    window = _pool_window(geometry, out_hw)
     def launch(count, head, tail):
         if per == "grid":
             kernels.launch(dev, kern, (out_hw[1], out_hw[0], count), kernels.ANY_GROUP, *head, count, H, W, *window,
@@ -432,12 +437,11 @@ def _maxpool_backward(dy, saved, x_shape, geometry, relu, db=None, db_beta=1.0):
     defines = dict(RELU=1) if relu else {}
     if db is not None:
         lsize = conv.bias_group(dev)
-        window = (geometry[0][0], geometry[0][1], geometry[1][0], geometry[1][1], geometry[2][0], geometry[2][1],
-                  dy.shape[2], dy.shape[3])
         N, C, H, W = x_shape
         kern = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd_bias", dict(defines, LSIZE=lsize))
-        kernels.launch(dev, kern, (C * lsize,), (lsize,), dy, *saved, N * C, H, W, *window, dx, db, C,
-                       int(db_beta != 0.0), what="max pooling backward (and the bias gradient)")
+        kernels.launch(dev, kern, (C * lsize,), (lsize,), dy, *saved, N * C, H, W,
+                       *_pool_window(geometry, dy.shape[2:]), dx, db, C, int(db_beta != 0.0),
+                       what="max pooling backward (and the bias gradient)")
         return dx
     if not tuning.cpu_shaped(dev):
         kern, per = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd", defines or None), "in"

@@ -447,7 +447,7 @@ def test_a_small_convolutions_pooling_takes_its_bias_gradient_on_gpus(dev, rng, 
 def test_a_larger_convolutions_pooling_leaves_the_bias_gradient_to_its_own_launch(dev):
     """Past ops.POOL_BIAS_GRAD_MAX pixels a channel the pooling's one work-group a channel would leave a GPU idle: the
     bias gradient keeps its own launch."""
-    from clnet import ops, shapes
+    from clnet import ops
     s = nn.Conv2d(2, 3, 3, padding=1).conv_shape((1, 2, 65, 65))
     assert s.N * s.OH * s.OW > ops.POOL_BIAS_GRAD_MAX and not ops.pool_takes_bias_grad(dev, s)
     s = nn.Conv2d(2, 3, 3, padding=1).conv_shape((1, 2, 64, 64))

@@ -5,7 +5,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .. import kernels, ops, rng
+from .. import kernels, ops, rng, tuning
 from ..shapes import check_image, conv_padding, conv_shape, pair, pool_geometry, pool_output
 from ..tensor import Parameter, Tensor
 from . import functional as F
@@ -413,8 +413,8 @@ class Sequential(Module):
         relu = type(nxt) is ReLU
         pool = after if relu else nxt
         if (not self.fuse_relu or type(layer) is not Conv2d or layer.bias is None or type(pool) is not MaxPool2d
-                or _watched(layer, nxt, pool) or not isinstance(x, Tensor)):
-            return None
+                or _watched(layer, nxt, pool) or not isinstance(x, Tensor) or tuning.cpu_shaped(x.device)):
+            return None  # (a CPU never fuses: no ConvShape made for it, which the layer would make again)
         s = layer.conv_shape(x.shape)
         return (s, relu) if ops.pool_takes_bias_grad(x.device, s) else None
 
