@@ -194,7 +194,9 @@ def export(name, shape, folder):
         tm = tiny(torch).train()
     else:
         import torchvision
-        tm = getattr(torchvision.models, name)(num_classes=1000).train()
+        # googlenet without its auxiliary heads: their 4x4 adaptive pooling of 14x14 planes has no ONNX export
+        extra = dict(aux_logits=False, init_weights=True) if name in ("googlenet", "inception_v3") else {}
+        tm = getattr(torchvision.models, name)(num_classes=1000, **extra).train()
     path = os.path.join(folder, f"{name}.onnx")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
