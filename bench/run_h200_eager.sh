@@ -16,7 +16,8 @@ for round in $(seq ${ROUNDS:-1}); do
   for side in ${SIDES:-.}; do
     cd "$ROOT/$side"
     export PYTHONPATH=/tmp/site:$PWD CLNET_CACHE_DIR=/tmp/cache-$(basename "$side")
-    echo "== round $round, side $side ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)) at ${SECONDS} s"
+    rev=$(cat .rev 2>/dev/null || git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)  # a snapshot names its own
+    echo "== round $round, side $side ($rev) at ${SECONDS} s"
     timeout 120 python3 bench/eager_cost.py --device gpu ${TORCH_ADD:-}
     timeout 400 python3 bench/depthwise.py --device gpu --torch ${TORCH:-cuda} --no-layers --batch ${BATCH:-64} \
       --networks "$(echo $NETS | tr ' ' ,)" --iterations ${ITERATIONS:-10} 2>&1 | grep -v Warning

@@ -210,6 +210,25 @@ def test_cat(dev, rng, shapes, dim):
              tol=1e-7, name="cat")
 
 
+# More inputs than one launch takes (ops.CAT_SLOTS): densenet's growing concatenations, an empty input among them
+MANY_CAT_CASES = [
+    ([(2, c, 3) for c in (1, 4, 2, 7, 1, 3, 5, 2, 1, 6, 3)], 1),
+    ([(2, 3, 1, 5)] + [(2, 3, 1, 0)] + [(2, 3, 1, w) for w in range(1, 18)], 3),
+    ([(r, 4) for r in (3, 1, 2, 5, 1, 1, 2, 4, 3)], 0),
+]
+
+
+@pytest.mark.parametrize("shapes,dim", MANY_CAT_CASES, ids=[str(i) for i in range(len(MANY_CAT_CASES))])
+@pytest.mark.parametrize("skip", [(), (0,), (7,), (8,), (1, 2, 9, 10)], ids=str)
+def test_cat_of_many_inputs(dev, rng, shapes, dim, skip):
+    """Every input's slice forward and back, where the inputs needing no gradient (`skip`) break the gradient's runs
+    of columns at a launch's first, last and next slot."""
+    xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    needs = [i not in skip for i in range(len(xs))]
+    check_op(dev, rng, lambda *ts: clnet.cat(ts, dim), xs, lambda *a: ref.cat(a[:-1], dim, a[-1]),
+             lambda *ts: torch.cat(ts, dim), needs=needs, tol=1e-7, name="cat")
+
+
 def test_cat_of_one_tensor_is_that_tensor(dev, rng):
     t = clnet.tensor(rng.standard_normal((2, 3)), dev)
     assert clnet.cat([t], 1) is t
