@@ -6,13 +6,12 @@ clnet.cat forward and of its backward, for the joins of squeezenet1_1, googlenet
 Each figure: the median of --repeats calls, in microseconds; bytes moved and the bandwidth they imply.
 """
 import argparse
-import statistics
-import time
 
 import numpy as np
 
 import clnet
 from clnet import kernels, ops
+from copy_cost import timed  # bench/, where this runs from
 
 
 def cases(n):
@@ -23,18 +22,6 @@ def cases(n):
         "densenet block3 last (25)": [(n, 256, 14, 14)] + [(n, 32, 14, 14)] * 24,
         "densenet block4 last (17)": [(n, 512, 7, 7)] + [(n, 32, 7, 7)] * 16,
     }
-
-
-def host_us(dev, fn, repeats):
-    fn()
-    dev.synchronize()
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        runs.append((time.perf_counter() - start) * 1e6)
-        dev.synchronize()
-    return statistics.median(runs)
 
 
 def main():
@@ -65,7 +52,7 @@ def main():
 
         for what, fn in (("forward", forward), ("backward", backward)):
             dms = kernels.device_ms(dev, fn, repeats=args.repeats)
-            hus = host_us(dev, fn, args.repeats)
+            hus = timed(fn, dev, 1, args.repeats, host_only=True)
             print(f"{name:28s} {what:8s} device {dms * 1e3:8.1f} us ({2 * 4 * total / dms / 1e6:6.0f} GB/s), "
                   f"host {hus:7.1f} us")
 

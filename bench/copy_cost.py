@@ -19,15 +19,19 @@ from clnet import kernels
 from clnet.graph import copy_buffer
 
 
-def timed(fn, dev, copies, repeats):
+def timed(fn, dev, copies, repeats, host_only=False):
+    """Microseconds of fn() a copy, the median of `repeats` runs: to the queue's end, or (host_only) to fn's return,
+    the queue finished after the clock stops."""
     fn()
     dev.synchronize()
     runs = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        dev.synchronize()
+        if not host_only:
+            dev.synchronize()
         runs.append((time.perf_counter() - start) / copies * 1e6)
+        dev.synchronize()
     return statistics.median(runs)
 
 
