@@ -51,7 +51,7 @@ def main(model, batch, device_spec, steps, json_path):
     take, give = pool.take, pool.give
 
     def traced_take(nbytes):
-        buf, number, size = take(nbytes)
+        buf, number, size, block = take(nbytes)
         site = _site()
         live[id(buf)] = (size, site)
         state["live_bytes"] += size
@@ -59,7 +59,7 @@ def main(model, batch, device_spec, steps, json_path):
         site_now[site] += size
         site_peak[site] = max(site_peak[site], site_now[site])
         site_sizes[site].add(size)
-        return buf, number, size
+        return buf, number, size, block
 
     def returned(buf):
         entry = live.pop(id(buf), None)

@@ -89,10 +89,10 @@ class Graph:
     def __init__(self, fuse=None):
         self._items = []  # (clone, global size, local size, live args) launches; callables (copies, host actions)
         self._queue = self._device = None  # bound at the first recorded launch
-        self._seen = {}  # id(cl buffer) -> (buffer, its pool, [weak references to its storages]) during capture
+        self._seen = {}  # id(cl buffer) -> (buffer, its pool, [weak references to its storages], its block, bytes)
         self._regions = {}  # id -> sub-buffer or set-up storage a launch touched, kept alive (a sub-buffer: its parent)
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
-        self._taken = []  # (pool, creation number, buffer, size): freed during capture, out of the pool until we go
+        self._taken = []  # (pool, its withdraw's entry): freed during capture, out of the pool until the graph goes
         self._grads = {}  # id -> leaf whose .grad the step writes or reads (note_grad)
         self._leaves = ()  # (leaf, its storage, its .grad) at the end of capture: what replays check has not moved
         self.launches = 0  # launches a replay enqueues (after fusion)
@@ -155,7 +155,7 @@ class Graph:
         buf = storage.buffer
         entry = self._seen.get(id(buf))
         if entry is None:
-            self._seen[id(buf)] = (buf, storage.pool, [weakref.ref(storage)])
+            self._seen[id(buf)] = (buf, storage.pool, [weakref.ref(storage)], storage.block, storage.size)
         elif not any(r() is storage for r in entry[2]):
             entry[2].append(weakref.ref(storage))
 
@@ -216,15 +216,15 @@ class Graph:
     def _seal(self):
         """Keep every buffer a replay touches out of other hands: alive storages stay alive, dead ones' buffers leave
         the pool."""
-        for buf, p, refs in self._seen.values():
+        for buf, p, refs, block, size in self._seen.values():
             alive = [s for s in (r() for r in refs) if s is not None]
             if alive:
                 self._kept.extend(alive)
                 continue
-            entry = p.withdraw(buf)
+            entry = p.withdraw(buf, block, size)
             if entry is None:
                 raise CaptureError("internal: a buffer the capture used is neither alive nor in the pool")
-            self._taken.append((p,) + entry)
+            self._taken.append((p, entry))
         self._seen.clear()
         limit = None  # fuse=True: runs of any size
         if self.fuse is None:
@@ -358,8 +358,8 @@ class Graph:
 
     def __del__(self):
         try:
-            for p, number, buf, size in self._taken:
-                p.give(buf, number, size)
+            for p, entry in self._taken:
+                p.put_back(entry)
         except Exception:  # interpreter shutdown
             pass
 

@@ -2,11 +2,12 @@
 import heapq
 import math
 import threading
+from collections import OrderedDict
 
 import numpy as np
 import pyopencl as cl
 
-from . import kernels
+from . import arena, kernels
 from .graph import copy_buffer, refuse_in_capture
 from .devices import Device
 from .devices import device as _device
@@ -25,24 +26,44 @@ def reset_transfer_stats():
         _stats[k] = 0
 
 
-class BufferPool:
-    """Device buffers kept for reuse, keyed by rounded size, so a training loop allocates only in its first step.
+# Requests of ARENA_MIN to ARENA_MAX bytes are blocks of shared segments (arena.py), handed out as sub-buffers: a
+# block freed by the forward's activations serves the backward's gradients of other sizes. Smaller requests keep
+# whole buffers per rounded size (their bytes are few; a sub-buffer each would cost its creation for little).
+# ARENA_MAX: NVIDIA's driver (580) mishandles sub-buffers of buffers past 8 GiB (see _Window), so no segment nears it.
+ARENA_MIN = 1 << 20
+ARENA_MAX = 1 << 31
+# A request under SHARED_SEGMENT / 2 opens a segment of SHARED_SEGMENT bytes for others to share; a larger one a
+# segment of its own size rounded up to SEGMENT_ROUND (PyTorch's caching allocator: 20 MiB and 2 MiB).
+SHARED_SEGMENT = 20 << 20
+SEGMENT_ROUND = 2 << 20
+SUB_BUFFERS_KEPT = 8192  # sub-buffer objects kept for blocks handed out before (a launch's arguments name them)
 
-    Each size's free buffers are handed out lowest creation number first. A training step then gets the same buffer
-    for the same tensor every step (its allocations and releases repeat in the same order, from the same free set),
-    so every launch finds its kernel with those arguments already set (kernels.py). A last-in-first-out list would
-    permute the buffers from step to step instead, and a branched network's launches would miss for dozens of
-    steps."""
+
+class BufferPool:
+    """Device memory kept for reuse, so a training loop allocates only in its first step: small buffers whole, keyed
+    by rounded size; large ones as blocks of shared segments (`arena`, above).
+
+    Each size's free buffers are handed out lowest creation number first, and blocks by a deterministic best fit. A
+    training step then gets the same memory for the same tensor every step (its allocations and releases repeat in
+    the same order, from the same free set), and a block the same sub-buffer object, so every launch finds its
+    kernel with those arguments already set (kernels.py). A last-in-first-out list would permute the buffers from
+    step to step instead, and a branched network's launches would miss for dozens of steps."""
 
     def __init__(self, dev):
         self.device = dev
-        self.free = {}  # rounded size -> heap of (creation number, buffer)
+        self.free = {}  # rounded size -> heap of (creation number, buffer): the small buffers
         self.allocated_bytes = 0
         self.created = 0
         self.max_alloc = dev.cl_device.max_mem_alloc_size  # the largest single buffer the device allows
+        # Oclgrind checks reads past a buffer's end, not past a sub-buffer's: it keeps whole buffers only
+        self.arena = None if dev.is_simulator else arena.Arena(max(512, region_alignment(dev)), ARENA_MIN)
+        self.sub_buffers = OrderedDict()  # (segment number, offset, size) -> its sub-buffer, most recent last
         # Threads share the pool. Reentrant: a storage freed by the garbage collector while this thread holds the
-        # lock (an allocation inside take can start a collection) gives its buffer back from inside the lock.
+        # lock (an allocation inside take can start a collection) gives its buffer back from inside the lock; a
+        # block so freed waits in `deferred` until the arena's bookkeeping is whole again.
         self.lock = threading.RLock()
+        self.busy = False
+        self.deferred = []
 
     @staticmethod
     def rounded(nbytes):
@@ -52,7 +73,10 @@ class BufferPool:
         return -(-nbytes // step) * step
 
     def take(self, nbytes):
-        """(buffer, its creation number, rounded size)."""
+        """(buffer, its creation number, rounded size, block): block is (segment, offset) for a block of the arena,
+        None for a whole buffer."""
+        if ARENA_MIN <= nbytes <= ARENA_MAX and self.arena is not None and nbytes <= self.max_alloc:
+            return self._take_block(nbytes)
         size = _rounded.get(nbytes)
         if size is None:  # a new size: remembered (few distinct sizes; this runs for every tensor made)
             size = self.rounded(nbytes)
@@ -64,7 +88,7 @@ class BufferPool:
             if bucket:
                 entry = heapq.heappop(bucket) if not kernels._captures else self._unheld(bucket)
                 if entry is not None:
-                    return entry[1], entry[0], size
+                    return entry[1], entry[0], size, None
         limit = self.max_alloc
         if size > limit >= nbytes:  # the rounding alone would pass the device's largest buffer: take it exact
             size = nbytes
@@ -80,7 +104,82 @@ class BufferPool:
         with self.lock:
             self.allocated_bytes += size
             self.created += 1
-            return buf, self.created, size
+            return buf, self.created, size, None
+
+    def _take_block(self, nbytes):
+        arena_ = self.arena
+        size = -(-nbytes // arena_.align) * arena_.align
+        with self.lock:
+            self.busy = True  # the arena's lists are being changed: blocks the garbage collector frees wait
+            try:
+                # While another thread captures, or this one sets up inside its capture, a free block may hold what a
+                # capture's replays write (kernels.held_by_capture): such a request takes a segment of its own.
+                placed = arena_.place(size) if not kernels._captures or _own_capture() else None
+                if placed is None and not kernels._captures and arena_.free_segments():
+                    placed = arena_.place(size, self._join_free_segments(size))
+                if placed is None:
+                    grow = size if kernels._captures or size >= SHARED_SEGMENT // 2 else SHARED_SEGMENT
+                    grow = max(size, min(-(-grow // SEGMENT_ROUND) * SEGMENT_ROUND, self.max_alloc))
+                    placed = arena_.place(size, self._segment(grow))
+                seg, offset, size = placed
+                key = (seg.number, offset, size)
+                sub = self.sub_buffers.get(key)
+                if sub is None:
+                    if len(self.sub_buffers) >= SUB_BUFFERS_KEPT:
+                        self.sub_buffers.popitem(last=False)
+                    sub = self.sub_buffers[key] = seg.handle.get_sub_region(offset, size)
+                else:
+                    self.sub_buffers.move_to_end(key)
+                return sub, 0, size, (seg, offset)
+            finally:
+                self.busy = False
+                self._release_deferred()
+
+    def _segment(self, size):
+        """A new segment of the arena (called with the lock held)."""
+        try:
+            buf = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size)
+        except cl.Error as e:  # the one wrapper's handler: released cache and one retry, or OutOfMemory/KernelError
+            buf = kernels.failed(self.device, e, f"allocating {size / 2**20:.1f} MiB",
+                                 lambda: cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE, size), wanted=size)
+        self.allocated_bytes += size
+        return self.arena.add_segment(size, buf)
+
+    def _join_free_segments(self, size):
+        """One segment in place of every segment that is all free, at least `size` bytes (called with the lock held,
+        no capture in progress). Blocks of several free segments are not contiguous, so a request larger than each
+        would take a new segment beside them; in a step's first run, where each phase asks for other sizes, that
+        left resnet50 holding 1.2x its peak use where joining gave 1.02x (bench/NOTES.md, v32). Later steps ask for
+        what the first got, and nothing is joined again."""
+        joined = 0
+        kernels.forget_arguments()  # kept argument sets name these segments' sub-buffers: they go first
+        for seg in self.arena.free_segments():
+            joined += seg.size
+            self._drop_segment(seg)
+        return self._segment(max(-(-size // SEGMENT_ROUND) * SEGMENT_ROUND, joined))
+
+    def _drop_segment(self, seg):
+        for key in [k for k in self.sub_buffers if k[0] == seg.number]:
+            del self.sub_buffers[key]
+        self.arena.drop(seg)
+        self.allocated_bytes -= seg.size
+        seg.handle.release()
+
+    def release_block(self, block):
+        """A block of the arena is free again (a storage's __del__). The garbage collector may run this in the middle
+        of another change to the arena (in this thread, under the lock): it then waits for that change's end."""
+        with self.lock:
+            self.deferred.append(block)
+            if not self.busy:
+                self._release_deferred()
+
+    def _release_deferred(self):
+        self.busy = True
+        try:
+            while self.deferred:
+                self.arena.release(*self.deferred.pop())
+        finally:
+            self.busy = False
 
     @staticmethod
     def _unheld(bucket):
@@ -104,9 +203,19 @@ class BufferPool:
         with self.lock:
             heapq.heappush(self.free.setdefault(size, []), (number, buf))
 
-    def withdraw(self, buf):
-        """Take a free buffer out of the pool (a captured graph keeps it): (creation number, buffer, size), or None
-        when it is not free."""
+    def withdraw(self, buf, block=None, size=None):
+        """Take a free buffer, or the free bytes of a block (segment, offset) of `size` bytes, out of the pool (a
+        captured graph keeps them): an entry for `put_back`, or None when the buffer is not free. A block's bytes
+        may have been joined with others' since, or handed out again: what is free of them now is taken."""
+        if block is not None:
+            seg, offset = block
+            with self.lock:
+                self.busy = True
+                try:
+                    return seg, self.arena.carve(seg, offset, size)
+                finally:
+                    self.busy = False
+                    self._release_deferred()
         size = buf.size
         with self.lock:
             bucket = self.free.get(size, [])
@@ -118,10 +227,22 @@ class BufferPool:
                     return number, buf, size
         return None
 
+    def put_back(self, entry):
+        """What withdraw took, free again."""
+        if type(entry[0]) is arena.Segment:
+            seg, pieces = entry
+            for offset, _ in pieces:
+                self.release_block((seg, offset))
+        else:
+            self.give(entry[1], entry[0], entry[2])
+
     def release_cached(self):
         kernels.forget_arguments()  # kept argument sets may name these buffers
         graph = kernels.capture_in_progress()  # a capture in progress keeps the free buffers its launches used
         with self.lock:
+            # Segments all free go back (none while a graph is captured: its replays may write a block of one)
+            for seg in self.arena.free_segments() if self.arena is not None and graph is None else ():
+                self._drop_segment(seg)
             kept = {}
             for size, bucket in self.free.items():
                 for number, buf in bucket:
@@ -153,28 +274,43 @@ def pool(dev):
 kernels.memory_holders.append(pool)  # an allocation failure anywhere frees the pool's cached buffers (kernels.failed)
 
 
+def _own_capture():
+    """Whether a capture in progress is this thread's alone, outside its set-up: its own temporaries may reuse what
+    its launches used (every replay repeats their writes in the order of the capture)."""
+    c = kernels.context
+    return not c.paused and all(g is c.capturing for g in kernels._captures)
+
+
 class _Storage:
-    """A pooled buffer shared by a tensor and its reshaped views; back to the pool when the last one goes.
+    """A pooled buffer, or a block of the pool's arena, shared by a tensor and its reshaped views; back to the pool
+    when the last one goes.
 
     `set_up`: made in set-up (kernels.set_up: a cached layout or constant, an optimizer's flat buffers), whose
     contents no replay writes again. A graph whose launches use one keeps it alive (Graph._note), so that it cannot
     return to the pool (for a temporary of a step to overwrite) while the graph may replay."""
-    __slots__ = ("buffer", "number", "size", "pool", "set_up", "__weakref__")
+    __slots__ = ("buffer", "number", "size", "block", "pool", "set_up", "__weakref__")
 
     def __init__(self, dev, nbytes):
         self.pool = p = _pools.get(dev) or pool(dev)
-        self.buffer, self.number, self.size = p.take(nbytes)
+        self.buffer, self.number, self.size, self.block = p.take(nbytes)
         c = kernels.context
         self.set_up = c.paused > 0
         if c.capturing is not None and not self.set_up:  # the graph must know every buffer the step allocates
             c.capturing._note(self)
 
     def whole(self):
-        return self.buffer, 0
+        """(the buffer that holds this memory, the byte offset there): a block's segment and its offset."""
+        if self.block is None:
+            return self.buffer, 0
+        seg, offset = self.block
+        return seg.handle, offset
 
     def __del__(self):
         try:  # BufferPool.give, inline: every op's temporaries come here
             p = self.pool
+            if self.block is not None:
+                p.release_block(self.block)
+                return
             with p.lock:
                 heapq.heappush(p.free.setdefault(self.size, []), (self.number, self.buffer))
         except Exception:  # interpreter shutdown: the context goes anyway
@@ -200,16 +336,19 @@ class _Window:
         raise kernels.NeedsStaging(staged_launch)
 
     def whole(self):
-        return self.parent.buffer, self.offset
+        root, offset = self.parent.whole()
+        return root, offset + self.offset
 
 
 class _Region(_Window):
-    """A window that is also an OpenCL sub-buffer, which kernels take as an ordinary buffer; never pooled itself."""
+    """A window that is also an OpenCL sub-buffer (of the buffer that holds the parent's memory: a sub-buffer has none
+    of its own), which kernels take as an ordinary buffer; never pooled itself."""
     __slots__ = ("buffer",)
 
     def __init__(self, parent, offset_bytes, nbytes):
         super().__init__(parent, offset_bytes, nbytes)
-        self.buffer = self.parent.buffer.get_sub_region(self.offset, nbytes)
+        root, offset = self.whole()
+        self.buffer = root.get_sub_region(offset, nbytes)
 
 
 def staged_launch(dev, k, global_size, local_size, args, what):

@@ -213,7 +213,7 @@ def test_graph_buffers_stay_out_of_the_pool_and_replay_copies_nothing(dev, rng):
     data, expected, model, opt, loss_fn, x, y = fresh(dev, rng, 5)
     g, loss = capture_step(model, opt, loss_fn, x, y)
     losses = [float(loss)]
-    held = {id(b) for _, _, b, _ in g._taken}
+    held = {id(entry[1]) for _, entry in g._taken}  # whole buffers: (creation number, buffer, size)
     assert held, "the capture freed temporaries; the graph should hold their buffers"
     free = {id(b) for bucket in pool(dev).free.values() for _, b in bucket}
     assert not held & free
