@@ -406,12 +406,12 @@ def _topological(root_fn):
         if expanded:
             order.append(fn)
             continue
-        if id(fn) in done:
+        if fn in done:  # an op is its own key (hashed by identity, with no id() call)
             continue
-        done.add(id(fn))
+        done.add(fn)
         stack.append((fn, True))
         for child in fn.inputs or ():
-            if isinstance(child, Function) and id(child) not in done:
+            if isinstance(child, Function) and child not in done:
                 stack.append((child, False))
     order.reverse()
     return order
@@ -436,18 +436,18 @@ def backward(root, grad=None, retain_graph=False):
         return
     if root.grad_fn.inputs is None:
         raise RuntimeError(_FREED)
-    pending = {id(root.grad_fn): grad}
+    pending = {root.grad_fn: grad}  # op -> the gradient of its output summed so far
     profiling = _context.profiler is not None
     order = _topological(root.grad_fn)
     uses = _hooked_uses(order) if _hooked else None
     for fn in order:
-        if id(fn) not in pending:  # no gradient reached it (an input's backward returned None)
+        if fn not in pending:  # no gradient reached it (an input's backward returned None)
             if uses:
                 _used(fn, uses)
             if not retain_graph:
                 fn.inputs = fn.saved = None
             continue
-        g = pending.pop(id(fn))
+        g = pending.pop(fn)
         if fn.inputs is None:
             raise RuntimeError(_FREED)
         if fn.hooks is not None:
@@ -463,8 +463,8 @@ def backward(root, grad=None, retain_graph=False):
             if edge is None or gi is None:
                 continue
             if isinstance(edge, Function):
-                previous = pending.get(id(edge))
-                pending[id(edge)] = gi if previous is None else add(previous, gi)
+                previous = pending.get(edge)
+                pending[edge] = gi if previous is None else add(previous, gi)
             elif uses and id(edge) in uses and edge.__dict__.get("_grad_hooks"):
                 entry = uses[id(edge)]  # its hooks see the sum over every use, once (as PyTorch's)
                 entry[2] = gi if entry[2] is None else add(entry[2], gi)
