@@ -172,7 +172,8 @@ class Kernel:
         self.program, self.name, self.clones, self.queue = prog, name, OrderedDict(), queue
 
 
-_kernels = {}
+_kernels = {}  # (id(device), file, name, sorted defines) -> Kernel
+_kernel_keys = {}  # the same with the defines in a caller's order -> that Kernel (kernel's look-up)
 # Held from a launch's look-up of its clone to its enqueue: threads share the clones, and one taken back for another
 # argument set (or a Live argument set again) between another thread's look-up and enqueue would launch that thread's
 # kernel on the wrong arguments.
@@ -184,14 +185,20 @@ CLONES_PER_KERNEL = 4096  # argument sets kept per kernel: every launch of one k
 
 
 def kernel(dev, filename, name, defines=None):
-    """The kernel `name` of (device, file, defines); one dictionary lookup once built, since this runs per launch."""
-    key = (id(dev), filename, name, tuple(sorted(defines.items())) if defines else ())
-    k = _kernels.get(key)
+    """The kernel `name` of (device, file, defines); one dictionary lookup once built, since this runs per launch:
+    keyed by the defines in the caller's order (sorting them cost 0.15-0.2 us for two, 0.85 us for a GEMM's fifteen),
+    each such key naming the one Kernel of the sorted defines (_kernels), so that a set of defines given in two
+    orders shares its Kernel and its kept argument sets."""
+    key = (id(dev), filename, name, tuple(defines.items()) if defines else ())
+    k = _kernel_keys.get(key)
     if k is None:
+        canonical = (id(dev), filename, name, tuple(sorted(defines.items())) if defines else ())
         with _build_lock:
-            k = _kernels.get(key)
+            k = _kernels.get(canonical)
             if k is None:
-                k = _kernels[key] = Kernel(program(dev, filename, defines), name, ctypes.c_void_p(dev.queue.int_ptr))
+                k = _kernels[canonical] = Kernel(program(dev, filename, defines), name,
+                                                 ctypes.c_void_p(dev.queue.int_ptr))
+            _kernel_keys[key] = k
     return k
 
 
