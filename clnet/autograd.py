@@ -210,7 +210,7 @@ def accumulate(leaf, g):
     capture, a mark or absence older than the capture is settled first: settle_grad)."""
     if leaf._grad_pending is not None:
         leaf._settle_pending()
-    if kernels.capturing is not None:
+    if _context.capturing is not None:  # kernels.capturing without its module property (every accumulation)
         settle_grad(leaf)
     if leaf._grad is None:
         leaf.grad = empty(leaf.shape, leaf.device).copy_from(g)
@@ -220,8 +220,8 @@ def accumulate(leaf, g):
     if leaf._grad_zeroed:
         leaf.grad = leaf._grad.copy_from(g)
         return
-    _map(leaf.device, _elementwise(leaf.device, "accumulate"), g.size, VW, leaf.grad, g, g.size,
-         what="gradient accumulation")
+    _map(leaf.device, _elementwise(leaf.device, "accumulate"), g.size, VW, leaf._grad, g, g.size,  # settled above:
+         what="gradient accumulation")  # ._grad is what the .grad property would return, without its call
 
 
 def check_gradient(y, grad):
