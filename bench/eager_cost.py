@@ -9,7 +9,8 @@ queue finished once at the end, in wall-clock time. --stub replaces the kernel e
 Python around it (the op's checks, autograd, the kernel's argument look-up, the pool), and times this thread's CPU
 time, the least of the runs (on a CPU, PoCL's own launch, about 56 us, hides that Python otherwise). The count of
 Python calls an add makes is a figure no other load on the machine changes. --profile prints cProfile's top
-functions of one run of adds with autograd.
+functions of one run of adds with autograd. --driver-groups takes a GPU's launch path on a CPU (the driver picks the
+work-group: PoCL's padded work-groups, any_group, are left out), for the Python an H200's launch runs.
 """
 import argparse
 import cProfile
@@ -229,10 +230,15 @@ def main(argv=None):
     parser.add_argument("--breakdown", action="store_true", help="time the pieces of an add (enqueue stubbed)")
     parser.add_argument("--breakdown-real", action="store_true",
                         help="time the pieces of an add with their real launches, in wall-clock time")
+    parser.add_argument("--driver-groups", action="store_true",
+                        help="leave every work-group to the driver, as on a GPU (a CPU's padded_group dropped): with "
+                        "--stub, the Python a GPU's launch takes")
     parser.add_argument("--plain-queue", action="store_true",
                         help="a queue without profiling enabled (what a launch costs without timestamps)")
     args = parser.parse_args(argv)
     dev = clnet.device(int(args.device) if args.device.isdigit() else args.device)
+    if args.driver_groups:
+        dev.padded_group = None
     if args.plain_queue:  # before any kernel is made: each keeps its queue's handle
         dev.queue = cl.CommandQueue(dev.context)
     if args.stub:

@@ -8,11 +8,15 @@ later) against the whole step, and the Python functions that cost most (cProfile
 
 --onnx takes a torchvision model's name (exported in training mode where torchvision is installed, as
 bench/depthwise.py does) or an .onnx file. --stub makes every enqueue a no-op (results meaningless): what is left is
-clnet's own Python per step and per launch, on any machine.
+clnet's own Python per step and per launch, on any machine, also timed in this thread's CPU time (the least of
+--rounds); --driver-groups launches as on a GPU (the driver picks every work-group: no padded_group), the Python a
+GPU's launches take. Every run counts the Python function calls of one step (a figure no other load changes).
 """
 import argparse
 import cProfile
 import pstats
+import statistics
+import sys
 import time
 
 import numpy as np
@@ -34,8 +38,13 @@ def main():
     p.add_argument("--stub", action="store_true", help="enqueue nothing: clnet's Python alone")
     p.add_argument("--sort", default="tottime", help="cProfile's order (tottime, cumulative)")
     p.add_argument("--dump", default=None, help="also write cProfile's statistics to this file")
+    p.add_argument("--rounds", type=int, default=5, help="--stub: rounds of --steps steps timed in thread CPU time")
+    p.add_argument("--driver-groups", action="store_true",
+                   help="leave every work-group to the driver, as on a GPU (a CPU's padded_group dropped)")
     args = p.parse_args()
     dev = clnet.device(args.device)
+    if args.driver_groups:
+        dev.padded_group = None
     clnet.manual_seed(0)
     if args.onnx:
         model, shape, classes = onnx_model(args.onnx, args.batch, dev)
@@ -78,6 +87,24 @@ def main():
     print(f"{args.onnx or args.model} b{shape[0]} on {dev.name}: host enqueue {(t1 - t0) / args.steps * 1e3:.3f} ms per step, "
           f"whole step {(t2 - t0) / args.steps * 1e3:.3f} ms, {n:.0f} launches "
           f"({(t1 - t0) / args.steps / n * 1e6:.1f} us of host time per launch)")
+    if args.stub:  # what a shared machine's other work moves least: this thread's CPU time, the least of the rounds
+        rounds = []
+        for _ in range(args.rounds):
+            c0 = time.thread_time()
+            for _ in range(args.steps):
+                step()
+            rounds.append((time.thread_time() - c0) / args.steps)
+        print(f"  thread CPU time a step, least of {args.rounds} rounds of {args.steps}: {min(rounds) * 1e3:.3f} ms "
+              f"({min(rounds) / n * 1e6:.1f} us a launch; median {statistics.median(rounds) / n * 1e6:.1f})")
+    calls = [0]
+
+    def count(frame, event, arg):
+        if event in ("call", "c_call"):
+            calls[0] += 1
+    sys.setprofile(count)  # Python and C function calls of one step: a figure no other load changes
+    step()
+    sys.setprofile(None)
+    print(f"  {calls[0] - 1} Python function calls a step, {(calls[0] - 1) / n:.1f} a launch")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(args.steps):

@@ -6,7 +6,7 @@ holds the buffers, one per segment, and hands each block out as a sub-buffer).
 Why: a pool of whole buffers kept per rounded size holds, for each size, the most buffers of that size a step ever
 had in use at once, and those maxima fall at different moments (the forward's activations, the backward's
 gradients and column buffers). resnet50 at batch 4 on PoCL held 526 MiB of step buffers for an in-use peak of
-346 MiB (bench/NOTES.md, v24 and v32).
+346 MiB (bench/NOTES.md, v24 and v33).
 
 Placement is deterministic: the smallest free block that fits, ties broken by segment number and then offset. A
 training step that asks and releases in the same order every step then gets the same blocks every step, so every

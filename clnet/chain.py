@@ -81,7 +81,8 @@ def launch(dev, k, global_size, args, what, step, n):
     `step` makes what the launch is as a chain step (a function returning a ChainStep, called only while a graph
     records, so eager launches pay nothing for it): that graph is told, with the launch's arguments, and decides at
     the end of the capture what fuses."""
-    graph = kernels.recording() if step is not None else None
+    c = kernels.context  # kernels.recording(), inline: this runs at every element-wise launch
+    graph = c.capturing if step is not None and not c.paused else None
     if graph is None:
         kernels.launch(dev, k, global_size, kernels.ANY_GROUP, *args, what=what)
         return

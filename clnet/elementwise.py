@@ -21,6 +21,10 @@ def _map(dev, k, n, vw, *args, what="", step=None):
                          (count if type(a) in (int, Numel) and a == n else a) for a in args)
             kernels.launch(dev, k, (-(-count // vw),), kernels.ANY_GROUP, *part, what=what)
         return
+    c = kernels.context
+    if step is None or c.capturing is None or c.paused:  # chain.launch's eager case, one call less (every op's)
+        kernels.launch(dev, k, (-(-n // vw),), kernels.ANY_GROUP, *args, what=what)
+        return
     chain.launch(dev, k, (-(-n // vw),), args, what, step, n)
 
 

@@ -90,8 +90,9 @@ class Axpby(Function):
 
     def forward(self, a, b, alpha, beta):
         self.alpha, self.beta = alpha, beta
-        out = empty(a.shape, a.device)
-        _map(a.device, _elementwise(a.device, "axpby"), a.size, VW, a, b, out, alpha, beta, a.size, what="add",
+        dev, n = a.device, a.size
+        out = empty(a.shape, dev)
+        _map(dev, _elementwise(dev, "axpby"), n, VW, a, b, out, alpha, beta, n, what="add",
              step=axpby_step(alpha, beta))
         return out
 
@@ -121,6 +122,8 @@ class Affine(Function):
 
 
 class Mul(Function):
+    __slots__ = ()
+
     def forward(self, a, b):
         self.save(a, b)
         return mul(a, b)

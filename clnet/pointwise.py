@@ -342,11 +342,12 @@ def add(a, b, alpha=1):
     """a + alpha * b, as torch.add."""
     if alpha != 1:
         b = mul(b, alpha)
-    if isinstance(a, Tensor) and a.dtype == FLOAT:
-        if _is_number(b):
+    if isinstance(a, Tensor) and a.dtype == FLOAT:  # two tensors first: the common case
+        if isinstance(b, Tensor):
+            if b.shape == a.shape and b.dtype == FLOAT and b.device is a.device:
+                return ops.Axpby.apply(a, b, alpha=1.0, beta=1.0)
+        elif _is_number(b):
             return ops.Affine.apply(a, alpha=1.0, beta=float(b))
-        if isinstance(b, Tensor) and b.shape == a.shape and b.dtype == FLOAT and b.device is a.device:
-            return ops.Axpby.apply(a, b, alpha=1.0, beta=1.0)
     if isinstance(b, Tensor) and b.dtype == FLOAT and _is_number(a):
         return ops.Affine.apply(b, alpha=1.0, beta=float(a))
     return binary("add", a, b)
@@ -356,11 +357,12 @@ def sub(a, b, alpha=1):
     """a - alpha * b, as torch.sub."""
     if alpha != 1:
         b = mul(b, alpha)
-    if isinstance(a, Tensor) and a.dtype == FLOAT:
-        if _is_number(b):
+    if isinstance(a, Tensor) and a.dtype == FLOAT:  # two tensors first: the common case
+        if isinstance(b, Tensor):
+            if b.shape == a.shape and b.dtype == FLOAT and b.device is a.device:
+                return ops.Axpby.apply(a, b, alpha=1.0, beta=-1.0)
+        elif _is_number(b):
             return ops.Affine.apply(a, alpha=1.0, beta=-float(b))
-        if isinstance(b, Tensor) and b.shape == a.shape and b.dtype == FLOAT and b.device is a.device:
-            return ops.Axpby.apply(a, b, alpha=1.0, beta=-1.0)
     if isinstance(b, Tensor) and b.dtype == FLOAT and _is_number(a):
         return ops.Affine.apply(b, alpha=-1.0, beta=float(a))
     return binary("sub", a, b)
@@ -368,13 +370,14 @@ def sub(a, b, alpha=1):
 
 def mul(a, b):
     # a product by a number adds -0.0, which leaves every value as it is (adding +0.0 turned a -0.0 product into +0.0)
-    if isinstance(a, Tensor) and a.dtype == FLOAT and _is_number(b):
-        return ops.Affine.apply(a, alpha=float(b), beta=-0.0)
-    if isinstance(b, Tensor) and b.dtype == FLOAT and _is_number(a):
+    if isinstance(a, Tensor):  # two tensors first: the common case
+        if isinstance(b, Tensor):
+            if a.shape == b.shape and a.dtype == b.dtype == FLOAT and a.device is b.device:
+                return ops.Mul.apply(a, b)
+        elif a.dtype == FLOAT and _is_number(b):
+            return ops.Affine.apply(a, alpha=float(b), beta=-0.0)
+    elif isinstance(b, Tensor) and b.dtype == FLOAT and _is_number(a):
         return ops.Affine.apply(b, alpha=float(a), beta=-0.0)
-    if isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape and a.dtype == b.dtype == FLOAT \
-            and a.device is b.device:
-        return ops.Mul.apply(a, b)
     return binary("mul", a, b)
 
 
