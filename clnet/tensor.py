@@ -57,7 +57,6 @@ class BufferPool:
         self.max_alloc = dev.cl_device.max_mem_alloc_size  # the largest single buffer the device allows
         # Oclgrind checks reads past a buffer's end, not past a sub-buffer's: it keeps whole buffers only
         self.arena = None if dev.is_simulator else arena.Arena(max(512, region_alignment(dev)), ARENA_MIN)
-        self.arena_max = min(ARENA_MAX, self.max_alloc)  # larger requests are whole buffers
         self.sub_buffers = OrderedDict()  # (segment number, offset, size) -> its sub-buffer, most recent last
         # Threads share the pool. Reentrant: a storage freed by the garbage collector while this thread holds the
         # lock (an allocation inside take can start a collection) gives its buffer back from inside the lock; a
@@ -76,7 +75,7 @@ class BufferPool:
     def take(self, nbytes):
         """(buffer, its creation number, rounded size, block): block is (segment, offset) for a block of the arena,
         None for a whole buffer."""
-        if nbytes >= ARENA_MIN and self.arena is not None and nbytes <= self.arena_max:
+        if nbytes >= ARENA_MIN and self.arena is not None and nbytes <= ARENA_MAX and nbytes <= self.max_alloc:
             return self._take_block(nbytes)
         size = _rounded.get(nbytes)
         if size is None:  # a new size: remembered (few distinct sizes; this runs for every tensor made)
