@@ -274,6 +274,11 @@ def pool(dev):
 kernels.memory_holders.append(pool)  # an allocation failure anywhere frees the pool's cached buffers (kernels.failed)
 
 
+# kernels' per-thread context and the set of captures in progress, read at every tensor made (one object each, made
+# once: a module attribute of kernels costs a look-up through its module class's properties)
+_context, _captures = kernels.context, kernels._captures
+
+
 def _own_capture():
     """Whether a capture in progress is this thread's alone, outside its set-up: its own temporaries may reuse what
     its launches used (every replay repeats their writes in the order of the capture)."""
@@ -292,8 +297,19 @@ class _Storage:
 
     def __init__(self, dev, nbytes):
         self.pool = p = _pools.get(dev) or pool(dev)
-        self.buffer, self.number, self.size, self.block = p.take(nbytes)
-        c = kernels.context
+        size = _rounded.get(nbytes)  # BufferPool.take's commonest case inline: a small size seen before, one free
+        entry = None
+        if size is not None and not _captures:
+            with p.lock:
+                bucket = p.free.get(size)
+                if bucket:
+                    entry = heapq.heappop(bucket)
+        if entry is not None:
+            self.number, self.buffer = entry
+            self.size, self.block = size, None
+        else:
+            self.buffer, self.number, self.size, self.block = p.take(nbytes)
+        c = _context
         self.set_up = c.paused > 0
         if c.capturing is not None and not self.set_up:  # the graph must know every buffer the step allocates
             c.capturing._note(self)
