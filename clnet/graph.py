@@ -132,8 +132,10 @@ class Graph:
             self.failed = True
             raise
         context.capturing = None
-        kernels._captures.discard(self)
-        self._seal()
+        try:  # sealed while still listed: no other thread's release of the pool's cache takes what it withdraws
+            self._seal()
+        finally:
+            kernels._captures.discard(self)
 
     def _fill_late_marks(self):
         """A .grad that zero_grad marked after the step's last use of it (PyTorch's order: backward, step, zero_grad)

@@ -241,8 +241,14 @@ class BufferPool:
         graph = kernels.capture_in_progress()  # a capture in progress keeps the free buffers its launches used
         with self.lock:
             # Segments all free go back (none while a graph is captured: its replays may write a block of one)
-            for seg in self.arena.free_segments() if self.arena is not None and graph is None else ():
-                self._drop_segment(seg)
+            if self.arena is not None and graph is None:
+                self.busy = True
+                try:
+                    for seg in self.arena.free_segments():
+                        self._drop_segment(seg)
+                finally:
+                    self.busy = False
+                    self._release_deferred()
             kept = {}
             for size, bucket in self.free.items():
                 for number, buf in bucket:
