@@ -16,11 +16,11 @@ for round in $(seq ${ROUNDS:-1}); do
       cd "$ROOT/$side"
       export PYTHONPATH=/tmp/site:$PWD CLNET_CACHE_DIR=/tmp/cache-$(basename "$side")
       rev=$(cat .rev 2>/dev/null || git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)
-      tag=$(basename "$(cd "$side" 2>/dev/null && pwd)")
+      tag=$(basename "$PWD")
       echo "== round $round, ${m%%:*} batch ${m##*:}, side $side ($rev) at ${SECONDS} s"
-      timeout ${LIMIT:-240} python3 -m clnet.cli bench ${m%%:*} --batch ${m##*:} --device gpu --compare cuda --no-tune \
+      timeout ${LIMIT:-240} python3 -X faulthandler -m clnet.cli bench ${m%%:*} --batch ${m##*:} --device gpu --compare cuda --no-tune \
         --iterations ${ITERATIONS:-10} --warmup ${WARMUP:-3} \
-        --json "$OUT/${m%%:*}-b${m##*:}-$tag-r$round.json" 2>&1 | grep -v Warning | tail -${TAIL:-14}
+        --json "$OUT/${m%%:*}-b${m##*:}-$tag-r$round.json" 2>&1 | grep -v Warning | tail -${TAIL:-24}
     done
   done
 done

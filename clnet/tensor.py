@@ -31,7 +31,7 @@ def reset_transfer_stats():
 # whole buffers per rounded size (their bytes are few; a sub-buffer each would cost its creation for little).
 # ARENA_MAX: NVIDIA's driver (580) mishandles sub-buffers of buffers past 8 GiB (see _Window), so no segment nears it.
 ARENA_MIN = 1 << 20
-ARENA_MAX = 1 << 31
+ARENA_MAX = 1 << 31  # and the largest segment: joining free segments stops there
 # A request under SHARED_SEGMENT / 2 opens a segment of SHARED_SEGMENT bytes for others to share; a larger one a
 # segment of its own size rounded up to SEGMENT_ROUND (PyTorch's caching allocator: 20 MiB and 2 MiB).
 SHARED_SEGMENT = 20 << 20
@@ -151,11 +151,12 @@ class BufferPool:
         would take a new segment beside them; in a step's first run, where each phase asks for other sizes, that
         left resnet50 holding 1.2x its peak use where joining gave 1.02x (bench/NOTES.md, v33). Later steps ask for
         what the first got, and nothing is joined again."""
-        joined = 0
+        joined, cap = 0, min(ARENA_MAX, self.max_alloc)  # no segment past ARENA_MAX (NVIDIA's sub-buffers past 8 GiB)
         kernels.forget_arguments()  # kept argument sets name these segments' sub-buffers: they go first
         for seg in self.arena.free_segments():
-            joined += seg.size
-            self._drop_segment(seg)
+            if joined + seg.size <= cap:
+                joined += seg.size
+                self._drop_segment(seg)
         return self._segment(max(-(-size // SEGMENT_ROUND) * SEGMENT_ROUND, joined))
 
     def _drop_segment(self, seg):

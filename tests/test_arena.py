@@ -165,6 +165,22 @@ def test_memory_freed_by_one_phase_serves_another(dev):
     assert first <= 98 * 2**20, f"the pool took {first / 2**20:.1f} MiB for a peak of 96 MiB in use"
 
 
+def test_joined_segments_stay_within_the_largest(dev, monkeypatch):
+    """Free segments are joined into one of at most ARENA_MAX bytes (NVIDIA's driver mishandles sub-buffers of
+    buffers past 8 GiB: a resnet50 b128 step on an H100 died at its first steps when its joins reached past that)."""
+    if dev.is_simulator:
+        pytest.skip("no arena on Oclgrind")
+    mib = tensor.ARENA_MIN // 4
+    monkeypatch.setattr(tensor, "ARENA_MAX", 48 * tensor.ARENA_MIN)
+    gc.collect()
+    pool(dev).release_cached()
+    acts = [ops.empty((12 * mib,), dev) for _ in range(8)]  # eight free segments of 12 MiB once freed
+    del acts
+    big = ops.empty((20 * mib,), dev)  # no block fits: joins free segments, at most 48 MiB of them
+    assert max(seg.size for seg in pool(dev).arena.segments.values()) <= 48 * tensor.ARENA_MIN
+    assert big.storage.block[0].size >= 20 * tensor.ARENA_MIN
+
+
 def test_a_repeated_step_gets_the_same_blocks(dev):
     """The same requests and releases in the same order give the same sub-buffer objects (a launch's kept arguments
     name them: kernels._with_args)."""
