@@ -1,6 +1,7 @@
 """The one class that owns device memory, its buffer pool, and every host<->device copy (counted)."""
 import heapq
 import math
+import sys
 import threading
 from collections import OrderedDict
 
@@ -125,8 +126,10 @@ class BufferPool:
                 key = (seg.number, offset, size)
                 sub = self.sub_buffers.get(key)
                 if sub is None:
-                    if len(self.sub_buffers) >= SUB_BUFFERS_KEPT:
-                        self.sub_buffers.popitem(last=False)
+                    if len(self.sub_buffers) >= SUB_BUFFERS_KEPT:  # the oldest go once the queue is done with them
+                        self.device.queue.finish()
+                        for _ in range(SUB_BUFFERS_KEPT // 8):
+                            self.sub_buffers.popitem(last=False)
                     sub = self.sub_buffers[key] = seg.handle.get_sub_region(offset, size)
                 else:
                     self.sub_buffers.move_to_end(key)
@@ -154,17 +157,26 @@ class BufferPool:
         joined, cap = 0, min(ARENA_MAX, self.max_alloc)  # no segment past ARENA_MAX (NVIDIA's sub-buffers past 8 GiB)
         kernels.forget_arguments()  # kept argument sets name these segments' sub-buffers: they go first
         for seg in self.arena.free_segments():
-            if joined + seg.size <= cap:
+            if joined + seg.size <= cap and self._drop_segment(seg):
                 joined += seg.size
-                self._drop_segment(seg)
         return self._segment(max(-(-size // SEGMENT_ROUND) * SEGMENT_ROUND, joined))
 
     def _drop_segment(self, seg):
-        for key in [k for k in self.sub_buffers if k[0] == seg.number]:
+        """Give a free segment's memory back, after the queue has finished (called with the lock held). Its
+        sub-buffers go first, each before the buffer it lies in; a segment whose sub-buffer something else still
+        holds stays. NVIDIA's driver (580) crashed the process where a segment's sub-buffers were released while the
+        queue still ran launches that named them (an H100, at the first steps of resnet50 b128 and mobilenet_v2 b64).
+        True when it went."""
+        keys = [k for k in self.sub_buffers if k[0] == seg.number]
+        if any(sys.getrefcount(self.sub_buffers[k]) > 2 for k in keys):  # the cache's reference and getrefcount's
+            return False
+        self.device.queue.finish()
+        for key in keys:
             del self.sub_buffers[key]
         self.arena.drop(seg)
         self.allocated_bytes -= seg.size
         seg.handle.release()
+        return True
 
     def release_block(self, block):
         """A block of the arena is free again (a storage's __del__). The garbage collector may run this in the middle
