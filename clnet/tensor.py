@@ -27,8 +27,8 @@ def reset_transfer_stats():
         _stats[k] = 0
 
 
-# Requests of ARENA_MIN to ARENA_MAX bytes are blocks of shared segments (arena.py), handed out as sub-buffers: a
-# block freed by the forward's activations serves the backward's gradients of other sizes. Smaller requests keep
+# On CPUs, requests of ARENA_MIN to ARENA_MAX bytes are blocks of shared segments (arena.py), handed out as
+# sub-buffers: a block freed by the forward's activations serves the backward's gradients of other sizes. Smaller requests keep
 # whole buffers per rounded size (their bytes are few; a sub-buffer each would cost its creation for little).
 # ARENA_MAX: NVIDIA's driver (580) mishandles sub-buffers of buffers past 8 GiB (see _Window), so no segment nears it.
 ARENA_MIN = 1 << 20
@@ -41,8 +41,8 @@ SUB_BUFFERS_KEPT = 8192  # sub-buffer objects kept for blocks handed out before 
 
 
 class BufferPool:
-    """Device memory kept for reuse, so a training loop allocates only in its first step: small buffers whole, keyed
-    by rounded size; large ones as blocks of shared segments (`arena`, above).
+    """Device memory kept for reuse, so a training loop allocates only in its first step: buffers whole, keyed by
+    rounded size; on CPUs, large ones as blocks of shared segments instead (`arena`, above).
 
     Each size's free buffers are handed out lowest creation number first, and blocks by a deterministic best fit. A
     training step then gets the same memory for the same tensor every step (its allocations and releases repeat in
@@ -56,8 +56,13 @@ class BufferPool:
         self.allocated_bytes = 0
         self.created = 0
         self.max_alloc = dev.cl_device.max_mem_alloc_size  # the largest single buffer the device allows
-        # Oclgrind checks reads past a buffer's end, not past a sub-buffer's: it keeps whole buffers only
-        self.arena = None if dev.is_simulator else arena.Arena(max(512, region_alignment(dev)), ARENA_MIN)
+        # CPUs only. On an H100 (NVIDIA 580.159.04) the process died in clReleaseMemObject of a free segment's
+        # sub-buffer, after its argument sets were dropped and the queue had finished (bench/results/h100-arena-v33:
+        # faulthandler's traces, resnet50 b128 and mobilenet_v2 b64), so GPUs keep whole buffers until an arena that
+        # never releases a sub-buffer is measured there. Oclgrind checks reads past a buffer's end, not past a
+        # sub-buffer's: it keeps whole buffers too.
+        self.arena = (arena.Arena(max(512, region_alignment(dev)), ARENA_MIN)
+                      if dev.kind == "cpu" and not dev.is_simulator else None)
         self.sub_buffers = OrderedDict()  # (segment number, offset, size) -> its sub-buffer, most recent last
         # Threads share the pool. Reentrant: a storage freed by the garbage collector while this thread holds the
         # lock (an allocation inside take can start a collection) gives its buffer back from inside the lock; a
@@ -162,11 +167,9 @@ class BufferPool:
         return self._segment(max(-(-size // SEGMENT_ROUND) * SEGMENT_ROUND, joined))
 
     def _drop_segment(self, seg):
-        """Give a free segment's memory back, after the queue has finished (called with the lock held). Its
-        sub-buffers go first, each before the buffer it lies in; a segment whose sub-buffer something else still
-        holds stays. NVIDIA's driver (580) crashed the process where a segment's sub-buffers were released while the
-        queue still ran launches that named them (an H100, at the first steps of resnet50 b128 and mobilenet_v2 b64).
-        True when it went."""
+        """Give a free segment's memory back, after the queue has finished with it (called with the lock held): its
+        sub-buffers first, each before the buffer it lies in; a segment whose sub-buffer something else still holds
+        stays. True when it went."""
         keys = [k for k in self.sub_buffers if k[0] == seg.number]
         if any(sys.getrefcount(self.sub_buffers[k]) > 2 for k in keys):  # the cache's reference and getrefcount's
             return False

@@ -115,7 +115,7 @@ def test_arena_tensors_keep_their_values(dev, rng):
             continue
         n = int(rng.integers(tensor.ARENA_MIN // 4, 3 * tensor.ARENA_MIN // 4))
         t = ops.full((n,), dev, float(i))
-        assert t.storage.block is not None or dev.is_simulator
+        assert (t.storage.block is not None) == (pool(dev).arena is not None)
         live[i] = t
     for i, t in live.items():
         got = t.numpy()
@@ -144,8 +144,8 @@ def test_memory_freed_by_one_phase_serves_another(dev):
     """A forward's activations of one size, freed, then a backward's gradients of another: whole buffers per size held
     both sets (176 MiB here); the arena joins the activations' free segments into one that the gradients share, and
     holds the larger phase (96 MiB)."""
-    if dev.is_simulator:
-        pytest.skip("Oclgrind keeps whole buffers (it checks reads past a buffer's end, not a sub-buffer's)")
+    if pool(dev).arena is None:
+        pytest.skip("whole buffers on this device (GPUs, Oclgrind: tensor.BufferPool)")
     gc.collect()
     p = pool(dev)
     p.release_cached()
@@ -168,8 +168,8 @@ def test_memory_freed_by_one_phase_serves_another(dev):
 def test_joined_segments_stay_within_the_largest(dev, monkeypatch):
     """Free segments are joined into one of at most ARENA_MAX bytes (NVIDIA's driver mishandles sub-buffers of
     buffers past 8 GiB: a resnet50 b128 step on an H100 died at its first steps when its joins reached past that)."""
-    if dev.is_simulator:
-        pytest.skip("no arena on Oclgrind")
+    if pool(dev).arena is None:
+        pytest.skip("whole buffers on this device (GPUs, Oclgrind: tensor.BufferPool)")
     mib = tensor.ARENA_MIN // 4
     monkeypatch.setattr(tensor, "ARENA_MAX", 48 * tensor.ARENA_MIN)
     gc.collect()
@@ -184,8 +184,8 @@ def test_joined_segments_stay_within_the_largest(dev, monkeypatch):
 def test_a_repeated_step_gets_the_same_blocks(dev):
     """The same requests and releases in the same order give the same sub-buffer objects (a launch's kept arguments
     name them: kernels._with_args)."""
-    if dev.is_simulator:
-        pytest.skip("no arena on Oclgrind")
+    if pool(dev).arena is None:
+        pytest.skip("whole buffers on this device (GPUs, Oclgrind: tensor.BufferPool)")
     mib = tensor.ARENA_MIN // 4
 
     def step():
@@ -217,14 +217,14 @@ def test_replayed_steps_in_the_arena_match_eager_ones(dev, rng, small_arena):
     data = test_graph.batches(rng, 5, 9)
     replayed, graph = test_graph.run_graphed(dev, seed, "adam", data, lr_at=3)
     test_graph.assert_same(test_graph.run_eager(dev, seed, "adam", data, lr_at=3), replayed)
-    assert any(type(entry[0]) is arena.Segment for _, entry in graph._taken) or dev.is_simulator
+    assert any(type(entry[0]) is arena.Segment for _, entry in graph._taken) or pool(dev).arena is None
 
 
 def test_a_graphs_blocks_stay_out_of_other_hands(dev, rng, small_arena):
     """Between replays, eager work takes every free block it can get and fills it with NaN; the replays must still
     give the eager steps' results, and the graph's blocks come back when it goes."""
-    if dev.is_simulator:
-        pytest.skip("no arena on Oclgrind")
+    if pool(dev).arena is None:
+        pytest.skip("whole buffers on this device (GPUs, Oclgrind: tensor.BufferPool)")
     data, expected, model, opt, loss_fn, x, y = test_graph.fresh(dev, rng, 5)
     g, loss = test_graph.capture_step(model, opt, loss_fn, x, y)
     assert any(type(entry[0]) is arena.Segment and entry[1] for _, entry in g._taken), \
