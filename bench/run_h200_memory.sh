@@ -18,8 +18,8 @@ for round in $(seq ${ROUNDS:-1}); do
       rev=$(cat .rev 2>/dev/null || git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)
       tag=$(basename "$PWD")
       echo "== round $round, ${m%%:*} batch ${m##*:}, side $side ($rev) at ${SECONDS} s"
-      timeout ${LIMIT:-240} python3 -X faulthandler -m clnet.cli bench ${m%%:*} --batch ${m##*:} --device gpu --compare cuda --no-tune \
-        --iterations ${ITERATIONS:-10} --warmup ${WARMUP:-3} \
+      timeout ${LIMIT:-240} python3 -X faulthandler -m clnet.cli bench ${m%%:*} --batch ${m##*:} --device gpu \
+        --compare cuda --no-tune --iterations ${ITERATIONS:-10} --warmup ${WARMUP:-3} \
         --json "$OUT/${m%%:*}-b${m##*:}-$tag-r$round.json" 2>&1 | grep -v Warning | tail -${TAIL:-24}
     done
   done

@@ -28,9 +28,9 @@ def reset_transfer_stats():
 
 
 # On CPUs, requests of ARENA_MIN to ARENA_MAX bytes are blocks of shared segments (arena.py), handed out as
-# sub-buffers: a block freed by the forward's activations serves the backward's gradients of other sizes. Smaller requests keep
-# whole buffers per rounded size (their bytes are few; a sub-buffer each would cost its creation for little).
-# ARENA_MAX: NVIDIA's driver (580) mishandles sub-buffers of buffers past 8 GiB (see _Window), so no segment nears it.
+# sub-buffers: a block freed by the forward's activations serves the backward's gradients of other sizes. Smaller
+# requests keep whole buffers per rounded size (their bytes are few; a sub-buffer each would cost its creation for
+# little). ARENA_MAX: NVIDIA's driver (580) mishandles sub-buffers of buffers past 8 GiB (see _Window).
 ARENA_MIN = 1 << 20
 ARENA_MAX = 1 << 31  # and the largest segment: joining free segments stops there
 # A request under SHARED_SEGMENT / 2 opens a segment of SHARED_SEGMENT bytes for others to share; a larger one a
@@ -120,11 +120,11 @@ class BufferPool:
             try:
                 # While another thread captures, or this one sets up inside its capture, a free block may hold what a
                 # capture's replays write (kernels.held_by_capture): such a request takes a segment of its own.
-                placed = arena_.place(size) if not kernels._captures or _own_capture() else None
-                if placed is None and not kernels._captures and arena_.free_segments():
+                placed = arena_.place(size) if not _captures or _own_capture() else None
+                if placed is None and not _captures and arena_.free_segments():
                     placed = arena_.place(size, self._join_free_segments(size))
                 if placed is None:
-                    grow = size if kernels._captures or size >= SHARED_SEGMENT // 2 else SHARED_SEGMENT
+                    grow = size if _captures or size >= SHARED_SEGMENT // 2 else SHARED_SEGMENT
                     grow = max(size, min(-(-grow // SEGMENT_ROUND) * SEGMENT_ROUND, self.max_alloc))
                     placed = arena_.place(size, self._segment(grow))
                 seg, offset, size = placed
@@ -304,8 +304,8 @@ _context, _captures = kernels.context, kernels._captures
 def _own_capture():
     """Whether a capture in progress is this thread's alone, outside its set-up: its own temporaries may reuse what
     its launches used (every replay repeats their writes in the order of the capture)."""
-    c = kernels.context
-    return not c.paused and all(g is c.capturing for g in kernels._captures)
+    c = _context
+    return not c.paused and all(g is c.capturing for g in _captures)
 
 
 class _Storage:

@@ -232,9 +232,8 @@ def test_a_graphs_blocks_stay_out_of_other_hands(dev, rng, small_arena):
     losses = [float(loss)]
     p = pool(dev)
     for xb, yb in data[1:]:
-        junk = []
-        for size, number, offset in list(p.arena.free):
-            junk.append(ops.full((size // 4,), dev, np.nan))  # the best fit for this size: that very block or one as good
+        # each free block's size asked for: the best fit is that very block, or one as good
+        junk = [ops.full((size // 4,), dev, np.nan) for size, _, _ in list(p.arena.free)]
         x.write(xb)
         y.write(yb)
         g.replay()
