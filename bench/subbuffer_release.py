@@ -15,7 +15,11 @@ CASES = {
     "launched, kernel released first": "sub = parent.get_sub_region(OFF, N); fill(sub); q.finish(); del k[:]; del sub",
     "launched, parent released first": "sub = parent.get_sub_region(OFF, N); fill(sub); q.finish(); parent.release(); "
                                        "del sub",
+    "two overlapping, both launched, released in turn": "a = parent.get_sub_region(OFF, N); "
+                                                        "b = parent.get_sub_region(OFF, 2 * N); fill(a); fill(b); "
+                                                        "q.finish(); del k[:]; del a; del b",
     "clnet: a tensor in the arena freed, the cache released": "ARENA",
+    "clnet: resnet18 b8 steps in the arena, the cache released": "ARENA_STEPS",
 }
 
 PRELUDE = """
@@ -32,15 +36,26 @@ def fill(buf):
 """
 
 ARENA = """
-from clnet import ops, tensor
+from clnet import ops
 import importlib
 t = importlib.import_module("clnet.tensor")
-dev.kind = "cpu"  # the arena's condition, forced
-t._pools.pop(dev, None)
+dev.kind = "cpu"  # the arena's condition, forced (before the device's pool is made)
 p = t.pool(dev)
+assert p.arena is not None
 x = ops.full((N,), dev, 1.0)
 y = (x * 2.0).numpy()
 del x
+p.release_cached()
+"""
+
+ARENA_STEPS = ARENA + """
+from clnet import models
+from clnet.bench.runner import ClnetRunner
+r = ClnetRunner(models.build("resnet18"), dev, np.random.default_rng(0).standard_normal((8, 3, 224, 224)).astype(
+    np.float32), np.arange(8, dtype=np.int32))
+for _ in range(3):
+    r.step()
+dev.synchronize()
 p.release_cached()
 """
 
@@ -49,7 +64,8 @@ def main():
     device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "auto"
     if "--case" in sys.argv:
         body = CASES[sys.argv[sys.argv.index("--case") + 1]]
-        code = PRELUDE.replace("DEVICE", repr(device)) + (ARENA if body == "ARENA" else body + "\n")
+        code = PRELUDE.replace("DEVICE", repr(device)) + {"ARENA": ARENA, "ARENA_STEPS": ARENA_STEPS}.get(body,
+                                                                                                      body + "\n")
         exec(compile(code, "case", "exec"), {})
         print("done")
         return
