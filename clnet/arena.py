@@ -130,6 +130,3 @@ class Arena:
 
     def free_segments(self):
         return [seg for seg in self.segments.values() if seg.is_free()]
-
-    def held_bytes(self):
-        return sum(seg.size for seg in self.segments.values())

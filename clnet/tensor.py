@@ -1,7 +1,6 @@
 """The one class that owns device memory, its buffer pool, and every host<->device copy (counted)."""
 import heapq
 import math
-import sys
 import threading
 from collections import OrderedDict
 
@@ -30,7 +29,7 @@ def reset_transfer_stats():
 # On CPUs, requests of ARENA_MIN to ARENA_MAX bytes are blocks of shared segments (arena.py), handed out as
 # sub-buffers: a block freed by the forward's activations serves the backward's gradients of other sizes. Smaller
 # requests keep whole buffers per rounded size (their bytes are few; a sub-buffer each would cost its creation for
-# little). ARENA_MAX: NVIDIA's driver (580) mishandles sub-buffers of buffers past 8 GiB (see _Window).
+# little). ARENA_MAX also bounds a segment (joins stop there): a buffer of a few GiB for a sub-buffer of megabytes.
 ARENA_MIN = 1 << 20
 ARENA_MAX = 1 << 31  # and the largest segment: joining free segments stops there
 # A request under SHARED_SEGMENT / 2 opens a segment of SHARED_SEGMENT bytes for others to share; a larger one a
@@ -131,10 +130,8 @@ class BufferPool:
                 key = (seg.number, offset, size)
                 sub = self.sub_buffers.get(key)
                 if sub is None:
-                    if len(self.sub_buffers) >= SUB_BUFFERS_KEPT:  # the oldest go once the queue is done with them
-                        self.device.queue.finish()
-                        for _ in range(SUB_BUFFERS_KEPT // 8):
-                            self.sub_buffers.popitem(last=False)
+                    if len(self.sub_buffers) >= SUB_BUFFERS_KEPT:
+                        self.sub_buffers.popitem(last=False)
                     sub = self.sub_buffers[key] = seg.handle.get_sub_region(offset, size)
                 else:
                     self.sub_buffers.move_to_end(key)
@@ -159,27 +156,22 @@ class BufferPool:
         would take a new segment beside them; in a step's first run, where each phase asks for other sizes, that
         left resnet50 holding 1.2x its peak use where joining gave 1.02x (bench/NOTES.md, v33). Later steps ask for
         what the first got, and nothing is joined again."""
-        joined, cap = 0, min(ARENA_MAX, self.max_alloc)  # no segment past ARENA_MAX (NVIDIA's sub-buffers past 8 GiB)
+        joined, cap = 0, min(ARENA_MAX, self.max_alloc)  # no segment past ARENA_MAX
         kernels.forget_arguments()  # kept argument sets name these segments' sub-buffers: they go first
         for seg in self.arena.free_segments():
-            if joined + seg.size <= cap and self._drop_segment(seg):
+            if joined + seg.size <= cap:
                 joined += seg.size
+                self._drop_segment(seg)
         return self._segment(max(-(-size // SEGMENT_ROUND) * SEGMENT_ROUND, joined))
 
     def _drop_segment(self, seg):
-        """Give a free segment's memory back, after the queue has finished with it (called with the lock held): its
-        sub-buffers first, each before the buffer it lies in; a segment whose sub-buffer something else still holds
-        stays. True when it went."""
-        keys = [k for k in self.sub_buffers if k[0] == seg.number]
-        if any(sys.getrefcount(self.sub_buffers[k]) > 2 for k in keys):  # the cache's reference and getrefcount's
-            return False
-        self.device.queue.finish()
-        for key in keys:
+        """Give a free segment's memory back (called with the lock held): its cached sub-buffers first, then the
+        buffer they lie in."""
+        for key in [k for k in self.sub_buffers if k[0] == seg.number]:
             del self.sub_buffers[key]
         self.arena.drop(seg)
         self.allocated_bytes -= seg.size
         seg.handle.release()
-        return True
 
     def release_block(self, block):
         """A block of the arena is free again (a storage's __del__). The garbage collector may run this in the middle

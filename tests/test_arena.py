@@ -166,8 +166,8 @@ def test_memory_freed_by_one_phase_serves_another(dev):
 
 
 def test_joined_segments_stay_within_the_largest(dev, monkeypatch):
-    """Free segments are joined into one of at most ARENA_MAX bytes (NVIDIA's driver mishandles sub-buffers of
-    buffers past 8 GiB: a resnet50 b128 step on an H100 died at its first steps when its joins reached past that)."""
+    """Free segments are joined into one of at most ARENA_MAX bytes: joined without a bound, the trace of resnet50's
+    first step at about b128 made a segment of 6 GiB (bench/NOTES.md v33)."""
     if pool(dev).arena is None:
         pytest.skip("whole buffers on this device (GPUs, Oclgrind: tensor.BufferPool)")
     mib = tensor.ARENA_MIN // 4
