@@ -18,6 +18,11 @@ CASES = {
     "two overlapping, both launched, released in turn": "a = parent.get_sub_region(OFF, N); "
                                                         "b = parent.get_sub_region(OFF, 2 * N); fill(a); fill(b); "
                                                         "q.finish(); del k[:]; del a; del b",
+    "500 made at other offsets, each launched, released in turn": "subs = [parent.get_sub_region(OFF + 4096 * i, N) "
+                                                                   "for i in range(500)]; [fill(s) for s in subs]; "
+                                                                   "q.finish(); del subs[:]",
+    "launched, released before the queue finished": "sub = parent.get_sub_region(OFF, N); fill(sub); del sub; "
+                                                    "q.finish()",
     "clnet: a tensor in the arena freed, the cache released": "ARENA",
     "clnet: resnet18 b8 steps in the arena, the cache released": "ARENA_STEPS",
 }
@@ -64,8 +69,8 @@ def main():
     device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "auto"
     if "--case" in sys.argv:
         body = CASES[sys.argv[sys.argv.index("--case") + 1]]
-        code = PRELUDE.replace("DEVICE", repr(device)) + {"ARENA": ARENA, "ARENA_STEPS": ARENA_STEPS}.get(body,
-                                                                                                      body + "\n")
+        code = PRELUDE.replace("DEVICE", repr(device)) + {
+            "ARENA": ARENA, "ARENA_STEPS": ARENA_STEPS}.get(body, body + "\n")
         exec(compile(code, "case", "exec"), {})
         print("done")
         return
