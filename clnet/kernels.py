@@ -346,6 +346,10 @@ def _arg(a):
     return a
 
 
+tensor_types = set()  # tensor.py's Tensor classes (kernels cannot import them): their buffer keys them
+int_types = {int}  # and its Numel: an int's value keys it
+
+
 def _key_arg(a):
     """What identifies an argument's bits: a tensor's buffer; a float's exact bits (0.0 and -0.0 differ, and 2.0
     must not find a clone made for the integer 2: _with_args keys a float that is not zero as (None, value), which no
@@ -373,17 +377,10 @@ def _with_args(k, args):
     """(clone of k whose arguments are args, the indices of its Live arguments, its handle): set now unless a clone
     already holds them; the Live ones are set at each enqueue, from that launch's arguments. Called with _launch_lock
     held."""
-    key = []  # one entry an argument (_key_arg), the common kinds inline: this runs at every launch
-    for a in args:
-        t = type(a)
-        if t is float:  # as _key_arg's a.hex(), at a tenth of its cost where a is not zero (nor NaN)
-            key.append((None, a) if a and a == a else a.hex())
-        elif t is int or isinstance(a, int):  # sizes (a tensor's Numel too)
-            key.append(a)
-        else:
-            storage = getattr(a, "storage", None)
-            key.append(storage.buffer if storage is not None else _key_arg(a))
-    key = tuple(key)
+    # One entry an argument (_key_arg), the common kinds inline, in one comprehension (no call an argument): this runs
+    # at every launch. A float that is not zero (nor NaN) is (None, value), as _key_arg's a.hex() at a tenth its cost.
+    key = tuple([a.storage.buffer if type(a) in tensor_types else a if type(a) in int_types else
+                 (None, a) if type(a) is float and a and a == a else _key_arg(a) for a in args])
     clones = k.clones
     entry = clones.get(key)
     if entry is not None:

@@ -744,6 +744,10 @@ class Parameter(Tensor):
         return "Parameter containing:\n" + super().__repr__()
 
 
+kernels.tensor_types.update((Tensor, Parameter))  # a launch keys these by their buffer, and a Numel as an int
+kernels.int_types.add(Numel)
+
+
 def region_alignment(dev):
     """Bytes a sub-buffer's start must be a multiple of on dev."""
     return max(dev.cl_device.mem_base_addr_align // 8, 4)

@@ -25,6 +25,14 @@ GEMM_TILED_SMALL = dict(kernel="gemm_tiled", TM=64, TN=64, TK=16, WM=4, WN=4)
 # whichever way A's k runs, the fastest 128x128 shape with A k-fast and within 4% of the fastest with A m-fast
 # (single-buffered, 44.7), with no transposed copy needed (bench/results/h200-v9a, sgemm-variants-h200.json).
 GEMM_TILED_LARGE = dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=8)
+# Products with few rows (a squeeze layer's 16 output channels; a Winograd data gradient over 16 input channels): a
+# 64-row tile computes four times the rows it stores, and squeezenet1_1's 16 x 193600 x 128 forward ran at 330 GB/s
+# on an H100, a tenth of the memory's speed (bench/NOTES.md, v35).
+GEMM_TILED_THIN = dict(kernel="gemm_tiled", TM=16, TN=128, TK=16, WM=4, WN=4)
+GEMM_TILED_32 = dict(kernel="gemm_tiled", TM=32, TN=64, TK=16, WM=4, WN=4)
+# GPUs: products of at most so many rows, their default tile. The H200's shipped table (tuned over the zoo's networks)
+# never chose a 128-row tile for a product of 64 rows or fewer, and chose 32x64 for most of those of 32 or fewer.
+THIN_DEFAULTS = ((16, GEMM_TILED_THIN), (32, GEMM_TILED_32), (64, GEMM_TILED_SMALL))
 # CPU-shaped: register blocks, wide vector loads, no local memory; B copied per 256-deep slice into a private sliver,
 # one work-item per work-group (SGEMM 1024^3 on 2 cores: 0.78-0.79x NumPy, bench/results/pocl-v5 and pocl-v7).
 GEMM_BLOCK = dict(kernel="gemm_block", RM=48, KC=256, WG=1)
@@ -41,8 +49,9 @@ GEMM_CANDIDATES = dict(
          dict(GEMM_TILED_LARGE, TK=32, LBUF=1),
          dict(kernel="gemm_tiled", TM=128, TN=64, TK=16, WM=8, WN=4),
          dict(kernel="gemm_tiled", TM=64, TN=128, TK=16, WM=4, WN=8),
-         dict(kernel="gemm_tiled", TM=32, TN=64, TK=16, WM=4, WN=4),
-         dict(GEMM_TILED_SMALL, TK=32)],
+         GEMM_TILED_32,
+         dict(GEMM_TILED_SMALL, TK=32),
+         GEMM_TILED_THIN],
     cpu=[GEMM_BLOCK, dict(kernel="gemm_block", RM=12), dict(kernel="gemm_block", RM=96, KC=128, WG=1),
          dict(kernel="gemm_block", RM=12, KC=256, WG=1)],
 )
@@ -193,6 +202,9 @@ def gemm_config(dev, M, N, K, batch=1):
     """Default kernel and tile shape for an M x N x K product (times batch) on dev."""
     if not dev.is_gpu:
         return GEMM_BLOCK
+    for rows, cfg in THIN_DEFAULTS:
+        if M <= rows and fits(dev, cfg):
+            return cfg
     large = GEMM_TILED_LARGE
     tiles = -(-M // large["TM"]) * -(-N // large["TN"]) * batch
     if tiles >= 2 * dev.compute_units and fits(dev, large):
