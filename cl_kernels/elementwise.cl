@@ -11,6 +11,8 @@
 //   accumulate  dst += src (a leaf's gradient)
 //   copy2d    dst[dst_off + r*dst_ld + c] = src[src_off + r*src_ld + c] for r < rows, c < cols: the concatenation and
 //             its backward, as one block copy per input (rows: the dimensions before the joined one)
+//   copy2d_add  the same, dst = acc + the copy, acc laid out as dst: a slice of a concatenation's gradient added to
+//             what its input had received from its other uses (autograd's sum, in the order and bits of axpby's add)
 //   reduce_sum  out[0] = scale * sum of x: one work-group of LSIZE, pairwise tree over per-item partial sums; with
 //             ACCUMULATE, out[0] += that (a tensor past clnet's index limit is summed a chunk per launch)
 //   dropout_fwd  mask = (hash(seed, i) >= p) / (1 - p); y = x * mask
@@ -123,6 +125,16 @@ __kernel void copy2d(__global const float* restrict src, const int src_off, cons
                      const int cols) {
     const int c = get_global_id(0), r = get_global_id(1);
     if (c < cols && r < rows) dst[dst_off + r * dst_ld + c] = src[src_off + r * src_ld + c];
+}
+
+__kernel void copy2d_add(__global const float* restrict src, const int src_off, const int src_ld,
+                         __global float* restrict dst, const int dst_off, const int dst_ld, const int rows,
+                         const int cols, __global const float* restrict acc) {
+    const int c = get_global_id(0), r = get_global_id(1);
+    if (c < cols && r < rows) {
+        const int d = dst_off + r * dst_ld + c;
+        dst[d] = acc[d] + src[src_off + r * src_ld + c];
+    }
 }
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))

@@ -85,6 +85,9 @@ class Function:
     keeps tensors for backward only when the op is recorded."""
 
     unit_grad = False  # backward accepts grad_output None, meaning ones (the implicit gradient of a scalar loss)
+    # backward(grad_output, pending) takes, per input, the gradient its producer has received so far from its other
+    # uses (or None), and returns that sum plus its own gradient where given (ops.Cat)
+    adds_into_pending = False
 
     __slots__ = ("needs", "inputs", "saved", "tag", "out_shape", "out_device", "hooks")
 
@@ -456,15 +459,23 @@ def backward(root, grad=None, retain_graph=False):
             g = full(fn.out_shape, fn.out_device, 1.0)
         if profiling:
             _context.profiler.tag = (fn.tag, "backward")
-        grads = fn.backward(g)
+        if fn.adds_into_pending:
+            into = _pending_of_inputs(fn.inputs, pending)
+            grads = fn.backward(g, into)
+        else:
+            into = None
+            grads = fn.backward(g)
         if type(grads) is not tuple:
             grads = (grads,)
-        for edge, gi in zip(fn.inputs, grads):
+        for i, (edge, gi) in enumerate(zip(fn.inputs, grads)):
             if edge is None or gi is None:
                 continue
             if isinstance(edge, Function):
                 previous = pending.get(edge)
-                pending[edge] = gi if previous is None else add(previous, gi)
+                if previous is None or (into is not None and into[i] is previous):  # the op added it in
+                    pending[edge] = gi
+                else:
+                    pending[edge] = add(previous, gi)
             elif uses and id(edge) in uses and edge.__dict__.get("_grad_hooks"):
                 entry = uses[id(edge)]  # its hooks see the sum over every use, once (as PyTorch's)
                 entry[2] = gi if entry[2] is None else add(entry[2], gi)
@@ -474,6 +485,19 @@ def backward(root, grad=None, retain_graph=False):
             _used(fn, uses)
         if not retain_graph:
             fn.inputs = fn.saved = None
+
+
+def _pending_of_inputs(inputs, pending):
+    """For an op that adds into its inputs' pending gradients: the sum so far of each computed input, at its first
+    place among the op's inputs only (a later place of the same input adds to what the first returned)."""
+    into, seen = [], set()
+    for edge in inputs:
+        if isinstance(edge, Function) and edge not in seen:
+            seen.add(edge)
+            into.append(pending.get(edge))
+        else:
+            into.append(None)
+    return into
 
 
 def _grad(t):

@@ -177,14 +177,20 @@ class Cat(Function):
             offset += n * inner
         return out
 
-    def backward(self, dy):
+    adds_into_pending = True  # autograd passes each input's gradient so far: its slice is added in the same launch
+
+    def backward(self, dy, pending=None):
+        """Each input's slice of dy, or, where `pending` holds what that input's gradient summed to so far from its
+        other uses, that sum plus the slice (one launch, not a copy and then autograd's add: densenet joins each
+        feature map into every later layer's input)."""
         dim, shape = self.dim, dy.shape
         outer, inner = int(np.prod(shape[:dim], dtype=np.int64)), int(np.prod(shape[dim + 1:], dtype=np.int64))
         grads, offset, ld = [], 0, shape[dim] * inner
-        for need, n in zip(self.needs, self.sizes):
+        for i, (need, n) in enumerate(zip(self.needs, self.sizes)):
             if need:
                 g = empty(shape[:dim] + (n,) + shape[dim + 1:], dy.device)
-                _copy2d(dy, offset, ld, g, 0, n * inner, outer, n * inner, what="cat backward")
+                _copy2d(dy, offset, ld, g, 0, n * inner, outer, n * inner, what="cat backward",
+                        acc=pending[i] if pending is not None else None)
                 grads.append(g)
             else:
                 grads.append(None)
@@ -192,17 +198,18 @@ class Cat(Function):
         return tuple(grads)
 
 
-def _copy2d(src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what):
-    """dst[dst_off + r*dst_ld + c] = src[src_off + r*src_ld + c] for r < rows, c < cols. Past kernels.INDEX_LIMIT,
-    in blocks of rows (or, for rows longer than a run, pieces of one row), each over the regions from the block's
-    first element to past its last."""
+def _copy2d(src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what, acc=None):
+    """dst[dst_off + r*dst_ld + c] = src[src_off + r*src_ld + c] for r < rows, c < cols; with acc (a tensor laid out as
+    dst), acc's element plus that. Past kernels.INDEX_LIMIT, in blocks of rows (or, for rows longer than a run, pieces
+    of one row), each over the regions from the block's first element to past its last."""
     if not rows or not cols:  # an empty input of cat: nothing to copy (a launch of no work-items is an error)
         return
     dev = dst.device
-    k = _elementwise(dev, "copy2d")
+    k = _elementwise(dev, "copy2d" if acc is None else "copy2d_add")
+    tail = () if acc is None else (acc,)
     if max(src.size, dst.size) <= kernels.INDEX_LIMIT:
         kernels.launch(dev, k, (cols, rows), kernels.ANY_GROUP, src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols,
-                       what=what)
+                       *tail, what=what)
         return
     span, ld = run_limit(), max(src_ld, dst_ld, 1)  # elements a block's region may cover
     step_r, step_c = (span // ld, cols) if ld <= span else (1, span)  # whole rows (cols <= ld), or pieces of one
@@ -210,9 +217,10 @@ def _copy2d(src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what):
         nr = min(step_r, rows - r0)
         for c0 in range(0, cols, step_c):
             nc = min(step_c, cols - c0)
-            s, d = (t.region(off + r0 * tld + c0, ((nr - 1) * tld + nc,))
-                    for t, off, tld in ((src, src_off, src_ld), (dst, dst_off, dst_ld)))
-            kernels.launch(dev, k, (nc, nr), kernels.ANY_GROUP, s, 0, src_ld, d, 0, dst_ld, nr, nc, what=what)
+            s, d, *a = (t.region(off + r0 * tld + c0, ((nr - 1) * tld + nc,))
+                        for t, off, tld in ((src, src_off, src_ld), (dst, dst_off, dst_ld)) + (
+                            () if acc is None else ((acc, dst_off, dst_ld),)))
+            kernels.launch(dev, k, (nc, nr), kernels.ANY_GROUP, s, 0, src_ld, d, 0, dst_ld, nr, nc, *a, what=what)
 
 
 def cat(tensors, dim=0):

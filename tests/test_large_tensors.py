@@ -245,6 +245,22 @@ def test_cat(dev, rng, limit, dim):
         assert np.array_equal(t.grad.numpy(), r.astype(np.float32))
 
 
+@pytest.mark.parametrize("dim", [0, 1])
+def test_cat_backward_into_a_pending_gradient(dev, rng, limit, dim):
+    """A computed input joined twice: the second join's slice is added into the first's (copy2d_add) in the same
+    blocks and pieces as a plain copy, its sum in the pending gradient's windows. Every step is exact in float32 (a
+    slice added to itself, times 2), so the gradient is 4 times the slice, bit for bit."""
+    shapes = [(7, 3, 131), (7, 5, 131)] if dim == 1 else [(23, 131), (31, 131)]
+    a, b = (leaf(dev, rng.standard_normal(s)) for s in shapes)
+    h = a * 2.0
+    y = ops.cat([h, b], dim) + ops.cat([h, b], dim)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    y.backward(clnet.tensor(dy, dev))
+    first = dy[:, :shapes[0][1]] if dim == 1 else dy[:shapes[0][0]]
+    assert np.array_equal(a.grad.numpy(), 4 * first)
+    assert np.array_equal(b.grad.numpy(), 2 * (dy[:, shapes[0][1]:] if dim == 1 else dy[shapes[0][0]:]))
+
+
 def test_conv2d(dev, rng, limit):
     """(45, 3, 11, 9) -> (45, 4, 11, 9): runs of 40 images (15840 output values under 16000), then 5."""
     limit(16000)

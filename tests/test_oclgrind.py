@@ -307,6 +307,10 @@ def _cat(clnet, dev, rng):
         y = clnet.cat(parts, dim=dim)
         _close(y.numpy(), np.concatenate([p.numpy() for p in parts], axis=dim), "cat")
         _backward(clnet, y, rng)
+    # a computed input joined twice: the second join's slice added into the first's (copy2d_add)
+    h = _param(clnet, dev, rng, 2, 3, 5) * 2.0
+    other = _param(clnet, dev, rng, 2, 1, 5)
+    _backward(clnet, clnet.cat([h, other], dim=1) + clnet.cat([other, h], dim=1), rng)
 
 
 def _pointwise(clnet, dev, rng):

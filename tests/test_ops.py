@@ -210,7 +210,7 @@ def test_cat(dev, rng, shapes, dim):
              tol=1e-7, name="cat")
 
 
-# More inputs than one launch takes (ops.CAT_SLOTS): densenet's growing concatenations, an empty input among them
+# Many inputs (densenet's growing concatenations), an empty input among them
 MANY_CAT_CASES = [
     ([(2, c, 3) for c in (1, 4, 2, 7, 1, 3, 5, 2, 1, 6, 3)], 1),
     ([(2, 3, 1, 5)] + [(2, 3, 1, 0)] + [(2, 3, 1, w) for w in range(1, 18)], 3),
@@ -227,6 +227,58 @@ def test_cat_of_many_inputs(dev, rng, shapes, dim, skip):
     needs = [i not in skip for i in range(len(xs))]
     check_op(dev, rng, lambda *ts: clnet.cat(ts, dim), xs, lambda *a: ref.cat(a[:-1], dim, a[-1]),
              lambda *ts: torch.cat(ts, dim), needs=needs, tol=1e-7, name="cat")
+
+
+def _dense_block(lib, cat, leaf, ws, dup):
+    """densenet's pattern: each layer joins every feature map before it (the first a computed one, whose gradient
+    is pending in autograd while later joins add theirs), with `dup`, a join that takes one map twice."""
+    feats = [leaf * 1.5]
+    for w in ws:
+        x = cat(feats + feats[:1] if dup else feats, 1)
+        feats.append((x * w).sum(1, keepdim=True) - 0.25 * x[:, :1])
+    return cat(feats, 1)
+
+
+def _launch_names(fn):
+    from clnet import kernels
+    prof = kernels.Profiler()
+    kernels.context.profiler = prof
+    try:
+        fn()
+    finally:
+        kernels.context.profiler = None
+    return [name for _, name, _ in prof.records]
+
+
+@pytest.mark.parametrize("dup", [False, True], ids=["distinct", "an input twice"])
+def test_cat_backward_adds_each_slice_into_the_gradient_so_far(dev, rng, monkeypatch, dup):
+    """A feature map joined into several concatenations gets its gradient summed over them: each join's slice is
+    added into the sum so far in its own copy (copy2d_add), with no separate add, bit for bit what a copy and then
+    autograd's add give, and against PyTorch in float64."""
+    layers = 5
+    a = rng.standard_normal((3, 2, 7)).astype(np.float32)
+    ws = [rng.standard_normal((1, 2 + i + (2 if dup else 0), 7)).astype(np.float32) for i in range(layers)]
+    r = rng.standard_normal((3, 2 + layers, 7)).astype(np.float32)
+
+    def run():
+        leaf = clnet.tensor(a, dev, requires_grad=True)
+        y = _dense_block(clnet, clnet.cat, leaf, [clnet.tensor(w, dev) for w in ws], dup)
+        (y * clnet.tensor(r, dev)).sum().backward()
+        return leaf.grad.numpy()
+
+    names = _launch_names(lambda: run())
+    fused = run()
+    assert names.count("copy2d_add") >= layers - 1
+    monkeypatch.setattr(clnet.ops.Cat, "adds_into_pending", False)
+    separate_names = _launch_names(lambda: run())
+    assert "copy2d_add" not in separate_names
+    assert len(names) < len(separate_names)
+    assert np.array_equal(run(), fused), "a slice added in its copy differs from a copy and an add"
+    if HAVE_TORCH:
+        leaf = torch.tensor(a.astype(np.float64), requires_grad=True)
+        y = _dense_block(torch, torch.cat, leaf, [torch64(w, grad=False) for w in ws], dup)
+        (y * torch64(r, grad=False)).sum().backward()
+        assert_close(fused, leaf.grad.numpy(), "d leaf", tol=1e-6)
 
 
 def test_cat_of_one_tensor_is_that_tensor(dev, rng):
