@@ -223,29 +223,6 @@ def _copy2d(src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what, acc=No
             kernels.launch(dev, k, (nc, nr), kernels.ANY_GROUP, s, 0, src_ld, d, 0, dst_ld, nr, nc, *a, what=what)
 
 
-def cat(tensors, dim=0):
-    """Join tensors along `dim`; every other dimension must agree (as torch.cat)."""
-    tensors = list(tensors)
-    if not tensors:
-        raise ValueError("cat: expected a non-empty sequence of tensors")
-    for t in tensors:
-        _float("cat", t)
-    ref = tensors[0].shape
-    if not ref:
-        raise ValueError("cat: zero-dimensional tensors cannot be joined; reshape them to (1,) first")
-    if not -len(ref) <= dim < len(ref):
-        raise ValueError(f"cat: dim {dim} is out of range for tensors of {len(ref)} dimensions")
-    dim %= len(ref)
-    for i, t in enumerate(tensors):
-        if len(t.shape) != len(ref) or t.shape[:dim] != ref[:dim] or t.shape[dim + 1:] != ref[dim + 1:]:
-            raise ValueError(f"cat: tensor {i} has shape {t.shape}, tensor 0 has {ref}; all sizes but dimension "
-                             f"{dim} must match")
-    _same_device("cat", *tensors)
-    if len(tensors) == 1:
-        return tensors[0]
-    return Cat.apply(*tensors, dim=dim)
-
-
 # ---- activations, dropout, softmax, loss ---------------------------------------------------------------------------
 
 class Activation(Function):

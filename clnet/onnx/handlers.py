@@ -793,7 +793,7 @@ def _d_concat(m, n, a):
     if len(xs) == 1:
         return xs
     axis = int(n.attrs["axis"]) % xs[0].ndim
-    return [ops.cat(xs, dim=axis) if xs[0].dtype == np.float32 else views.cat(xs, dim=axis)]
+    return [views.cat(xs, dim=axis)]
 
 
 def _d_transpose(m, n, a):
