@@ -9,7 +9,8 @@ the output written once) over --bandwidth: the time a memory-bound pass cannot b
 
 Networks (--networks): torchvision's model exported to ONNX in training mode, imported with clnet.onnx.load; one SGD
 step with momentum timed eager and replayed as a clnet.Graph, against PyTorch eager and PyTorch's whole step as a
-CUDA graph, in the same process (with --before also clnet with depthwise layers forced back to im2col).
+CUDA graph, in the same process (with --before also clnet with depthwise layers forced back to im2col; with --tune,
+clnet's kernels chosen by timing first, as cudnn.benchmark chooses PyTorch's).
 
     python bench/depthwise.py --device gpu --torch cuda --batch 64 --networks mobilenet_v2 --json h200.json
     python bench/depthwise.py --device 1 --torch cpu --batch 16                   # PoCL against PyTorch CPU
@@ -229,6 +230,10 @@ def network(args, dev, torch, tdev, name, folder, cb, connx):
     rec = dict(batch=args.batch)
     for tag, algorithm in [("clnet", None)] + ([("clnet_im2col", "im2col")] if args.before else []):
         model = connx.load(path, device=dev).train()
+        if args.tune and algorithm is None:  # as PyTorch's cudnn.benchmark: the shapes' kernels chosen by timing
+            report = clnet.autotune(model, shape, dev, budget_s=args.tune)
+            print(f"{name} b{args.batch} clnet.autotune: {len(report['tuned'])} shapes tuned, {report['cached']} "
+                  f"cached, {len(report['left'])} left at defaults, {report['seconds']:.1f} s", flush=True)
         runner = cb.ClnetRunner(model, dev, x, labels)
         with forced(algorithm):
             for _ in range(args.warmup):
@@ -309,6 +314,8 @@ def main():
     ap.add_argument("--mobilenet-only", action="store_true", help="skip the 5x5 and 7x7 shapes")
     ap.add_argument("--no-layers", action="store_true")
     ap.add_argument("--networks", default="", help="comma-separated torchvision models for whole training steps")
+    ap.add_argument("--tune", type=float, default=0, help="seconds of clnet.autotune for each network before its "
+                    "steps are timed (PyTorch runs with cudnn.benchmark); 0: clnet's default kernel choices")
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", default=None)
