@@ -9,7 +9,8 @@
 //             and the GPU shape's for planes under 8 values, where the kernel above would read scattered words
 //             (consecutive work-items here read consecutive channels)
 //   batchnorm_stats_finish  merges each channel's runs in order, writes mean and invstd = 1/sqrt(M2/n + eps) and
-//             updates running_mean and running_var (with the unbiased variance) when they are not NULL
+//             updates running_mean and running_var (with the variance M2 / var_count: n - 1, PyTorch's unbiased one,
+//             or n, ONNX's) when they are not NULL
 //   batchnorm_invstd  invstd = 1/sqrt(var + eps) (evaluation mode, from the running variance)
 //   batchnorm_apply  y = (x - mean) * invstd * weight + bias; NULL mean, weight or bias mean 0, 1 and 0 (so dy *
 //             weight * invstd is this kernel too). With eps >= 0 the `invstd` argument holds the variance and each
@@ -184,7 +185,8 @@ __kernel void batchnorm_stats_planes(__global const float* restrict x, __global 
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
 void batchnorm_stats_finish(__global const float* restrict partial, const int runs, const int C, const float count,
-                            const float eps, const float momentum, __global float* restrict mean,
+                            const float eps, const float momentum, const float var_count,
+                            __global float* restrict mean,
                             __global float* restrict invstd, __global float* restrict running_mean,
                             __global float* restrict running_var) {
     const int c = get_group_id(0), lid = get_local_id(0);
@@ -202,8 +204,8 @@ void batchnorm_stats_finish(__global const float* restrict partial, const int ru
     mean[c] = m;
     invstd[c] = 1.0f / sqrt(var + eps);
     if (running_mean) running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * m;
-    if (running_var)  // the unbiased variance, M2 / (n - 1)
-        running_var[c] = (1.0f - momentum) * running_var[c] + momentum * (part[0].z / (count - 1.0f));
+    if (running_var)
+        running_var[c] = (1.0f - momentum) * running_var[c] + momentum * (part[0].z / var_count);
 }
 
 __kernel void batchnorm_invstd(__global const float* restrict var, const float eps, __global float* restrict invstd,

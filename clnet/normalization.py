@@ -153,7 +153,7 @@ def _elementwise(dev, name, N, C, P, *args, what, images):
                        what=what)
 
 
-def batch_norm_stats(x, eps=1e-5, running_mean=None, running_var=None, momentum=0.1):
+def batch_norm_stats(x, eps=1e-5, running_mean=None, running_var=None, momentum=0.1, unbiased=True):
     """Per-channel batch statistics of x over N and the pixels.
 
     Parameters
@@ -165,6 +165,8 @@ def batch_norm_stats(x, eps=1e-5, running_mean=None, running_var=None, momentum=
         Updated in place when given: ``r = (1 - momentum) * r + momentum * batch value``, with the unbiased variance
         (times n / (n - 1)) for running_var, as PyTorch's BatchNorm in training.
     momentum : float
+    unbiased : bool
+        False: running_var takes the batch's population variance instead, as ONNX's BatchNormalization in training.
 
     Returns
     -------
@@ -184,12 +186,13 @@ def batch_norm_stats(x, eps=1e-5, running_mean=None, running_var=None, momentum=
                                 what=f"{what} {tuple(x.shape)}")
     mean, invstd = empty((C,), dev), empty((C,), dev)
     kernels.launch(dev, _bn_kernel(dev, "batchnorm_stats_finish", lsize), (C * lsize,), (lsize,), part, runs, C,
-                   float(count), float(eps), momentum if type(momentum) is kernels.Live else float(momentum), mean, invstd, running_mean, running_var,
+                   float(count), float(eps), momentum if type(momentum) is kernels.Live else float(momentum),
+                   float(count - 1 if unbiased else count), mean, invstd, running_mean, running_var,
                    what=f"{what} (merging {runs} runs)")
     return mean, invstd
 
 
-def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentum, eps):
+def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentum, eps, unbiased=True):
     """Batch normalisation in training: y = (x - mean) * invstd * weight + bias with the batch's statistics.
 
     Parameters
@@ -198,8 +201,9 @@ def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentu
     weight, bias : Tensor (C,) or None
         None means 1 and 0.
     running_mean, running_var : Tensor (C,) or None
-        Updated in place as batch_norm_stats says (PyTorch's BatchNorm2d semantics).
+        Updated in place as batch_norm_stats says (PyTorch's BatchNorm2d semantics; ONNX's with unbiased False).
     momentum, eps : float
+    unbiased : bool
 
     Returns
     -------
@@ -210,7 +214,7 @@ def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentu
     N, C, P = _geometry(x, "batch norm")
     _check_channel(weight, C, "weight", "batch norm")
     _check_channel(bias, C, "bias", "batch norm")
-    mean, invstd = batch_norm_stats(x, eps, running_mean, running_var, momentum)
+    mean, invstd = batch_norm_stats(x, eps, running_mean, running_var, momentum, unbiased)
     y = empty(x.shape, x.device)
     _elementwise(x.device, "batchnorm_apply", N, C, P, x, mean, invstd, weight, bias, y, -1.0,
                  what=f"batch norm {tuple(x.shape)}", images=(x, y))

@@ -609,11 +609,13 @@ class Linear(Function):
 # ---- normalisation -------------------------------------------------------------------------------------------------
 
 class BatchNormTrain(Function):
-    """Batch normalisation with the batch's statistics (training); updates the running statistics it is given."""
+    """Batch normalisation with the batch's statistics (training); updates the running statistics it is given (the
+    variance unbiased, as PyTorch's, or with unbiased False the population's, as ONNX's)."""
     __slots__ = ()
 
-    def forward(self, x, weight, bias, running_mean, running_var, momentum, eps):
-        y, mean, invstd = normalization.batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentum, eps)
+    def forward(self, x, weight, bias, running_mean, running_var, momentum, eps, unbiased=True):
+        y, mean, invstd = normalization.batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentum,
+                                                                 eps, unbiased)
         self.save(x, weight, mean, invstd)
         return y
 

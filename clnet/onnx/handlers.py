@@ -156,10 +156,9 @@ def _copy(t):
 def _d_batchnorm(m, n, a):
     """ONNX's BatchNormalization. In train() the batch's statistics normalise and the running ones are updated as
     ONNX specifies (BatchNormalization-14/15, training_mode): running_var = momentum * running_var + (1 - momentum) *
-    the batch's population variance. clnet's batch norm (PyTorch's) adds the unbiased variance (times n / (n - 1)), so
-    the update is corrected here: with r0 the value before and r the unbiased update over n values per channel,
-    ONNX's is ((n - 1) r + momentum r0) / n. Statistics that are module buffers (the file's initializers) are updated
-    in place, as training does; others (graph inputs, constants) are copied first, as ONNX returns new ones."""
+    the batch's population variance (PyTorch's batch norm adds the unbiased one; the statistics kernel takes which).
+    Statistics that are module buffers (the file's initializers) are updated in place, as training does; others
+    (graph inputs, constants) are copied first, as ONNX returns new ones."""
     x, scale, bias, mean, var = a[:5]
     scale, bias = _tensor_arg(m, n, scale, 1), _tensor_arg(m, n, bias, 2)
     mean, var = _tensor_arg(m, n, mean, 3), _tensor_arg(m, n, var, 4)
@@ -174,15 +173,8 @@ def _d_batchnorm(m, n, a):
         mean = _copy(mean)
     if n.inputs[4] not in m._buffers:
         var = _copy(var)
-    before = _copy(var)
-    y = F.batch_norm(x, mean, var, scale, bias, training=True, momentum=1.0 - keep, eps=eps)
-    count = x.size // x.shape[1]
-    with autograd.no_grad():
-        var.copy_from(ops.Axpby.apply(var, before, alpha=(count - 1) / count, beta=keep / count))
+    y = ops.BatchNormTrain.apply(x, scale, bias, mean, var, momentum=1.0 - keep, eps=eps, unbiased=False)
     return [y.reshape(shape), mean, var]
-
-
-
 
 
 def _d_global_pool(kind):
