@@ -15,7 +15,9 @@
 //   batchnorm_apply  y = (x - mean) * invstd * weight + bias; NULL mean, weight or bias mean 0, 1 and 0 (so dy *
 //             weight * invstd is this kernel too). With eps >= 0 the `invstd` argument holds the variance and each
 //             channel's 1/sqrt(var + eps) is taken here (evaluation: one launch, no invstd pass); eps < 0: invstd.
-//             GPU-shaped: UNROLL elements per work-item, a UNROLL-th of the tensor apart, all loaded first
+//             act 1 or 4 (act_of's kinds): the ReLU or ReLU6 of that (a batch norm and the activation after it in one
+//             pass); 0: none. GPU-shaped: UNROLL elements per work-item, a UNROLL-th of the tensor apart, all loaded
+//             first
 //   batchnorm_apply_planes  the same, CPU-shaped: work-item (n, g) takes the planes of channels g*cb .. g*cb + cb - 1
 //             of image n (cb*P about SPAN values or more), eight lanes at a time
 //   batchnorm_grad_sums  GPU-shaped first pass of backward: work-group (c, r) sums dy and dy * (x - mean) over its
@@ -36,6 +38,7 @@
 // 1 on the CPU-shaped path), BLOCK (the longest running sum; plane-path blocks are SPAN = 8*BLOCK values), UNROLL
 // (loads a GPU-shaped work-item issues together; a divisor of BLOCK).
 #include "common.h"
+#include "elementwise_formulas.h"
 
 #ifndef LSIZE
 #define LSIZE 256   // work-group size of the reductions and the finish kernels
@@ -225,10 +228,16 @@ __kernel void batchnorm_invstd(__global const float* restrict var, const float e
     const int G = (total + UNROLL - 1) / UNROLL, e0 = get_global_id(0); \
     if (e0 >= G) return
 
+// ReLU (act 1) and ReLU6 (4) of eight values, as act_of's (NaN stays NaN)
+inline float8 act8(const int act, const float8 v) {
+    const float8 low = select(v, (float8)(0.0f), v < (float8)(0.0f));
+    return act == 4 ? select(low, (float8)(6.0f), v > (float8)(6.0f)) : low;
+}
+
 __kernel void batchnorm_apply(__global const float* restrict x, __global const float* restrict mean,
                               __global const float* restrict invstd, __global const float* restrict weight,
                               __global const float* restrict bias, __global float* restrict y, const float eps,
-                              const int C, const int P, const int total) {
+                              const int act, const int C, const int P, const int total) {
     SPREAD_START();
     float v[UNROLL];
 #pragma unroll
@@ -242,7 +251,8 @@ __kernel void batchnorm_apply(__global const float* restrict x, __global const f
         if (e < total) {
             const int c = (e / P) % C;
             CHANNEL_AFFINE(c);
-            y[e] = (v[u] - m) * s + b;
+            const float out = (v[u] - m) * s + b;
+            y[e] = act ? act_of(act, out) : out;
         }
     }
 }
@@ -256,16 +266,21 @@ __kernel void batchnorm_apply(__global const float* restrict x, __global const f
 __kernel void batchnorm_apply_planes(__global const float* restrict x, __global const float* restrict mean,
                                      __global const float* restrict invstd, __global const float* restrict weight,
                                      __global const float* restrict bias, __global float* restrict y, const float eps,
-                                     const int C, const int P, const int N, const int cb) {
+                                     const int act, const int C, const int P, const int N, const int cb) {
     CHANNEL_GROUP();
     const int P8 = P & ~7;
     for (int c = c0; c < c1; c++) {
         CHANNEL_AFFINE(c);
         __global const float* in = x + (n * C + c) * P;
         __global float* out = y + (n * C + c) * P;
-        for (int p = 0; p < P8; p += 8)
-            *(__global float8_unaligned*)(out + p) = (*(__global const float8_unaligned*)(in + p) - m) * s + b;
-        for (int p = P8; p < P; p++) out[p] = (in[p] - m) * s + b;
+        for (int p = 0; p < P8; p += 8) {
+            const float8 v = (*(__global const float8_unaligned*)(in + p) - m) * s + b;
+            *(__global float8_unaligned*)(out + p) = act ? act8(act, v) : v;
+        }
+        for (int p = P8; p < P; p++) {
+            const float v = (in[p] - m) * s + b;
+            out[p] = act ? act_of(act, v) : v;
+        }
     }
 }
 

@@ -192,7 +192,7 @@ def batch_norm_stats(x, eps=1e-5, running_mean=None, running_var=None, momentum=
     return mean, invstd
 
 
-def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentum, eps, unbiased=True):
+def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentum, eps, unbiased=True, act=0):
     """Batch normalisation in training: y = (x - mean) * invstd * weight + bias with the batch's statistics.
 
     Parameters
@@ -204,6 +204,8 @@ def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentu
         Updated in place as batch_norm_stats says (PyTorch's BatchNorm2d semantics; ONNX's with unbiased False).
     momentum, eps : float
     unbiased : bool
+    act : int
+        0, or the activation applied to y in the same pass (elementwise.ACTIVATIONS: 1 ReLU, 4 ReLU6)
 
     Returns
     -------
@@ -216,7 +218,7 @@ def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentu
     _check_channel(bias, C, "bias", "batch norm")
     mean, invstd = batch_norm_stats(x, eps, running_mean, running_var, momentum, unbiased)
     y = empty(x.shape, x.device)
-    _elementwise(x.device, "batchnorm_apply", N, C, P, x, mean, invstd, weight, bias, y, -1.0,
+    _elementwise(x.device, "batchnorm_apply", N, C, P, x, mean, invstd, weight, bias, y, -1.0, act,
                  what=f"batch norm {tuple(x.shape)}", images=(x, y))
     return y, mean, invstd
 
@@ -235,7 +237,7 @@ def batch_norm_eval_forward(x, weight, bias, running_mean, running_var, eps):
     for t, name in ((weight, "weight"), (bias, "bias"), (running_mean, "running_mean"), (running_var, "running_var")):
         _check_channel(t, C, name, "batch norm")
     y = empty(x.shape, x.device)  # 1/sqrt(running_var + eps) taken inside the pass
-    _elementwise(x.device, "batchnorm_apply", N, C, P, x, running_mean, running_var, weight, bias, y, float(eps),
+    _elementwise(x.device, "batchnorm_apply", N, C, P, x, running_mean, running_var, weight, bias, y, float(eps), 0,
                  what=f"batch norm (evaluation) {tuple(x.shape)}", images=(x, y))
     return y
 
@@ -308,7 +310,7 @@ def batch_norm_eval_backward(dy, x, weight, running_mean, running_var, eps, need
     if not need_dx:
         return None
     dx = empty(x.shape, x.device)
-    _elementwise(x.device, "batchnorm_apply", N, C, P, dy, None, invstd, weight, None, dx, eps_arg,
+    _elementwise(x.device, "batchnorm_apply", N, C, P, dy, None, invstd, weight, None, dx, eps_arg, 0,
                  what=f"{what} {tuple(x.shape)}", images=(dy, dx))
     return dx
 

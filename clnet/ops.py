@@ -11,7 +11,7 @@ import numpy as np
 from . import autograd, conv, kernels, normalization, tuning
 from .autograd import Function
 from .chain import AFFINE, ChainStep
-from .elementwise import VW, _activation_grad, _elementwise, _map, activation, axpby_step, fill, full, mul
+from .elementwise import ACTIVATIONS, VW, _activation_grad, _elementwise, _map, activation, axpby_step, fill, full, mul
 from .elementwise import add, full_like, zeros  # noqa: F401  (ops.add, ops.zeros, ops.full_like: optim's and tests')
 from .tensor import Tensor, chunks, empty, run_limit, tensor, too_large
 
@@ -610,20 +610,26 @@ class Linear(Function):
 
 class BatchNormTrain(Function):
     """Batch normalisation with the batch's statistics (training); updates the running statistics it is given (the
-    variance unbiased, as PyTorch's, or with unbiased False the population's, as ONNX's)."""
-    __slots__ = ()
+    variance unbiased, as PyTorch's, or with unbiased False the population's, as ONNX's). act ("relu", "relu6"): that
+    activation of the result in the same pass, its gradient taken from the saved output (an ONNX BatchNormalization
+    whose one reader is a Relu)."""
+    __slots__ = ("act",)
 
-    def forward(self, x, weight, bias, running_mean, running_var, momentum, eps, unbiased=True):
+    def forward(self, x, weight, bias, running_mean, running_var, momentum, eps, unbiased=True, act=None):
+        self.act = act
         y, mean, invstd = normalization.batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentum,
-                                                                 eps, unbiased)
-        self.save(x, weight, mean, invstd)
+                                                                 eps, unbiased, ACTIVATIONS[act] if act else 0)
+        self.save(x, weight, mean, invstd, *((y,) if act else ()))  # the output only for its activation's gradient
         return y
 
     def backward(self, dy):
-        x, weight, mean, invstd = self.saved
+        x, weight, mean, invstd = self.saved[:4]
+        if self.act:
+            dy = _activation_grad(self.act, self.saved[4], dy, self.act + " backward")
         C = x.shape[1]
         (dw, db), betas, fresh = _param_grads(self, (C,), (C,))
-        dx = normalization.batch_norm_backward(dy, x, weight, mean, invstd, self.needs[0], dw, db, _one_beta((dw, db), betas))
+        dx = normalization.batch_norm_backward(dy, x, weight, mean, invstd, self.needs[0], dw, db,
+                                               _one_beta((dw, db), betas))
         return (dx,) + fresh
 
 

@@ -204,6 +204,42 @@ def test_batch_norm_train(dev, rng, kernel_shape, shape, affine):
             check_channel_sums(dbias.numpy(), db0 + t_db, db_terms, "dbias against torch")
 
 
+@pytest.mark.parametrize("act", ["relu", "relu6"])
+@pytest.mark.parametrize("shape", [(3, 5, 7, 9), (2, 3, 33, 33)])
+def test_batch_norm_with_its_activation(dev, rng, kernel_shape, act, shape):
+    """A training batch norm that applies its activation in its own pass (ops.BatchNormTrain act=, for ONNX's
+    BatchNormalization -> Relu): bit for bit the batch norm and then the activation, forward, running statistics and
+    every gradient, and against float64 (the activation's mask taken from clnet's output). The offset and scale put
+    outputs on both sides of 0 and past 6."""
+    from clnet import ops
+    C = shape[1]
+    x0, dy = _f32(rng, *shape, offset=0.5), _f32(rng, *shape)
+    w0, b0 = _f32(rng, C) * 3, _f32(rng, C) + 2
+    runs = {}
+    for fused in (True, False):
+        x, w, b = (clnet.tensor(a, dev, requires_grad=True) for a in (x0, w0, b0))
+        rm, rv = _up(np.zeros(C), dev), _up(np.ones(C), dev)
+        if fused:
+            y = ops.BatchNormTrain.apply(x, w, b, rm, rv, momentum=0.3, eps=EPS, act=act)
+        else:
+            y = ops.Activation.apply(ops.BatchNormTrain.apply(x, w, b, rm, rv, momentum=0.3, eps=EPS), kind=act)
+        (y * _up(dy, dev)).sum().backward()
+        runs[fused] = [t.numpy() for t in (y, rm, rv, x.grad, w.grad, b.grad)]
+    for name, a, bb in zip(("y", "running_mean", "running_var", "dx", "dweight", "dbias"), runs[True], runs[False]):
+        assert np.array_equal(a, bb), f"{act} {name}: the fused pass differs from the batch norm and then {act}"
+    y = runs[True][0]
+    m_ref, var_ref, _ = bn_stats_ref(x0)
+    inv_ref = 1 / np.sqrt(var_ref + EPS)
+    pre = bn_apply_ref(x0, m_ref, inv_ref, w0, b0)
+    assert (pre < 0).any() and (pre > 0).any() and (act == "relu" or (pre > 6).any())
+    expected = np.maximum(pre, 0) if act == "relu" else np.clip(pre, 0, 6)
+    assert_close(y, expected, "y")
+    live = (y > 0) & (y < 6) if act == "relu6" else y > 0
+    dx_ref, dw_ref, db_ref = bn_backward_ref(dy * live, x0, w0, m_ref, inv_ref)
+    check_dx(runs[True][3], dx_ref, dy * live, x0, w0, m_ref, inv_ref, "dx")
+    check_channel_sums(runs[True][5], db_ref, _channel_sum(np.abs(dy * live)), "dbias")
+
+
 def test_batch_norm_backward_parts(dev, rng, kernel_shape):
     """Without need_dx the parameter gradients still accumulate and None comes back; a single one of them may be
     asked for; with nothing asked, nothing runs. Without running statistics they stay untouched (None)."""

@@ -292,6 +292,9 @@ def _batch_norm(clnet, dev, rng):
             mean, var = clnet.tensor(np.zeros(C, np.float32), dev), clnet.tensor(np.ones(C, np.float32), dev)
             _backward(clnet, F.batch_norm(x, mean, var, w, b, training=True), rng)
             _backward(clnet, F.batch_norm(x, mean, var, w, b, training=False), rng)
+            for act in ("relu", "relu6"):  # the activation in the batch norm's pass (ONNX's BatchNormalization -> Relu)
+                _backward(clnet, clnet.ops.BatchNormTrain.apply(x, w, b, mean, var, momentum=0.1, eps=1e-5, act=act),
+                          rng)
     tuning.cpu_shaped = default_shape
 
 

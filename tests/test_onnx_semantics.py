@@ -130,6 +130,56 @@ def test_training_batch_norm_updates_running_var_with_the_population_variance(de
         assert_close(net.state_dict()["var"], v64, f"step {step} the buffer var", tol=1e-6)
 
 
+@pytest.mark.parametrize("case", ["fused", "y also an output", "y read twice"])
+def test_training_batch_norm_applies_the_relu_after_it(dev, rng, tmp_path, monkeypatch, case):
+    """A BatchNormalization whose output only a Relu reads applies the ReLU in its own pass (no act_fwd launch):
+    outputs, running statistics and gradients bit for bit those of the two nodes run apart, in training and in eval.
+    Not where the batch norm's output is a graph output or has another reader."""
+    h = onnx.helper
+    shape, C = (4, 3, 5, 6), 3
+    nodes = [h.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y", "rm", "rv"],
+                         training_mode=1, name="bn"), h.make_node("Relu", ["y"], ["r"], name="relu")]
+    outputs = [("r", shape)]
+    if case == "y also an output":
+        outputs.append(("y", shape))
+    if case == "y read twice":
+        nodes.append(h.make_node("Add", ["r", "y"], ["s"], name="add"))
+        outputs = [("s", shape)]
+    init = dict(scale=rng.uniform(0.5, 1.5, C).astype(np.float32), bias=f32(rng, C), mean=f32(rng, C),
+                var=rng.uniform(0.5, 2.0, C).astype(np.float32))
+    path = build(tmp_path / "bn_relu.onnx", nodes, [("x", shape)], outputs, init, opset=15)
+    x0, dy = f32(rng, *shape), f32(rng, *shape)
+    results, launches = {}, {}
+    for fuse in (True, False):
+        if not fuse:
+            monkeypatch.setattr(connx.module, "_fuse_relus", lambda nodes, outputs: None)
+        net = connx.load(path, device=dev)
+        assert (net._nodes[0].act == "relu") == (fuse and case == "fused")
+        x = clnet.tensor(x0, dev, requires_grad=True)
+        from clnet import kernels
+        prof = kernels.Profiler()
+        kernels.context.profiler = prof
+        try:
+            out = net(x)
+            out = out[0] if isinstance(out, tuple) else out
+            (out * clnet.tensor(dy, dev)).sum().backward()
+        finally:
+            kernels.context.profiler = None
+        names = [name for _, name, _ in prof.records]
+        state = net.state_dict()
+        net.eval()
+        with clnet.no_grad():
+            evaluated = net(clnet.tensor(x0, dev))
+        evaluated = evaluated[0] if isinstance(evaluated, tuple) else evaluated
+        results[fuse] = [out.numpy(), x.grad.numpy(), state["mean"], state["var"], evaluated.numpy()] + [
+            p.grad.numpy() for p in net.parameters()]
+        launches[fuse] = names
+    assert ("act_fwd" in launches[True]) == (case != "fused")
+    assert len(launches[True]) == len(launches[False]) - (case == "fused")
+    for a, b in zip(results[True], results[False]):
+        assert np.array_equal(a, b)
+
+
 def test_training_batch_norm_leaves_graph_inputs_unchanged(dev, rng, tmp_path):
     """Running statistics given as graph inputs (as ONNX's node tests give them) come back updated as new outputs;
     the caller's tensors keep their values."""

@@ -158,7 +158,8 @@ def _d_batchnorm(m, n, a):
     ONNX specifies (BatchNormalization-14/15, training_mode): running_var = momentum * running_var + (1 - momentum) *
     the batch's population variance (PyTorch's batch norm adds the unbiased one; the statistics kernel takes which).
     Statistics that are module buffers (the file's initializers) are updated in place, as training does; others
-    (graph inputs, constants) are copied first, as ONNX returns new ones."""
+    (graph inputs, constants) are copied first, as ONNX returns new ones. n.act: the ReLU of the Relu node after it
+    (module._fuse_relus), applied here."""
     x, scale, bias, mean, var = a[:5]
     scale, bias = _tensor_arg(m, n, scale, 1), _tensor_arg(m, n, bias, 2)
     mean, var = _tensor_arg(m, n, mean, 3), _tensor_arg(m, n, var, 4)
@@ -168,12 +169,13 @@ def _d_batchnorm(m, n, a):
     if x.ndim == 3 or x.ndim > 4:  # (N, C, ...) normalises per channel over all else, as a 4-D (N, C, P, 1)
         x = x.reshape(shape[0], shape[1], math.prod(shape[2:]), 1)
     if not m.training:
-        return [F.batch_norm(x, mean, var, scale, bias, training=False, eps=eps).reshape(shape), mean, var]
+        y = F.batch_norm(x, mean, var, scale, bias, training=False, eps=eps)
+        return [(ops.Activation.apply(y, kind=n.act) if n.act else y).reshape(shape), mean, var]
     if n.inputs[3] not in m._buffers:
         mean = _copy(mean)
     if n.inputs[4] not in m._buffers:
         var = _copy(var)
-    y = ops.BatchNormTrain.apply(x, scale, bias, mean, var, momentum=1.0 - keep, eps=eps, unbiased=False)
+    y = ops.BatchNormTrain.apply(x, scale, bias, mean, var, momentum=1.0 - keep, eps=eps, unbiased=False, act=n.act)
     return [y.reshape(shape), mean, var]
 
 

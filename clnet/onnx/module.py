@@ -12,12 +12,33 @@ from .common import OnnxImportError, _is_host
 
 # ---- the imported network ------------------------------------------------------------------------------------------
 
+def _passed_on(module, node, args):
+    return [args[0]]
+
+
+def _fuse_relus(nodes, outputs):
+    """A BatchNormalization whose output only a Relu reads applies the ReLU itself (forward, one pass over the
+    activations and one launch, where the two took two of each; the ReLU's gradient is taken as before); the Relu
+    passes its input on. Not where the batch norm's output is a graph output or has another reader."""
+    readers = {}
+    for n in nodes:
+        for name in dict.fromkeys(n.inputs):
+            if name:
+                readers.setdefault(name, []).append(n)
+    for n in nodes:
+        if n.op == "BatchNormalization" and n.outputs and n.outputs[0] and n.outputs[0] not in outputs:
+            after = readers.get(n.outputs[0], [])
+            if len(after) == 1 and after[0].op == "Relu" and after[0].inputs[:1] == [n.outputs[0]]:
+                n.act, after[0].run = "relu", _passed_on
+
+
 class _Node:
-    __slots__ = ("op", "name", "inputs", "outputs", "attrs", "run", "frees")
+    __slots__ = ("op", "name", "inputs", "outputs", "attrs", "run", "frees", "act")
 
     def __init__(self, op, name, inputs, outputs, attrs, run):
         self.op, self.name, self.inputs, self.outputs, self.attrs, self.run = op, name, inputs, outputs, attrs, run
         self.frees = ()
+        self.act = None  # an activation this node applies for the node after it (OnnxModule: a Relu after a batch norm)
 
     def where(self, module):
         return f"ONNX node {self.name!r} ({self.op}, opset {module.opset})"
@@ -48,6 +69,7 @@ class OnnxModule(Module):
                     last_use[name] = i
         keep = set(outputs)
         d["_read"] = keep | set(last_use)  # the values a node or the caller reads
+        _fuse_relus(nodes, keep)
         for i, n in enumerate(nodes):  # activations leave the forward's table after their last reader
             n.frees = tuple(name for name in dict.fromkeys(n.inputs)
                             if name and last_use.get(name) == i and name not in keep)
