@@ -27,7 +27,8 @@
 //             NULL; with add 0 they are written, not added to, and not read), and, when gmean is not NULL,
 //             gmean[c] = sum dy / n, gmean[C + c] = sum dy * xhat / n
 //   batchnorm_dx  dx = weight * invstd * (dy - gmean[c] - xhat * gmean[C + c]), xhat = (x - mean) * invstd; as
-//             batchnorm_apply
+//             batchnorm_apply. With act (1 ReLU, 4 ReLU6) it and the gradient sums take dy through that activation's
+//             gradient from its output y (act_grad_of) first: the batch norm's output went through it in the apply
 //   batchnorm_dx_planes  the same, CPU-shaped, as batchnorm_apply_planes
 // Accuracy: no running sum of values is longer than BLOCK terms (a work-item's on the GPU path, a lane's or a plane
 // sum's on the plane path). For the statistics, each such block is summed shifted by its own first value and turned
@@ -286,8 +287,9 @@ __kernel void batchnorm_apply_planes(__global const float* restrict x, __global 
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
 void batchnorm_grad_sums(__global const float* restrict dy, __global const float* restrict x,
-                         __global const float* restrict mean, __global float* restrict partial, const int N,
-                         const int C, const int P, const int chunk) {
+                         __global const float* restrict mean, __global const float* restrict y, const int act,
+                         __global float* restrict partial, const int N, const int C, const int P,
+                         const int chunk) {
     const int c = get_group_id(0), r = get_group_id(1), lid = get_local_id(0);
     const int e1 = min(N * P, (r + 1) * chunk);
     const float m = mean[c];
@@ -301,7 +303,7 @@ void batchnorm_grad_sums(__global const float* restrict dy, __global const float
             float g[UNROLL], v[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; u++) {
-                g[u] = dy[i];
+                g[u] = act ? act_grad_of(act, y[i], dy[i]) : dy[i];
                 v[u] = x[i];
                 RUN_STEP();
             }
@@ -309,7 +311,7 @@ void batchnorm_grad_sums(__global const float* restrict dy, __global const float
             for (int u = 0; u < UNROLL; u++) s += (float2)(g[u], g[u] * (v[u] - m));
         }
         for (; k < BLOCK && e < e1; k++) {
-            const float g = dy[i];
+            const float g = act ? act_grad_of(act, y[i], dy[i]) : dy[i];
             s += (float2)(g, g * (x[i] - m));
             RUN_STEP();
         }
@@ -324,14 +326,23 @@ void batchnorm_grad_sums(__global const float* restrict dy, __global const float
     if (lid == 0) vstore2(part[0], r * C + c, partial);
 }
 
-// Sums of g and of g * (v - m) over [0 .. len), in eight lanes and then the tail.
-inline float2 grad_sums(__global const float* g, __global const float* v, const int len, const float m) {
+// The activation's gradient of eight values from its saved output y, as act_grad_of's (ReLU: 1, ReLU6: 4)
+inline float8 act_grad8(const int act, const float8 y, const float8 g) {
+    const int8 dead = act == 4 ? (y <= (float8)(0.0f)) | (y >= (float8)(6.0f)) : y <= (float8)(0.0f);
+    return select(g, (float8)(0.0f), dead);
+}
+
+// Sums of g and of g * (v - m) over [0 .. len), in eight lanes and then the tail; with act, g is first taken
+// through the activation's gradient from its output y (NULL without).
+inline float2 grad_sums(__global const float* g, __global const float* v, __global const float* y, const int act,
+                        const int len, const float m) {
     const int len8 = len & ~7;
     float s1 = 0.0f, s2 = 0.0f;
     if (len8) {
         float8 l1 = (float8)(0.0f), l2 = (float8)(0.0f);
         for (int p = 0; p < len8; p += 8) {
-            const float8 gv = *(__global const float8_unaligned*)(g + p);
+            float8 gv = *(__global const float8_unaligned*)(g + p);
+            if (act) gv = act_grad8(act, *(__global const float8_unaligned*)(y + p), gv);
             l1 += gv;
             l2 += gv * (*(__global const float8_unaligned*)(v + p) - m);
         }
@@ -339,15 +350,17 @@ inline float2 grad_sums(__global const float* g, __global const float* v, const 
         s2 = hsum8(l2);
     }
     for (int p = len8; p < len; p++) {
-        s1 += g[p];
-        s2 += g[p] * (v[p] - m);
+        const float gp = act ? act_grad_of(act, y[p], g[p]) : g[p];
+        s1 += gp;
+        s2 += gp * (v[p] - m);
     }
     return (float2)(s1, s2);
 }
 
 __kernel void batchnorm_grad_sums_planes(__global const float* restrict dy, __global const float* restrict x,
-                                         __global const float* restrict mean, __global float* restrict partial,
-                                         const int N, const int C, const int P, const int nb) {
+                                         __global const float* restrict mean, __global const float* restrict y,
+                                         const int act, __global float* restrict partial, const int N, const int C,
+                                         const int P, const int nb) {
     const int gid = get_global_id(0), c = gid % C, r = gid / C, n0 = r * nb;
     if (n0 >= N) return;
     const int n1 = min(N, n0 + nb), limit = block_limit(P);
@@ -363,7 +376,7 @@ __kernel void batchnorm_grad_sums_planes(__global const float* restrict dy, __gl
                 s = (float2)(0.0f);
                 k = 0;
             }
-            s += grad_sums(dy + plane + p0, x + plane + p0, len, m);
+            s += grad_sums(dy + plane + p0, x + plane + p0, act ? y + plane + p0 : y, act, len, m);
             k += len;
         }
     }
@@ -402,13 +415,14 @@ void batchnorm_grad_finish(__global const float* restrict partial, const int run
 __kernel void batchnorm_dx(__global const float* restrict dy, __global const float* restrict x,
                            __global const float* restrict mean, __global const float* restrict invstd,
                            __global const float* restrict weight, __global const float* restrict gmean,
-                           __global float* restrict dx, const int C, const int P, const int total) {
+                           __global float* restrict dx, __global const float* restrict y, const int act, const int C,
+                           const int P, const int total) {
     SPREAD_START();
     float g[UNROLL], v[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; u++) {
         const int e = e0 + u * G;
-        g[u] = e < total ? dy[e] : 0.0f;
+        g[u] = e < total ? (act ? act_grad_of(act, y[e], dy[e]) : dy[e]) : 0.0f;
         v[u] = e < total ? x[e] : 0.0f;
     }
 #pragma unroll
@@ -425,7 +439,8 @@ __kernel void batchnorm_dx(__global const float* restrict dy, __global const flo
 __kernel void batchnorm_dx_planes(__global const float* restrict dy, __global const float* restrict x,
                                   __global const float* restrict mean, __global const float* restrict invstd,
                                   __global const float* restrict weight, __global const float* restrict gmean,
-                                  __global float* restrict dx, const int C, const int P, const int N, const int cb) {
+                                  __global float* restrict dx, __global const float* restrict y, const int act,
+                                  const int C, const int P, const int N, const int cb) {
     CHANNEL_GROUP();
     const int P8 = P & ~7;
     for (int c = c0; c < c1; c++) {
@@ -435,11 +450,16 @@ __kernel void batchnorm_dx_planes(__global const float* restrict dy, __global co
         __global const float* g = dy + plane;
         __global const float* in = x + plane;
         __global float* out = dx + plane;
+        __global const float* ya = act ? y + plane : y;
         for (int p = 0; p < P8; p += 8) {
-            const float8 gv = *(__global const float8_unaligned*)(g + p);
+            float8 gv = *(__global const float8_unaligned*)(g + p);
+            if (act) gv = act_grad8(act, *(__global const float8_unaligned*)(ya + p), gv);
             const float8 xv = *(__global const float8_unaligned*)(in + p);
             *(__global float8_unaligned*)(out + p) = s * (gv - g0 - (xv - m) * h);
         }
-        for (int p = P8; p < P; p++) out[p] = s * (g[p] - g0 - (in[p] - m) * h);
+        for (int p = P8; p < P; p++) {
+            const float gp = act ? act_grad_of(act, ya[p], g[p]) : g[p];
+            out[p] = s * (gp - g0 - (in[p] - m) * h);
+        }
     }
 }

@@ -108,7 +108,7 @@ def _reduce(dev, gpu_kernel, planes_kernel, width, N, C, P, inputs, what):
         parts = []
         for n0, nb in chunks(what, (N, C, P), N, [C * P]):
             part, _, lsize = _reduce(dev, gpu_kernel, planes_kernel, width, nb, C, P,
-                                     _cut(inputs, [t for t in inputs if t.ndim > 1], n0, nb), what)
+                                     _cut(inputs, [t for t in inputs if getattr(t, "ndim", 0) > 1], n0, nb), what)
             parts.append(part)
         runs = sum(part.shape[0] for part in parts)
         gathered, at = empty((runs, C, width), dev), 0
@@ -242,19 +242,20 @@ def batch_norm_eval_forward(x, weight, bias, running_mean, running_var, eps):
     return y
 
 
-def _grad_sums(dy, x, mean, invstd, dweight, dbias, gmean, what, beta):
+def _grad_sums(dy, x, mean, invstd, dweight, dbias, gmean, what, beta, y=None, act=0):
     """dbias += sum dy, dweight += sum dy * xhat (each when not None; beta 0: written, not added to); gmean (2, C),
-    when not None, gets their means."""
+    when not None, gets their means. act: dy is first taken through that activation's gradient from its output y."""
     dev = x.device
     N, C, P = _geometry(x, what)
-    part, runs, lsize = _reduce(dev, "batchnorm_grad_sums", "batchnorm_grad_sums_planes", 2, N, C, P, (dy, x, mean),
+    part, runs, lsize = _reduce(dev, "batchnorm_grad_sums", "batchnorm_grad_sums_planes", 2, N, C, P,
+                                (dy, x, mean, y, act),
                                 what=f"{what} sums {tuple(x.shape)}")
     kernels.launch(dev, _bn_kernel(dev, "batchnorm_grad_finish", lsize), (C * lsize,), (lsize,), part, runs, C,
                    float(N * P), invstd, dweight, dbias, gmean, int(beta != 0.0),
                    what=f"{what} sums (merging {runs} runs)")
 
 
-def batch_norm_backward(dy, x, weight, mean, invstd, need_dx, dweight, dbias, beta=1.0):
+def batch_norm_backward(dy, x, weight, mean, invstd, need_dx, dweight, dbias, beta=1.0, y=None, act=0):
     """Backward of batch_norm_train_forward (statistics of the batch, so they depend on x).
 
     Parameters
@@ -267,6 +268,9 @@ def batch_norm_backward(dy, x, weight, mean, invstd, need_dx, dweight, dbias, be
     dweight, dbias : Tensor (C,) or None
         Parameter gradients, accumulated into: ``dbias += sum dy``, ``dweight += sum dy * xhat``.
     beta : 1.0 to add into dweight and dbias, 0.0 to overwrite them
+    y, act : Tensor, x's shape, and int
+        With act (1 ReLU, 4 ReLU6), dy is the gradient of that activation's output y (batch_norm_train_forward's with
+        act), taken through the activation's gradient in these passes.
 
     Returns
     -------
@@ -281,12 +285,14 @@ def batch_norm_backward(dy, x, weight, mean, invstd, need_dx, dweight, dbias, be
     if not need_dx and dweight is None and dbias is None:
         return None
     gmean = empty((2, C), x.device) if need_dx else None
-    _grad_sums(dy, x, mean, invstd, dweight, dbias, gmean, what, beta)
+    if act:
+        _check_same(y, x, "y", what)
+    _grad_sums(dy, x, mean, invstd, dweight, dbias, gmean, what, beta, y, act)
     if not need_dx:
         return None
     dx = empty(x.shape, x.device)
-    _elementwise(x.device, "batchnorm_dx", N, C, P, dy, x, mean, invstd, weight, gmean, dx,
-                 what=f"{what} {tuple(x.shape)}", images=(dy, x, dx))
+    _elementwise(x.device, "batchnorm_dx", N, C, P, dy, x, mean, invstd, weight, gmean, dx, y, act,
+                 what=f"{what} {tuple(x.shape)}", images=(dy, x, dx) + ((y,) if act else ()))
     return dx
 
 

@@ -611,11 +611,13 @@ class Linear(Function):
 class BatchNormTrain(Function):
     """Batch normalisation with the batch's statistics (training); updates the running statistics it is given (the
     variance unbiased, as PyTorch's, or with unbiased False the population's, as ONNX's). act ("relu", "relu6"): that
-    activation of the result in the same pass, its gradient taken from the saved output (an ONNX BatchNormalization
-    whose one reader is a Relu)."""
+    activation of the result in the same pass, and its gradient, from the saved output, in the backward's passes (an
+    ONNX BatchNormalization whose one reader is a Relu)."""
     __slots__ = ("act",)
 
     def forward(self, x, weight, bias, running_mean, running_var, momentum, eps, unbiased=True, act=None):
+        if act not in (None, "relu", "relu6"):  # the kernels' vector path applies these two
+            raise ValueError(f"batch norm: the activation applied in its pass is relu or relu6, not {act!r}")
         self.act = act
         y, mean, invstd = normalization.batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentum,
                                                                  eps, unbiased, ACTIVATIONS[act] if act else 0)
@@ -624,12 +626,12 @@ class BatchNormTrain(Function):
 
     def backward(self, dy):
         x, weight, mean, invstd = self.saved[:4]
-        if self.act:
-            dy = _activation_grad(self.act, self.saved[4], dy, self.act + " backward")
         C = x.shape[1]
         (dw, db), betas, fresh = _param_grads(self, (C,), (C,))
+        act = self.act
         dx = normalization.batch_norm_backward(dy, x, weight, mean, invstd, self.needs[0], dw, db,
-                                               _one_beta((dw, db), betas))
+                                               _one_beta((dw, db), betas), self.saved[4] if act else None,
+                                               ACTIVATIONS[act] if act else 0)
         return (dx,) + fresh
 
 

@@ -5,7 +5,7 @@ import pytest
 
 import clnet
 from clnet import normalization as norm, tuning
-from conftest import HAVE_TORCH, assert_close, assert_close_to_terms
+from conftest import HAVE_TORCH, assert_close, assert_close_to_terms, no_launch
 
 if HAVE_TORCH:
     import torch
@@ -209,12 +209,13 @@ def test_batch_norm_train(dev, rng, kernel_shape, shape, affine):
 def test_batch_norm_with_its_activation(dev, rng, kernel_shape, act, shape):
     """A training batch norm that applies its activation in its own pass (ops.BatchNormTrain act=, for ONNX's
     BatchNormalization -> Relu): bit for bit the batch norm and then the activation, forward, running statistics and
-    every gradient, and against float64 (the activation's mask taken from clnet's output). The offset and scale put
-    outputs on both sides of 0 and past 6."""
+    every gradient, and against float64 (the activation's mask taken from clnet's output)."""
     from clnet import ops
     C = shape[1]
     x0, dy = _f32(rng, *shape, offset=0.5), _f32(rng, *shape)
-    w0, b0 = _f32(rng, C) * 3, _f32(rng, C) + 2
+    # |weight| 3-5 and bias 0.5-2.5 put every channel's outputs below 0 and, for all but the unluckiest draws, past 6
+    w0 = (rng.uniform(3, 5, C) * rng.choice([-1, 1], C)).astype(np.float32)
+    b0 = rng.uniform(0.5, 2.5, C).astype(np.float32)
     runs = {}
     for fused in (True, False):
         x, w, b = (clnet.tensor(a, dev, requires_grad=True) for a in (x0, w0, b0))
@@ -238,6 +239,14 @@ def test_batch_norm_with_its_activation(dev, rng, kernel_shape, act, shape):
     dx_ref, dw_ref, db_ref = bn_backward_ref(dy * live, x0, w0, m_ref, inv_ref)
     check_dx(runs[True][3], dx_ref, dy * live, x0, w0, m_ref, inv_ref, "dx")
     check_channel_sums(runs[True][5], db_ref, _channel_sum(np.abs(dy * live)), "dbias")
+
+
+def test_batch_norm_refuses_an_activation_its_pass_cannot_apply(dev, rng):
+    from clnet import ops
+    x = _up(_f32(rng, 2, 3, 4, 4), dev)
+    rm, rv = _up(np.zeros(3), dev), _up(np.ones(3), dev)
+    with no_launch(), pytest.raises(ValueError, match="relu or relu6, not 'sigmoid'"):
+        ops.BatchNormTrain.apply(x, None, None, rm, rv, momentum=0.1, eps=EPS, act="sigmoid")
 
 
 def test_batch_norm_backward_parts(dev, rng, kernel_shape):

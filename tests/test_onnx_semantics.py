@@ -132,9 +132,9 @@ def test_training_batch_norm_updates_running_var_with_the_population_variance(de
 
 @pytest.mark.parametrize("case", ["fused", "y also an output", "y read twice"])
 def test_training_batch_norm_applies_the_relu_after_it(dev, rng, tmp_path, monkeypatch, case):
-    """A BatchNormalization whose output only a Relu reads applies the ReLU in its own pass (no act_fwd launch):
-    outputs, running statistics and gradients bit for bit those of the two nodes run apart, in training and in eval.
-    Not where the batch norm's output is a graph output or has another reader."""
+    """A BatchNormalization whose output only a Relu reads applies the ReLU, and its gradient, in its own passes (no
+    act_fwd or act_bwd launch): outputs, running statistics and gradients bit for bit those of the two nodes run
+    apart, in training and in eval. Not where the batch norm's output is a graph output or has another reader."""
     h = onnx.helper
     shape, C = (4, 3, 5, 6), 3
     nodes = [h.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y", "rm", "rv"],
@@ -174,8 +174,9 @@ def test_training_batch_norm_applies_the_relu_after_it(dev, rng, tmp_path, monke
         results[fuse] = [out.numpy(), x.grad.numpy(), state["mean"], state["var"], evaluated.numpy()] + [
             p.grad.numpy() for p in net.parameters()]
         launches[fuse] = names
-    assert ("act_fwd" in launches[True]) == (case != "fused")
-    assert len(launches[True]) == len(launches[False]) - (case == "fused")
+    for name in ("act_fwd", "act_bwd"):
+        assert (name in launches[True]) == (case != "fused")
+    assert len(launches[True]) == len(launches[False]) - 2 * (case == "fused")
     for a, b in zip(results[True], results[False]):
         assert np.array_equal(a, b)
 
