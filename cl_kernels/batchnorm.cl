@@ -15,7 +15,7 @@
 //   batchnorm_apply  y = (x - mean) * invstd * weight + bias; NULL mean, weight or bias mean 0, 1 and 0 (so dy *
 //             weight * invstd is this kernel too). With eps >= 0 the `invstd` argument holds the variance and each
 //             channel's 1/sqrt(var + eps) is taken here (evaluation: one launch, no invstd pass); eps < 0: invstd.
-//             act 1 or 4 (act_of's kinds): the ReLU or ReLU6 of that (a batch norm and the activation after it in one
+//             ACT 1 or 4 (act_of's kinds): the ReLU or ReLU6 of that (a batch norm and the activation after it in one
 //             pass); 0: none. GPU-shaped: UNROLL elements per work-item, a UNROLL-th of the tensor apart, all loaded
 //             first
 //   batchnorm_apply_planes  the same, CPU-shaped: work-item (n, g) takes the planes of channels g*cb .. g*cb + cb - 1
@@ -27,7 +27,7 @@
 //             NULL; with add 0 they are written, not added to, and not read), and, when gmean is not NULL,
 //             gmean[c] = sum dy / n, gmean[C + c] = sum dy * xhat / n
 //   batchnorm_dx  dx = weight * invstd * (dy - gmean[c] - xhat * gmean[C + c]), xhat = (x - mean) * invstd; as
-//             batchnorm_apply. With act (1 ReLU, 4 ReLU6) it and the gradient sums take dy through that activation's
+//             batchnorm_apply. With ACT (1 ReLU, 4 ReLU6) it and the gradient sums take dy through that activation's
 //             gradient from its output y (act_grad_of) first: the batch norm's output went through it in the apply
 //   batchnorm_dx_planes  the same, CPU-shaped, as batchnorm_apply_planes
 // Accuracy: no running sum of values is longer than BLOCK terms (a work-item's on the GPU path, a lane's or a plane
@@ -37,7 +37,9 @@
 // no E[x^2] - E[x]^2 over the whole channel. Gradient sums add block sums, then work-items and runs by a tree.
 // Defines: LSIZE (work-group size of batchnorm_stats, batchnorm_grad_sums and both finish kernels, a power of two;
 // 1 on the CPU-shaped path), BLOCK (the longest running sum; plane-path blocks are SPAN = 8*BLOCK values), UNROLL
-// (loads a GPU-shaped work-item issues together; a divisor of BLOCK).
+// (loads a GPU-shaped work-item issues together; a divisor of BLOCK), ACT (0, or the activation after a training
+// batch norm that batchnorm_apply, batchnorm_grad_sums and batchnorm_dx apply: a build of its own, so that the
+// plain kernels carry no branch for it).
 #include "common.h"
 #include "elementwise_formulas.h"
 
@@ -46,6 +48,9 @@
 #endif
 #ifndef BLOCK
 #define BLOCK 64    // terms in a running sum before it is folded into its record
+#endif
+#ifndef ACT
+#define ACT 0       // the activation after the batch norm its kernels apply (act_of's kinds; 0: none)
 #endif
 #ifndef UNROLL
 #define UNROLL 4    // GPU-shaped kernels: values loaded together per work-item
@@ -229,16 +234,16 @@ __kernel void batchnorm_invstd(__global const float* restrict var, const float e
     const int G = (total + UNROLL - 1) / UNROLL, e0 = get_global_id(0); \
     if (e0 >= G) return
 
-// ReLU (act 1) and ReLU6 (4) of eight values, as act_of's (NaN stays NaN)
-inline float8 act8(const int act, const float8 v) {
+// ReLU (ACT 1) and ReLU6 (4) of eight values, as act_of's (NaN stays NaN)
+inline float8 act8(const float8 v) {
     const float8 low = select(v, (float8)(0.0f), v < (float8)(0.0f));
-    return act == 4 ? select(low, (float8)(6.0f), v > (float8)(6.0f)) : low;
+    return ACT == 4 ? select(low, (float8)(6.0f), v > (float8)(6.0f)) : low;
 }
 
 __kernel void batchnorm_apply(__global const float* restrict x, __global const float* restrict mean,
                               __global const float* restrict invstd, __global const float* restrict weight,
                               __global const float* restrict bias, __global float* restrict y, const float eps,
-                              const int act, const int C, const int P, const int total) {
+                              const int C, const int P, const int total) {
     SPREAD_START();
     float v[UNROLL];
 #pragma unroll
@@ -253,7 +258,7 @@ __kernel void batchnorm_apply(__global const float* restrict x, __global const f
             const int c = (e / P) % C;
             CHANNEL_AFFINE(c);
             const float out = (v[u] - m) * s + b;
-            y[e] = act ? act_of(act, out) : out;
+            y[e] = ACT ? act_of(ACT, out) : out;
         }
     }
 }
@@ -267,7 +272,7 @@ __kernel void batchnorm_apply(__global const float* restrict x, __global const f
 __kernel void batchnorm_apply_planes(__global const float* restrict x, __global const float* restrict mean,
                                      __global const float* restrict invstd, __global const float* restrict weight,
                                      __global const float* restrict bias, __global float* restrict y, const float eps,
-                                     const int act, const int C, const int P, const int N, const int cb) {
+                                     const int C, const int P, const int N, const int cb) {
     CHANNEL_GROUP();
     const int P8 = P & ~7;
     for (int c = c0; c < c1; c++) {
@@ -276,18 +281,18 @@ __kernel void batchnorm_apply_planes(__global const float* restrict x, __global 
         __global float* out = y + (n * C + c) * P;
         for (int p = 0; p < P8; p += 8) {
             const float8 v = (*(__global const float8_unaligned*)(in + p) - m) * s + b;
-            *(__global float8_unaligned*)(out + p) = act ? act8(act, v) : v;
+            *(__global float8_unaligned*)(out + p) = ACT ? act8(v) : v;
         }
         for (int p = P8; p < P; p++) {
             const float v = (in[p] - m) * s + b;
-            out[p] = act ? act_of(act, v) : v;
+            out[p] = ACT ? act_of(ACT, v) : v;
         }
     }
 }
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
 void batchnorm_grad_sums(__global const float* restrict dy, __global const float* restrict x,
-                         __global const float* restrict mean, __global const float* restrict y, const int act,
+                         __global const float* restrict mean, __global const float* restrict y,
                          __global float* restrict partial, const int N, const int C, const int P,
                          const int chunk) {
     const int c = get_group_id(0), r = get_group_id(1), lid = get_local_id(0);
@@ -303,7 +308,7 @@ void batchnorm_grad_sums(__global const float* restrict dy, __global const float
             float g[UNROLL], v[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; u++) {
-                g[u] = act ? act_grad_of(act, y[i], dy[i]) : dy[i];
+                g[u] = ACT ? act_grad_of(ACT, y[i], dy[i]) : dy[i];
                 v[u] = x[i];
                 RUN_STEP();
             }
@@ -311,7 +316,7 @@ void batchnorm_grad_sums(__global const float* restrict dy, __global const float
             for (int u = 0; u < UNROLL; u++) s += (float2)(g[u], g[u] * (v[u] - m));
         }
         for (; k < BLOCK && e < e1; k++) {
-            const float g = act ? act_grad_of(act, y[i], dy[i]) : dy[i];
+            const float g = ACT ? act_grad_of(ACT, y[i], dy[i]) : dy[i];
             s += (float2)(g, g * (x[i] - m));
             RUN_STEP();
         }
@@ -327,22 +332,22 @@ void batchnorm_grad_sums(__global const float* restrict dy, __global const float
 }
 
 // The activation's gradient of eight values from its saved output y, as act_grad_of's (ReLU: 1, ReLU6: 4)
-inline float8 act_grad8(const int act, const float8 y, const float8 g) {
-    const int8 dead = act == 4 ? (y <= (float8)(0.0f)) | (y >= (float8)(6.0f)) : y <= (float8)(0.0f);
+inline float8 act_grad8(const float8 y, const float8 g) {
+    const int8 dead = ACT == 4 ? (y <= (float8)(0.0f)) | (y >= (float8)(6.0f)) : y <= (float8)(0.0f);
     return select(g, (float8)(0.0f), dead);
 }
 
-// Sums of g and of g * (v - m) over [0 .. len), in eight lanes and then the tail; with act, g is first taken
-// through the activation's gradient from its output y (NULL without).
-inline float2 grad_sums(__global const float* g, __global const float* v, __global const float* y, const int act,
-                        const int len, const float m) {
+// Sums of g and of g * (v - m) over [0 .. len), in eight lanes and then the tail; with ACT, g is first taken
+// through the activation's gradient from its output y.
+inline float2 grad_sums(__global const float* g, __global const float* v, __global const float* y, const int len,
+                        const float m) {
     const int len8 = len & ~7;
     float s1 = 0.0f, s2 = 0.0f;
     if (len8) {
         float8 l1 = (float8)(0.0f), l2 = (float8)(0.0f);
         for (int p = 0; p < len8; p += 8) {
             float8 gv = *(__global const float8_unaligned*)(g + p);
-            if (act) gv = act_grad8(act, *(__global const float8_unaligned*)(y + p), gv);
+            if (ACT) gv = act_grad8(*(__global const float8_unaligned*)(y + p), gv);
             l1 += gv;
             l2 += gv * (*(__global const float8_unaligned*)(v + p) - m);
         }
@@ -350,7 +355,7 @@ inline float2 grad_sums(__global const float* g, __global const float* v, __glob
         s2 = hsum8(l2);
     }
     for (int p = len8; p < len; p++) {
-        const float gp = act ? act_grad_of(act, y[p], g[p]) : g[p];
+        const float gp = ACT ? act_grad_of(ACT, y[p], g[p]) : g[p];
         s1 += gp;
         s2 += gp * (v[p] - m);
     }
@@ -359,8 +364,8 @@ inline float2 grad_sums(__global const float* g, __global const float* v, __glob
 
 __kernel void batchnorm_grad_sums_planes(__global const float* restrict dy, __global const float* restrict x,
                                          __global const float* restrict mean, __global const float* restrict y,
-                                         const int act, __global float* restrict partial, const int N, const int C,
-                                         const int P, const int nb) {
+                                         __global float* restrict partial, const int N, const int C, const int P,
+                                         const int nb) {
     const int gid = get_global_id(0), c = gid % C, r = gid / C, n0 = r * nb;
     if (n0 >= N) return;
     const int n1 = min(N, n0 + nb), limit = block_limit(P);
@@ -376,7 +381,7 @@ __kernel void batchnorm_grad_sums_planes(__global const float* restrict dy, __gl
                 s = (float2)(0.0f);
                 k = 0;
             }
-            s += grad_sums(dy + plane + p0, x + plane + p0, act ? y + plane + p0 : y, act, len, m);
+            s += grad_sums(dy + plane + p0, x + plane + p0, ACT ? y + plane + p0 : y, len, m);
             k += len;
         }
     }
@@ -415,14 +420,14 @@ void batchnorm_grad_finish(__global const float* restrict partial, const int run
 __kernel void batchnorm_dx(__global const float* restrict dy, __global const float* restrict x,
                            __global const float* restrict mean, __global const float* restrict invstd,
                            __global const float* restrict weight, __global const float* restrict gmean,
-                           __global float* restrict dx, __global const float* restrict y, const int act, const int C,
-                           const int P, const int total) {
+                           __global float* restrict dx, __global const float* restrict y, const int C, const int P,
+                           const int total) {
     SPREAD_START();
     float g[UNROLL], v[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; u++) {
         const int e = e0 + u * G;
-        g[u] = e < total ? (act ? act_grad_of(act, y[e], dy[e]) : dy[e]) : 0.0f;
+        g[u] = e < total ? (ACT ? act_grad_of(ACT, y[e], dy[e]) : dy[e]) : 0.0f;
         v[u] = e < total ? x[e] : 0.0f;
     }
 #pragma unroll
@@ -439,8 +444,8 @@ __kernel void batchnorm_dx(__global const float* restrict dy, __global const flo
 __kernel void batchnorm_dx_planes(__global const float* restrict dy, __global const float* restrict x,
                                   __global const float* restrict mean, __global const float* restrict invstd,
                                   __global const float* restrict weight, __global const float* restrict gmean,
-                                  __global float* restrict dx, __global const float* restrict y, const int act,
-                                  const int C, const int P, const int N, const int cb) {
+                                  __global float* restrict dx, __global const float* restrict y, const int C,
+                                  const int P, const int N, const int cb) {
     CHANNEL_GROUP();
     const int P8 = P & ~7;
     for (int c = c0; c < c1; c++) {
@@ -450,15 +455,15 @@ __kernel void batchnorm_dx_planes(__global const float* restrict dy, __global co
         __global const float* g = dy + plane;
         __global const float* in = x + plane;
         __global float* out = dx + plane;
-        __global const float* ya = act ? y + plane : y;
+        __global const float* ya = ACT ? y + plane : y;
         for (int p = 0; p < P8; p += 8) {
             float8 gv = *(__global const float8_unaligned*)(g + p);
-            if (act) gv = act_grad8(act, *(__global const float8_unaligned*)(ya + p), gv);
+            if (ACT) gv = act_grad8(*(__global const float8_unaligned*)(ya + p), gv);
             const float8 xv = *(__global const float8_unaligned*)(in + p);
             *(__global float8_unaligned*)(out + p) = s * (gv - g0 - (xv - m) * h);
         }
         for (int p = P8; p < P; p++) {
-            const float gp = act ? act_grad_of(act, ya[p], g[p]) : g[p];
+            const float gp = ACT ? act_grad_of(ACT, ya[p], g[p]) : g[p];
             out[p] = s * (gp - g0 - (in[p] - m) * h);
         }
     }

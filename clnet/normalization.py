@@ -73,10 +73,12 @@ def _lsize(dev):
     return 256 if dev.max_work_group_size >= 256 else 1 << (dev.max_work_group_size.bit_length() - 1)
 
 
-def _bn_kernel(dev, name, lsize):
+def _bn_kernel(dev, name, lsize, act=0):
     """A batchnorm.cl kernel built with the path's defines (a kernel that reads only some of them still shares the
-    build of the file with its path's others)."""
-    return kernels.kernel(dev, "batchnorm.cl", name, dict(LSIZE=lsize, BLOCK=BLOCK, UNROLL=UNROLL))
+    build of the file with its path's others); act: the activation its fused kernels apply (ACT, a build of its
+    own)."""
+    return kernels.kernel(dev, "batchnorm.cl", name, dict(LSIZE=lsize, BLOCK=BLOCK, UNROLL=UNROLL,
+                                                          **({"ACT": act} if act else {})))
 
 
 def _planes_per_item(P, limit):
@@ -97,18 +99,19 @@ def _cut(args, images, n0, nb):
                  for t in args)
 
 
-def _reduce(dev, gpu_kernel, planes_kernel, width, N, C, P, inputs, what):
+def _reduce(dev, gpu_kernel, planes_kernel, width, N, C, P, inputs, what, act=0):
     """Runs a first reduction pass over inputs ((N, C, ...) tensors, then per-channel (C,) ones) and returns
     (partial records of `width` floats, runs, lsize): one record per (run, channel). A GPU-shaped run is `chunk`
     consecutive (n, p) pairs; a plane-shaped one is nb consecutive images: about SPAN values on CPUs, and on GPUs
     (planes under SMALL_PLANE values) enough runs for 4 waves of LSIZE work-items per compute unit. Past
     kernels.INDEX_LIMIT, each run of images gets its own pass, their records gathered in order (the finishing
-    passes merge records of any counts)."""
+    passes merge records of any counts). act: the ACT build (_bn_kernel)."""
     if N * C * P > kernels.INDEX_LIMIT:
         parts = []
         for n0, nb in chunks(what, (N, C, P), N, [C * P]):
             part, _, lsize = _reduce(dev, gpu_kernel, planes_kernel, width, nb, C, P,
-                                     _cut(inputs, [t for t in inputs if getattr(t, "ndim", 0) > 1], n0, nb), what)
+                                     _cut(inputs, [t for t in inputs if getattr(t, "ndim", 0) > 1], n0, nb), what,
+                                     act)
             parts.append(part)
         runs = sum(part.shape[0] for part in parts)
         gathered, at = empty((runs, C, width), dev), 0
@@ -124,32 +127,32 @@ def _reduce(dev, gpu_kernel, planes_kernel, width, N, C, P, inputs, what):
             nb = max(1, min(N, N * C // (4 * dev.compute_units * lsize)))
         runs = -(-N // nb)
         part = empty((runs, C, width), dev)
-        kernels.launch(dev, _bn_kernel(dev, planes_kernel, lsize), (runs * C,), kernels.ANY_GROUP, *inputs, part, N, C,
-                       P, nb, what=what)
+        kernels.launch(dev, _bn_kernel(dev, planes_kernel, lsize, act), (runs * C,), kernels.ANY_GROUP, *inputs, part,
+                       N, C, P, nb, what=what)
         return part, runs, lsize
     runs, chunk = _runs(dev, N, C, P, lsize)
     part = empty((runs, C, width), dev)
-    kernels.launch(dev, _bn_kernel(dev, gpu_kernel, lsize), (C * lsize, runs), (lsize, 1), *inputs, part, N, C, P,
-                   chunk, what=what)
+    kernels.launch(dev, _bn_kernel(dev, gpu_kernel, lsize, act), (C * lsize, runs), (lsize, 1), *inputs, part, N, C,
+                   P, chunk, what=what)
     return part, runs, lsize
 
 
-def _elementwise(dev, name, N, C, P, *args, what, images):
+def _elementwise(dev, name, N, C, P, *args, what, images, act=0):
     """An element-wise pass: UNROLL elements per work-item, or, CPU-shaped, cb channels' planes of one image per
     work-item. Past kernels.INDEX_LIMIT, a pass per run of images over regions of the (N, C, P) tensors, those
-    in `images`."""
+    in `images`. act: the ACT build (_bn_kernel)."""
     if N * C * P > kernels.INDEX_LIMIT:
         for n0, nb in chunks(what, (N, C, P), N, [C * P]):
-            _elementwise(dev, name, nb, C, P, *_cut(args, images, n0, nb), what=what, images=())
+            _elementwise(dev, name, nb, C, P, *_cut(args, images, n0, nb), what=what, images=(), act=act)
         return
     lsize = _lsize(dev)
     if lsize == 1:
         cb = _planes_per_item(P, C)
-        kernels.launch(dev, _bn_kernel(dev, name + "_planes", 1), (N * -(-C // cb),), kernels.ANY_GROUP, *args, C, P, N,
-                       cb, what=what)
+        kernels.launch(dev, _bn_kernel(dev, name + "_planes", 1, act), (N * -(-C // cb),), kernels.ANY_GROUP, *args, C,
+                       P, N, cb, what=what)
     else:
         total = N * C * P
-        kernels.launch(dev, _bn_kernel(dev, name, lsize), (-(-total // UNROLL),), (lsize,), *args, C, P, total,
+        kernels.launch(dev, _bn_kernel(dev, name, lsize, act), (-(-total // UNROLL),), (lsize,), *args, C, P, total,
                        what=what)
 
 
@@ -218,8 +221,8 @@ def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentu
     _check_channel(bias, C, "bias", "batch norm")
     mean, invstd = batch_norm_stats(x, eps, running_mean, running_var, momentum, unbiased)
     y = empty(x.shape, x.device)
-    _elementwise(x.device, "batchnorm_apply", N, C, P, x, mean, invstd, weight, bias, y, -1.0, act,
-                 what=f"batch norm {tuple(x.shape)}", images=(x, y))
+    _elementwise(x.device, "batchnorm_apply", N, C, P, x, mean, invstd, weight, bias, y, -1.0,
+                 what=f"batch norm {tuple(x.shape)}", images=(x, y), act=act)
     return y, mean, invstd
 
 
@@ -237,7 +240,7 @@ def batch_norm_eval_forward(x, weight, bias, running_mean, running_var, eps):
     for t, name in ((weight, "weight"), (bias, "bias"), (running_mean, "running_mean"), (running_var, "running_var")):
         _check_channel(t, C, name, "batch norm")
     y = empty(x.shape, x.device)  # 1/sqrt(running_var + eps) taken inside the pass
-    _elementwise(x.device, "batchnorm_apply", N, C, P, x, running_mean, running_var, weight, bias, y, float(eps), 0,
+    _elementwise(x.device, "batchnorm_apply", N, C, P, x, running_mean, running_var, weight, bias, y, float(eps),
                  what=f"batch norm (evaluation) {tuple(x.shape)}", images=(x, y))
     return y
 
@@ -248,7 +251,7 @@ def _grad_sums(dy, x, mean, invstd, dweight, dbias, gmean, what, beta, y=None, a
     dev = x.device
     N, C, P = _geometry(x, what)
     part, runs, lsize = _reduce(dev, "batchnorm_grad_sums", "batchnorm_grad_sums_planes", 2, N, C, P,
-                                (dy, x, mean, y, act),
+                                (dy, x, mean, y), act=act,
                                 what=f"{what} sums {tuple(x.shape)}")
     kernels.launch(dev, _bn_kernel(dev, "batchnorm_grad_finish", lsize), (C * lsize,), (lsize,), part, runs, C,
                    float(N * P), invstd, dweight, dbias, gmean, int(beta != 0.0),
@@ -291,8 +294,8 @@ def batch_norm_backward(dy, x, weight, mean, invstd, need_dx, dweight, dbias, be
     if not need_dx:
         return None
     dx = empty(x.shape, x.device)
-    _elementwise(x.device, "batchnorm_dx", N, C, P, dy, x, mean, invstd, weight, gmean, dx, y, act,
-                 what=f"{what} {tuple(x.shape)}", images=(dy, x, dx) + ((y,) if act else ()))
+    _elementwise(x.device, "batchnorm_dx", N, C, P, dy, x, mean, invstd, weight, gmean, dx, y,
+                 what=f"{what} {tuple(x.shape)}", images=(dy, x, dx) + ((y,) if act else ()), act=act)
     return dx
 
 
@@ -316,7 +319,7 @@ def batch_norm_eval_backward(dy, x, weight, running_mean, running_var, eps, need
     if not need_dx:
         return None
     dx = empty(x.shape, x.device)
-    _elementwise(x.device, "batchnorm_apply", N, C, P, dy, None, invstd, weight, None, dx, eps_arg, 0,
+    _elementwise(x.device, "batchnorm_apply", N, C, P, dy, None, invstd, weight, None, dx, eps_arg,
                  what=f"{what} {tuple(x.shape)}", images=(dy, dx))
     return dx
 

@@ -192,6 +192,27 @@ def test_batch_norm(dev, rng, limit, kernel_shape, training):
     assert_close(tb.grad.numpy(), rdb, "d bias", tol=1e-4)
 
 
+def test_batch_norm_with_its_relu(dev, rng, limit, kernel_shape):
+    """The batch norm that applies its ReLU (ONNX's BatchNormalization -> Relu) in runs of images: the saved output
+    cut into the same runs as dy and x in the backward's passes; bit for bit the two ops apart."""
+    x = rng.standard_normal((37, 6, 8, 7)) * 2 + 3
+    w, b = rng.standard_normal(6), rng.standard_normal(6)
+    dy = rng.standard_normal(x.shape)
+    grads = {}
+    for fused in (True, False):
+        tx, tw, tb = leaf(dev, x), leaf(dev, w), leaf(dev, b)
+        trm, trv = clnet.tensor(np.zeros(6), dev), clnet.tensor(np.ones(6), dev)
+        if fused:
+            y = ops.BatchNormTrain.apply(tx, tw, tb, trm, trv, momentum=0.1, eps=1e-5, act="relu")
+        else:
+            y = F.relu(ops.BatchNormTrain.apply(tx, tw, tb, trm, trv, momentum=0.1, eps=1e-5))
+        y.backward(clnet.tensor(dy, dev))
+        grads[fused] = [t.numpy() for t in (y, tx.grad, tw.grad, tb.grad)]
+    assert (grads[True][0] == 0).any() and (grads[True][0] > 0).any()
+    for a, c in zip(grads[True], grads[False]):
+        assert np.array_equal(a, c)
+
+
 def test_local_response_norm(dev, rng, limit, kernel_shape):
     x = rng.standard_normal((37, 6, 8, 7))
     t = leaf(dev, x)
