@@ -207,6 +207,7 @@ def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentu
         Updated in place as batch_norm_stats says (PyTorch's BatchNorm2d semantics; ONNX's with unbiased False).
     momentum, eps : float
     unbiased : bool
+        As batch_norm_stats.
     act : int
         0, or the activation applied to y in the same pass (elementwise.ACTIVATIONS: 1 ReLU, 4 ReLU6)
 

@@ -17,9 +17,9 @@ def _passed_on(module, node, args):
 
 
 def _fuse_relus(nodes, outputs):
-    """A BatchNormalization whose output only a Relu reads applies the ReLU itself (forward, one pass over the
-    activations and one launch, where the two took two of each; the ReLU's gradient is taken as before); the Relu
-    passes its input on. Not where the batch norm's output is a graph output or has another reader."""
+    """A BatchNormalization whose output only a Relu reads applies the ReLU itself, and in its backward the ReLU's
+    gradient (ops.BatchNormTrain act=: two launches and two passes over the activations fewer); the Relu passes its
+    input on. Not where the batch norm's output is a graph output or has another reader."""
     readers = {}
     for n in nodes:
         for name in dict.fromkeys(n.inputs):
