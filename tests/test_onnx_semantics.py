@@ -130,24 +130,33 @@ def test_training_batch_norm_updates_running_var_with_the_population_variance(de
         assert_close(net.state_dict()["var"], v64, f"step {step} the buffer var", tol=1e-6)
 
 
+@pytest.mark.parametrize("op", ["BatchNormalization", "Conv", "Conv1d"])
 @pytest.mark.parametrize("case", ["fused", "y also an output", "y read twice"])
-def test_training_batch_norm_applies_the_relu_after_it(dev, rng, tmp_path, monkeypatch, case):
-    """A BatchNormalization whose output only a Relu reads applies the ReLU, and its gradient, in its own passes (no
-    act_fwd or act_bwd launch): outputs, running statistics and gradients bit for bit those of the two nodes run
-    apart, in training and in eval. Not where the batch norm's output is a graph output or has another reader."""
+def test_the_relu_after_a_batch_norm_or_a_convolution_runs_in_it(dev, rng, tmp_path, monkeypatch, op, case):
+    """A BatchNormalization or Conv whose output only a Relu reads applies the ReLU itself: the batch norm in its
+    passes and its backward's (no act_fwd or act_bwd launch), the convolution in its epilogue (no act_fwd). Outputs,
+    running statistics and gradients are bit for bit those of the nodes run apart, in training and in eval. Not where
+    the output is a graph output or has another reader."""
     h = onnx.helper
-    shape, C = (4, 3, 5, 6), 3
-    nodes = [h.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y", "rm", "rv"],
-                         training_mode=1, name="bn"), h.make_node("Relu", ["y"], ["r"], name="relu")]
+    shape, C = ((4, 3, 11) if op == "Conv1d" else (4, 3, 5, 6)), 3
+    if op == "Conv1d":
+        first = h.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1], name="conv1d")
+        init = dict(w=f32(rng, C, C, 3) * 0.3, b=f32(rng, C))
+    elif op == "BatchNormalization":
+        first = h.make_node(op, ["x", "scale", "bias", "mean", "var"], ["y", "rm", "rv"], training_mode=1, name="bn")
+        init = dict(scale=rng.uniform(0.5, 1.5, C).astype(np.float32), bias=f32(rng, C), mean=f32(rng, C),
+                    var=rng.uniform(0.5, 2.0, C).astype(np.float32))
+    else:
+        first = h.make_node(op, ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], name="conv")
+        init = dict(w=f32(rng, C, C, 3, 3) * 0.3, b=f32(rng, C))
+    nodes = [first, h.make_node("Relu", ["y"], ["r"], name="relu")]
     outputs = [("r", shape)]
     if case == "y also an output":
         outputs.append(("y", shape))
     if case == "y read twice":
         nodes.append(h.make_node("Add", ["r", "y"], ["s"], name="add"))
         outputs = [("s", shape)]
-    init = dict(scale=rng.uniform(0.5, 1.5, C).astype(np.float32), bias=f32(rng, C), mean=f32(rng, C),
-                var=rng.uniform(0.5, 2.0, C).astype(np.float32))
-    path = build(tmp_path / "bn_relu.onnx", nodes, [("x", shape)], outputs, init, opset=15)
+    path = build(tmp_path / "relu_after.onnx", nodes, [("x", shape)], outputs, init, opset=15)
     x0, dy = f32(rng, *shape), f32(rng, *shape)
     results, launches = {}, {}
     for fuse in (True, False):
@@ -165,18 +174,18 @@ def test_training_batch_norm_applies_the_relu_after_it(dev, rng, tmp_path, monke
             (out * clnet.tensor(dy, dev)).sum().backward()
         finally:
             kernels.context.profiler = None
-        names = [name for _, name, _ in prof.records]
         state = net.state_dict()
         net.eval()
         with clnet.no_grad():
             evaluated = net(clnet.tensor(x0, dev))
         evaluated = evaluated[0] if isinstance(evaluated, tuple) else evaluated
-        results[fuse] = [out.numpy(), x.grad.numpy(), state["mean"], state["var"], evaluated.numpy()] + [
+        results[fuse] = [out.numpy(), x.grad.numpy(), evaluated.numpy()] + [state[k] for k in sorted(state)] + [
             p.grad.numpy() for p in net.parameters()]
-        launches[fuse] = names
-    for name in ("act_fwd", "act_bwd"):
+        launches[fuse] = [name for _, name, _ in prof.records]
+    saved = ("act_fwd", "act_bwd") if op == "BatchNormalization" else ("act_fwd",)
+    for name in saved:
         assert (name in launches[True]) == (case != "fused")
-    assert len(launches[True]) == len(launches[False]) - 2 * (case == "fused")
+    assert len(launches[True]) == len(launches[False]) - len(saved) * (case == "fused")
     for a, b in zip(results[True], results[False]):
         assert np.array_equal(a, b)
 

@@ -64,6 +64,7 @@ def _as_2d(at):
 
 
 def _d_conv(m, n, a):
+    """ONNX's Conv, 1-D and 2-D; n.act: the ReLU of the Relu node after it (module._fuse_relus), in its epilogue."""
     x, w, b = a[0], a[1], (a[2] if len(a) > 2 else None)
     w, b = _tensor_arg(m, n, w, 1), (None if b is None else _tensor_arg(m, n, b, 2))
     at = n.attrs
@@ -78,7 +79,7 @@ def _d_conv(m, n, a):
     dilation = tuple(at.get("dilations", (1, 1)))
     begin, total = _padding(at, x.shape[2:], (kh, kw), stride, dilation)
     s = conv_shape(n.name, x.shape, w.shape, stride, begin, total, dilation, int(at.get("group", 1)))
-    return [ops.Conv2d.apply(x, w, b, s=s, what=f"Conv {n.name}")]
+    return [ops.Conv2d.apply(x, w, b, s=s, what=f"Conv {n.name}", relu=n.act == "relu")]
 
 
 def _padding(at, size, kernel, stride, dilation):
@@ -121,7 +122,7 @@ class _Node1d:
     """A node seen as its 2-D counterpart (name, op and inputs kept; attributes from _as_2d)."""
 
     def __init__(self, n):
-        self.name, self.op, self.inputs, self.attrs = n.name, n.op, n.inputs, _as_2d(n.attrs)
+        self.name, self.op, self.inputs, self.attrs, self.act = n.name, n.op, n.inputs, _as_2d(n.attrs), n.act
 
 
 def _pool_1d(handler):

@@ -17,16 +17,18 @@ def _passed_on(module, node, args):
 
 
 def _fuse_relus(nodes, outputs):
-    """A BatchNormalization whose output only a Relu reads applies the ReLU itself, and in its backward the ReLU's
-    gradient (ops.BatchNormTrain act=: two launches and two passes over the activations fewer); the Relu passes its
-    input on. Not where the batch norm's output is a graph output or has another reader."""
+    """A BatchNormalization or a Conv whose output only a Relu reads applies the ReLU itself: the batch norm in its
+    pass and, in its backward, the ReLU's gradient (ops.BatchNormTrain act=: two launches and two passes over the
+    activations fewer), the convolution in its product's epilogue (ops.Conv2d relu=, as nn.Sequential fuses it: one
+    launch and pass fewer); the Relu passes its input on. Not where that output is a graph output or has another
+    reader."""
     readers = {}
     for n in nodes:
         for name in dict.fromkeys(n.inputs):
             if name:
                 readers.setdefault(name, []).append(n)
     for n in nodes:
-        if n.op == "BatchNormalization" and n.outputs and n.outputs[0] and n.outputs[0] not in outputs:
+        if n.op in ("BatchNormalization", "Conv") and n.outputs and n.outputs[0] and n.outputs[0] not in outputs:
             after = readers.get(n.outputs[0], [])
             if len(after) == 1 and after[0].op == "Relu" and after[0].inputs[:1] == [n.outputs[0]]:
                 n.act, after[0].run = "relu", _passed_on
@@ -38,7 +40,7 @@ class _Node:
     def __init__(self, op, name, inputs, outputs, attrs, run):
         self.op, self.name, self.inputs, self.outputs, self.attrs, self.run = op, name, inputs, outputs, attrs, run
         self.frees = ()
-        self.act = None  # an activation this node applies for the node after it (OnnxModule: a Relu after a batch norm)
+        self.act = None  # an activation this node applies for the node after it (_fuse_relus)
 
     def where(self, module):
         return f"ONNX node {self.name!r} ({self.op}, opset {module.opset})"
