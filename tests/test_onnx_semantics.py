@@ -190,6 +190,48 @@ def test_the_relu_after_a_batch_norm_or_a_convolution_runs_in_it(dev, rng, tmp_p
         assert np.array_equal(a, b)
 
 
+def test_a_join_that_begins_with_an_earlier_one_joins_its_output(dev, rng, tmp_path, monkeypatch):
+    """densenet's pattern: each Concat joins every map before it. One that begins with all of an earlier Concat's
+    inputs joins that one's output and the rest (module._chain_concats): the forward bit for bit the same, two copies
+    a join instead of one an input, the gradients those of PyTorch in float64 (and of the joins run as written)."""
+    torch = pytest.importorskip("torch")
+    h = onnx.helper
+    shape = (2, 2, 3, 3)
+    w1, w2 = f32(rng, 2, 4, 1, 1), f32(rng, 2, 6, 1, 1)
+    nodes = [h.make_node("Sigmoid", ["x"], ["a"], name="a"),
+             h.make_node("Concat", ["x", "a"], ["c1"], axis=1, name="c1"),
+             h.make_node("Conv", ["c1", "w1"], ["b"], name="b"),
+             h.make_node("Concat", ["x", "a", "b"], ["c2"], axis=1, name="c2"),
+             h.make_node("Conv", ["c2", "w2"], ["d"], name="d"),
+             h.make_node("Concat", ["x", "a", "b", "d"], ["c3"], axis=1, name="c3")]
+    path = build(tmp_path / "dense.onnx", nodes, [("x", shape)], [("c3", (2, 8, 3, 3))], dict(w1=w1, w2=w2))
+    x0, dy = f32(rng, *shape), f32(rng, 2, 8, 3, 3)
+    runs = {}
+    for chained in (True, False):
+        if not chained:
+            monkeypatch.setattr(connx.module, "_chain_concats", lambda nodes: None)
+        net = connx.load(path, device=dev)
+        joins = [n.inputs for n in net._nodes if n.op == "Concat"]
+        assert joins == ([["x", "a"], ["c1", "b"], ["c2", "d"]] if chained else
+                         [["x", "a"], ["x", "a", "b"], ["x", "a", "b", "d"]])
+        x = clnet.tensor(x0, dev, requires_grad=True)
+        y = net(x)
+        (y * clnet.tensor(dy, dev)).sum().backward()
+        runs[chained] = [y.numpy(), x.grad.numpy()] + [p.grad.numpy() for _, p in sorted(net.named_parameters())]
+    assert np.array_equal(runs[True][0], runs[False][0])
+    tx = torch.tensor(x0.astype(np.float64), requires_grad=True)
+    tw1, tw2 = (torch.tensor(w.astype(np.float64), requires_grad=True) for w in (w1, w2))
+    ta = torch.sigmoid(tx)
+    tb = torch.nn.functional.conv2d(torch.cat([tx, ta], 1), tw1)
+    td = torch.nn.functional.conv2d(torch.cat([tx, ta, tb], 1), tw2)
+    ty = torch.cat([tx, ta, tb, td], 1)
+    (ty * torch.tensor(dy.astype(np.float64))).sum().backward()
+    for got, want, name in zip(runs[True][1:], (tx.grad, tw1.grad, tw2.grad), ("d x", "d w1", "d w2")):
+        assert_close(got, want.numpy(), name, tol=1e-6)
+    for got, written in zip(runs[True][1:], runs[False][1:]):
+        assert_close(got, written, "against the joins as written", tol=1e-6)
+
+
 def test_training_batch_norm_leaves_graph_inputs_unchanged(dev, rng, tmp_path):
     """Running statistics given as graph inputs (as ONNX's node tests give them) come back updated as new outputs;
     the caller's tensors keep their values."""

@@ -34,6 +34,27 @@ def _fuse_relus(nodes, outputs):
                 n.act, after[0].run = "relu", _passed_on
 
 
+def _chain_concats(nodes):
+    """A Concat whose inputs begin with all the inputs of an earlier Concat along the same axis (densenet's: each layer
+    joins every feature map before it) joins that Concat's output and the rest instead: the same values, copied in
+    two launches rather than one an input, forward and backward (densenet121: 593 inputs in 58 joins). The gradient
+    then reaches the earlier maps through the earlier join's (float32 sums in another order)."""
+    joined = {}  # (axis, inputs) of each Concat -> its output
+    for n in nodes:
+        if n.op != "Concat" or not n.outputs or not n.outputs[0]:
+            continue
+        axis = n.attrs.get("axis")
+        for k in range(len(n.inputs) - 1, 1, -1):  # the longest earlier join this one begins with
+            earlier = joined.get((axis, tuple(n.inputs[:k])))
+            if earlier is not None:
+                inputs = [earlier] + n.inputs[k:]
+                joined[(axis, tuple(n.inputs))] = n.outputs[0]
+                n.inputs = inputs
+                break
+        else:
+            joined[(axis, tuple(n.inputs))] = n.outputs[0]
+
+
 class _Node:
     __slots__ = ("op", "name", "inputs", "outputs", "attrs", "run", "frees", "act")
 
@@ -64,6 +85,7 @@ class OnnxModule(Module):
         d["path"], d["opset"], d["input_names"], d["output_names"] = path, opset, inputs, outputs
         d["_nodes"], d["_constants"], d["_transposed"] = nodes, constants, transposed
         d["_device_constants"] = {}
+        _chain_concats(nodes)
         last_use = {}
         for i, n in enumerate(nodes):
             for name in n.inputs:
