@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The next device call after session 21 (bench/NOTES.md v36-v39): what the CPU could not show.
-#  1. v36-v39 (the concatenation's backward into the gradient so far, ONNX batch norms without their correction
-#     launches, ReLUs run in the batch norm or convolution before them) against v35: NETS through ONNX at batch 64,
-#     eager and replayed, against PyTorch eager and its CUDA graph (bench/depthwise.py --networks), SIDES alternated
-#     ROUNDS times; the base a snapshot of 1a10409:
+# The next device call after session 21 (bench/NOTES.md v36-v40): what the CPU could not show.
+#  1. v36-v40 (the concatenation's backward into the gradient so far, ONNX batch norms without their correction
+#     launches, ReLUs run in the batch norm or convolution before them, chained joins) against v35: NETS through
+#     ONNX at batch 64, eager and replayed, against PyTorch eager and its CUDA graph (bench/depthwise.py --networks),
+#     SIDES alternated ROUNDS times; the base a snapshot of 1a10409:
 #       mkdir .bench-snap-base && git archive 1a10409 clnet cl_kernels bench | tar -x -C .bench-snap-base &&
 #       echo 1a10409 > .bench-snap-base/.rev
 #  2. The eager add (bench/eager_cost.py), each side, and PyTorch's.
