@@ -130,13 +130,17 @@ def test_training_batch_norm_updates_running_var_with_the_population_variance(de
         assert_close(net.state_dict()["var"], v64, f"step {step} the buffer var", tol=1e-6)
 
 
-@pytest.mark.parametrize("op", ["BatchNormalization", "Conv", "Conv1d"])
+@pytest.mark.parametrize("op", ["BatchNormalization", "BatchNormalization+Clip", "Conv", "Conv+Clip", "Conv1d"])
 @pytest.mark.parametrize("case", ["fused", "y also an output", "y read twice"])
 def test_the_relu_after_a_batch_norm_or_a_convolution_runs_in_it(dev, rng, tmp_path, monkeypatch, op, case):
-    """A BatchNormalization or Conv whose output only a Relu reads applies the ReLU itself: the batch norm in its
-    passes and its backward's (no act_fwd or act_bwd launch), the convolution in its epilogue (no act_fwd). Outputs,
-    running statistics and gradients are bit for bit those of the nodes run apart, in training and in eval. Not where
-    the output is a graph output or has another reader."""
+    """A BatchNormalization or Conv whose output only a Relu reads applies the ReLU itself (a batch norm also a Clip
+    to [0, 6], ReLU6): the batch norm in its passes and its backward's (no act_fwd or act_bwd launch), the
+    convolution in its epilogue (no act_fwd; a Clip after it stays a node). Outputs, running statistics and
+    gradients are bit for bit those of the nodes run apart, in training and in eval. Not where the output is a graph
+    output or has another reader."""
+    clip = op.endswith("+Clip")
+    op = op.replace("+Clip", "")
+    act = ("relu6" if op == "BatchNormalization" else None) if clip else "relu"
     h = onnx.helper
     shape, C = ((4, 3, 11) if op == "Conv1d" else (4, 3, 5, 6)), 3
     if op == "Conv1d":
@@ -149,7 +153,12 @@ def test_the_relu_after_a_batch_norm_or_a_convolution_runs_in_it(dev, rng, tmp_p
     else:
         first = h.make_node(op, ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], name="conv")
         init = dict(w=f32(rng, C, C, 3, 3) * 0.3, b=f32(rng, C))
-    nodes = [first, h.make_node("Relu", ["y"], ["r"], name="relu")]
+    nodes = [first, h.make_node("Clip", ["y", "lo", "hi"], ["r"], name="relu6") if clip else
+             h.make_node("Relu", ["y"], ["r"], name="relu")]
+    if clip:
+        init.update(lo=np.array(0.0, np.float32), hi=np.array(6.0, np.float32))
+        if op == "BatchNormalization":
+            init["scale"] = init["scale"] * 8  # outputs past 6 too
     outputs = [("r", shape)]
     if case == "y also an output":
         outputs.append(("y", shape))
@@ -161,9 +170,9 @@ def test_the_relu_after_a_batch_norm_or_a_convolution_runs_in_it(dev, rng, tmp_p
     results, launches = {}, {}
     for fuse in (True, False):
         if not fuse:
-            monkeypatch.setattr(connx.module, "_fuse_relus", lambda nodes, outputs: None)
+            monkeypatch.setattr(connx.module, "_fuse_relus", lambda nodes, outputs, constants: None)
         net = connx.load(path, device=dev)
-        assert (net._nodes[0].act == "relu") == (fuse and case == "fused")
+        assert net._nodes[0].act == (act if fuse and case == "fused" else None)
         x = clnet.tensor(x0, dev, requires_grad=True)
         from clnet import kernels
         prof = kernels.Profiler()
@@ -182,10 +191,12 @@ def test_the_relu_after_a_batch_norm_or_a_convolution_runs_in_it(dev, rng, tmp_p
         results[fuse] = [out.numpy(), x.grad.numpy(), evaluated.numpy()] + [state[k] for k in sorted(state)] + [
             p.grad.numpy() for p in net.parameters()]
         launches[fuse] = [name for _, name, _ in prof.records]
+    fused = case == "fused" and act is not None
     saved = ("act_fwd", "act_bwd") if op == "BatchNormalization" else ("act_fwd",)
-    for name in saved:
-        assert (name in launches[True]) == (case != "fused")
-    assert len(launches[True]) == len(launches[False]) - len(saved) * (case == "fused")
+    if not clip:  # (a Clip runs pointwise.cl's kernels, not act_fwd)
+        for name in saved:
+            assert (name in launches[True]) == (not fused)
+    assert len(launches[True]) == len(launches[False]) - len(saved) * fused
     for a, b in zip(results[True], results[False]):
         assert np.array_equal(a, b)
 

@@ -159,8 +159,8 @@ def _d_batchnorm(m, n, a):
     ONNX specifies (BatchNormalization-14/15, training_mode): running_var = momentum * running_var + (1 - momentum) *
     the batch's population variance (PyTorch's batch norm adds the unbiased one; the statistics kernel takes which).
     Statistics that are module buffers (the file's initializers) are updated in place, as training does; others
-    (graph inputs, constants) are copied first, as ONNX returns new ones. n.act: the ReLU of the Relu node after it
-    (module._fuse_relus), applied here."""
+    (graph inputs, constants) are copied first, as ONNX returns new ones. n.act: the activation of the Relu or ReLU6
+    Clip node after it (module._fuse_relus), applied here."""
     x, scale, bias, mean, var = a[:5]
     scale, bias = _tensor_arg(m, n, scale, 1), _tensor_arg(m, n, bias, 2)
     mean, var = _tensor_arg(m, n, mean, 3), _tensor_arg(m, n, var, 4)

@@ -16,12 +16,27 @@ def _passed_on(module, node, args):
     return [args[0]]
 
 
-def _fuse_relus(nodes, outputs):
-    """A BatchNormalization or a Conv whose output only a Relu reads applies the ReLU itself: the batch norm in its
-    pass and, in its backward, the ReLU's gradient (ops.BatchNormTrain act=: two launches and two passes over the
-    activations fewer), the convolution in its product's epilogue (ops.Conv2d relu=, as nn.Sequential fuses it: one
-    launch and pass fewer); the Relu passes its input on. Not where that output is a graph output or has another
-    reader."""
+def _activation_of(n, constants):
+    """"relu" for a Relu node, "relu6" for a Clip to [0, 6] (PyTorch's ReLU6), else None."""
+    if n.op == "Relu":
+        return "relu"
+    if n.op != "Clip":
+        return None
+    if "min" in n.attrs or "max" in n.attrs:  # opset < 11
+        bounds = n.attrs.get("min"), n.attrs.get("max")
+    else:
+        values = [np.asarray(constants[n.inputs[s]]) if s < len(n.inputs) and n.inputs[s] in constants else None
+                  for s in (1, 2)]
+        bounds = tuple(v.reshape(-1)[0] if v is not None and v.size == 1 else None for v in values)
+    return "relu6" if bounds == (0.0, 6.0) else None
+
+
+def _fuse_relus(nodes, outputs, constants):
+    """A BatchNormalization or a Conv whose output only a Relu (a batch norm's: or a ReLU6's Clip) reads applies it
+    itself: the batch norm in its pass and, in its backward, the activation's gradient (ops.BatchNormTrain act=: two
+    launches and two passes over the activations fewer), the convolution in its product's epilogue (ops.Conv2d relu=,
+    as nn.Sequential fuses it: one launch and pass fewer); the activation's node passes its input on. Not where that
+    output is a graph output or has another reader."""
     readers = {}
     for n in nodes:
         for name in dict.fromkeys(n.inputs):
@@ -30,8 +45,11 @@ def _fuse_relus(nodes, outputs):
     for n in nodes:
         if n.op in ("BatchNormalization", "Conv") and n.outputs and n.outputs[0] and n.outputs[0] not in outputs:
             after = readers.get(n.outputs[0], [])
-            if len(after) == 1 and after[0].op == "Relu" and after[0].inputs[:1] == [n.outputs[0]]:
-                n.act, after[0].run = "relu", _passed_on
+            if len(after) != 1 or after[0].inputs[:1] != [n.outputs[0]]:
+                continue
+            act = _activation_of(after[0], constants)
+            if act == "relu" or (act == "relu6" and n.op == "BatchNormalization"):
+                n.act, after[0].run = act, _passed_on
 
 
 def _chain_concats(nodes):
@@ -93,7 +111,7 @@ class OnnxModule(Module):
                     last_use[name] = i
         keep = set(outputs)
         d["_read"] = keep | set(last_use)  # the values a node or the caller reads
-        _fuse_relus(nodes, keep)
+        _fuse_relus(nodes, keep, constants)
         for i, n in enumerate(nodes):  # activations leave the forward's table after their last reader
             n.frees = tuple(name for name in dict.fromkeys(n.inputs)
                             if name and last_use.get(name) == i and name not in keep)
