@@ -6,7 +6,8 @@
 //   fill_scaled  x = scale * g[0]: the gradient of a sum (g on the device, so no read-back)
 //   mul       out = a * b
 //   scale_by  out = a * g[0]: a gradient scaled by a one-element upstream gradient on the device
-//   axpby     out = alpha * a + beta * b (act_fwd, act_bwd and axpby: VW = 4 elements per work-item)
+//   axpby     out = alpha * a + beta * b (act_fwd, act_bwd and axpby: VW = 4 elements per work-item); axpby_relu, its
+//             ReLU (act_of's), for a residual sum that a ReLU alone reads
 //   affine    out = alpha * a + beta
 //   accumulate  dst += src (a leaf's gradient)
 //   copy2d    dst[dst_off + r*dst_ld + c] = src[src_off + r*src_ld + c] for r < rows, c < cols: the concatenation and
@@ -102,6 +103,17 @@ __kernel void axpby(__global const float* restrict a, __global const float* rest
         VEC(out + i) = alpha * CVEC(a + i) + beta * CVEC(b + i);
     } else {
         for (int j = i; j < n; j++) out[j] = axpby_of(alpha, a[j], beta, b[j]);
+    }
+}
+
+__kernel void axpby_relu(__global const float* restrict a, __global const float* restrict b,
+                         __global float* restrict out, const float alpha, const float beta, const int n) {
+    const int i = get_global_id(0) * VW;
+    if (i + VW <= n) {
+        const float4 v = alpha * CVEC(a + i) + beta * CVEC(b + i);
+        VEC(out + i) = select(v, (float4)(0.0f), v < (float4)(0.0f));
+    } else {
+        for (int j = i; j < n; j++) out[j] = act_of(1, axpby_of(alpha, a[j], beta, b[j]));
     }
 }
 

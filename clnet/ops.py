@@ -101,6 +101,24 @@ class Axpby(Function):
                      for need, c in zip(self.needs, (self.alpha, self.beta)))
 
 
+class AddRelu(Function):
+    """relu(a + b) for tensors of one shape in one launch (an ONNX Add whose one reader is a Relu: a residual block's
+    end); the values of the add and then the ReLU, bit for bit. Its backward takes the ReLU's gradient from the saved
+    output."""
+    __slots__ = ()
+
+    def forward(self, a, b):
+        dev, n = a.device, a.size
+        out = empty(a.shape, dev)
+        _map(dev, _elementwise(dev, "axpby_relu"), n, VW, a, b, out, 1.0, 1.0, n, what="add and ReLU")
+        self.save(out)
+        return out
+
+    def backward(self, dy):
+        g = _activation_grad("relu", self.saved[0], dy, "add and ReLU backward")
+        return tuple(g if need else None for need in self.needs)
+
+
 def _affine(x, alpha, beta):
     out = empty(x.shape, x.device)
     alpha, beta = float(alpha), float(beta)

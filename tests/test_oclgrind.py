@@ -329,6 +329,10 @@ def _pointwise(clnet, dev, rng):
     w = clnet.where(a > 0, a, b / 2)
     _close(w.numpy(), np.where(x64 > 0, x64, y64 / 2), "where")
     _backward(clnet, w, rng)
+    c = _param(clnet, dev, rng, 3, 1, 5)  # a residual sum and its ReLU in one launch (float4s and a tail)
+    r = clnet.ops.AddRelu.apply(a, c)
+    _close(r.numpy(), np.maximum(x64 + c.numpy().astype(np.float64), 0), "relu(a + c)")
+    _backward(clnet, r, rng)
     _close((clnet.arange(7, device=dev) % 3).float().numpy(), np.arange(7) % 3, "arange % 3, cast")
     assert clnet.rand(9, device=dev).numpy().max() < 1 and clnet.eye(3, 2, device=dev).numpy().trace() == 2
     r = clnet.randint(2, 7, (11,), device=dev).numpy()

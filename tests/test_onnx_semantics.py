@@ -130,7 +130,8 @@ def test_training_batch_norm_updates_running_var_with_the_population_variance(de
         assert_close(net.state_dict()["var"], v64, f"step {step} the buffer var", tol=1e-6)
 
 
-@pytest.mark.parametrize("op", ["BatchNormalization", "BatchNormalization+Clip", "Conv", "Conv+Clip", "Conv1d"])
+@pytest.mark.parametrize("op", ["BatchNormalization", "BatchNormalization+Clip", "Conv", "Conv+Clip", "Conv1d", "Add",
+                                "Add broadcast"])
 @pytest.mark.parametrize("case", ["fused", "y also an output", "y read twice"])
 def test_the_relu_after_a_batch_norm_or_a_convolution_runs_in_it(dev, rng, tmp_path, monkeypatch, op, case):
     """A BatchNormalization or Conv whose output only a Relu reads applies the ReLU itself (a batch norm also a Clip
@@ -138,12 +139,15 @@ def test_the_relu_after_a_batch_norm_or_a_convolution_runs_in_it(dev, rng, tmp_p
     convolution in its epilogue (no act_fwd; a Clip after it stays a node). Outputs, running statistics and
     gradients are bit for bit those of the nodes run apart, in training and in eval. Not where the output is a graph
     output or has another reader."""
-    clip = op.endswith("+Clip")
-    op = op.replace("+Clip", "")
+    clip, broadcast = op.endswith("+Clip"), op.endswith(" broadcast")
+    op = op.replace("+Clip", "").replace(" broadcast", "")
     act = ("relu6" if op == "BatchNormalization" else None) if clip else "relu"
     h = onnx.helper
     shape, C = ((4, 3, 11) if op == "Conv1d" else (4, 3, 5, 6)), 3
-    if op == "Conv1d":
+    if op == "Add":  # a residual block's end (broadcast: the add runs apart, then the ReLU, as the nodes would)
+        first = h.make_node("Add", ["x", "z"], ["y"], name="add")
+        init = dict(z=f32(rng, *((1, C, 1, 1) if broadcast else shape)))
+    elif op == "Conv1d":
         first = h.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1], name="conv1d")
         init = dict(w=f32(rng, C, C, 3) * 0.3, b=f32(rng, C))
     elif op == "BatchNormalization":
@@ -191,7 +195,7 @@ def test_the_relu_after_a_batch_norm_or_a_convolution_runs_in_it(dev, rng, tmp_p
         results[fuse] = [out.numpy(), x.grad.numpy(), evaluated.numpy()] + [state[k] for k in sorted(state)] + [
             p.grad.numpy() for p in net.parameters()]
         launches[fuse] = [name for _, name, _ in prof.records]
-    fused = case == "fused" and act is not None
+    fused = case == "fused" and act is not None and not broadcast
     saved = ("act_fwd", "act_bwd") if op == "BatchNormalization" else ("act_fwd",)
     if not clip:  # (a Clip runs pointwise.cl's kernels, not act_fwd)
         for name in saved:
@@ -199,6 +203,23 @@ def test_the_relu_after_a_batch_norm_or_a_convolution_runs_in_it(dev, rng, tmp_p
     assert len(launches[True]) == len(launches[False]) - len(saved) * fused
     for a, b in zip(results[True], results[False]):
         assert np.array_equal(a, b)
+
+
+def test_a_relu_after_an_add_of_host_values_still_applies(dev, tmp_path):
+    """Shape arithmetic runs on the host: an Add of host values followed by a Relu keeps the ReLU (the Relu passes
+    on only what the add's device path has already taken through it)."""
+    h = onnx.helper
+    nodes = [h.make_node("Shape", ["x"], ["s"], name="shape"), h.make_node("Add", ["s", "c"], ["t"], name="add"),
+             h.make_node("Relu", ["t"], ["u"], name="relu")]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (4, 3, 5, 6))],
+                         [h.make_tensor_value_info("u", onnx.TensorProto.INT64, (4,))],
+                         [onnx.numpy_helper.from_array(np.array([-5, 0, -9, 1], np.int64), "c")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "shape.onnx"))
+    net = connx.load(str(tmp_path / "shape.onnx"), device=dev)
+    assert net._nodes[1].act == "relu"
+    assert net(clnet.tensor(np.zeros((4, 3, 5, 6), np.float32), dev)).numpy().tolist() == [0, 3, 0, 7]
 
 
 def test_a_join_that_begins_with_an_earlier_one_joins_its_output(dev, rng, tmp_path, monkeypatch):

@@ -218,6 +218,9 @@ def _d_unary(onnx_name):
     return run
 
 
+_relu = _d_unary("Relu")
+
+
 def _d_selu(m, n, a):  # gamma * elu(x, alpha)
     at = n.attrs
     alpha, gamma = float(at.get("alpha", 1.67326319217681884765625)), float(at.get("gamma", 1.05070102214813232421875))
@@ -267,7 +270,14 @@ def _d_binary(onnx_name):
     def run(m, n, a):
         x, y = _operands(m, n, a[0], a[1])
         if name == "add":
-            return [pointwise.add(x, y)]
+            if n.act is None:
+                return [pointwise.add(x, y)]
+            # the ReLU of the Relu node after it (module._fuse_relus): in the add's launch where both are float32
+            # tensors of one shape, else as that node would run it
+            if (isinstance(x, Tensor) and isinstance(y, Tensor) and x.dtype == y.dtype == np.float32 and
+                    x.shape == y.shape and x.device is y.device):
+                return [ops.AddRelu.apply(x, y)]
+            return _relu(m, n, [pointwise.add(x, y)])
         if name == "sub":
             return [pointwise.sub(x, y)]
         if name == "mul":

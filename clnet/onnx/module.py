@@ -12,8 +12,12 @@ from .common import OnnxImportError, _is_host
 
 # ---- the imported network ------------------------------------------------------------------------------------------
 
-def _passed_on(module, node, args):
-    return [args[0]]
+def _passed_on(run):
+    """The run of an activation node whose producer applies the activation (_fuse_relus): a device tensor comes
+    through as it is; a host value (a producer run on the host, as shape arithmetic is) takes the node's own run."""
+    def passed_on(module, node, args):
+        return [args[0]] if isinstance(args[0], Tensor) else run(module, node, args)
+    return passed_on
 
 
 def _activation_of(n, constants):
@@ -32,24 +36,24 @@ def _activation_of(n, constants):
 
 
 def _fuse_relus(nodes, outputs, constants):
-    """A BatchNormalization or a Conv whose output only a Relu (a batch norm's: or a ReLU6's Clip) reads applies it
+    """A BatchNormalization, Conv or Add whose output only a Relu (a batch norm's: or a ReLU6's Clip) reads applies it
     itself: the batch norm in its pass and, in its backward, the activation's gradient (ops.BatchNormTrain act=: two
     launches and two passes over the activations fewer), the convolution in its product's epilogue (ops.Conv2d relu=,
-    as nn.Sequential fuses it: one launch and pass fewer); the activation's node passes its input on. Not where that
-    output is a graph output or has another reader."""
+    as nn.Sequential fuses it), the add in its launch (ops.AddRelu, a residual block's end): one launch and pass fewer;
+    the activation's node passes its input on. Not where that output is a graph output or has another reader."""
     readers = {}
     for n in nodes:
         for name in dict.fromkeys(n.inputs):
             if name:
                 readers.setdefault(name, []).append(n)
     for n in nodes:
-        if n.op in ("BatchNormalization", "Conv") and n.outputs and n.outputs[0] and n.outputs[0] not in outputs:
+        if n.op in ("BatchNormalization", "Conv", "Add") and n.outputs and n.outputs[0] and n.outputs[0] not in outputs:
             after = readers.get(n.outputs[0], [])
             if len(after) != 1 or after[0].inputs[:1] != [n.outputs[0]]:
                 continue
             act = _activation_of(after[0], constants)
             if act == "relu" or (act == "relu6" and n.op == "BatchNormalization"):
-                n.act, after[0].run = act, _passed_on
+                n.act, after[0].run = act, _passed_on(after[0].run)
 
 
 def _chain_concats(nodes):
