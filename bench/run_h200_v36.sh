@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The next device call after session 21 (bench/NOTES.md v36-v40): what the CPU could not show.
-#  1. v36-v40 (the concatenation's backward into the gradient so far, ONNX batch norms without their correction
-#     launches, ReLUs run in the batch norm or convolution before them, chained joins) against v35: NETS through
+# The next device call after session 21 (bench/NOTES.md v36-v42): what the CPU could not show.
+#  1. v36-v42 (the concatenation's backward into the gradient so far, ONNX batch norms without their correction
+#     launches, ReLUs run in the batch norm, convolution or add before them, chained joins) against v35: NETS through
 #     ONNX at batch 64, eager and replayed, against PyTorch eager and its CUDA graph (bench/depthwise.py --networks),
 #     SIDES alternated ROUNDS times; the base a snapshot of 1a10409:
 #       mkdir .bench-snap-base && git archive 1a10409 clnet cl_kernels bench | tar -x -C .bench-snap-base &&
@@ -13,7 +13,7 @@ set -u
 source bench/h200_env.sh
 ROOT=$PWD
 SIDES=${SIDES:-.bench-snap-base .}
-NETS=${NETS:-squeezenet1_1,densenet121,googlenet,resnet50}
+NETS=${NETS:-squeezenet1_1,densenet121,googlenet,resnet50,resnet18}
 {
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for round in $(seq ${ROUNDS:-1}); do
