@@ -182,6 +182,7 @@ class Cat(Function):
     """Tensors joined along one dimension: a block copy per input into its slice of the output (one pass over the
     activations; backward copies each slice of the gradient back out)."""
     __slots__ = ("dim", "sizes")
+    adds_into_pending = True  # autograd passes each input's gradient so far: its slice is added in the same launch
 
     def forward(self, *xs, dim):
         ref = xs[0].shape
@@ -194,8 +195,6 @@ class Cat(Function):
             _copy2d(x, 0, n * inner, out, offset, ld, outer, n * inner, what="cat")
             offset += n * inner
         return out
-
-    adds_into_pending = True  # autograd passes each input's gradient so far: its slice is added in the same launch
 
     def backward(self, dy, pending=None):
         """Each input's slice of dy, or, where `pending` holds what that input's gradient summed to so far from its
