@@ -6,7 +6,8 @@
 #     SIDES alternated ROUNDS times; the base a snapshot of 1a10409:
 #       mkdir .bench-snap-base && git archive 1a10409 clnet cl_kernels bench | tar -x -C .bench-snap-base &&
 #       echo 1a10409 > .bench-snap-base/.rev
-#  2. The eager add (bench/eager_cost.py), each side, and PyTorch's.
+#  2. The eager add (bench/eager_cost.py), each side, and PyTorch's; what an extra int argument costs a launch
+#     (bench/arg_cost.py).
 #  3. With TUNE=seconds, this tree with clnet.autotune first (--tune, as PyTorch runs with cudnn.benchmark).
 #   bash bench/run_h200_v36.sh   (carry .whl and .bench-snap-base; results in $OUT/v36.log)
 set -u
@@ -28,6 +29,8 @@ for round in $(seq ${ROUNDS:-1}); do
   done
 done
 timeout 60 python3 bench/eager_cost.py --device gpu --torch 2>&1 | grep -v -i warn
+echo "== what an extra int argument costs a launch (the memory plan's price, NOTES v42)"
+timeout 60 python3 bench/arg_cost.py --device gpu 2>&1 | grep -v -i warn
 if [ "${TUNE:-0}" != 0 ]; then
   echo "== this tree tuned (--tune $TUNE) at $SECONDS s"
   CLNET_CACHE_DIR=/tmp/cache-tuned timeout 400 python3 bench/depthwise.py --device gpu --torch cuda --no-layers \

@@ -1,0 +1,53 @@
+"""What each extra scalar argument costs a launch (bench/NOTES.md v34's next step: kernels that take a (buffer, offset)
+pair for each buffer, so that an arena's blocks need no sub-buffer, would pass one more int per buffer argument).
+A copy kernel over 4 buffers with 0, 4 and 8 extra int arguments, arguments set beforehand, launched in a chain as a
+replay launches; host time to enqueue and time to the end, medians of 5.
+
+    python3 bench/arg_cost.py --device gpu
+"""
+import statistics
+import time
+
+import click
+import pyopencl as cl
+
+import clnet
+
+
+def source(extra):
+    params = "".join(f", const int o{i}" for i in range(extra))
+    use = " + ".join([f"o{i}" for i in range(extra)] or ["0"])
+    return (f"__kernel void copy(__global const float* a, __global const float* b, __global const float* c, "
+            f"__global float* d{params}) {{ size_t i = get_global_id(0); d[i] = a[i] + b[i] + c[i] + (float)({use}); }}")
+
+
+@click.command()
+@click.option("--device", "device_spec", default="auto")
+@click.option("--launches", default=400)
+@click.option("--elements", default=4096)
+def main(device_spec, launches, elements):
+    dev = clnet.device(device_spec)
+    ctx, q = dev.context, dev.queue
+    bufs = [cl.Buffer(ctx, cl.mem_flags.READ_WRITE, elements * 4) for _ in range(4)]
+    print(f"{dev.name}: {launches} launches of a {elements}-element kernel over 4 buffers, arguments set beforehand")
+    for extra in (0, 4, 8):
+        k = cl.Kernel(cl.Program(ctx, source(extra)).build(), "copy")
+        k.set_args(*bufs, *([cl.cltypes.int(0)] * extra))
+        enq, total = [], []
+        for rep in range(6):
+            q.finish()
+            t0 = time.perf_counter()
+            for _ in range(launches):
+                cl.enqueue_nd_range_kernel(q, k, (elements,), None)
+            t1 = time.perf_counter()
+            q.finish()
+            t2 = time.perf_counter()
+            if rep:
+                enq.append((t1 - t0) / launches * 1e6)
+                total.append((t2 - t0) / launches * 1e6)
+        print(f"  {extra} extra int arguments: enqueue {statistics.median(enq):6.2f} us a launch, to the end "
+              f"{statistics.median(total):6.2f} us a launch")
+
+
+if __name__ == "__main__":
+    main()
