@@ -5,13 +5,16 @@ replay launches; host time to enqueue and time to the end, medians of 5.
 
     python3 bench/arg_cost.py --device gpu
 """
-import statistics
-import time
+import os
+import sys
 
 import click
 import pyopencl as cl
 
-import clnet
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import clnet  # noqa: E402
+from subbuffer_launch import launch_times  # noqa: E402
 
 
 def source(extra):
@@ -33,20 +36,8 @@ def main(device_spec, launches, elements):
     for extra in (0, 4, 8):
         k = cl.Kernel(cl.Program(ctx, source(extra)).build(), "copy")
         k.set_args(*bufs, *([cl.cltypes.int(0)] * extra))
-        enq, total = [], []
-        for rep in range(6):
-            q.finish()
-            t0 = time.perf_counter()
-            for _ in range(launches):
-                cl.enqueue_nd_range_kernel(q, k, (elements,), None)
-            t1 = time.perf_counter()
-            q.finish()
-            t2 = time.perf_counter()
-            if rep:
-                enq.append((t1 - t0) / launches * 1e6)
-                total.append((t2 - t0) / launches * 1e6)
-        print(f"  {extra} extra int arguments: enqueue {statistics.median(enq):6.2f} us a launch, to the end "
-              f"{statistics.median(total):6.2f} us a launch")
+        enq, total = launch_times(q, [k], (elements,), launches)
+        print(f"  {extra} extra int arguments: enqueue {enq:6.2f} us a launch, to the end {total:6.2f} us a launch")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,24 @@ SOURCE = "__kernel void copy(__global const float4* a, __global float4* b) { siz
          "b[i] = a[i] + (float4)(1.0f); }"
 
 
+def launch_times(q, kernels_, global_size, launches):
+    """(enqueue, to the end): medians of 5 (after one warm-up) of the host time a launch takes to enqueue and the time
+    a launch to the queue's end, over `launches` launches cycling through kernels_ (their arguments set beforehand)."""
+    enq, total = [], []
+    for rep in range(6):
+        q.finish()
+        t0 = time.perf_counter()
+        for j in range(launches):
+            cl.enqueue_nd_range_kernel(q, kernels_[j % len(kernels_)], global_size, None)
+        t1 = time.perf_counter()
+        q.finish()
+        t2 = time.perf_counter()
+        if rep:
+            enq.append((t1 - t0) / launches * 1e6)
+            total.append((t2 - t0) / launches * 1e6)
+    return statistics.median(enq), statistics.median(total)
+
+
 @click.command()
 @click.option("--device", "device_spec", default="auto")
 @click.option("--launches", default=400)
@@ -50,20 +68,8 @@ def main(device_spec, launches):
                 k = cl.Kernel(prog, "copy")
                 k.set_args(bufs[i], bufs[(i + 1) % 8])
                 ks.append(k)
-            enq, total = [], []
-            for rep in range(6):
-                q.finish()
-                t0 = time.perf_counter()
-                for j in range(launches):
-                    cl.enqueue_nd_range_kernel(q, ks[j % 8], (nbytes // 16,), None)
-                t1 = time.perf_counter()
-                q.finish()
-                t2 = time.perf_counter()
-                if rep:
-                    enq.append((t1 - t0) / launches * 1e6)
-                    total.append((t2 - t0) / launches * 1e6)
-            print(f"  {nbytes:>9d} B  {name:42s} enqueue {statistics.median(enq):7.2f} us a launch, "
-                  f"to the end {statistics.median(total):7.2f} us a launch")
+            enq, total = launch_times(q, ks, (nbytes // 16,), launches)
+            print(f"  {nbytes:>9d} B  {name:42s} enqueue {enq:7.2f} us a launch, to the end {total:7.2f} us a launch")
         del unused
 
 

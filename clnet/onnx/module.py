@@ -65,16 +65,13 @@ def _chain_concats(nodes):
     for n in nodes:
         if n.op != "Concat" or not n.outputs or not n.outputs[0]:
             continue
-        axis = n.attrs.get("axis")
-        for k in range(len(n.inputs) - 1, 1, -1):  # the longest earlier join this one begins with
-            earlier = joined.get((axis, tuple(n.inputs[:k])))
+        axis, written = n.attrs.get("axis"), tuple(n.inputs)  # a later join matches the inputs as written
+        for k in range(len(written) - 1, 1, -1):  # the longest earlier join this one begins with
+            earlier = joined.get((axis, written[:k]))
             if earlier is not None:
-                inputs = [earlier] + n.inputs[k:]
-                joined[(axis, tuple(n.inputs))] = n.outputs[0]
-                n.inputs = inputs
+                n.inputs = [earlier] + n.inputs[k:]
                 break
-        else:
-            joined[(axis, tuple(n.inputs))] = n.outputs[0]
+        joined[(axis, written)] = n.outputs[0]
 
 
 class _Node:
