@@ -8,8 +8,8 @@ the wall clock with synchronisation on a CPU. Each line also gives the pass's fe
 the output written once) over --bandwidth: the time a memory-bound pass cannot beat.
 
 Networks (--networks): torchvision's model exported to ONNX in training mode, imported with clnet.onnx.load; one SGD
-step with momentum timed eager and replayed as a clnet.Graph, against PyTorch eager and PyTorch's whole step as a
-CUDA graph, in the same process (with --before also clnet with depthwise layers forced back to im2col; with --tune,
+step with momentum timed eager (wall clock, the queue finished once at the step's end, on both sides) and replayed
+as a clnet.Graph, against PyTorch eager and PyTorch's whole step as a CUDA graph, in the same process (with --before also clnet with depthwise layers forced back to im2col; with --tune,
 clnet's kernels chosen by timing first, as cudnn.benchmark chooses PyTorch's).
 
     python bench/depthwise.py --device gpu --torch cuda --batch 64 --networks mobilenet_v2 --json h200.json
@@ -238,12 +238,22 @@ def network(args, dev, torch, tdev, name, folder, cb, connx):
         with forced(algorithm):
             for _ in range(args.warmup):
                 runner.iteration()
-            eager = [sum(v for k, v in runner.iteration().items() if k != "loss")
-                     for _ in range(args.iterations)]
+            # The eager step as a user's loop runs it (and as PyTorch's below is timed): the queue finished once,
+            # at its end. `clnet bench`'s phases each finish the queue (its per-phase report), which keeps the
+            # host from running ahead into the next phase: that sum is printed beside it.
+            phases = [sum(v for k, v in runner.iteration().items() if k != "loss")
+                      for _ in range(args.iterations)]
+            eager = []
+            for _ in range(args.iterations):
+                t0 = time.perf_counter()
+                runner.step()
+                dev.synchronize()
+                eager.append((time.perf_counter() - t0) * 1e3)
             replay, launches = cb.time_replays(runner, args.iterations, False)
-        rec[tag] = dict(eager_ms=statistics.median(eager), replay_ms=replay, launches=launches)
-        print(f"{name} b{args.batch} {tag}: eager {rec[tag]['eager_ms']:.2f} ms, replayed {replay:.2f} ms "
-              f"({launches} launches)", flush=True)
+        rec[tag] = dict(eager_ms=statistics.median(eager), eager_phases_ms=statistics.median(phases),
+                        replay_ms=replay, launches=launches)
+        print(f"{name} b{args.batch} {tag}: eager {rec[tag]['eager_ms']:.2f} ms (phases finished apart "
+              f"{rec[tag]['eager_phases_ms']:.2f}), replayed {replay:.2f} ms ({launches} launches)", flush=True)
         del runner, model
     if torch is not None and tdev == "cpu":  # PyTorch CPU's eager step (no graphs there)
         xt, yt = torch.from_numpy(x), torch.from_numpy(labels.astype(np.int64))
@@ -274,13 +284,11 @@ def network(args, dev, torch, tdev, name, folder, cb, connx):
             step()
         torch.cuda.synchronize()
         samples = []
-        for _ in range(args.iterations):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
+        for _ in range(args.iterations):  # wall clock, the queue finished at the end: as clnet's eager step
+            t0 = time.perf_counter()
             step()
-            b.record()
             torch.cuda.synchronize()
-            samples.append(a.elapsed_time(b))
+            samples.append((time.perf_counter() - t0) * 1e3)
         rec["torch_eager_ms"] = statistics.median(samples)
         rec["torch_graph_ms"] = cb.torch_graph_ms(tm, opt, xt, yt, args.iterations, False)
         c = rec["clnet"]

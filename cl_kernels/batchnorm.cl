@@ -11,6 +11,9 @@
 //   batchnorm_stats_finish  merges each channel's runs in order, writes mean and invstd = 1/sqrt(M2/n + eps) and
 //             updates running_mean and running_var (with the variance M2 / var_count: n - 1, PyTorch's unbiased one,
 //             or n, ONNX's) when they are not NULL
+//   batchnorm_apply_runs  batchnorm_stats_finish and batchnorm_apply in one launch, GPU-shaped: work-group (c, r)
+//             merges channel c's records as the finish does, group (c, 0) writes what the finish writes, and each
+//             normalises the r-th run of channel c, as batchnorm_stats walks it (a launch fewer a batch norm)
 //   batchnorm_invstd  invstd = 1/sqrt(var + eps) (evaluation mode, from the running variance)
 //   batchnorm_apply  y = (x - mean) * invstd * weight + bias; NULL mean, weight or bias mean 0, 1 and 0 (so dy *
 //             weight * invstd is this kernel too). With eps >= 0 the `invstd` argument holds the variance and each
@@ -26,6 +29,8 @@
 //   batchnorm_grad_finish  adds each channel's runs in order: dbias += sum dy, dweight += sum dy * xhat (when not
 //             NULL; with add 0 they are written, not added to, and not read), and, when gmean is not NULL,
 //             gmean[c] = sum dy / n, gmean[C + c] = sum dy * xhat / n
+//   batchnorm_dx_runs  batchnorm_grad_finish and batchnorm_dx in one launch (without gmean), GPU-shaped, as
+//             batchnorm_apply_runs
 //   batchnorm_dx  dx = weight * invstd * (dy - gmean[c] - xhat * gmean[C + c]), xhat = (x - mean) * invstd; as
 //             batchnorm_apply. With ACT (1 ReLU, 4 ReLU6) it and the gradient sums take dy through that activation's
 //             gradient from its output y (act_grad_of) first: the batch norm's output went through it in the apply
@@ -192,14 +197,11 @@ __kernel void batchnorm_stats_planes(__global const float* restrict x, __global 
     vstore3(acc, r * C + c, partial);
 }
 
-__kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void batchnorm_stats_finish(__global const float* restrict partial, const int runs, const int C, const float count,
-                            const float eps, const float momentum, const float var_count,
-                            __global float* restrict mean,
-                            __global float* restrict invstd, __global float* restrict running_mean,
-                            __global float* restrict running_var) {
-    const int c = get_group_id(0), lid = get_local_id(0);
-    __local float4 part[LSIZE];
+// Channel c's records of `partial` merged by a work-group, the same tree in every kernel that uses them (so the same
+// bits): lane l merges records l, l + LSIZE, ... in order, then the lanes' results pairwise. Every lane returns the
+// whole (count, mean, M2).
+inline float3 merged_stats(__global const float* restrict partial, const int runs, const int C, const int c,
+                           const int lid, __local float4* part) {
     float3 acc = (float3)(0.0f);
     for (int r = lid; r < runs; r += LSIZE) acc = merge_stats(acc, vload3(r * C + c, partial));
     part[lid] = (float4)(acc, 0.0f);
@@ -208,13 +210,77 @@ void batchnorm_stats_finish(__global const float* restrict partial, const int ru
         if (lid < w) part[lid].xyz = merge_stats(part[lid].xyz, part[lid + w].xyz);
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (lid != 0) return;
-    const float m = part[0].y, var = part[0].z / count;
-    mean[c] = m;
-    invstd[c] = 1.0f / sqrt(var + eps);
-    if (running_mean) running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * m;
-    if (running_var)
-        running_var[c] = (1.0f - momentum) * running_var[c] + momentum * (part[0].z / var_count);
+    return part[0].xyz;
+}
+
+// The finished statistics of channel c written: mean, invstd and the running statistics' update; returns invstd.
+inline float stats_written(const float3 st, const int c, const float count, const float eps, const float momentum,
+                           const float var_count, __global float* restrict mean, __global float* restrict invstd,
+                           __global float* restrict running_mean, __global float* restrict running_var,
+                           const int write) {
+    const float inv = 1.0f / sqrt(st.z / count + eps);
+    if (write) {
+        mean[c] = st.y;
+        invstd[c] = inv;
+        if (running_mean) running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * st.y;
+        if (running_var) running_var[c] = (1.0f - momentum) * running_var[c] + momentum * (st.z / var_count);
+    }
+    return inv;
+}
+
+__kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
+void batchnorm_stats_finish(__global const float* restrict partial, const int runs, const int C, const float count,
+                            const float eps, const float momentum, const float var_count,
+                            __global float* restrict mean,
+                            __global float* restrict invstd, __global float* restrict running_mean,
+                            __global float* restrict running_var) {
+    const int c = get_group_id(0), lid = get_local_id(0);
+    __local float4 part[LSIZE];
+    const float3 st = merged_stats(partial, runs, C, c, lid, part);
+    stats_written(st, c, count, eps, momentum, var_count, mean, invstd, running_mean, running_var, lid == 0);
+}
+
+// batchnorm_stats_finish and batchnorm_apply in one launch, GPU-shaped: work-group (c, r) merges channel c's `runs`
+// records as the finish does (every group of the channel the same bits), group (c, 0) writes the finished
+// statistics, and each group normalises the r-th run of `chunk` pairs of channel c, walked as batchnorm_stats walks
+// its runs (these runs are its own, as many as the grid has: not the records'). Its arguments are the finish's, then
+// the apply's.
+__kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
+void batchnorm_apply_runs(__global const float* restrict partial, const int runs, const int C, const float count,
+                          const float eps, const float momentum, const float var_count,
+                          __global float* restrict mean, __global float* restrict invstd,
+                          __global float* restrict running_mean, __global float* restrict running_var,
+                          __global const float* restrict x, __global const float* restrict weight,
+                          __global const float* restrict bias, __global float* restrict y, const int N, const int P,
+                          const int chunk) {
+    const int c = get_group_id(0), r = get_group_id(1), lid = get_local_id(0);
+    __local float4 part[LSIZE];
+    const float3 st = merged_stats(partial, runs, C, c, lid, part);
+    const float inv = stats_written(st, c, count, eps, momentum, var_count, mean, invstd, running_mean, running_var,
+                                    r == 0 && lid == 0);
+    const float m = st.y, s = inv * (weight ? weight[c] : 1.0f), b = bias ? bias[c] : 0.0f;
+    const int e1 = min(N * P, (r + 1) * chunk);
+    RUN_START(r * chunk + lid);
+    while (e + (UNROLL - 1) * LSIZE < e1) {
+        int at[UNROLL];
+        float v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            at[u] = i;
+            v[u] = x[i];
+            RUN_STEP();
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const float out = (v[u] - m) * s + b;
+            y[at[u]] = ACT ? act_of(ACT, out) : out;
+        }
+    }
+    for (; e < e1;) {
+        const float out = (x[i] - m) * s + b;
+        y[i] = ACT ? act_of(ACT, out) : out;
+        RUN_STEP();
+    }
 }
 
 __kernel void batchnorm_invstd(__global const float* restrict var, const float eps, __global float* restrict invstd,
@@ -388,12 +454,10 @@ __kernel void batchnorm_grad_sums_planes(__global const float* restrict dy, __gl
     vstore2(acc + s, r * C + c, partial);
 }
 
-__kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void batchnorm_grad_finish(__global const float* restrict partial, const int runs, const int C, const float count,
-                           __global const float* restrict invstd, __global float* restrict dweight,
-                           __global float* restrict dbias, __global float* restrict gmean, const int add) {
-    const int c = get_group_id(0), lid = get_local_id(0);
-    __local float2 part[LSIZE];
+// Channel c's gradient-sum records added by a work-group, the same tree in every kernel that uses them; every lane
+// returns the whole (sum dy, sum dy * (x - mean)).
+inline float2 merged_sums(__global const float* restrict partial, const int runs, const int C, const int c,
+                          const int lid, __local float2* part) {
     float2 acc = (float2)(0.0f);
     for (int r = lid; r < runs; r += LSIZE) acc += vload2(r * C + c, partial);
     part[lid] = acc;
@@ -402,13 +466,68 @@ void batchnorm_grad_finish(__global const float* restrict partial, const int run
         if (lid < w) part[lid] += part[lid + w];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (lid != 0) return;
-    const float sum_dy = part[0].x, sum_dy_xhat = part[0].y * invstd[c];
+    return part[0];
+}
+
+// The parameter gradients of channel c from its sums: dbias += sum dy, dweight += sum dy * xhat (written with add
+// 0), each when not NULL.
+inline void grads_written(const float sum_dy, const float sum_dy_xhat, const int c, __global float* restrict dweight,
+                          __global float* restrict dbias, const int add) {
     if (dbias) dbias[c] = add ? dbias[c] + sum_dy : sum_dy;
     if (dweight) dweight[c] = add ? dweight[c] + sum_dy_xhat : sum_dy_xhat;
+}
+
+__kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
+void batchnorm_grad_finish(__global const float* restrict partial, const int runs, const int C, const float count,
+                           __global const float* restrict invstd, __global float* restrict dweight,
+                           __global float* restrict dbias, __global float* restrict gmean, const int add) {
+    const int c = get_group_id(0), lid = get_local_id(0);
+    __local float2 part[LSIZE];
+    const float2 sums = merged_sums(partial, runs, C, c, lid, part);
+    if (lid != 0) return;
+    const float sum_dy = sums.x, sum_dy_xhat = sums.y * invstd[c];
+    grads_written(sum_dy, sum_dy_xhat, c, dweight, dbias, add);
     if (gmean) {
         gmean[c] = sum_dy / count;
         gmean[C + c] = sum_dy_xhat / count;
+    }
+}
+
+// batchnorm_grad_finish and batchnorm_dx in one launch, GPU-shaped, as batchnorm_apply_runs: work-group (c, r) adds
+// channel c's records as the finish does, group (c, 0) writes dweight and dbias, and each group writes dx over the
+// r-th run of `chunk` pairs of channel c.
+__kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
+void batchnorm_dx_runs(__global const float* restrict partial, const int runs, const int C, const float count,
+                       __global const float* restrict invstd, __global float* restrict dweight,
+                       __global float* restrict dbias, const int add, __global const float* restrict dy,
+                       __global const float* restrict x, __global const float* restrict mean,
+                       __global const float* restrict weight, __global float* restrict dx,
+                       __global const float* restrict y, const int N, const int P, const int chunk) {
+    const int c = get_group_id(0), r = get_group_id(1), lid = get_local_id(0);
+    __local float2 part[LSIZE];
+    const float2 sums = merged_sums(partial, runs, C, c, lid, part);
+    const float inv = invstd[c], sum_dy = sums.x, sum_dy_xhat = sums.y * inv;
+    if (r == 0 && lid == 0) grads_written(sum_dy, sum_dy_xhat, c, dweight, dbias, add);
+    const float m = mean[c], s = inv * (weight ? weight[c] : 1.0f), g0 = sum_dy / count, g1 = sum_dy_xhat / count;
+    const int e1 = min(N * P, (r + 1) * chunk);
+    RUN_START(r * chunk + lid);
+    while (e + (UNROLL - 1) * LSIZE < e1) {
+        int at[UNROLL];
+        float g[UNROLL], v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            at[u] = i;
+            g[u] = ACT ? act_grad_of(ACT, y[i], dy[i]) : dy[i];
+            v[u] = x[i];
+            RUN_STEP();
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) dx[at[u]] = s * (g[u] - g0 - (v[u] - m) * inv * g1);
+    }
+    for (; e < e1;) {
+        const float gv = ACT ? act_grad_of(ACT, y[i], dy[i]) : dy[i];
+        dx[i] = s * (gv - g0 - (x[i] - m) * inv * g1);
+        RUN_STEP();
     }
 }
 

@@ -43,6 +43,11 @@ UNROLL = 4
 # read P-value fragments of 32 images (a word each for (N, C) inputs); plane-shaped, it reads 32 channels side by
 # side. H200, (1024, 4096): statistics 21 us against 38, gradient sums 22 against 67.
 SMALL_PLANE = 8
+# The most (n, p) pairs a work-group of the merged passes (batchnorm_apply_runs, batchnorm_dx_runs) walks, 16 a
+# work-item at LSIZE 256: on the statistics' own runs (long, about 4 work-groups a compute unit) those passes ran
+# 17-31% slower than the spread element-wise passes on 64-256 channels of 56x56 and 112x112 (H100, bench/NOTES.md
+# v44). Each work-group merges its channel's records itself, so the runs may be shorter than the statistics'.
+MERGED_RUN = 4096
 
 __all__ = ["batch_norm_stats", "batch_norm_train_forward", "batch_norm_eval_forward", "batch_norm_backward",
            "batch_norm_eval_backward", "lrn_forward", "lrn_backward"]
@@ -156,6 +161,37 @@ def _elementwise(dev, name, N, C, P, *args, what, images, act=0):
                        what=what)
 
 
+def _merged_runs(dev, N, C, P, lsize):
+    """(runs, chunk) of the merged passes: the statistics' runs, cut to at most MERGED_RUN pairs each."""
+    chunk = min(_runs(dev, N, C, P, lsize)[1], MERGED_RUN)
+    return -(-N * P // chunk), chunk
+
+
+def _merged_in_pass(dev, N, C, P):
+    """Whether the GPU-shaped path merges each channel's records in the pass that uses them (batchnorm_apply_runs,
+    batchnorm_dx_runs: a launch fewer each way) rather than in a finishing launch of their own: planes of
+    SMALL_PLANE values or more, within kernels.INDEX_LIMIT (past it, the reductions run per run of images)."""
+    return P >= SMALL_PLANE and N * C * P <= kernels.INDEX_LIMIT and _lsize(dev) > 1
+
+
+def _statistics(x, eps, running_mean, running_var, momentum, unbiased, what):
+    """The statistics pass of x, checked: ((N, C, P), lsize, the finishing kernels' arguments: the records, their
+    count, the sizes, the update's constants and the tensors they write, mean and invstd new)."""
+    dev = x.device
+    N, C, P = _geometry(x, what)
+    _check_channel(running_mean, C, "running_mean", what)
+    _check_channel(running_var, C, "running_var", what)
+    count = N * P
+    if count <= 1:
+        raise ValueError(f"{what}: expected more than 1 value per channel when training, got input of shape "
+                         f"{tuple(x.shape)}")
+    part, runs, lsize = _reduce(dev, "batchnorm_stats", "batchnorm_stats_planes", 3, N, C, P, (x,),
+                                what=f"{what} {tuple(x.shape)}")
+    finish = (part, runs, C, float(count), float(eps), momentum if type(momentum) is kernels.Live else float(momentum),
+              float(count - 1 if unbiased else count), empty((C,), dev), empty((C,), dev), running_mean, running_var)
+    return (N, C, P), lsize, finish
+
+
 def batch_norm_stats(x, eps=1e-5, running_mean=None, running_var=None, momentum=0.1, unbiased=True):
     """Per-channel batch statistics of x over N and the pixels.
 
@@ -177,22 +213,11 @@ def batch_norm_stats(x, eps=1e-5, running_mean=None, running_var=None, momentum=
         The batch mean and 1 / sqrt(biased variance + eps).
     """
     what = "batch norm statistics"
+    (_, C, _), lsize, finish = _statistics(x, eps, running_mean, running_var, momentum, unbiased, what)
     dev = x.device
-    N, C, P = _geometry(x, what)
-    _check_channel(running_mean, C, "running_mean", what)
-    _check_channel(running_var, C, "running_var", what)
-    count = N * P
-    if count <= 1:
-        raise ValueError(f"{what}: expected more than 1 value per channel when training, got input of shape "
-                         f"{tuple(x.shape)}")
-    part, runs, lsize = _reduce(dev, "batchnorm_stats", "batchnorm_stats_planes", 3, N, C, P, (x,),
-                                what=f"{what} {tuple(x.shape)}")
-    mean, invstd = empty((C,), dev), empty((C,), dev)
-    kernels.launch(dev, _bn_kernel(dev, "batchnorm_stats_finish", lsize), (C * lsize,), (lsize,), part, runs, C,
-                   float(count), float(eps), momentum if type(momentum) is kernels.Live else float(momentum),
-                   float(count - 1 if unbiased else count), mean, invstd, running_mean, running_var,
-                   what=f"{what} (merging {runs} runs)")
-    return mean, invstd
+    kernels.launch(dev, _bn_kernel(dev, "batchnorm_stats_finish", lsize), (C * lsize,), (lsize,), *finish,
+                   what=f"{what} (merging {finish[1]} runs)")
+    return finish[7], finish[8]
 
 
 def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentum, eps, unbiased=True, act=0):
@@ -217,13 +242,21 @@ def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentu
     mean, invstd : Tensor (C,)
         Saved for batch_norm_backward.
     """
+    dev = x.device
     N, C, P = _geometry(x, "batch norm")
     _check_channel(weight, C, "weight", "batch norm")
     _check_channel(bias, C, "bias", "batch norm")
+    y = empty(x.shape, dev)
+    what = f"batch norm {tuple(x.shape)}"
+    if _merged_in_pass(dev, N, C, P):
+        _, lsize, finish = _statistics(x, eps, running_mean, running_var, momentum, unbiased, "batch norm statistics")
+        runs, chunk = _merged_runs(dev, N, C, P, lsize)
+        kernels.launch(dev, _bn_kernel(dev, "batchnorm_apply_runs", lsize, act), (C * lsize, runs), (lsize, 1),
+                       *finish, x, weight, bias, y, N, P, chunk, what=what)
+        return y, finish[7], finish[8]
     mean, invstd = batch_norm_stats(x, eps, running_mean, running_var, momentum, unbiased)
-    y = empty(x.shape, x.device)
-    _elementwise(x.device, "batchnorm_apply", N, C, P, x, mean, invstd, weight, bias, y, -1.0,
-                 what=f"batch norm {tuple(x.shape)}", images=(x, y), act=act)
+    _elementwise(dev, "batchnorm_apply", N, C, P, x, mean, invstd, weight, bias, y, -1.0, what=what, images=(x, y),
+                 act=act)
     return y, mean, invstd
 
 
@@ -251,12 +284,17 @@ def _grad_sums(dy, x, mean, invstd, dweight, dbias, gmean, what, beta, y=None, a
     when not None, gets their means. act: dy is first taken through that activation's gradient from its output y."""
     dev = x.device
     N, C, P = _geometry(x, what)
-    part, runs, lsize = _reduce(dev, "batchnorm_grad_sums", "batchnorm_grad_sums_planes", 2, N, C, P,
-                                (dy, x, mean, y), act=act,
-                                what=f"{what} sums {tuple(x.shape)}")
+    part, runs, lsize = _grad_records(dy, x, mean, y, act, what)
     kernels.launch(dev, _bn_kernel(dev, "batchnorm_grad_finish", lsize), (C * lsize,), (lsize,), part, runs, C,
                    float(N * P), invstd, dweight, dbias, gmean, int(beta != 0.0),
                    what=f"{what} sums (merging {runs} runs)")
+
+
+def _grad_records(dy, x, mean, y, act, what):
+    """The gradient sums' first pass: (records, their count, lsize)."""
+    N, C, P = _geometry(x, what)
+    return _reduce(x.device, "batchnorm_grad_sums", "batchnorm_grad_sums_planes", 2, N, C, P, (dy, x, mean, y),
+                   act=act, what=f"{what} sums {tuple(x.shape)}")
 
 
 def batch_norm_backward(dy, x, weight, mean, invstd, need_dx, dweight, dbias, beta=1.0, y=None, act=0):
@@ -288,14 +326,23 @@ def batch_norm_backward(dy, x, weight, mean, invstd, need_dx, dweight, dbias, be
         _check_channel(t, C, name, what)
     if not need_dx and dweight is None and dbias is None:
         return None
-    gmean = empty((2, C), x.device) if need_dx else None
     if act:
         _check_same(y, x, "y", what)
+    dev = x.device
+    if need_dx and _merged_in_pass(dev, N, C, P):
+        part, records, lsize = _grad_records(dy, x, mean, y, act, what)
+        dx = empty(x.shape, dev)
+        runs, chunk = _merged_runs(dev, N, C, P, lsize)
+        kernels.launch(dev, _bn_kernel(dev, "batchnorm_dx_runs", lsize, act), (C * lsize, runs), (lsize, 1), part,
+                       records, C, float(N * P), invstd, dweight, dbias, int(beta != 0.0), dy, x, mean, weight, dx, y,
+                       N, P, chunk, what=f"{what} {tuple(x.shape)}")
+        return dx
+    gmean = empty((2, C), dev) if need_dx else None
     _grad_sums(dy, x, mean, invstd, dweight, dbias, gmean, what, beta, y, act)
     if not need_dx:
         return None
-    dx = empty(x.shape, x.device)
-    _elementwise(x.device, "batchnorm_dx", N, C, P, dy, x, mean, invstd, weight, gmean, dx, y,
+    dx = empty(x.shape, dev)
+    _elementwise(dev, "batchnorm_dx", N, C, P, dy, x, mean, invstd, weight, gmean, dx, y,
                  what=f"{what} {tuple(x.shape)}", images=(dy, x, dx) + ((y,) if act else ()), act=act)
     return dx
 

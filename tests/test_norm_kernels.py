@@ -327,15 +327,19 @@ def test_batch_norm_eval(dev, rng, kernel_shape, shape):
         check_channel_sums(dbias.numpy(), db0 + t_db, db_terms, "dbias against torch")
 
 
+@pytest.mark.parametrize("merged_run", [None, 40])
 @pytest.mark.parametrize("runs,shape", [(3, (5, 2, 11, 13)), (7, (5, 2, 11, 13)), (1, (40, 3, 1, 2)),
                                         (1, (700, 7))])
-def test_batch_norm_in_runs(dev, rng, monkeypatch, runs, shape):
+def test_batch_norm_in_runs(dev, rng, monkeypatch, runs, shape, merged_run):
     """The GPU shape's two-pass reductions with each channel cut into runs whose ends fall inside planes (as on GPUs
     for few channels over many pixels), and, for planes under 8 values, into runs of whole images (on inputs this
     small, one or two images a run: 40 runs, or hundreds, more than a finishing work-group's 256 work-items):
-    statistics, running statistics and gradients as one run gives."""
+    statistics, running statistics and gradients as one run gives. merged_run 40: the passes that merge the records
+    themselves (apply, dx) walk runs of their own, 40 pairs, more than the records."""
     monkeypatch.setattr(tuning, "cpu_shaped", lambda dev: False)  # the runs are the GPU shape's
     monkeypatch.setattr(tuning, "reduction_runs", lambda dev, n, groups, lsize: runs)
+    if merged_run:
+        monkeypatch.setattr(norm, "MERGED_RUN", merged_run)
     C = shape[1]
     x, dy, w, b = _f32(rng, *shape, offset=3.0), _f32(rng, *shape), _f32(rng, C), _f32(rng, C)
     rm, rv = _up(np.zeros(C), dev), _up(np.ones(C), dev)
