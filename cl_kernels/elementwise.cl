@@ -24,6 +24,8 @@
 //   bias_grad_planes  the same, CPU-shaped: one work-item per channel sums each of its N planes in eight lanes
 //             (a float8, one vector register), then the lanes, then adds the plane sums in order: no division
 //             per element, no local memory or barriers, and no chain of dependent additions P long.
+//   act_bias_grad, act_bias_grad_planes  act_bwd and bias_grad (bias_grad_planes) in one pass: dx = the gradient
+//             through the activation ACT from its output y, and db (or PARTIAL's records) its sums
 // Defines: ACT (1 ReLU, 2 Sigmoid, 3 Tanh, 4 ReLU6), LSIZE (work-group size of bias_grad and reduce_sum, a
 // power of two), PARTIAL 0/1, ACCUMULATE 0/1.
 #include "common.h"
@@ -211,6 +213,52 @@ void bias_grad(__global const float* restrict dy, __global float* restrict db, c
 #endif
 }
 
+// bias_grad of the activation's gradient, written as act_bwd writes it: dx = act_grad(y, dy), db (or, with PARTIAL,
+// the run's record) = its sums, in one pass over y and dy (a layer whose activation its own launch applied: the
+// gradient through it and its bias gradient, one launch and one read of dx fewer than act_bwd, then bias_grad). Each
+// work-item has UNROLL elements, LSIZE apart, loaded before it adds them; the sum's order is bias_grad's (a
+// work-item's elements in order, then the tree), so db is the same bits as act_bwd then bias_grad.
+#ifndef UNROLL
+#define UNROLL 4
+#endif
+__kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
+void act_bias_grad(__global const float* restrict y, __global const float* restrict dy, __global float* restrict dx,
+                   __global float* restrict db, const int N, const int C, const int P, const int chunk,
+                   const int add) {
+    const int c = get_group_id(0);
+    const int lid = get_local_id(0);
+    __local float part[LSIZE];
+    float s = 0.0f;
+#if PARTIAL
+    const int e0 = get_group_id(1) * chunk, e1 = min(N * P, e0 + chunk);
+#else
+    const int e0 = 0, e1 = N * P;
+#endif
+    for (int e = e0 + lid; e < e1; e += UNROLL * LSIZE) {
+        int at[UNROLL];
+        float g[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int f = e + u * LSIZE, n = f / P;
+            at[u] = f < e1 ? (n * C + c) * P + f - n * P : -1;
+            g[u] = at[u] >= 0 ? act_grad(y[at[u]], dy[at[u]]) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            if (at[u] >= 0) {
+                dx[at[u]] = g[u];
+                s += g[u];
+            }
+        }
+    }
+    const float total = group_sum(part, s, LSIZE);
+#if PARTIAL
+    if (lid == 0) db[get_group_id(1) * C + c] = total;
+#else
+    if (lid == 0) db[c] = add ? db[c] + total : total;
+#endif
+}
+
 // An unaligned float8 load: p + o is only float-aligned (PoCL does not inline vload8).
 typedef float8 __attribute__((aligned(4))) float8_unaligned;
 
@@ -226,6 +274,38 @@ __kernel void bias_grad_planes(__global const float* restrict dy, __global float
         for (int p = 0; p < P8; p += 8) lanes += *(__global const float8_unaligned*)(plane + p);
         float s = ((lanes.s0 + lanes.s1) + (lanes.s2 + lanes.s3)) + ((lanes.s4 + lanes.s5) + (lanes.s6 + lanes.s7));
         for (int p = P8; p < P; p++) s += plane[p];
+        total += s;
+    }
+    db[c] = add ? db[c] + total : total;
+}
+
+// act_bias_grad, CPU-shaped, as bias_grad_planes: one work-item per channel, each plane's gradient written and summed
+// in eight lanes, then the lanes, then the plane sums in order (bias_grad_planes' order: the same bits).
+__kernel void act_bias_grad_planes(__global const float* restrict y, __global const float* restrict dy,
+                                   __global float* restrict dx, __global float* restrict db, const int N,
+                                   const int C, const int P, const int add) {
+    const int c = get_global_id(0);
+    if (c >= C) return;
+    const int P8 = P & ~7;
+    float total = 0.0f;
+    for (int n = 0; n < N; n++) {
+        const int o = (n * C + c) * P;
+        float8 lanes = (float8)(0.0f);
+        for (int p = 0; p < P8; p += 8) {
+            const float8 v = *(__global const float8_unaligned*)(y + o + p);
+            const float8 d = *(__global const float8_unaligned*)(dy + o + p);
+            const float8 g = (float8)(act_grad(v.s0, d.s0), act_grad(v.s1, d.s1), act_grad(v.s2, d.s2),
+                                      act_grad(v.s3, d.s3), act_grad(v.s4, d.s4), act_grad(v.s5, d.s5),
+                                      act_grad(v.s6, d.s6), act_grad(v.s7, d.s7));
+            *(__global float8_unaligned*)(dx + o + p) = g;
+            lanes += g;
+        }
+        float s = ((lanes.s0 + lanes.s1) + (lanes.s2 + lanes.s3)) + ((lanes.s4 + lanes.s5) + (lanes.s6 + lanes.s7));
+        for (int p = P8; p < P; p++) {
+            const float g = act_grad(y[o + p], dy[o + p]);
+            dx[o + p] = g;
+            s += g;
+        }
         total += s;
     }
     db[c] = add ? db[c] + total : total;

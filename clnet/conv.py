@@ -3,7 +3,7 @@ tuned or defaulted for the shape (im2col + GEMM, Winograd, direct, depthwise, 1x
 import dataclasses
 
 from . import conv1x1, depthwise, direct, kernels, tuning, winograd
-from .elementwise import _activation_grad
+from .elementwise import ACTIVATIONS, _activation_grad
 from .gemm import NO_SPLIT, Mat, dense_backward_one_row, gemm, skinny
 from .tensor import TooLarge, chunks, empty
 
@@ -234,26 +234,35 @@ def bias_group(dev):
     return 256 if dev.max_work_group_size >= 256 else 1 << (dev.max_work_group_size.bit_length() - 1)
 
 
-def bias_grad(dy, db, N, C, P, beta=1.0):
+def bias_grad(dy, db, N, C, P, beta=1.0, relu_y=None):
     """db += sum of dy (N, C, P) over N and P (beta 0: db = that sum, db not read). Few channels over many pixels (a
     first layer) would leave most of a GPU idle with a work-group per channel, so there each channel's sum is cut into
-    runs first, then added in order. CPUs take a channel per work-item (bias_grad_planes)."""
+    runs first, then added in order. CPUs take a channel per work-item (bias_grad_planes).
+
+    relu_y: the output of a ReLU the layer applied to its own output (a fused ReLU); dy is then first taken through
+    the ReLU's gradient, in the same pass (act_bias_grad: one launch and one read fewer than act_bwd, then this), and
+    that gradient is returned; db is the same bits either way."""
     dev = dy.device
+    lead, name, defines, dx = (dy,), "bias_grad", {}, None
+    if relu_y is not None:
+        dx = empty(dy.shape, dev)
+        lead, name, defines = (relu_y, dy, dx), "act_bias_grad", dict(ACT=ACTIVATIONS["relu"])
     if tuning.cpu_shaped(dev):
-        k = kernels.kernel(dev, "elementwise.cl", "bias_grad_planes")
-        kernels.launch(dev, k, (C,), kernels.ANY_GROUP, dy, db, N, C, P, int(beta != 0.0), what="bias gradient")
-        return
+        k = kernels.kernel(dev, "elementwise.cl", name + "_planes", defines)
+        kernels.launch(dev, k, (C,), kernels.ANY_GROUP, *lead, db, N, C, P, int(beta != 0.0), what="bias gradient")
+        return dx
     lsize = bias_group(dev)
     runs = tuning.reduction_runs(dev, N * P, C, lsize)
     if runs > 1:
         chunk = -(-N * P // runs)
         part = empty((runs, C), dev)
-        k = kernels.kernel(dev, "elementwise.cl", "bias_grad", dict(LSIZE=lsize, PARTIAL=1))
-        kernels.launch(dev, k, (C * lsize, runs), (lsize, 1), dy, part, N, C, P, chunk, 1,
+        k = kernels.kernel(dev, "elementwise.cl", name, dict(LSIZE=lsize, PARTIAL=1, **defines))
+        kernels.launch(dev, k, (C * lsize, runs), (lsize, 1), *lead, part, N, C, P, chunk, 1,
                        what="bias gradient (runs)")
-        dy, N, P = part, runs, 1
-    k = kernels.kernel(dev, "elementwise.cl", "bias_grad", dict(LSIZE=lsize))
-    kernels.launch(dev, k, (C * lsize,), (lsize,), dy, db, N, C, P, 0, int(beta != 0.0), what="bias gradient")
+        lead, name, defines, N, P = (part,), "bias_grad", {}, runs, 1
+    k = kernels.kernel(dev, "elementwise.cl", name, dict(LSIZE=lsize, **defines))
+    kernels.launch(dev, k, (C * lsize,), (lsize,), *lead, db, N, C, P, 0, int(beta != 0.0), what="bias gradient")
+    return dx
 
 
 # ---- dense ---------------------------------------------------------------------------------------------------------

@@ -541,9 +541,13 @@ class Conv2d(Function):
 
     def backward(self, dy):
         x, w = self.saved[:2]
-        if self.relu:
-            dy = _activation_grad("relu", self.saved[2], dy, self.what + " backward (its ReLU)")
         (dw, db), betas, fresh = _param_grads(self, w.shape, (w.shape[0],))
+        if self.relu and db is not None:  # the ReLU's gradient and the bias's in one pass
+            s = self.shape
+            dy = conv.bias_grad(dy, db, s.N, s.O, s.OH * s.OW, betas[1], relu_y=self.saved[2])
+            db = None
+        elif self.relu:
+            dy = _activation_grad("relu", self.saved[2], dy, self.what + " backward (its ReLU)")
         dx = conv.conv2d_backward(x, w, dy, self.shape, dw, db, need_dx=self.needs[0],
                                   what=self.what + " backward", betas=betas)
         return (dx,) + fresh

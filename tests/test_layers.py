@@ -63,14 +63,31 @@ def test_bias_gradient_in_runs(dev, rng, monkeypatch):
     assert_close(layer.bias.grad.numpy(), dy.astype(np.float64).sum(axis=(0, 2, 3)), "bias gradient", tol=1e-5)
 
 
+@pytest.mark.parametrize("runs", [None, 3])
+@pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("N,C,P", [(1, 1, 1), (3, 7, 33), (2, 5, 577), (64, 3, 8), (5, 500, 1)])
-def test_bias_gradient(dev, rng, kernel_shape, N, C, P):
-    """db += the sum of dy over images and pixels, in both kernel shapes, P not a multiple of any vector width."""
+def test_bias_gradient(dev, rng, kernel_shape, monkeypatch, N, C, P, relu, runs):
+    """db += the sum of dy over images and pixels, in both kernel shapes, P not a multiple of any vector width; with
+    relu, dy first taken through the gradient of a ReLU whose output is y, that gradient returned (act_bias_grad: the
+    same bits as act_bwd's, and db the same bits as bias_grad's of it); runs 3: the GPU shape's sums in runs."""
+    from clnet import elementwise, tuning
+    if runs and not tuning.cpu_shaped(dev):
+        monkeypatch.setattr(tuning, "reduction_runs", lambda dev, n, groups, lsize: runs)
     dy = rng.standard_normal((N, C, P)).astype(np.float32)
+    y = np.maximum(rng.standard_normal((N, C, P)), 0).astype(np.float32)  # a ReLU's output: zeros and positives
     db0 = rng.standard_normal(C).astype(np.float32)
     db = clnet.tensor(db0, dev)
-    conv.bias_grad(clnet.tensor(dy, dev), db, N, C, P)
-    assert_close(db.numpy(), db0 + dy.astype(np.float64).sum(axis=(0, 2)), "bias gradient", tol=1e-5)
+    g = dy * (y > 0) if relu else dy
+    out = conv.bias_grad(clnet.tensor(dy, dev), db, N, C, P, relu_y=clnet.tensor(y, dev) if relu else None)
+    assert_close(db.numpy(), db0 + g.astype(np.float64).sum(axis=(0, 2)), "bias gradient", tol=1e-5)
+    if not relu:
+        assert out is None
+        return
+    assert np.array_equal(out.numpy(), g), "the ReLU's gradient"
+    apart = clnet.tensor(db0, dev)
+    conv.bias_grad(elementwise._activation_grad("relu", clnet.tensor(y, dev), clnet.tensor(dy, dev), "ReLU"), apart,
+                   N, C, P)
+    assert np.array_equal(db.numpy(), apart.numpy()), "one pass and two passes differ"
 
 
 def test_conv2d_large_batch_is_chunked(dev, rng, monkeypatch):
@@ -483,7 +500,9 @@ def test_sequential_fuses_relu_into_the_conv2d_and_linear_before_it(dev, rng, ho
     with launched() as names:
         y.backward(clnet.tensor(dy, dev))
     masked_inside = N == 1  # the Linear's ReLU (a hook watches only the first)
-    assert names.count("act_bwd") == (1 if masked_inside else 2), names
+    # the Conv2d's ReLU gradient is taken in its bias gradient's pass (act_bias_grad), unless hooked
+    assert names.count("act_bwd") == (0 if masked_inside else 1) + hooked, names
+    assert sum(n.startswith("act_bias_grad") for n in names) == (not hooked), names
     _, da1, dw2, db2 = ref.linear(a1, w2, b2, dy)
     dz1 = da1 * (z1 > 0)
     _, da0, dw1, db1 = ref.linear(a0, w1, b1, dz1)

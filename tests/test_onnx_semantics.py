@@ -136,7 +136,8 @@ def test_training_batch_norm_updates_running_var_with_the_population_variance(de
 def test_the_relu_after_a_batch_norm_or_a_convolution_runs_in_it(dev, rng, tmp_path, monkeypatch, op, case):
     """A BatchNormalization or Conv whose output only a Relu reads applies the ReLU itself (a batch norm also a Clip
     to [0, 6], ReLU6): the batch norm in its passes and its backward's (no act_fwd or act_bwd launch), the
-    convolution in its epilogue (no act_fwd; a Clip after it stays a node). Outputs, running statistics and
+    convolution in its epilogue and, having a bias, its ReLU's gradient in its bias gradient's pass (no act_fwd or
+    act_bwd launch; a Clip after it stays a node). Outputs, running statistics and
     gradients are bit for bit those of the nodes run apart, in training and in eval. Not where the output is a graph
     output or has another reader."""
     clip, broadcast = op.endswith("+Clip"), op.endswith(" broadcast")
@@ -196,7 +197,8 @@ def test_the_relu_after_a_batch_norm_or_a_convolution_runs_in_it(dev, rng, tmp_p
             p.grad.numpy() for p in net.parameters()]
         launches[fuse] = [name for _, name, _ in prof.records]
     fused = case == "fused" and act is not None and not broadcast
-    saved = ("act_fwd", "act_bwd") if op == "BatchNormalization" else ("act_fwd",)
+    # the Add keeps act_bwd; the convolutions here have a bias, whose pass takes their ReLU's gradient (act_bias_grad)
+    saved = ("act_fwd",) if op == "Add" else ("act_fwd", "act_bwd")
     if not clip:  # (a Clip runs pointwise.cl's kernels, not act_fwd)
         for name in saved:
             assert (name in launches[True]) == (not fused)
