@@ -243,17 +243,19 @@ def network(args, dev, torch, tdev, name, folder, cb, connx):
             # host from running ahead into the next phase: that sum is printed beside it.
             phases = [sum(v for k, v in runner.iteration().items() if k != "loss")
                       for _ in range(args.iterations)]
-            eager = []
+            eager, set0 = [], kernels.arguments_set
             for _ in range(args.iterations):
                 t0 = time.perf_counter()
                 runner.step()
                 dev.synchronize()
                 eager.append((time.perf_counter() - t0) * 1e3)
             replay, launches = cb.time_replays(runner, args.iterations, False)
+            missed = (kernels.arguments_set - set0) / args.iterations
         rec[tag] = dict(eager_ms=statistics.median(eager), eager_phases_ms=statistics.median(phases),
-                        replay_ms=replay, launches=launches)
+                        eager_arguments_set=missed, replay_ms=replay, launches=launches)
         print(f"{name} b{args.batch} {tag}: eager {rec[tag]['eager_ms']:.2f} ms (phases finished apart "
-              f"{rec[tag]['eager_phases_ms']:.2f}), replayed {replay:.2f} ms ({launches} launches)", flush=True)
+              f"{rec[tag]['eager_phases_ms']:.2f}; {missed:.0f} launches a step set their arguments), replayed "
+              f"{replay:.2f} ms ({launches} launches)", flush=True)
         del runner, model
     if torch is not None and tdev == "cpu":  # PyTorch CPU's eager step (no graphs there)
         xt, yt = torch.from_numpy(x), torch.from_numpy(labels.astype(np.int64))

@@ -32,7 +32,7 @@
 #include "elementwise_formulas.h"
 
 #ifndef ACT
-#define ACT 1       // 1 ReLU, 2 Sigmoid, 3 Tanh, 4 ReLU6
+#define ACT 1       // 1 ReLU, 2 Sigmoid, 3 Tanh, 4 ReLU6 (ReLU by default: act_bias_grad's, built as bias_grad is)
 #endif
 #ifndef LSIZE
 #define LSIZE 256   // bias_grad and reduce_sum work-group size

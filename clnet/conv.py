@@ -3,7 +3,7 @@ tuned or defaulted for the shape (im2col + GEMM, Winograd, direct, depthwise, 1x
 import dataclasses
 
 from . import conv1x1, depthwise, direct, kernels, tuning, winograd
-from .elementwise import ACTIVATIONS, _activation_grad
+from .elementwise import _activation_grad
 from .gemm import NO_SPLIT, Mat, dense_backward_one_row, gemm, skinny
 from .tensor import TooLarge, chunks, empty
 
@@ -243,12 +243,13 @@ def bias_grad(dy, db, N, C, P, beta=1.0, relu_y=None):
     the ReLU's gradient, in the same pass (act_bias_grad: one launch and one read fewer than act_bwd, then this), and
     that gradient is returned; db is the same bits either way."""
     dev = dy.device
-    lead, name, defines, dx = (dy,), "bias_grad", {}, None
+    # elementwise.cl's ACT defaults to ReLU, so act_bias_grad shares the bias gradient's builds (no program more)
+    lead, name, dx = (dy,), "bias_grad", None
     if relu_y is not None:
         dx = empty(dy.shape, dev)
-        lead, name, defines = (relu_y, dy, dx), "act_bias_grad", dict(ACT=ACTIVATIONS["relu"])
+        lead, name = (relu_y, dy, dx), "act_bias_grad"
     if tuning.cpu_shaped(dev):
-        k = kernels.kernel(dev, "elementwise.cl", name + "_planes", defines)
+        k = kernels.kernel(dev, "elementwise.cl", name + "_planes")
         kernels.launch(dev, k, (C,), kernels.ANY_GROUP, *lead, db, N, C, P, int(beta != 0.0), what="bias gradient")
         return dx
     lsize = bias_group(dev)
@@ -256,11 +257,11 @@ def bias_grad(dy, db, N, C, P, beta=1.0, relu_y=None):
     if runs > 1:
         chunk = -(-N * P // runs)
         part = empty((runs, C), dev)
-        k = kernels.kernel(dev, "elementwise.cl", name, dict(LSIZE=lsize, PARTIAL=1, **defines))
+        k = kernels.kernel(dev, "elementwise.cl", name, dict(LSIZE=lsize, PARTIAL=1))
         kernels.launch(dev, k, (C * lsize, runs), (lsize, 1), *lead, part, N, C, P, chunk, 1,
                        what="bias gradient (runs)")
-        lead, name, defines, N, P = (part,), "bias_grad", {}, runs, 1
-    k = kernels.kernel(dev, "elementwise.cl", name, dict(LSIZE=lsize, **defines))
+        lead, name, N, P = (part,), "bias_grad", runs, 1
+    k = kernels.kernel(dev, "elementwise.cl", name, dict(LSIZE=lsize))
     kernels.launch(dev, k, (C * lsize,), (lsize,), *lead, db, N, C, P, 0, int(beta != 0.0), what="bias gradient")
     return dx
 
