@@ -170,8 +170,17 @@ def _cost_ms(dev, fn, repeats):
     return ms + (kernels.launch_count - before) / repeats * tuning.launch_cost_ms(dev)
 
 
+def _tuning_order(key):
+    """A site's place: products ("gemm MxNxKxbatch ...") by their multiply-adds, largest first, then the rest as
+    recorded (sorted is stable)."""
+    if not key.startswith("gemm "):
+        return (1, 0)
+    return (0, -math.prod(int(v) for v in key.split()[1].split("x")))
+
+
 def tune_sites(dev, sites, budget_s=300.0, repeats=3, retune=False, progress=None, t0=None):
-    """Times every candidate of every site (products before the algorithms that contain them) and stores winners.
+    """Times every candidate of every site (products, the largest first, before the algorithms that contain them)
+    and stores winners.
 
     Before timing, each candidate's output is compared with the default's (tuning.agreement_tolerance: the float32
     rounding of the site's sum length); one that disagrees is skipped, reported under report["rejected"][key] (and
@@ -179,8 +188,9 @@ def tune_sites(dev, sites, budget_s=300.0, repeats=3, retune=False, progress=Non
     report["unchecked"]."""
     t0 = time.perf_counter() if t0 is None else t0
     known = tuning.entries(dev)
-    order = sorted(sites, key=lambda k: not k.startswith("gemm"))
-    todo = [k for k in order if retune or k not in known]
+    # products first (the algorithms' sites run them with their tuned choices), the largest first: a budget that runs
+    # out has tuned the products that cost the step most
+    todo = sorted((k for k in sites if retune or k not in known), key=_tuning_order)
     report = dict(device=tuning.device_key(dev), sites=len(sites), cached=len(sites) - len(todo), tuned={},
                   left=[], rejected={}, unchecked=[])
     for i, key in enumerate(todo):

@@ -515,6 +515,24 @@ def test_the_budget_stops_a_site_between_candidate_builds(dev, cache_dir):
     assert report["left"] == ["first", "second"] and not report["tuned"] and tuning.entries(dev) == {}
 
 
+def test_the_largest_products_are_tuned_first(dev, cache_dir):
+    """Products before the other sites, the most multiply-adds first, the others as recorded: a budget that runs out
+    has tuned the products that cost a step most."""
+    seen = []
+
+    def site(name):
+        def run(choice):
+            if not seen or seen[-1] != name:
+                seen.append(name)
+            return clnet.tensor(np.ones(8, np.float32), dev)
+        return (["a"], run)
+    keys = ["conv2d_fwd late", "gemm 4x4x4x1 Am Bn C", "conv2d_fwd early", "gemm 64x8x8x2 Am Bn C",
+            "gemm 16x16x16x1 Am Bn C"]
+    tune.tune_sites(dev, {k: site(k) for k in keys}, repeats=1)
+    assert seen == ["gemm 64x8x8x2 Am Bn C", "gemm 16x16x16x1 Am Bn C", "gemm 4x4x4x1 Am Bn C", "conv2d_fwd late",
+                    "conv2d_fwd early"]
+
+
 # ---- the cache and the table as files another user, or a careless edit, could shape ----------------------------
 
 def _cache_file(cache_dir):
