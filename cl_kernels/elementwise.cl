@@ -17,22 +17,22 @@
 //   reduce_sum  out[0] = scale * sum of x: one work-group of LSIZE, pairwise tree over per-item partial sums; with
 //             ACCUMULATE, out[0] += that (a tensor past clnet's index limit is summed a chunk per launch)
 //   dropout_fwd  mask = (hash(seed, i) >= p) / (1 - p); y = x * mask
-//   bias_grad db[c] += sum over n and p of dy[n, c, p] for dy (N, C, P) (add 0: db[c] = that sum, db not read); one
-//             work-group of LSIZE per channel.
-//             With PARTIAL, work-group (c, s) sums only the s-th run of `chunk` (n, p) pairs and stores it in
-//             db[s*C + c]: a first pass for large N*P, whose (S, C) result a plain pass then adds up in order.
+//   bias_grad db[c] += sum over n and p of g[n, c, p] for g (N, C, P) (add 0: db[c] = that sum, db not read): g = dy,
+//             or, with y not NULL (the output of the activation ACT that the layer applied itself), g = act_bwd's
+//             gradient from y, also written to dx (a fused ReLU's gradient and the bias's in one pass). One
+//             work-group of LSIZE per channel. With PARTIAL, work-group (c, s) sums only the s-th run of `chunk`
+//             (n, p) pairs and stores it in db[s*C + c]: a first pass for large N*P, whose (S, C) result a plain pass
+//             then adds up in order.
 //   bias_grad_planes  the same, CPU-shaped: one work-item per channel sums each of its N planes in eight lanes
 //             (a float8, one vector register), then the lanes, then adds the plane sums in order: no division
 //             per element, no local memory or barriers, and no chain of dependent additions P long.
-//   act_bias_grad, act_bias_grad_planes  act_bwd and bias_grad (bias_grad_planes) in one pass: dx = the gradient
-//             through the activation ACT from its output y, and db (or PARTIAL's records) its sums
 // Defines: ACT (1 ReLU, 2 Sigmoid, 3 Tanh, 4 ReLU6), LSIZE (work-group size of bias_grad and reduce_sum, a
 // power of two), PARTIAL 0/1, ACCUMULATE 0/1.
 #include "common.h"
 #include "elementwise_formulas.h"
 
 #ifndef ACT
-#define ACT 1       // 1 ReLU, 2 Sigmoid, 3 Tanh, 4 ReLU6 (ReLU by default: act_bias_grad's, built as bias_grad is)
+#define ACT 1       // 1 ReLU, 2 Sigmoid, 3 Tanh, 4 ReLU6 (ReLU by default: bias_grad's y, built without ACT)
 #endif
 #ifndef LSIZE
 #define LSIZE 256   // bias_grad and reduce_sum work-group size
@@ -189,42 +189,14 @@ __kernel void dropout_fwd(__global const float* restrict x, __global float* rest
     y[i] = x[i] * m;
 }
 
-__kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void bias_grad(__global const float* restrict dy, __global float* restrict db, const int N, const int C, const int P,
-               const int chunk, const int add) {
-    const int c = get_group_id(0);
-    const int lid = get_local_id(0);
-    __local float part[LSIZE];
-    float s = 0.0f;
-#if PARTIAL
-    const int e0 = get_group_id(1) * chunk, e1 = min(N * P, e0 + chunk);
-#else
-    const int e0 = 0, e1 = N * P;
-#endif
-    for (int e = e0 + lid; e < e1; e += LSIZE) {
-        const int n = e / P, p = e % P;
-        s += dy[(n * C + c) * P + p];
-    }
-    const float total = group_sum(part, s, LSIZE);
-#if PARTIAL
-    if (lid == 0) db[get_group_id(1) * C + c] = total;
-#else
-    if (lid == 0) db[c] = add ? db[c] + total : total;
-#endif
-}
-
-// bias_grad of the activation's gradient, written as act_bwd writes it: dx = act_grad(y, dy), db (or, with PARTIAL,
-// the run's record) = its sums, in one pass over y and dy (a layer whose activation its own launch applied: the
-// gradient through it and its bias gradient, one launch and one read of dx fewer than act_bwd, then bias_grad). Each
-// work-item has UNROLL elements, LSIZE apart, loaded before it adds them; the sum's order is bias_grad's (a
-// work-item's elements in order, then the tree), so db is the same bits as act_bwd then bias_grad.
+// The bias gradient's sums (see the header), each work-item's UNROLL elements LSIZE apart loaded before it adds them
+// in order: the same order as one element at a time, so the same bits.
 #ifndef UNROLL
 #define UNROLL 4
 #endif
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void act_bias_grad(__global const float* restrict y, __global const float* restrict dy, __global float* restrict dx,
-                   __global float* restrict db, const int N, const int C, const int P, const int chunk,
-                   const int add) {
+void bias_grad(__global const float* restrict y, __global const float* restrict dy, __global float* restrict dx,
+               __global float* restrict db, const int N, const int C, const int P, const int chunk, const int add) {
     const int c = get_group_id(0);
     const int lid = get_local_id(0);
     __local float part[LSIZE];
@@ -241,12 +213,12 @@ void act_bias_grad(__global const float* restrict y, __global const float* restr
         for (int u = 0; u < UNROLL; u++) {
             const int f = e + u * LSIZE, n = f / P;
             at[u] = f < e1 ? (n * C + c) * P + f - n * P : -1;
-            g[u] = at[u] >= 0 ? act_grad(y[at[u]], dy[at[u]]) : 0.0f;
+            g[u] = at[u] < 0 ? 0.0f : y ? act_grad(y[at[u]], dy[at[u]]) : dy[at[u]];
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             if (at[u] >= 0) {
-                dx[at[u]] = g[u];
+                if (dx) dx[at[u]] = g[u];
                 s += g[u];
             }
         }
@@ -262,28 +234,9 @@ void act_bias_grad(__global const float* restrict y, __global const float* restr
 // An unaligned float8 load: p + o is only float-aligned (PoCL does not inline vload8).
 typedef float8 __attribute__((aligned(4))) float8_unaligned;
 
-__kernel void bias_grad_planes(__global const float* restrict dy, __global float* restrict db, const int N,
-                               const int C, const int P, const int add) {
-    const int c = get_global_id(0);
-    if (c >= C) return;
-    const int P8 = P & ~7;
-    float total = 0.0f;
-    for (int n = 0; n < N; n++) {
-        __global const float* plane = dy + (n * C + c) * P;
-        float8 lanes = (float8)(0.0f);
-        for (int p = 0; p < P8; p += 8) lanes += *(__global const float8_unaligned*)(plane + p);
-        float s = ((lanes.s0 + lanes.s1) + (lanes.s2 + lanes.s3)) + ((lanes.s4 + lanes.s5) + (lanes.s6 + lanes.s7));
-        for (int p = P8; p < P; p++) s += plane[p];
-        total += s;
-    }
-    db[c] = add ? db[c] + total : total;
-}
-
-// act_bias_grad, CPU-shaped, as bias_grad_planes: one work-item per channel, each plane's gradient written and summed
-// in eight lanes, then the lanes, then the plane sums in order (bias_grad_planes' order: the same bits).
-__kernel void act_bias_grad_planes(__global const float* restrict y, __global const float* restrict dy,
-                                   __global float* restrict dx, __global float* restrict db, const int N,
-                                   const int C, const int P, const int add) {
+__kernel void bias_grad_planes(__global const float* restrict y, __global const float* restrict dy,
+                               __global float* restrict dx, __global float* restrict db, const int N, const int C,
+                               const int P, const int add) {
     const int c = get_global_id(0);
     if (c >= C) return;
     const int P8 = P & ~7;
@@ -292,18 +245,22 @@ __kernel void act_bias_grad_planes(__global const float* restrict y, __global co
         const int o = (n * C + c) * P;
         float8 lanes = (float8)(0.0f);
         for (int p = 0; p < P8; p += 8) {
-            const float8 v = *(__global const float8_unaligned*)(y + o + p);
-            const float8 d = *(__global const float8_unaligned*)(dy + o + p);
-            const float8 g = (float8)(act_grad(v.s0, d.s0), act_grad(v.s1, d.s1), act_grad(v.s2, d.s2),
-                                      act_grad(v.s3, d.s3), act_grad(v.s4, d.s4), act_grad(v.s5, d.s5),
-                                      act_grad(v.s6, d.s6), act_grad(v.s7, d.s7));
-            *(__global float8_unaligned*)(dx + o + p) = g;
+            float8 g = *(__global const float8_unaligned*)(dy + o + p);
+            if (y) {
+                const float8 v = *(__global const float8_unaligned*)(y + o + p);
+                g = (float8)(act_grad(v.s0, g.s0), act_grad(v.s1, g.s1), act_grad(v.s2, g.s2), act_grad(v.s3, g.s3),
+                             act_grad(v.s4, g.s4), act_grad(v.s5, g.s5), act_grad(v.s6, g.s6), act_grad(v.s7, g.s7));
+                *(__global float8_unaligned*)(dx + o + p) = g;
+            }
             lanes += g;
         }
         float s = ((lanes.s0 + lanes.s1) + (lanes.s2 + lanes.s3)) + ((lanes.s4 + lanes.s5) + (lanes.s6 + lanes.s7));
         for (int p = P8; p < P; p++) {
-            const float g = act_grad(y[o + p], dy[o + p]);
-            dx[o + p] = g;
+            float g = dy[o + p];
+            if (y) {
+                g = act_grad(y[o + p], g);
+                dx[o + p] = g;
+            }
             s += g;
         }
         total += s;

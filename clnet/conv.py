@@ -240,29 +240,27 @@ def bias_grad(dy, db, N, C, P, beta=1.0, relu_y=None):
     runs first, then added in order. CPUs take a channel per work-item (bias_grad_planes).
 
     relu_y: the output of a ReLU the layer applied to its own output (a fused ReLU); dy is then first taken through
-    the ReLU's gradient, in the same pass (act_bias_grad: one launch and one read fewer than act_bwd, then this), and
-    that gradient is returned; db is the same bits either way."""
+    the ReLU's gradient, in the same pass (one launch and one read fewer than act_bwd, then this), and that gradient
+    is returned; db is the same bits either way. (elementwise.cl's ACT defaults to ReLU: no build of its own.)"""
     dev = dy.device
-    # elementwise.cl's ACT defaults to ReLU, so act_bias_grad shares the bias gradient's builds (no program more)
-    lead, name, dx = (dy,), "bias_grad", None
-    if relu_y is not None:
-        dx = empty(dy.shape, dev)
-        lead, name = (relu_y, dy, dx), "act_bias_grad"
+    dx = empty(dy.shape, dev) if relu_y is not None else None
     if tuning.cpu_shaped(dev):
-        k = kernels.kernel(dev, "elementwise.cl", name + "_planes")
-        kernels.launch(dev, k, (C,), kernels.ANY_GROUP, *lead, db, N, C, P, int(beta != 0.0), what="bias gradient")
+        k = kernels.kernel(dev, "elementwise.cl", "bias_grad_planes")
+        kernels.launch(dev, k, (C,), kernels.ANY_GROUP, relu_y, dy, dx, db, N, C, P, int(beta != 0.0),
+                       what="bias gradient")
         return dx
     lsize = bias_group(dev)
     runs = tuning.reduction_runs(dev, N * P, C, lsize)
+    reads = (relu_y, dy, dx)  # the pass over dy (with the ReLU's output, and its gradient written, when fused)
     if runs > 1:
         chunk = -(-N * P // runs)
         part = empty((runs, C), dev)
-        k = kernels.kernel(dev, "elementwise.cl", name, dict(LSIZE=lsize, PARTIAL=1))
-        kernels.launch(dev, k, (C * lsize, runs), (lsize, 1), *lead, part, N, C, P, chunk, 1,
+        k = kernels.kernel(dev, "elementwise.cl", "bias_grad", dict(LSIZE=lsize, PARTIAL=1))
+        kernels.launch(dev, k, (C * lsize, runs), (lsize, 1), *reads, part, N, C, P, chunk, 1,
                        what="bias gradient (runs)")
-        lead, name, N, P = (part,), "bias_grad", runs, 1
-    k = kernels.kernel(dev, "elementwise.cl", name, dict(LSIZE=lsize))
-    kernels.launch(dev, k, (C * lsize,), (lsize,), *lead, db, N, C, P, 0, int(beta != 0.0), what="bias gradient")
+        reads, N, P = (None, part, None), runs, 1
+    k = kernels.kernel(dev, "elementwise.cl", "bias_grad", dict(LSIZE=lsize))
+    kernels.launch(dev, k, (C * lsize,), (lsize,), *reads, db, N, C, P, 0, int(beta != 0.0), what="bias gradient")
     return dx
 
 

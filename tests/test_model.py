@@ -267,7 +267,7 @@ def test_zoo_shapes(name):
 def test_relu_fused_into_the_layer_before_it_matches_reference(dev, rng):
     """A ReLU after a Conv2d or Linear in a Sequential runs in that layer's kernels (nn.Sequential's fusion): the
     forward and every gradient, the input's included, follow the reference; each ReLU costs no launch forward, and
-    backward the Linear's one (its mask) while the Conv2d's is taken in its bias gradient's pass (act_bias_grad), so
+    backward the Linear's one (its mask) while the Conv2d's is taken in its bias gradient's pass (bias_grad), so
     the same layers without their ReLUs launch exactly 1 fewer kernel."""
     model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 5 * 4, 7),
                           nn.ReLU(), nn.Linear(7, 4)).to(dev)

@@ -158,7 +158,7 @@ def _im2col(clnet, dev, rng):
     _conv_cases(clnet, dev, rng, [((2, 4, 7, 6), (6, 2, 3, 3), dict(stride=2, padding=1, groups=2)),
                                   ((1, 3, 5, 5), (2, 3, 3, 3), dict(padding=2, dilation=2)),
                                   ((2, 3, 4, 5), (5, 3, 1, 1), {})], "im2col")
-    # a convolution and its fused ReLU: the ReLU's gradient and the bias's in one pass (act_bias_grad), both shapes,
+    # a convolution and its fused ReLU: the ReLU's gradient and the bias's in one pass (bias_grad), both shapes,
     # the GPU shape's sums in three runs
     from clnet import tuning
     default_shape, default_runs = tuning.cpu_shaped, tuning.reduction_runs

@@ -197,7 +197,7 @@ def test_the_relu_after_a_batch_norm_or_a_convolution_runs_in_it(dev, rng, tmp_p
             p.grad.numpy() for p in net.parameters()]
         launches[fuse] = [name for _, name, _ in prof.records]
     fused = case == "fused" and act is not None and not broadcast
-    # the Add keeps act_bwd; the convolutions here have a bias, whose pass takes their ReLU's gradient (act_bias_grad)
+    # the Add keeps act_bwd; the convolutions here have a bias, whose pass takes their ReLU's gradient (bias_grad)
     saved = ("act_fwd",) if op == "Add" else ("act_fwd", "act_bwd")
     if not clip:  # (a Clip runs pointwise.cl's kernels, not act_fwd)
         for name in saved:
