@@ -15,17 +15,12 @@
 #ifndef A_MASK
 #define A_MASK 0
 #endif
+// The kernels always take amask, and the rank-1 ones D and d_add (NULL and 0 where unused): a kernel's parameters
+// are its signature's alone, which the build's offset rewrite (sources.py) reads.
 #if A_MASK
 #define MASKED(v, i) (amask[i] <= 0.0f ? 0.0f : (v))
-#define A_MASK_ARG , __global const float* restrict amask
 #else
 #define MASKED(v, i) (v)
-#define A_MASK_ARG
-#endif
-#if ROWSUM
-#define ROWSUM_ARGS , __global float* restrict D, const int d_add
-#else
-#define ROWSUM_ARGS
 #endif
 
 #endif

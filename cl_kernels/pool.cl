@@ -137,7 +137,7 @@ inline float max_gather(__global const float* restrict dy, __global const int* r
     return sum;
 }
 
-__kernel void maxpool2d_bwd(__global const float* restrict dy, __global const int* restrict idx RELU_Y,
+__kernel void maxpool2d_bwd(__global const float* restrict dy, __global const int* restrict idx , __global const float* restrict y,
                             POOL_GEOMETRY, __global float* restrict dx) {
     const int e = get_global_id(0);
     if (e >= NC * H * W) return;
@@ -146,7 +146,7 @@ __kernel void maxpool2d_bwd(__global const float* restrict dy, __global const in
 }
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void maxpool2d_bwd_bias(__global const float* restrict dy, __global const int* restrict idx RELU_Y, POOL_GEOMETRY,
+void maxpool2d_bwd_bias(__global const float* restrict dy, __global const int* restrict idx , __global const float* restrict y, POOL_GEOMETRY,
                         __global float* restrict dx, __global float* restrict db, const int C, const int add) {
     const int c = get_group_id(0), lid = get_local_id(0);
     const int P = H * W, NP = NC / C * P;
@@ -162,7 +162,7 @@ void maxpool2d_bwd_bias(__global const float* restrict dy, __global const int* r
     if (lid == 0) db[c] = add ? db[c] + total : total;
 }
 
-__kernel void maxpool2d_bwd_planes(__global const float* restrict dy, __global const int* restrict idx RELU_Y,
+__kernel void maxpool2d_bwd_planes(__global const float* restrict dy, __global const int* restrict idx , __global const float* restrict y,
                                    POOL_GEOMETRY, __global float* restrict dx) {
     const int nc = get_global_id(0);
     if (nc >= NC) return;

@@ -82,16 +82,16 @@ def _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, 
     1.82 ms through gemm_block, 1.54, 1.21 and 1.24 ms; bench/gemv_cpu_ab.py)."""
     epilogue = (bias_mode if bias is not None else 0, int(relu))  # kernel arguments after bias (gemv_common.h)
     flags = dict(A_MASK=1) if a_mask is not None else {}
-    mask = (a_mask,) if a_mask is not None else ()
+    mask = (a_mask,)  # amask: every gemv kernel takes it (NULL unless A_MASK)
     if tuning.used is not None:
         tuning.note_used(f"gemv {M}x{N}x{K}", "rank-1" if K == 1 else "gemv")
-    extra = (rowsum, int(rowsum_beta != 0.0)) if rowsum is not None else ()
+    extra = (rowsum, int(rowsum_beta != 0.0))  # D, d_add: every rank-1 kernel takes them (NULL, 0: none)
     if tuning.cpu_shaped(dev):
         _skinny_cpu(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, epilogue, flags, mask, extra, what)
         return
     flags.update(_built_epilogue(dev, epilogue))
     if K == 1:
-        k = kernels.kernel(dev, "gemv.cl", "gemm_rank1", dict(flags, ROWSUM=1) if extra else flags)
+        k = kernels.kernel(dev, "gemv.cl", "gemm_rank1", dict(flags, ROWSUM=1) if rowsum is not None else flags)
         kernels.launch(dev, k, (N, M), kernels.ANY_GROUP, M, N, alpha, beta, A, a.off, a.rs, B, b.off, b.cs, C, c.off,
                        c.rs, c.cs, bias, *epilogue, *extra, *mask, what=what)
         return
@@ -115,8 +115,8 @@ def dense_backward_one_row(dev, O, I, dy, w, x, dx, dw, dw_beta, db=None, db_bet
         tuning.note_used(f"gemv 1x{I}x{O}", "gemv + rank-1")
     k = kernels.kernel(dev, "gemv.cl", "gemv_rank1", dict(LN=LN, LK=LK, KS=KS, **flags,
                                                            **_built_epilogue(dev, (0, 0))))
-    extra = (db, int(db_beta != 0.0)) if db is not None else ()
-    mask = (a_mask,) if a_mask is not None else ()
+    extra = (db, int(db_beta != 0.0))
+    mask = (a_mask,)
     kernels.launch(dev, k, (-(-I // LN) * LN, LK), (LN, LK), I, O, dy, 0, 1, w, 0, I, 1, dx, 0, 1, x, 0, 1, dw, 0,
                    float(dw_beta), *extra, *mask, what=what)
 
@@ -130,7 +130,7 @@ def _skinny_cpu(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, epilogue, fla
     (two launches; P about four per core, each slice at least 128 rows)."""
     flags = dict(flags, ROWS=GEMV_CPU_ROWS)  # every kernel of the file with the same defines: one program
     if K == 1:
-        k = kernels.kernel(dev, "gemv_cpu.cl", "rank1_rows", dict(flags, ROWSUM=1) if extra else flags)
+        k = kernels.kernel(dev, "gemv_cpu.cl", "rank1_rows", dict(flags, ROWSUM=1) if extra[0] is not None else flags)
         kernels.launch(dev, k, (M,), (1,), M, N, alpha, beta, A, a.off, a.rs, B, b.off, C, c.off, c.rs, bias,
                        *epilogue, *extra, *mask, what=what)
     elif b.rs == 1:

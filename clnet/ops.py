@@ -408,8 +408,8 @@ def _pool_launch(kern, per, head, tail, x_shape, out_hw, geometry, what):
         launch(planes, head, tail)
         return
     for start, count in chunks(what, x_shape, planes, [HW, OHW], unit="plane"):
-        launch(count, *([t.region(start * (t.size // planes), (count * (t.size // planes),)) for t in ts]
-                        for ts in (head, tail)))
+        launch(count, *([t.region(start * (t.size // planes), (count * (t.size // planes),)) if t is not None else None
+                         for t in ts] for ts in (head, tail)))
 
 
 def _maxpool_forward(x, out_shape, geometry, relu):
@@ -440,6 +440,7 @@ def _maxpool_backward(dy, saved, x_shape, geometry, relu, db=None, db_beta=1.0):
     dev = dy.device
     dx = empty(x_shape, dev)
     defines = dict(RELU=1) if relu else {}
+    saved = (saved[0], saved[1] if relu else None)  # (idx, y): the kernels always take y (NULL without relu)
     if db is not None:
         lsize = conv.bias_group(dev)
         N, C, H, W = x_shape
