@@ -368,8 +368,8 @@ class Graph:
 
 def _item(k, args, global_size, local_size):
     """A replay's entry for one launch: its own clone with args set, and what the raw enqueue takes."""
-    clone = kernels.own_clone(k, args)
-    live = tuple((i, v) for i, v in enumerate(args) if type(v) is kernels.Live)
+    clone, at = kernels.own_clone(k, args)
+    live = tuple((at[i], v) for i, v in enumerate(args) if type(v) is kernels.Live)
     dims = len(global_size)
     sizes = (ctypes.c_size_t * dims)(*global_size)
     local = (ctypes.c_size_t * dims)(*local_size) if local_size is not None else None

@@ -368,10 +368,24 @@ def _key_arg(a):
     return (type(a), a)
 
 
-def _cl_value(a):
-    """The value clSetKernelArg gets for a launch argument."""
-    storage = getattr(a, "storage", None)
-    return storage.buffer if storage is not None else _arg(a)
+_NO_OFFSET = np.uint64(0)
+
+
+def cl_arguments(args):
+    """(the values clSetKernelArg gets, in order; the index among them of each launch argument). Every __global
+    pointer parameter of a kernel is followed by its byte offset (sources.with_offsets rewrites each signature so): a
+    tensor gives its buffer and its offset there, None (NULL) and a bare buffer an offset of 0."""
+    values, at = [], []
+    for a in args:
+        at.append(len(values))
+        storage = getattr(a, "storage", None)
+        if storage is not None:
+            values += (storage.buffer, np.uint64(storage.at))
+        elif a is None or isinstance(a, cl.MemoryObjectHolder):
+            values += (a, _NO_OFFSET)
+        else:
+            values.append(_arg(a))
+    return values, at
 
 
 def _with_args(k, args):
@@ -390,16 +404,20 @@ def _with_args(k, args):
     global arguments_set
     arguments_set += 1
     clone = clones.popitem(last=False)[1][0] if len(clones) >= CLONES_PER_KERNEL else cl.Kernel(k.program, k.name)
-    clone.set_args(*map(_cl_value, args))
-    entry = clones[key] = (clone, tuple(i for i, a in enumerate(key) if a is Live), ctypes.c_void_p(clone.int_ptr))
+    values, at = cl_arguments(args)
+    clone.set_args(*values)
+    entry = clones[key] = (clone, tuple((i, at[i]) for i, a in enumerate(key) if a is Live),
+                           ctypes.c_void_p(clone.int_ptr))
     return entry
 
 
 def own_clone(k, args):
-    """A clone of k with args set that no launch cache shares (a captured graph's)."""
+    """A clone of k with args set that no launch cache shares (a captured graph's), and the index of each argument
+    among its kernel's (cl_arguments)."""
     clone = cl.Kernel(k.program, k.name)
-    clone.set_args(*map(_cl_value, args))
-    return clone
+    values, at = cl_arguments(args)
+    clone.set_args(*values)
+    return clone, at
 
 
 def event_free(name, argtypes, hold_gil=False):
@@ -537,8 +555,8 @@ def launch(dev, k, global_size, local_size, *args, what=""):
     try:
         with _launch_lock:  # _enqueue, inline
             clone, live, handle = _with_args(k, args)
-            for i in live:
-                clone.set_arg(i, args[i].value)
+            for i, j in live:
+                clone.set_arg(j, args[i].value)
             if event_free_launches and profiler is None and k.queue is not None and not _enqueue_raw(
                     k.queue, handle, _DIMS[len(global_size)], None, _grids.get(global_size) or _grid(global_size),
                     None if local_size is None else _grids.get(local_size) or _grid(local_size), _NO_EVENTS, None,
@@ -571,8 +589,8 @@ def _enqueue(dev, k, args, global_size, local_size):
     (`failed`). Returns the event, or None."""
     with _launch_lock:
         clone, live, handle = _with_args(k, args)
-        for i in live:
-            clone.set_arg(i, args[i].value)
+        for i, j in live:
+            clone.set_arg(j, args[i].value)
         if event_free_launches and k.queue is not None and context.profiler is None:
             if not _enqueue_raw(k.queue, handle, _DIMS[len(global_size)], None, _grid(global_size),
                                 None if local_size is None else _grid(local_size), _NO_EVENTS, None, None):

@@ -308,6 +308,7 @@ class _Storage:
     contents no replay writes again. A graph whose launches use one keeps it alive (Graph._note), so that it cannot
     return to the pool (for a temporary of a step to overwrite) while the graph may replay."""
     __slots__ = ("buffer", "number", "size", "block", "pool", "set_up", "__weakref__")
+    at = 0  # the byte offset in `buffer` that a launch passes beside it (kernels.cl_arguments)
 
     def __init__(self, dev, nbytes):
         self.pool = p = _pools.get(dev) or pool(dev)
@@ -374,6 +375,7 @@ class _Region(_Window):
     """A window that is also an OpenCL sub-buffer (of the buffer that holds the parent's memory: a sub-buffer has none
     of its own), which kernels take as an ordinary buffer; never pooled itself."""
     __slots__ = ("buffer",)
+    at = 0  # a launch's offset in its own sub-buffer (`offset` is the one in the parent)
 
     def __init__(self, parent, offset_bytes, nbytes):
         super().__init__(parent, offset_bytes, nbytes)
