@@ -89,7 +89,8 @@ class Graph:
     def __init__(self, fuse=None):
         self._items = []  # (clone, global size, local size, live args) launches; callables (copies, host actions)
         self._queue = self._device = None  # bound at the first recorded launch
-        self._seen = {}  # id(cl buffer) -> (buffer, its pool, [weak references to its storages], its block, bytes)
+        self._seen = {}  # storage key (a buffer, a block's (segment, offset)) -> (buffer, its pool, [weak references
+        # to its storages], its block, bytes)
         self._regions = {}  # id -> sub-buffer or set-up storage a launch touched, kept alive (a sub-buffer: its parent)
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
         self._taken = []  # (pool, its withdraw's entry): freed during capture, out of the pool until the graph goes
@@ -154,16 +155,16 @@ class Graph:
             # Made in set-up (a cached layout or constant): kept alive too, or a cache letting it go during the
             # capture would hand its buffer, whose contents no replay writes again, to a temporary of the step
             self._regions[id(storage)] = storage
-        buf = storage.buffer
-        entry = self._seen.get(id(buf))
+        buf, key = storage.buffer, storage.key
+        entry = self._seen.get(key)
         if entry is None:
-            self._seen[id(buf)] = (buf, storage.pool, [weakref.ref(storage)], storage.block, storage.size)
+            self._seen[key] = (buf, storage.pool, [weakref.ref(storage)], storage.block, storage.size)
         elif not any(r() is storage for r in entry[2]):
             entry[2].append(weakref.ref(storage))
 
     def uses(self, buf):
         """Whether a recorded launch touches this buffer."""
-        return id(buf) in self._seen
+        return buf in self._seen
 
     def offer(self, k, args, step, n):
         """The launch of kernel k with args about to be made is `step` (a chain.ChainStep) over n elements of a chain
@@ -377,8 +378,9 @@ def _item(k, args, global_size, local_size):
 
 
 def _operands(args):
-    """{argument index: (cl buffer, memory it lies in, byte offset there, bytes, dtype)} of a launch's tensor
-    arguments, or None where one has no buffer of its own (a window) or an argument is Live."""
+    """{argument index: ((cl buffer, byte offset there): the chain slot a launch passes, memory it lies in, byte
+    offset there, bytes, dtype)} of a launch's tensor arguments, or None where one has no buffer of its own (a window)
+    or an argument is Live."""
     out = {}
     for i, a in enumerate(args):
         if type(a) is kernels.Live:
@@ -387,11 +389,11 @@ def _operands(args):
         if storage is None:
             continue
         try:
-            buf = storage.buffer
+            slot = (storage.buffer, storage.at)
         except kernels.NeedsStaging:
             return None
         root, offset = storage.whole()
-        out[i] = (buf, root.int_ptr, offset, a.size * a.dtype.itemsize, a.dtype)
+        out[i] = (slot, root.int_ptr, offset, a.size * a.dtype.itemsize, a.dtype)
     return out
 
 
@@ -407,7 +409,7 @@ class _Chain:
     def __init__(self, n):
         self.n = n
         self.items, self.steps, self.buffers = [], [], []
-        self.slot_of = {}  # cl buffer handle -> slot
+        self.slot_of = {}  # (cl buffer handle, byte offset) -> slot
         self.written = []  # (memory, start, end, dtype, step index)
         self.read = []  # (memory, start, end, dtype, at i)
 
@@ -449,7 +451,7 @@ class _Chain:
         if len(self.buffers) + len(new) > step.most_buffers:
             return False
         for b in new:
-            self.slot_of[b.int_ptr] = len(self.buffers)
+            self.slot_of[(b[0].int_ptr, b[1])] = len(self.buffers)
             self.buffers.append(b)
         self.read += reads
         self.written.append((memory, start, end, dtype, len(self.steps)))
@@ -460,11 +462,11 @@ class _Chain:
     def _slot(self, buf, new):
         """buf's slot: its own if the chain has it, else the one it gets when the step is admitted (new buffers are
         appended in order)."""
-        slot = self.slot_of.get(buf.int_ptr)
+        slot = self.slot_of.get((buf[0].int_ptr, buf[1]))
         if slot is not None:
             return slot
         for j, b in enumerate(new):
-            if b.int_ptr == buf.int_ptr:
+            if (b[0].int_ptr, b[1]) == (buf[0].int_ptr, buf[1]):
                 return len(self.buffers) + j
         new.append(buf)
         return len(self.buffers) + len(new) - 1

@@ -352,13 +352,13 @@ int_types = {int}  # and its Numel: an int's value keys it
 
 
 def _key_arg(a):
-    """What identifies an argument's bits: a tensor's buffer; a float's exact bits (0.0 and -0.0 differ, and 2.0
+    """What identifies an argument's bits: a tensor's memory (its storage's key); a float's exact bits (0.0 and -0.0 differ, and 2.0
     must not find a clone made for the integer 2: _with_args keys a float that is not zero as (None, value), which no
     int equals); a Live argument only by its place (its value is set at each enqueue); anything else by type and
     value."""
     storage = getattr(a, "storage", None)
     if storage is not None:
-        return storage.buffer
+        return storage.key
     if type(a) is float:
         return a.hex()
     if type(a) is int:
@@ -374,7 +374,8 @@ _NO_OFFSET = np.uint64(0)
 def cl_arguments(args):
     """(the values clSetKernelArg gets, in order; the index among them of each launch argument). Every __global
     pointer parameter of a kernel is followed by its byte offset (sources.with_offsets rewrites each signature so): a
-    tensor gives its buffer and its offset there, None (NULL) and a bare buffer an offset of 0."""
+    tensor gives its buffer and its offset there, a (buffer, byte offset) pair the two, None (NULL) and a bare buffer
+    an offset of 0."""
     values, at = [], []
     for a in args:
         at.append(len(values))
@@ -383,6 +384,8 @@ def cl_arguments(args):
             values += (storage.buffer, np.uint64(storage.at))
         elif a is None or isinstance(a, cl.MemoryObjectHolder):
             values += (a, _NO_OFFSET)
+        elif type(a) is tuple:  # (buffer, byte offset): a fused chain's slot
+            values += (a[0], np.uint64(a[1]))
         else:
             values.append(_arg(a))
     return values, at
@@ -394,7 +397,7 @@ def _with_args(k, args):
     held."""
     # One entry an argument (_key_arg), the common kinds inline, in one comprehension (no call an argument): this runs
     # at every launch. A float that is not zero (nor NaN) is (None, value), as _key_arg's a.hex() at a tenth its cost.
-    key = tuple([a.storage.buffer if type(a) in tensor_types else a if type(a) in int_types else
+    key = tuple([a.storage.key if type(a) in tensor_types else a if type(a) in int_types else
                  (None, a) if type(a) is float and a and a == a else _key_arg(a) for a in args])
     clones = k.clones
     entry = clones.get(key)

@@ -2,7 +2,6 @@
 import heapq
 import math
 import threading
-from collections import OrderedDict
 
 import numpy as np
 import pyopencl as cl
@@ -26,27 +25,26 @@ def reset_transfer_stats():
         _stats[k] = 0
 
 
-# On CPUs, requests of ARENA_MIN to ARENA_MAX bytes are blocks of shared segments (arena.py), handed out as
-# sub-buffers: a block freed by the forward's activations serves the backward's gradients of other sizes. Smaller
-# requests keep whole buffers per rounded size (their bytes are few; a sub-buffer each would cost its creation for
-# little). ARENA_MAX also bounds a segment (joins stop there): a buffer of a few GiB for a sub-buffer of megabytes.
+# Requests of ARENA_MIN to ARENA_MAX bytes are blocks of shared segments (arena.py), which kernels take as the
+# segment and a byte offset (kernels.cl_arguments; no sub-buffer): a block freed by the forward's activations serves
+# the backward's gradients of other sizes. Smaller requests keep whole buffers per rounded size (their bytes are few).
+# ARENA_MAX also bounds a segment (joins stop there).
 ARENA_MIN = 1 << 20
 ARENA_MAX = 1 << 31  # and the largest segment: joining free segments stops there
 # A request under SHARED_SEGMENT / 2 opens a segment of SHARED_SEGMENT bytes for others to share; a larger one a
 # segment of its own size rounded up to SEGMENT_ROUND (PyTorch's caching allocator: 20 MiB and 2 MiB).
 SHARED_SEGMENT = 20 << 20
 SEGMENT_ROUND = 2 << 20
-SUB_BUFFERS_KEPT = 8192  # sub-buffer objects kept for blocks handed out before (a launch's arguments name them)
 
 
 class BufferPool:
     """Device memory kept for reuse, so a training loop allocates only in its first step: buffers whole, keyed by
-    rounded size; on CPUs, large ones as blocks of shared segments instead (`arena`, above).
+    rounded size; large ones as blocks of shared segments instead (`arena`, above).
 
     Each size's free buffers are handed out lowest creation number first, and blocks by a deterministic best fit. A
     training step then gets the same memory for the same tensor every step (its allocations and releases repeat in
-    the same order, from the same free set), and a block the same sub-buffer object, so every launch finds its
-    kernel with those arguments already set (kernels.py). A last-in-first-out list would permute the buffers from
+    the same order, from the same free set), and a block the same offset, so every launch finds its kernel with
+    those arguments already set (kernels.py). A last-in-first-out list would permute the buffers from
     step to step instead, and a branched network's launches would miss for dozens of steps."""
 
     def __init__(self, dev):
@@ -55,14 +53,10 @@ class BufferPool:
         self.allocated_bytes = 0
         self.created = 0
         self.max_alloc = dev.cl_device.max_mem_alloc_size  # the largest single buffer the device allows
-        # CPUs only. On an H100 (NVIDIA 580.159.04) the process died in clReleaseMemObject of a free segment's
-        # sub-buffer, after its argument sets were dropped and the queue had finished (bench/results/h100-arena-v33:
-        # faulthandler's traces, resnet50 b128 and mobilenet_v2 b64), so GPUs keep whole buffers until an arena that
-        # never releases a sub-buffer is measured there. Oclgrind checks reads past a buffer's end, not past a
-        # sub-buffer's: it keeps whole buffers too.
-        self.arena = (arena.Arena(max(512, region_alignment(dev)), ARENA_MIN)
-                      if dev.kind == "cpu" and not dev.is_simulator else None)
-        self.sub_buffers = OrderedDict()  # (segment number, offset, size) -> its sub-buffer, most recent last
+        # Oclgrind checks reads past a buffer's end, not past a block's: it keeps whole buffers. (With sub-buffers for
+        # blocks, an H100 paid at every launch for those that overlap and crashed releasing them: bench/NOTES.md v33,
+        # v34; offsets need none.)
+        self.arena = arena.Arena(max(512, region_alignment(dev)), ARENA_MIN) if not dev.is_simulator else None
         # Threads share the pool. Reentrant: a storage freed by the garbage collector while this thread holds the
         # lock (an allocation inside take can start a collection) gives its buffer back from inside the lock; a
         # block so freed waits in `deferred` until the arena's bookkeeping is whole again.
@@ -127,15 +121,7 @@ class BufferPool:
                     grow = max(size, min(-(-grow // SEGMENT_ROUND) * SEGMENT_ROUND, self.max_alloc))
                     placed = arena_.place(size, self._segment(grow))
                 seg, offset, size = placed
-                key = (seg.number, offset, size)
-                sub = self.sub_buffers.get(key)
-                if sub is None:
-                    if len(self.sub_buffers) >= SUB_BUFFERS_KEPT:
-                        self.sub_buffers.popitem(last=False)
-                    sub = self.sub_buffers[key] = seg.handle.get_sub_region(offset, size)
-                else:
-                    self.sub_buffers.move_to_end(key)
-                return sub, 0, size, (seg, offset)
+                return seg.handle, 0, size, (seg, offset)
             finally:
                 self.busy = False
                 self._release_deferred()
@@ -157,7 +143,7 @@ class BufferPool:
         left resnet50 holding 1.2x its peak use where joining gave 1.02x (bench/NOTES.md, v33). Later steps ask for
         what the first got, and nothing is joined again."""
         joined, cap = 0, min(ARENA_MAX, self.max_alloc)  # no segment past ARENA_MAX
-        kernels.forget_arguments()  # kept argument sets name these segments' sub-buffers: they go first
+        kernels.forget_arguments()  # kept argument sets name these segments: they go first
         for seg in self.arena.free_segments():
             if joined + seg.size <= cap:
                 joined += seg.size
@@ -165,10 +151,7 @@ class BufferPool:
         return self._segment(max(-(-size // SEGMENT_ROUND) * SEGMENT_ROUND, joined))
 
     def _drop_segment(self, seg):
-        """Give a free segment's memory back (called with the lock held): its cached sub-buffers first, then the
-        buffer they lie in."""
-        for key in [k for k in self.sub_buffers if k[0] == seg.number]:
-            del self.sub_buffers[key]
+        """Give a free segment's memory back (called with the lock held)."""
         self.arena.drop(seg)
         self.allocated_bytes -= seg.size
         seg.handle.release()
@@ -307,8 +290,10 @@ class _Storage:
     `set_up`: made in set-up (kernels.set_up: a cached layout or constant, an optimizer's flat buffers), whose
     contents no replay writes again. A graph whose launches use one keeps it alive (Graph._note), so that it cannot
     return to the pool (for a temporary of a step to overwrite) while the graph may replay."""
-    __slots__ = ("buffer", "number", "size", "block", "pool", "set_up", "__weakref__")
-    at = 0  # the byte offset in `buffer` that a launch passes beside it (kernels.cl_arguments)
+    # at: the byte offset in `buffer` where this memory starts, which a launch passes beside it (kernels.cl_arguments:
+    # a block of the arena is its segment and an offset there, no sub-buffer); key: what identifies the memory in a
+    # kernel's kept argument sets and a graph's records (the buffer, or a block's (segment, offset))
+    __slots__ = ("buffer", "at", "key", "number", "size", "block", "pool", "set_up", "__weakref__")
 
     def __init__(self, dev, nbytes):
         self.pool = p = _pools.get(dev) or pool(dev)
@@ -321,9 +306,11 @@ class _Storage:
                     entry = heapq.heappop(bucket)
         if entry is not None:
             self.number, self.buffer = entry
-            self.size, self.block = size, None
+            self.size, self.block, self.at, self.key = size, None, 0, self.buffer
         else:
             self.buffer, self.number, self.size, self.block = p.take(nbytes)
+            self.at = self.block[1] if self.block is not None else 0
+            self.key = (self.buffer, self.at) if self.block is not None else self.buffer
         c = _context
         self.set_up = c.paused > 0
         if c.capturing is not None and not self.set_up:  # the graph must know every buffer the step allocates
@@ -366,21 +353,22 @@ class _Window:
     def buffer(self):
         raise kernels.NeedsStaging(staged_launch)
 
+    key = at = buffer
+
     def whole(self):
         root, offset = self.parent.whole()
         return root, offset + self.offset
 
 
 class _Region(_Window):
-    """A window that is also an OpenCL sub-buffer (of the buffer that holds the parent's memory: a sub-buffer has none
-    of its own), which kernels take as an ordinary buffer; never pooled itself."""
-    __slots__ = ("buffer",)
-    at = 0  # a launch's offset in its own sub-buffer (`offset` is the one in the parent)
+    """A window that kernels take as it is: the buffer that holds the parent's memory and the byte offset there
+    (kernels.cl_arguments); never pooled itself."""
+    __slots__ = ("buffer", "at", "key")
 
     def __init__(self, parent, offset_bytes, nbytes):
         super().__init__(parent, offset_bytes, nbytes)
-        root, offset = self.whole()
-        self.buffer = root.get_sub_region(offset, nbytes)
+        self.buffer, self.at = self.whole()
+        self.key = (self.buffer, self.at)
 
 
 def staged_launch(dev, k, global_size, local_size, args, what):

@@ -308,7 +308,8 @@ F32 = np.dtype(np.float32)
 
 
 def region(handle, memory, start, n, dtype=F32):
-    return (FakeBuffer(handle), memory, start, n * dtype.itemsize, dtype)
+    """An operand as graph._operands gives it: the (buffer, byte offset) slot a launch passes, then its memory."""
+    return ((FakeBuffer(handle), 0), memory, start, n * dtype.itemsize, dtype)
 
 
 def unary(read_layout=None):
