@@ -58,7 +58,8 @@ void gemv(const int N, const int K, const float alpha, const float beta,
           __global const float* restrict A, const int a_off, const int a_cs,
           __global const float* restrict B, const int b_off, const int b_rs, const int b_cs,
           __global float* C, const int c_off, const int c_cs,
-          __global const float* restrict bias, const int bias_mode, const int relu , __global const float* restrict amask) {
+          __global const float* restrict bias, const int bias_mode, const int relu,
+          __global const float* restrict amask) {
     const int i = get_local_id(0), j = get_local_id(1);
     const int n = get_group_id(0) * LN + i;
     float total = 0.0f;
@@ -86,7 +87,8 @@ __kernel void gemm_rank1(const int M, const int N, const float alpha, const floa
                          __global const float* restrict B, const int b_off, const int b_cs,
                          __global float* C, const int c_off, const int c_rs, const int c_cs,
                          __global const float* restrict bias, const int bias_mode,
-                         const int relu , __global float* restrict D, const int d_add , __global const float* restrict amask) {
+                         const int relu, __global float* restrict D, const int d_add,
+                         __global const float* restrict amask) {
     const int n = get_global_id(0), m = get_global_id(1);
     if (n >= N || m >= M) return;
     const int ci = m * c_rs + n * c_cs;
@@ -104,7 +106,8 @@ void gemv_rank1(const int N, const int K,
                 __global const float* restrict B, const int b_off, const int b_rs, const int b_cs,
                 __global float* restrict C, const int c_off, const int c_cs,
                 __global const float* restrict X, const int x_off, const int x_cs,
-                __global float* restrict W, const int w_off, const float w_beta , __global float* restrict D, const int d_add , __global const float* restrict amask) {
+                __global float* restrict W, const int w_off, const float w_beta, __global float* restrict D,
+                const int d_add, __global const float* restrict amask) {
     const int i = get_local_id(0), j = get_local_id(1);
     const int n = get_group_id(0) * LN + i;
     float total = 0.0f;

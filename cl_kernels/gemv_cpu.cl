@@ -33,7 +33,8 @@ void gemv_dot(const int N, const int K, const float alpha, const float beta,
               __global const float* restrict A, const int a_off,
               __global const float* restrict B, const int b_off, const int b_cs,
               __global float* C, const int c_off,
-              __global const float* restrict bias, const int bias_mode, const int relu , __global const float* restrict amask) {
+              __global const float* restrict bias, const int bias_mode, const int relu,
+              __global const float* restrict amask) {
     const int n0 = get_global_id(0) * ROWS;
     const int n1 = min(N, n0 + ROWS);
     __global const float* a = A + a_off;
@@ -76,7 +77,7 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
 void gemv_axpy(const int N, const int K, const int kc,
                __global const float* restrict A, const int a_off,
                __global const float* restrict B, const int b_off, const int b_rs,
-               __global float* restrict part , __global const float* restrict amask) {
+               __global float* restrict part, __global const float* restrict amask) {
     const int p = get_global_id(0);
     const int k0 = p * kc, k1 = min(K, k0 + kc);
     __global float* out = part + p * N;
@@ -121,7 +122,8 @@ void rank1_rows(const int M, const int N, const float alpha, const float beta,
                 __global const float* restrict A, const int a_off, const int a_rs,
                 __global const float* restrict B, const int b_off,
                 __global float* C, const int c_off, const int c_rs,
-                __global const float* restrict bias, const int bias_mode, const int relu , __global float* restrict D, const int d_add , __global const float* restrict amask) {
+                __global const float* restrict bias, const int bias_mode, const int relu, __global float* restrict D,
+                const int d_add, __global const float* restrict amask) {
     const int m = get_global_id(0);
     if (m >= M) return;
     const float a = MASKED(A[a_off + m * a_rs], m);

@@ -31,7 +31,7 @@
 #define RELU 0  // max pooling of a ReLU's output: the ReLU applied after the max, its gradient in the backward
 #endif
 #if RELU
-#define RELU_Y , __global const float* restrict y  // the forward's output, after idx in the backward's arguments
+#define RELU_Y , __global const float* restrict y  // max_gather's: the forward's output (the kernels always take y)
 #define RELU_GRAD(g, o) (y[o] <= 0.0f ? 0.0f : (g))
 #define RELU_OUT(v) ((v) < 0.0f ? 0.0f : (v))  // NaN stays NaN
 #else
@@ -137,7 +137,8 @@ inline float max_gather(__global const float* restrict dy, __global const int* r
     return sum;
 }
 
-__kernel void maxpool2d_bwd(__global const float* restrict dy, __global const int* restrict idx , __global const float* restrict y,
+__kernel void maxpool2d_bwd(__global const float* restrict dy, __global const int* restrict idx,
+                            __global const float* restrict y,
                             POOL_GEOMETRY, __global float* restrict dx) {
     const int e = get_global_id(0);
     if (e >= NC * H * W) return;
@@ -146,7 +147,8 @@ __kernel void maxpool2d_bwd(__global const float* restrict dy, __global const in
 }
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void maxpool2d_bwd_bias(__global const float* restrict dy, __global const int* restrict idx , __global const float* restrict y, POOL_GEOMETRY,
+void maxpool2d_bwd_bias(__global const float* restrict dy, __global const int* restrict idx,
+                        __global const float* restrict y, POOL_GEOMETRY,
                         __global float* restrict dx, __global float* restrict db, const int C, const int add) {
     const int c = get_group_id(0), lid = get_local_id(0);
     const int P = H * W, NP = NC / C * P;
@@ -162,7 +164,8 @@ void maxpool2d_bwd_bias(__global const float* restrict dy, __global const int* r
     if (lid == 0) db[c] = add ? db[c] + total : total;
 }
 
-__kernel void maxpool2d_bwd_planes(__global const float* restrict dy, __global const int* restrict idx , __global const float* restrict y,
+__kernel void maxpool2d_bwd_planes(__global const float* restrict dy, __global const int* restrict idx,
+                                   __global const float* restrict y,
                                    POOL_GEOMETRY, __global float* restrict dx) {
     const int nc = get_global_id(0);
     if (nc >= NC) return;

@@ -50,9 +50,9 @@ class ChainStep(NamedTuple):
     @staticmethod
     def chain_launch(dev, buffers, steps, n):
         """(kernel, arguments, code tensor) of one chain.cl launch over n elements: `buffers` the (cl buffer, byte
-        offset) pairs of its slots (at most CHAIN_BUFFERS), `steps` (ChainStep, {argument index: dtype}, output slot, [source per operand:
-        a slot, or -(j+1) for the value step j computed]) in order (at most CHAIN_STEPS). The code tensor is the
-        graph's to keep alive."""
+        offset) pairs of its slots (at most CHAIN_BUFFERS), `steps` (ChainStep, {argument index: dtype}, output
+        slot, [source per operand: a slot, or -(j+1) for the value step j computed]) in order (at most CHAIN_STEPS).
+        The code tensor is the graph's to keep alive."""
         if len(steps) > CHAIN_STEPS or len(buffers) > CHAIN_BUFFERS:
             raise ValueError("internal: a chain longer than chain.cl holds")
         code, layouts = [len(steps)], []

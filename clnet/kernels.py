@@ -352,10 +352,10 @@ int_types = {int}  # and its Numel: an int's value keys it
 
 
 def _key_arg(a):
-    """What identifies an argument's bits: a tensor's memory (its storage's key); a float's exact bits (0.0 and -0.0 differ, and 2.0
-    must not find a clone made for the integer 2: _with_args keys a float that is not zero as (None, value), which no
-    int equals); a Live argument only by its place (its value is set at each enqueue); anything else by type and
-    value."""
+    """What identifies an argument's bits: a tensor's memory (its storage's key); a float's exact bits (0.0 and -0.0
+    differ, and 2.0 must not find a clone made for the integer 2: _with_args keys a float that is not zero as (None,
+    value), which no int equals); a Live argument only by its place (its value is set at each enqueue); anything else
+    by type and value."""
     storage = getattr(a, "storage", None)
     if storage is not None:
         return storage.key
