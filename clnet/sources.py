@@ -42,7 +42,7 @@ _KERNEL = re.compile(r"__kernel\b[^;{]*?\bvoid\s+(\w+)\s*\(")
 _NAME = re.compile(r"(\w+)\s*$")
 
 
-_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+((?:.*\\\n)*.*)$", re.M)
+_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)(?:[ \t]+((?:.*\\\n)*.*))?$", re.M)
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.M)
 
 
@@ -57,10 +57,12 @@ def _parameter_macros(text, seen=None):
             with open(os.path.join(kernel_dir(), header)) as f:
                 for name, bodies in _parameter_macros(f.read(), seen).items():
                     found.setdefault(name, []).extend(bodies)
+    bodies = {}
     for name, body in _DEFINE.findall(text):
-        body = re.sub(r"//[^\n]*", "", body.replace("\\\n", " "))
-        if "__global" in body:
-            found.setdefault(name, []).append(body)
+        bodies.setdefault(name, []).append(re.sub(r"//[^\n]*", "", body.replace("\\\n", " ")))
+    for name, texts in bodies.items():  # every definition of a name with a pointer in one (an empty one too)
+        if any("__global" in t for t in texts):
+            found.setdefault(name, []).extend(texts)
     return found
 
 

@@ -107,7 +107,7 @@ def test_best_fit_and_split():
 
 def test_arena_tensors_keep_their_values(dev, rng):
     """Tensors of 1-3 MiB made and freed in a random order among each other, each filled with its own value: a block
-    handed out twice, or a sub-buffer at the wrong offset, shows as another tensor's value."""
+    handed out twice, or a launch given the wrong offset, shows as another tensor's value."""
     live = {}
     for i in range(60):
         if live and rng.random() < 0.4:
@@ -123,19 +123,22 @@ def test_arena_tensors_keep_their_values(dev, rng):
 
 
 def test_regions_and_copies_of_a_block(dev, rng):
-    """A region of a block is a sub-buffer of its segment at the block's offset plus its own; copies go through the
-    segment at that offset."""
+    """A block is its segment and its offset there, as kernels take it (no sub-buffer); a region of it the same
+    segment at the block's offset plus its own; copies go through the segment at that offset."""
     filler = ops.full((tensor.ARENA_MIN // 4 + 333,), dev, -1.0)  # the next block starts past the segment's start
     data = rng.standard_normal(tensor.ARENA_MIN // 4 + 4096).astype(np.float32)
     t = clnet.tensor(data, dev)
     align = tensor.region_alignment(dev) // 4
     part = t.region(3 * align, (1000,))
+    if pool(dev).arena is not None:
+        assert t.storage.buffer is filler.storage.buffer and t.storage.at >= filler.nbytes
+        assert part.storage.buffer is t.storage.buffer and part.storage.at == t.storage.at + 3 * align * 4
     np.testing.assert_array_equal(part.numpy(), data[3 * align:3 * align + 1000])
     np.testing.assert_array_equal((part * 2.0).numpy(), 2 * data[3 * align:3 * align + 1000])
     copy = ops.empty((500,), dev)
     copy.copy_from(t, offset=777)
     np.testing.assert_array_equal(copy.numpy(), data[777:1277])
-    window = t.region(3, (7,))  # not at a sub-buffer's alignment: a window over the block's bytes
+    window = t.region(3, (7,))  # not at a region's alignment: a window over the block's bytes, staged
     np.testing.assert_array_equal(window.numpy(), data[3:10])
     np.testing.assert_array_equal(filler.numpy()[-3:], [-1, -1, -1])
 
@@ -145,7 +148,7 @@ def test_memory_freed_by_one_phase_serves_another(dev):
     both sets (176 MiB here); the arena joins the activations' free segments into one that the gradients share, and
     holds the larger phase (96 MiB)."""
     if pool(dev).arena is None:
-        pytest.skip("whole buffers on this device (GPUs, Oclgrind: tensor.BufferPool)")
+        pytest.skip("whole buffers on this device (Oclgrind: tensor.BufferPool)")
     gc.collect()
     p = pool(dev)
     p.release_cached()
@@ -169,7 +172,7 @@ def test_joined_segments_stay_within_the_largest(dev, monkeypatch):
     """Free segments are joined into one of at most ARENA_MAX bytes: joined without a bound, the trace of resnet50's
     first step at about b128 made a segment of 6 GiB (bench/NOTES.md v33)."""
     if pool(dev).arena is None:
-        pytest.skip("whole buffers on this device (GPUs, Oclgrind: tensor.BufferPool)")
+        pytest.skip("whole buffers on this device (Oclgrind: tensor.BufferPool)")
     mib = tensor.ARENA_MIN // 4
     monkeypatch.setattr(tensor, "ARENA_MAX", 48 * tensor.ARENA_MIN)
     gc.collect()
@@ -182,10 +185,10 @@ def test_joined_segments_stay_within_the_largest(dev, monkeypatch):
 
 
 def test_a_repeated_step_gets_the_same_blocks(dev):
-    """The same requests and releases in the same order give the same sub-buffer objects (a launch's kept arguments
-    name them: kernels._with_args)."""
+    """The same requests and releases in the same order give the same blocks (a launch's kept arguments name their
+    segment and offset: kernels._with_args)."""
     if pool(dev).arena is None:
-        pytest.skip("whole buffers on this device (GPUs, Oclgrind: tensor.BufferPool)")
+        pytest.skip("whole buffers on this device (Oclgrind: tensor.BufferPool)")
     mib = tensor.ARENA_MIN // 4
 
     def step():
@@ -194,7 +197,7 @@ def test_a_repeated_step_gets_the_same_blocks(dev):
         c = ops.empty((mib + 1,), dev)
         del a
         d = ops.empty((mib * 3 // 2,), dev)
-        return [t.storage.buffer for t in (b, c, d)]
+        return [t.storage.key for t in (b, c, d)]
 
     step()
     assert step() == step()
@@ -224,7 +227,7 @@ def test_a_graphs_blocks_stay_out_of_other_hands(dev, rng, small_arena):
     """Between replays, eager work takes every free block it can get and fills it with NaN; the replays must still
     give the eager steps' results, and the graph's blocks come back when it goes."""
     if pool(dev).arena is None:
-        pytest.skip("whole buffers on this device (GPUs, Oclgrind: tensor.BufferPool)")
+        pytest.skip("whole buffers on this device (Oclgrind: tensor.BufferPool)")
     data, expected, model, opt, loss_fn, x, y = test_graph.fresh(dev, rng, 5)
     g, loss = test_graph.capture_step(model, opt, loss_fn, x, y)
     assert any(type(entry[0]) is arena.Segment and entry[1] for _, entry in g._taken), \
