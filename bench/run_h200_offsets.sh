@@ -6,7 +6,7 @@
 #   PART=memory bash bench/run_h200_offsets.sh    # resnet50 b128 twice each way, mobilenet_v2 b64 once: peak memory
 #                                                  # beside PyTorch's, and the step times (issue 26's memory target)
 #   PART=networks bash bench/run_h200_offsets.sh  # the eight torchvision networks' steps, each side (no slower?)
-# (carry .whl and .bench-snap-base; results in $OUT/memory.log and $OUT/v45.log)
+# (carry .whl and .bench-snap-base; results in $OUT/memory.log and $OUT/networks.log)
 set -u
 SIDES=${SIDES:-.bench-snap-base .}
 if [ "${PART:-memory}" = memory ]; then
@@ -14,5 +14,5 @@ if [ "${PART:-memory}" = memory ]; then
   SIDES="$SIDES" MODELS="mobilenet_v2:64" bash bench/run_h200_memory.sh > /dev/null 2>&1
 else
   SIDES="$SIDES" ROUNDS=1 NETS=${NETS:-squeezenet1_1,densenet121,googlenet,resnet50,resnet18,vgg11_bn,mobilenet_v2,mnasnet1_0} \
-    bash bench/run_h200_v45.sh
+    bash bench/run_h200_networks.sh
 fi
