@@ -175,8 +175,8 @@ def _merged_in_pass(dev, N, C, P):
 
 
 def _statistics(x, eps, running_mean, running_var, momentum, unbiased, what):
-    """The statistics pass of x, checked: ((N, C, P), lsize, the finishing kernels' arguments: the records, their
-    count, the sizes, the update's constants and the tensors they write, mean and invstd new)."""
+    """The statistics pass of x, checked: (lsize, the finishing kernels' arguments (the records, their count, C, the
+    update's constants and the tensors they write), the new mean and invstd among them)."""
     dev = x.device
     N, C, P = _geometry(x, what)
     _check_channel(running_mean, C, "running_mean", what)
@@ -187,9 +187,10 @@ def _statistics(x, eps, running_mean, running_var, momentum, unbiased, what):
                          f"{tuple(x.shape)}")
     part, runs, lsize = _reduce(dev, "batchnorm_stats", "batchnorm_stats_planes", 3, N, C, P, (x,),
                                 what=f"{what} {tuple(x.shape)}")
+    mean, invstd = empty((C,), dev), empty((C,), dev)
     finish = (part, runs, C, float(count), float(eps), momentum if type(momentum) is kernels.Live else float(momentum),
-              float(count - 1 if unbiased else count), empty((C,), dev), empty((C,), dev), running_mean, running_var)
-    return (N, C, P), lsize, finish
+              float(count - 1 if unbiased else count), mean, invstd, running_mean, running_var)
+    return lsize, finish, mean, invstd
 
 
 def batch_norm_stats(x, eps=1e-5, running_mean=None, running_var=None, momentum=0.1, unbiased=True):
@@ -213,11 +214,11 @@ def batch_norm_stats(x, eps=1e-5, running_mean=None, running_var=None, momentum=
         The batch mean and 1 / sqrt(biased variance + eps).
     """
     what = "batch norm statistics"
-    (_, C, _), lsize, finish = _statistics(x, eps, running_mean, running_var, momentum, unbiased, what)
-    dev = x.device
+    lsize, finish, mean, invstd = _statistics(x, eps, running_mean, running_var, momentum, unbiased, what)
+    dev, C, records = x.device, x.shape[1], finish[1]
     kernels.launch(dev, _bn_kernel(dev, "batchnorm_stats_finish", lsize), (C * lsize,), (lsize,), *finish,
-                   what=f"{what} (merging {finish[1]} runs)")
-    return finish[7], finish[8]
+                   what=f"{what} (merging {records} runs)")
+    return mean, invstd
 
 
 def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentum, eps, unbiased=True, act=0):
@@ -249,11 +250,12 @@ def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentu
     y = empty(x.shape, dev)
     what = f"batch norm {tuple(x.shape)}"
     if _merged_in_pass(dev, N, C, P):
-        _, lsize, finish = _statistics(x, eps, running_mean, running_var, momentum, unbiased, "batch norm statistics")
+        lsize, finish, mean, invstd = _statistics(x, eps, running_mean, running_var, momentum, unbiased,
+                                                  "batch norm statistics")
         runs, chunk = _merged_runs(dev, N, C, P, lsize)
         kernels.launch(dev, _bn_kernel(dev, "batchnorm_apply_runs", lsize, act), (C * lsize, runs), (lsize, 1),
                        *finish, x, weight, bias, y, N, P, chunk, what=what)
-        return y, finish[7], finish[8]
+        return y, mean, invstd
     mean, invstd = batch_norm_stats(x, eps, running_mean, running_var, momentum, unbiased)
     _elementwise(dev, "batchnorm_apply", N, C, P, x, mean, invstd, weight, bias, y, -1.0, what=what, images=(x, y),
                  act=act)
