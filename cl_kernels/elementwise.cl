@@ -112,8 +112,8 @@ __kernel void axpby_relu(__global const float* restrict a, __global const float*
                          __global float* restrict out, const float alpha, const float beta, const int n) {
     const int i = get_global_id(0) * VW;
     if (i + VW <= n) {
-        const float4 v = alpha * CVEC(a + i) + beta * CVEC(b + i);
-        VEC(out + i) = select(v, (float4)(0.0f), v < (float4)(0.0f));
+        const float4 v = alpha * CVEC(a + i) + beta * CVEC(b + i);  // axpby's, then act_of's ReLU
+        VEC(out + i) = (float4)(act_of(1, v.s0), act_of(1, v.s1), act_of(1, v.s2), act_of(1, v.s3));
     } else {
         for (int j = i; j < n; j++) out[j] = act_of(1, axpby_of(alpha, a[j], beta, b[j]));
     }

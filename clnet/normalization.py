@@ -18,9 +18,10 @@ Memory traffic per element of x (4 bytes each; per-channel records and partial s
 
 Each op has two kernel shapes, chosen by tuning.cpu_shaped. GPU-shaped batch norm: the reductions run a work-group
 of LSIZE per (channel, run), every channel's N*P values cut into tuning.reduction_runs runs so that a few channels
-over many pixels still fill the device (64 channels of 401,408 values: 9 runs, 576 work-groups on the H200), then a
-second small pass merges each channel's runs in order; planes under SMALL_PLANE values are reduced plane-shaped
-instead (below), in runs of whole images. Element-wise passes take UNROLL elements per work-item. CPU-shaped: a
+over many pixels still fill the device (64 channels of 401,408 values: 9 runs, 576 work-groups on the H200); the
+pass that uses the statistics or gradient sums (apply, dx) merges each channel's records itself, in order, in every
+work-group (a launch fewer each way); planes under SMALL_PLANE values are reduced plane-shaped instead (below), in
+runs of whole images, and a second small pass merges their records. Element-wise passes take UNROLL elements per work-item. CPU-shaped: a
 reduction's work-item takes whole planes of one channel (nb images), an element-wise pass's whole planes of one
 image (cb channels), at least SPAN values either way, eight lanes at a time, without local memory or barriers. LRN: an element per work-item on GPUs, whole planes of one image (at least SPAN values) per work-item on
 CPUs; each window is summed down its few channels, P apart, so there is no long reduction to cut.
@@ -125,7 +126,7 @@ def _reduce(dev, gpu_kernel, planes_kernel, width, N, C, P, inputs, what, act=0)
             at += part.size
         return gathered, runs, lsize
     lsize = _lsize(dev)
-    if lsize == 1 or P < SMALL_PLANE:
+    if not _in_runs(dev, N, C, P):
         if lsize == 1:
             nb = _planes_per_item(P, N)
         else:
@@ -161,16 +162,17 @@ def _elementwise(dev, name, N, C, P, *args, what, images, act=0):
                        what=what)
 
 
-def _merged_runs(dev, N, C, P, lsize):
-    """(runs, chunk) of the merged passes: the statistics' runs, cut to at most MERGED_RUN pairs each."""
-    chunk = min(_runs(dev, N, C, P, lsize)[1], MERGED_RUN)
+def _merged_runs(N, P, records):
+    """(runs, chunk) of a pass that merges the records itself: runs of its own, no longer than the records' (about
+    N*P / records pairs) nor MERGED_RUN."""
+    chunk = min(-(-N * P // records), MERGED_RUN)
     return -(-N * P // chunk), chunk
 
 
-def _merged_in_pass(dev, N, C, P):
-    """Whether the GPU-shaped path merges each channel's records in the pass that uses them (batchnorm_apply_runs,
-    batchnorm_dx_runs: a launch fewer each way) rather than in a finishing launch of their own: planes of
-    SMALL_PLANE values or more, within kernels.INDEX_LIMIT (past it, the reductions run per run of images)."""
+def _in_runs(dev, N, C, P):
+    """Whether the reductions cut each channel into runs (the GPU shape, planes of SMALL_PLANE values or more, within
+    kernels.INDEX_LIMIT: past it they run per run of images); then the passes that use their records merge them
+    (batchnorm_apply_runs, batchnorm_dx_runs), not a finishing launch of their own."""
     return P >= SMALL_PLANE and N * C * P <= kernels.INDEX_LIMIT and _lsize(dev) > 1
 
 
@@ -249,10 +251,10 @@ def batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentu
     _check_channel(bias, C, "bias", "batch norm")
     y = empty(x.shape, dev)
     what = f"batch norm {tuple(x.shape)}"
-    if _merged_in_pass(dev, N, C, P):
+    if _in_runs(dev, N, C, P):
         lsize, finish, mean, invstd = _statistics(x, eps, running_mean, running_var, momentum, unbiased,
                                                   "batch norm statistics")
-        runs, chunk = _merged_runs(dev, N, C, P, lsize)
+        runs, chunk = _merged_runs(N, P, finish[1])
         kernels.launch(dev, _bn_kernel(dev, "batchnorm_apply_runs", lsize, act), (C * lsize, runs), (lsize, 1),
                        *finish, x, weight, bias, y, N, P, chunk, what=what)
         return y, mean, invstd
@@ -331,10 +333,10 @@ def batch_norm_backward(dy, x, weight, mean, invstd, need_dx, dweight, dbias, be
     if act:
         _check_same(y, x, "y", what)
     dev = x.device
-    if need_dx and _merged_in_pass(dev, N, C, P):
+    if need_dx and _in_runs(dev, N, C, P):
         part, records, lsize = _grad_records(dy, x, mean, y, act, what)
         dx = empty(x.shape, dev)
-        runs, chunk = _merged_runs(dev, N, C, P, lsize)
+        runs, chunk = _merged_runs(N, P, records)
         kernels.launch(dev, _bn_kernel(dev, "batchnorm_dx_runs", lsize, act), (C * lsize, runs), (lsize, 1), part,
                        records, C, float(N * P), invstd, dweight, dbias, int(beta != 0.0), dy, x, mean, weight, dx, y,
                        N, P, chunk, what=f"{what} {tuple(x.shape)}")

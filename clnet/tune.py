@@ -171,8 +171,8 @@ def _cost_ms(dev, fn, repeats):
 
 
 def _tuning_order(key):
-    """A site's place: products ("gemm MxNxKxbatch ...") by their multiply-adds, largest first, then the rest as
-    recorded (sorted is stable)."""
+    """A site's place: products (gemm.gemm_key: "gemm MxNxKxbatch ...") by their multiply-adds, largest first, then
+    the rest as recorded (sorted is stable)."""
     if not key.startswith("gemm "):
         return (1, 0)
     return (0, -math.prod(int(v) for v in key.split()[1].split("x")))

@@ -8,7 +8,7 @@ import pytest
 
 import clnet
 
-from conftest import assert_close
+from conftest import assert_close, launched
 from onnx_needed import require
 
 onnx = require("onnx")
@@ -179,15 +179,10 @@ def test_the_relu_after_a_batch_norm_or_a_convolution_runs_in_it(dev, rng, tmp_p
         net = connx.load(path, device=dev)
         assert net._nodes[0].act == (act if fuse and case == "fused" else None)
         x = clnet.tensor(x0, dev, requires_grad=True)
-        from clnet import kernels
-        prof = kernels.Profiler()
-        kernels.context.profiler = prof
-        try:
+        with launched() as names:
             out = net(x)
             out = out[0] if isinstance(out, tuple) else out
             (out * clnet.tensor(dy, dev)).sum().backward()
-        finally:
-            kernels.context.profiler = None
         state = net.state_dict()
         net.eval()
         with clnet.no_grad():
@@ -195,7 +190,7 @@ def test_the_relu_after_a_batch_norm_or_a_convolution_runs_in_it(dev, rng, tmp_p
         evaluated = evaluated[0] if isinstance(evaluated, tuple) else evaluated
         results[fuse] = [out.numpy(), x.grad.numpy(), evaluated.numpy()] + [state[k] for k in sorted(state)] + [
             p.grad.numpy() for p in net.parameters()]
-        launches[fuse] = [name for _, name, _ in prof.records]
+        launches[fuse] = names
     fused = case == "fused" and act is not None and not broadcast
     # the Add keeps act_bwd; the convolutions here have a bias, whose pass takes their ReLU's gradient (bias_grad)
     saved = ("act_fwd",) if op == "Add" else ("act_fwd", "act_bwd")

@@ -9,7 +9,7 @@ from clnet import nn
 from clnet.nn import functional as F
 
 import reference as ref
-from conftest import HAVE_TORCH, assert_close, assert_close_to_terms, no_launch
+from conftest import HAVE_TORCH, assert_close, assert_close_to_terms, launched, no_launch
 
 if HAVE_TORCH:
     import torch
@@ -239,17 +239,6 @@ def _dense_block(lib, cat, leaf, ws, dup):
     return cat(feats, 1)
 
 
-def _launch_names(fn):
-    from clnet import kernels
-    prof = kernels.Profiler()
-    kernels.context.profiler = prof
-    try:
-        fn()
-    finally:
-        kernels.context.profiler = None
-    return [name for _, name, _ in prof.records]
-
-
 @pytest.mark.parametrize("dup", [False, True], ids=["distinct", "an input twice"])
 def test_cat_backward_adds_each_slice_into_the_gradient_so_far(dev, rng, monkeypatch, dup):
     """A feature map joined into several concatenations gets its gradient summed over them: each join's slice is
@@ -266,11 +255,13 @@ def test_cat_backward_adds_each_slice_into_the_gradient_so_far(dev, rng, monkeyp
         (y * clnet.tensor(r, dev)).sum().backward()
         return leaf.grad.numpy()
 
-    names = _launch_names(lambda: run())
+    with launched() as names:
+        run()
     fused = run()
     assert names.count("copy2d_add") >= layers - 1
     monkeypatch.setattr(clnet.ops.Cat, "adds_into_pending", False)
-    separate_names = _launch_names(lambda: run())
+    with launched() as separate_names:
+        run()
     assert "copy2d_add" not in separate_names
     assert len(names) < len(separate_names)
     assert np.array_equal(run(), fused), "a slice added in its copy differs from a copy and an add"
