@@ -71,11 +71,12 @@ class BufferPool:
         step = max(256, 1 << max(0, nbytes.bit_length() - 4))
         return -(-nbytes // step) * step
 
+    def in_arena(self, nbytes):
+        """Whether a request of nbytes is a block of the arena rather than a whole buffer."""
+        return ARENA_MIN <= nbytes <= ARENA_MAX and nbytes <= self.max_alloc and self.arena is not None
+
     def take(self, nbytes):
-        """(buffer, its creation number, rounded size, block): block is (segment, offset) for a block of the arena,
-        None for a whole buffer."""
-        if nbytes >= ARENA_MIN and self.arena is not None and nbytes <= ARENA_MAX and nbytes <= self.max_alloc:
-            return self._take_block(nbytes)
+        """(whole buffer, its creation number, rounded size) for a request not in_arena."""
         size = _rounded.get(nbytes)
         if size is None:  # a new size: remembered (few distinct sizes; this runs for every tensor made)
             size = self.rounded(nbytes)
@@ -87,7 +88,7 @@ class BufferPool:
             if bucket:
                 entry = heapq.heappop(bucket) if not kernels._captures else self._unheld(bucket)
                 if entry is not None:
-                    return entry[1], entry[0], size, None
+                    return entry[1], entry[0], size
         limit = self.max_alloc
         if size > limit >= nbytes:  # the rounding alone would pass the device's largest buffer: take it exact
             size = nbytes
@@ -103,9 +104,10 @@ class BufferPool:
         with self.lock:
             self.allocated_bytes += size
             self.created += 1
-            return buf, self.created, size, None
+            return buf, self.created, size
 
-    def _take_block(self, nbytes):
+    def take_block(self, nbytes):
+        """(segment, offset, size given) of a block of the arena for a request in_arena."""
         arena_ = self.arena
         size = -(-nbytes // arena_.align) * arena_.align
         with self.lock:
@@ -120,11 +122,11 @@ class BufferPool:
                     grow = size if _captures or size >= SHARED_SEGMENT // 2 else SHARED_SEGMENT
                     grow = max(size, min(-(-grow // SEGMENT_ROUND) * SEGMENT_ROUND, self.max_alloc))
                     placed = arena_.place(size, self._segment(grow))
-                seg, offset, size = placed
-                return seg.handle, 0, size, (seg, offset)
+                return placed
             finally:
                 self.busy = False
-                self._release_deferred()
+                if self.deferred:
+                    self._release_deferred()
 
     def _segment(self, size):
         """A new segment of the arena (called with the lock held)."""
@@ -160,8 +162,15 @@ class BufferPool:
         """A block of the arena is free again (a storage's __del__). The garbage collector may run this in the middle
         of another change to the arena (in this thread, under the lock): it then waits for that change's end."""
         with self.lock:
-            self.deferred.append(block)
-            if not self.busy:
+            if self.busy:
+                self.deferred.append(block)
+                return
+            self.busy = True
+            try:
+                self.arena.release(*block)
+            finally:
+                self.busy = False
+            if self.deferred:
                 self._release_deferred()
 
     def _release_deferred(self):
@@ -307,10 +316,13 @@ class _Storage:
         if entry is not None:
             self.number, self.buffer = entry
             self.size, self.block, self.at, self.key = size, None, 0, self.buffer
+        elif p.in_arena(nbytes):
+            seg, at, self.size = p.take_block(nbytes)
+            self.buffer, self.number, self.block, self.at = seg.handle, 0, (seg, at), at
+            self.key = (self.buffer, at)
         else:
-            self.buffer, self.number, self.size, self.block = p.take(nbytes)
-            self.at = self.block[1] if self.block is not None else 0
-            self.key = (self.buffer, self.at) if self.block is not None else self.buffer
+            self.buffer, self.number, self.size = p.take(nbytes)
+            self.block, self.at, self.key = None, 0, self.buffer
         c = _context
         self.set_up = c.paused > 0
         if c.capturing is not None and not self.set_up:  # the graph must know every buffer the step allocates
