@@ -41,9 +41,17 @@ def _conv_key(kind, s):
             f"g{s.G} out{s.OH}x{s.OW}")
 
 
+_algorithms = tuning.choices()  # (device, pass, shape, allow_less_accurate) -> _conv_algorithm's answer
+
+
 def _conv_algorithm(dev, kind, s, run):
     """The algorithm for one pass (kind: conv2d_fwd, conv2d_bwd_data, conv2d_bwd_weights) of a layer of shape s:
-    tuned, else the default, from those that can run it."""
+    tuned, else the default, from those that can run it. Memoised (the options and the key cost googlenet's eager
+    step 1 ms of host time at batch 64; bench/NOTES.md v49) unless a tuner or a benchmark watches the choices."""
+    memo_key = (dev, kind, s, tuning.allow_less_accurate)
+    found = _algorithms.get(memo_key)
+    if found is not None and not tuning.recording():
+        return found
     options = ["im2col"] + [a for a, m in WINOGRAD_TILE.items() if winograd.supported(s, m)
                             and winograd.image_fits(s, m)
                             and (a not in LESS_ACCURATE or tuning.allow_less_accurate)]
@@ -56,9 +64,12 @@ def _conv_algorithm(dev, kind, s, run):
     # depthwise layers take their own kernels by default on every device class: each pass reads its operands once,
     # where im2col runs them as C products of M rows each (depthwise.py)
     default = "depthwise" if "depthwise" in options else tuning.conv_default(dev, s, options, kind)
-    return tuning.choose(dev, _conv_key(kind, s), lambda: default,
-                         lambda: [default] + [a for a in options if a != default], run,
-                         lambda cached: cached in options)
+    if len(_algorithms) >= tuning.CHOICES_KEPT:
+        _algorithms.clear()
+    found = _algorithms[memo_key] = tuning.choose(dev, _conv_key(kind, s), lambda: default,
+                                                  lambda: [default] + [a for a in options if a != default], run,
+                                                  lambda cached: cached in options)
+    return found
 
 
 def _image_runs(s, what):

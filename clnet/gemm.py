@@ -60,6 +60,11 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
         _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, what, rowsum, rowsum_beta,
                 a_mask)
         return
+    memo_key = (dev, M, N, K, batch, a, b, c)
+    choice = _choices.get(memo_key)
+    if choice is not None and not tuning.recording():
+        _gemm_choice(dev, choice, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bias, bias_mode, bias_bs, relu, what)
+        return
     key = gemm_key(M, N, K, batch, a, b, c)
 
     def run(choice):  # returns what it computed, for the autotuner to check each candidate against the default
@@ -71,7 +76,34 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
                            lambda: tuning.gemm_candidates(dev, M, N, K, batch, _kfast_a(a),
                                                           _kfast_b(b) and not b.split), run,
                            lambda cached: tuning.valid_gemm(dev, cached, M, N, K, batch, b.split))
+    if len(_choices) >= tuning.CHOICES_KEPT:
+        _choices.clear()
+    _choices[memo_key] = choice
     run(choice)
+
+
+_choices = tuning.choices()  # (device, sizes, the operands' layouts) -> gemm's tuned or default choice
+_built = tuning.choices()  # (device, id of a choice's cfg, layouts, epilogue) -> (cfg, _gemm_kernel's answer)
+
+
+def _gemm_kernel(dev, cfg, a, b, c, epilogue):
+    """(kernel, work-group, (columns of C, work-items) and (rows, work-items) of each block of the grid along N and
+    M) of a product with choice cfg on operands laid out as a, b, c."""
+    name = cfg["kernel"]
+    defines = {k: v for k, v in cfg.items() if k != "kernel"}
+    defines.update(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split, **_built_epilogue(dev, epilogue))
+    if name == "gemm_tiled":
+        # float4 fetches where the operand's layout allows and each slice splits into float4s over the work-group
+        float4s_per_round = 4 * (cfg["TM"] // cfg["WM"]) * (cfg["TN"] // cfg["WN"])
+        defines.update(A_KFAST=_kfast_a(a), B_KFAST=_kfast_b(b),
+                       A_VEC=_vec_a(a) and cfg["TM"] * cfg["TK"] % float4s_per_round == 0,
+                       B_VEC=_vec_b(b) and cfg["TN"] * cfg["TK"] % float4s_per_round == 0, C_VEC=_vec_c(c))
+        local = (cfg["TN"] // cfg["WN"], cfg["TM"] // cfg["WM"], 1)
+        grid = (cfg["TN"], local[0]), (cfg["TM"], local[1])
+    else:
+        defines.update(B_CONTIG=(b.cs == 1 and not b.split))
+        local, grid = ((cfg["WG"], 1, 1) if cfg.get("WG") else None), ((16, 1), (cfg["RM"], 1))
+    return (kernels.kernel(dev, GEMM_FILES[name], name, defines), local) + grid
 
 
 def _skinny(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, bias_mode, relu, what, rowsum=None, rowsum_beta=1.0,
@@ -236,21 +268,13 @@ def _built_epilogue(dev, epilogue):
 
 
 def _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, zsize, bias, bias_bs, epilogue, ksplit, kc, what):
-    name = cfg["kernel"]
-    defines = {k: v for k, v in cfg.items() if k != "kernel"}
-    defines.update(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split, **_built_epilogue(dev, epilogue))
-    if name == "gemm_tiled":
-        # float4 fetches where the operand's layout allows and each slice splits into float4s over the work-group
-        float4s_per_round = 4 * (cfg["TM"] // cfg["WM"]) * (cfg["TN"] // cfg["WN"])
-        defines.update(A_KFAST=_kfast_a(a), B_KFAST=_kfast_b(b),
-                       A_VEC=_vec_a(a) and cfg["TM"] * cfg["TK"] % float4s_per_round == 0,
-                       B_VEC=_vec_b(b) and cfg["TN"] * cfg["TK"] % float4s_per_round == 0, C_VEC=_vec_c(c))
-        local = (cfg["TN"] // cfg["WN"], cfg["TM"] // cfg["WM"], 1)
-        global_size = (-(-N // cfg["TN"]) * local[0], -(-M // cfg["TM"]) * local[1], zsize)
-    else:
-        defines.update(B_CONTIG=(b.cs == 1 and not b.split))
-        local = (cfg["WG"], 1, 1) if cfg.get("WG") else None
-        global_size = (-(-N // 16), -(-M // cfg["RM"]), zsize)
-    k = kernels.kernel(dev, GEMM_FILES[name], name, defines)
+    memo_key = (dev, id(cfg), a, b, c, epilogue)
+    found = _built.get(memo_key)
+    if found is None or found[0] is not cfg:  # (an id names one cfg while it lives: the entry keeps it alive)
+        if len(_built) >= tuning.CHOICES_KEPT:
+            _built.clear()
+        found = _built[memo_key] = (cfg,) + _gemm_kernel(dev, cfg, a, b, c, epilogue)
+    _, k, local, (tn, wn), (tm, wm) = found
+    global_size = (-(-N // tn) * wn, -(-M // tm) * wm, zsize)
     kernels.launch(dev, k, global_size, local, M, N, K, alpha, beta, A, *a.args(), B, *b.args(), C, *c.args(),
                    bias, bias_bs, *epilogue, ksplit, kc, what=what)

@@ -6,6 +6,8 @@ straight into its .grad). Layers (nn/) and nn.functional call these; the heavy l
 (conv.py: convolution and dense products, gemm.py, normalization.py), and nothing here talks to OpenCL discovery or copies
 to the host.
 """
+import math
+
 import numpy as np
 
 from . import autograd, conv, kernels, normalization, tuning
@@ -189,7 +191,7 @@ class Cat(Function):
         self.dim, self.sizes = dim, [x.shape[dim] for x in xs]
         shape = ref[:dim] + (sum(self.sizes),) + ref[dim + 1:]
         out = empty(shape, xs[0].device)
-        outer, inner = int(np.prod(ref[:dim], dtype=np.int64)), int(np.prod(ref[dim + 1:], dtype=np.int64))
+        outer, inner = math.prod(ref[:dim]), math.prod(ref[dim + 1:])
         offset, ld = 0, shape[dim] * inner
         for x, n in zip(xs, self.sizes):
             _copy2d(x, 0, n * inner, out, offset, ld, outer, n * inner, what="cat")
@@ -201,7 +203,7 @@ class Cat(Function):
         other uses, that sum plus the slice (one launch, not a copy and then autograd's add: densenet joins each
         feature map into every later layer's input)."""
         dim, shape = self.dim, dy.shape
-        outer, inner = int(np.prod(shape[:dim], dtype=np.int64)), int(np.prod(shape[dim + 1:], dtype=np.int64))
+        outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
         grads, offset, ld = [], 0, shape[dim] * inner
         for i, (need, n) in enumerate(zip(self.needs, self.sizes)):
             if need:
@@ -311,7 +313,7 @@ def _softmax_launch(k, tensors, outer, C, inner, what):
 
 
 def _outer_inner(shape, dim):
-    return int(np.prod(shape[:dim], dtype=np.int64)), int(np.prod(shape[dim + 1:], dtype=np.int64))
+    return math.prod(shape[:dim]), math.prod(shape[dim + 1:])
 
 
 class CrossEntropy(Function):

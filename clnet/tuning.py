@@ -549,6 +549,7 @@ def store(dev, new_entries):
     entries(dev).update(new_entries)
     own_entries(dev).update(new_entries)
     _checked.clear()
+    forget_choices()
     path = cache_path()
     try:
         with _locked(path):
@@ -568,13 +569,38 @@ def store(dev, new_entries):
 
 
 def forget():
-    """Drops the in-memory copy and the memoised defaults, so the next lookup rereads the file (after CLNET_CACHE_DIR
-    changes, or after a test replaces gemm_config)."""
+    """Drops the in-memory copy and the memoised defaults and choices, so the next lookup rereads the file (after
+    CLNET_CACHE_DIR changes, or after a test replaces gemm_config or cpu_shaped)."""
     global _cache, _shipped
     _cache = _shipped = None
     _device_entries.clear()
     _checked.clear()
     _defaults.clear()
+    forget_choices()
+
+
+_choices = []  # the dictionaries made by choices()
+CHOICES_KEPT = 4096  # entries a dictionary of choices() holds before it starts again (shapes that keep changing)
+
+
+def choices():
+    """A new dictionary for a caller's memoised choices (an op's algorithm per device and shape), emptied whenever
+    the tuned entries change (store, forget): lookups that run at every launch keep what choose() returned."""
+    memo = {}
+    _choices.append(memo)
+    return memo
+
+
+def forget_choices():
+    for memo in _choices:
+        memo.clear()
+
+
+def recording():
+    """Whether this thread's choices are watched (a tuner recording, a benchmark noting what ran): choose() must then
+    run for each, so a memoised choice must not stand in for it."""
+    c = kernels.context
+    return getattr(c, _RECORDER, None) is not None or getattr(c, _USED, None) is not None
 
 
 # ---- choosing ------------------------------------------------------------------------------------------------------

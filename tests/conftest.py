@@ -50,10 +50,13 @@ def dev(request):
 
 @pytest.fixture(autouse=True)
 def accuracy_first(monkeypatch):
-    """Each test starts with the tuner's accuracy rule in force; a test (or a command it runs) that allows less
-    accurate algorithms does so for itself alone."""
+    """Each test starts with the tuner's accuracy rule in force and no memoised choice; a test (or a command it runs)
+    that allows less accurate algorithms does so for itself alone."""
     from clnet import tuning
     monkeypatch.setattr(tuning, "allow_less_accurate", False)
+    tuning.forget_choices()  # none memoised under another test's patches (cpu_shaped, conv_default)
+    yield
+    tuning.forget_choices()
 
 
 @pytest.fixture

@@ -94,6 +94,36 @@ def test_a_cached_choice_is_what_runs(dev, rng, cache_dir):
     assert_close(C.numpy(), A.astype(np.float64) @ B, "C", tol=1e-5)
 
 
+def test_memoised_choices_give_way_to_entries_stored_later(dev, rng, cache_dir, monkeypatch):
+    """Products and convolutions remember their choice per shape (no tuner or benchmark watching: the common path),
+    and an entry stored afterwards is what the next call runs: a product's tile shape, a convolution's algorithm."""
+    import clnet.gemm as gemm_module
+    from conftest import launched
+    M, N, K = 33, 65, 17
+    a, b, c = Mat(rs=K, cs=1), Mat(rs=N, cs=1), Mat(rs=N, cs=1)
+    default = tuning.gemm_default(dev, M, N, K, 1)
+    other = next(x for x in tuning.gemm_candidates(dev, M, N, K, 1) if x["cfg"] != default["cfg"])
+    ran, inner = [], gemm_module._gemm
+    monkeypatch.setattr(gemm_module, "_gemm", lambda dev, cfg, *rest: (ran.append(cfg), inner(dev, cfg, *rest)))
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    B = rng.standard_normal((K, N)).astype(np.float32)
+    for want in (default, default, other):
+        if want is other:
+            tuning.store(dev, {gemm_key(M, N, K, 1, a, b, c): other})
+        C = clnet.tensor(np.zeros((M, N), np.float32), dev)
+        gemm(M, N, K, clnet.tensor(A, dev), a, clnet.tensor(B, dev), b, C, c)
+        assert ran[-1] == want["cfg"]
+        assert_close(C.numpy(), A.astype(np.float64) @ B, "C", tol=1e-5)
+    layer = nn.Conv2d(16, 17, 3, padding=1).to(dev)
+    x = clnet.tensor(rng.standard_normal((2, 16, 9, 10)).astype(np.float32), dev)
+    key = conv._conv_key("conv2d_fwd", layer.conv_shape(x.shape))
+    for algorithm in ("im2col", "winograd"):
+        tuning.store(dev, {key: algorithm})
+        with launched() as names:
+            layer(x)
+        assert any(n.startswith("winograd") for n in names) == (algorithm == "winograd"), (algorithm, names)
+
+
 def test_invalid_cached_entries_fall_back_to_the_default_with_a_warning(dev, cache_dir):
     M, N, K = 8, 8, 4096
     a = b = c = Mat(rs=8, cs=1)
