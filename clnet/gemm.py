@@ -1,6 +1,6 @@
 """The matrix product every heavy op lowers to: operand layouts (Mat), the tuned choice of kernel and tile, and the
 launch (cl_kernels/gemm.cl for GPUs, gemm_cpu.cl for CPUs)."""
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import kernels, tuning
 from .tensor import empty
@@ -8,10 +8,10 @@ from .tensor import empty
 NO_SPLIT = 1 << 30  # a column divisor no index reaches
 
 
-@dataclass(frozen=True)
-class Mat:
+class Mat(NamedTuple):
     """How a matrix operand sits in its buffer: element (r, c) of batch b is at
-    off + b*bs + r*rs + (c % cdiv)*cs + (c // cdiv)*cso."""
+    off + b*bs + r*rs + (c % cdiv)*cs + (c // cdiv)*cso. (A tuple: made, hashed and compared as one in every product's
+    memoised look-ups.)"""
     off: int = 0
     bs: int = 0
     rs: int = 1
@@ -24,7 +24,7 @@ class Mat:
         return self.cdiv != NO_SPLIT
 
     def args(self):
-        return (self.off, self.bs, self.rs, self.cs, self.cdiv, self.cso)
+        return self
 
 
 def skinny(dev, M, K, batch, a, b, c):

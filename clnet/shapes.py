@@ -28,8 +28,8 @@ class ConvShape:
     @property
     def pointwise(self):
         """1x1, stride 1, no padding: the input already is the lowered matrix."""
-        return (self.KH, self.KW, self.SH, self.SW, self.PH, self.PW, self.OH, self.OW) == \
-            (1, 1, 1, 1, 0, 0, self.H, self.W)
+        return (self.KH == 1 and self.KW == 1 and self.SH == 1 and self.SW == 1 and self.PH == 0 and self.PW == 0
+                and self.OH == self.H and self.OW == self.W)
 
     def geometry(self, nimg):
         return (self.C, self.H, self.W, self.KH, self.KW, self.SH, self.SW, self.PH, self.PW, self.DH, self.DW,

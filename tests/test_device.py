@@ -186,7 +186,6 @@ def test_gemm_float4_fetches(dev, rng, gemm_variant, M, N, K, trans_a, trans_b, 
 def test_float4_needs_every_step_aligned(field, value):
     """Each layout that takes float4s stops taking them when any one of its steps is not a multiple of 4 elements
     (a wrong 'yes' is a misaligned or non-contiguous float4: PoCL crashes on one)."""
-    from dataclasses import replace
     aligned = {  # (rule, layout): k-fast and m-fast A, k-fast and n-fast B, C; all with a column split
         "A k-fast": (gemm._vec_a, Mat(off=4, bs=64, rs=8, cs=1, cdiv=8, cso=16)),
         "A m-fast": (gemm._vec_a, Mat(off=4, bs=64, rs=1, cs=8, cdiv=3, cso=16)),
@@ -196,7 +195,7 @@ def test_float4_needs_every_step_aligned(field, value):
     }
     for name, (rule, mat) in aligned.items():
         assert rule(mat), name
-        changed = replace(mat, **{field: value})
+        changed = mat._replace(**{field: value})
         contiguous_step = "cs" if mat.cs == 1 else "rs"
         # the contiguous axis's step stays 1 (a 6 there makes the layout another class); cdiv only counts along it
         if field == contiguous_step or (field == "cdiv" and mat.cs != 1):
