@@ -1,7 +1,7 @@
 """Where the buffer pool's large blocks lie: best-fit placement in segments, a block split where it is larger than
 asked for and joined with its free neighbours when it is released. The scheme is that of PyTorch's CUDA caching
 allocator for its large pool; this module is its bookkeeping in byte offsets alone (no OpenCL: tensor.BufferPool
-holds the buffers, one per segment, and hands each block out as a sub-buffer).
+holds the buffers, one per segment; kernels take a block as its segment's buffer and the block's byte offset).
 
 Why: a pool of whole buffers kept per rounded size holds, for each size, the most buffers of that size a step ever
 had in use at once, and those maxima fall at different moments (the forward's activations, the backward's

@@ -91,7 +91,7 @@ class Graph:
         self._queue = self._device = None  # bound at the first recorded launch
         self._seen = {}  # storage key (a buffer, a block's (segment, offset)) -> (buffer, its pool, [weak references
         # to its storages], its block, bytes)
-        self._regions = {}  # id -> sub-buffer or set-up storage a launch touched, kept alive (a sub-buffer: its parent)
+        self._regions = {}  # id -> region, window or set-up storage a launch touched, kept alive (a region: its parent)
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
         self._taken = []  # (pool, its withdraw's entry): freed during capture, out of the pool until the graph goes
         self._grads = {}  # id -> leaf whose .grad the step writes or reads (note_grad)
@@ -148,7 +148,7 @@ class Graph:
                 leaf.grad  # noqa: B018 -- reading a marked .grad fills it with zeros (autograd), recorded here
 
     def _note(self, storage):
-        if hasattr(storage, "parent"):  # a sub-buffer or window: keep it (and so its parent) alive
+        if hasattr(storage, "parent"):  # a region or window: keep it (and so its parent) alive
             self._regions[id(storage)] = storage
             return
         if storage.set_up:
@@ -403,8 +403,8 @@ class _Chain:
     may run any, so a step may read memory an earlier step of the chain writes only where the writer wrote it: the
     same region (buffer, offset, size and type), read at i (it then takes the value from the earlier step, as it
     would have read it from memory). A step's output may overlap what an earlier step read only if that read was of
-    the same region at i. Regions are compared by the memory they lie in (a sub-buffer by its parent's), so two
-    storages of one buffer, or a sub-buffer and its parent, are seen to overlap. Anything else ends the chain."""
+    the same region at i. Regions are compared by the memory they lie in (a tensor's region by its parent's), so two
+    storages of one buffer, or a region and its parent, are seen to overlap. Anything else ends the chain."""
 
     def __init__(self, n):
         self.n = n

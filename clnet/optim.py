@@ -5,7 +5,7 @@ gives each group the constructor's hyperparameters except those its dict names; 
 other hyperparameter) can be changed between steps, eager or replayed, and an lr_scheduler does exactly that.
 
 On its first use an optimizer moves every parameter, its gradient and its state (momentum, Adam's moments) into one
-flat buffer each, group after group (a parameter's memory and its .grad become sub-buffers of those), so that `step`
+flat buffer each, group after group (a parameter's memory and its .grad become regions of those), so that `step`
 is one launch per group whatever the number of parameters: for a small network the launches, not the arithmetic,
 are the cost of an update. The hyperparameters reach the kernels as kernels.Live arguments that the step's host
 action sets from the groups, so a replayed clnet.Graph step reads the groups as they are at that replay.

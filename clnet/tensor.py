@@ -349,11 +349,11 @@ class _Storage:
 
 class _Window:
     """Part of another tensor's storage (which it keeps alive), with no buffer of its own: the parent's buffer and an
-    offset, which copies use (`whole`), so that no copy depends on how a driver keeps sub-buffers in step with their
-    parent. Kernels need a buffer: a launch given a window runs on a copy of it (`staged_launch`). Regions of tensors
-    past kernels.INDEX_LIMIT are windows, since NVIDIA's driver (580) mishandles sub-buffers of buffers past 8 GiB
-    (writes through them failed, and releasing kernels that named them crashed the process); so are regions at
-    offsets a sub-buffer cannot start at. A region of a region is one of its parent."""
+    offset, which copies use (`whole`). A launch given a window runs on a copy of it (`staged_launch`). Regions of
+    tensors past kernels.INDEX_LIMIT are windows (as when regions were sub-buffers, which NVIDIA's driver (580)
+    mishandled in buffers past 8 GiB: writes through them failed, releasing kernels that named them crashed; offsets
+    that far into a buffer are not measured on a GPU yet), and so are regions at offsets that are not a multiple of
+    region_alignment (kernels' vector loads assume it). A region of a region is one of its parent."""
     __slots__ = ("size", "parent", "offset")
 
     def __init__(self, parent, offset_bytes, nbytes):
@@ -670,10 +670,10 @@ class Tensor:
         return self
 
     def region(self, offset, shape):
-        """A tensor of `shape` over elements [offset, offset + size) of this one's memory: an OpenCL sub-buffer,
-        which kernels see as an ordinary buffer, where it starts at a multiple of `region_alignment(device)` bytes
-        in a tensor within kernels.INDEX_LIMIT elements; otherwise a window (`_Window`), which copies and launches
-        stage through the parent's buffer."""
+        """A tensor of `shape` over elements [offset, offset + size) of this one's memory: a region (`_Region`),
+        which kernels take as the parent's buffer and a byte offset, where it starts at a multiple of
+        `region_alignment(device)` bytes in a tensor within kernels.INDEX_LIMIT elements; otherwise a window
+        (`_Window`), which copies and launches stage through the parent's buffer."""
         nbytes = offset * self.dtype.itemsize
         window = (type(self.storage) is _Window or self.size > kernels.INDEX_LIMIT
                   or (getattr(self.storage, "offset", 0) + nbytes) % region_alignment(self.device))
@@ -751,7 +751,8 @@ kernels.int_types.add(Numel)
 
 
 def region_alignment(dev):
-    """Bytes a sub-buffer's start must be a multiple of on dev."""
+    """Bytes a region's start must be a multiple of on dev: a buffer's own base alignment, which kernels' vector
+    loads assume of every pointer they are given."""
     return max(dev.cl_device.mem_base_addr_align // 8, 4)
 
 
@@ -772,7 +773,7 @@ def chunks(what, shape, count, unit_sizes, unit="image", multiple=1):
     """Runs [(start, n)] of whole units covering `count` of them (images, planes, rows), for an op whose tensors
     are too large for one launch: each tensor of each run (unit_sizes: its elements per unit) holds at most
     kernels.INDEX_LIMIT (and WINDOW_RUN) elements and starts at a multiple of `multiple` elements. Each run's part of
-    a tensor is its `region` (a window where it is not a sub-buffer). TooLarge, naming `what`, `shape` and the fix,
+    a tensor is its `region` (a window where it cannot be a region). TooLarge, naming `what`, `shape` and the fix,
     when not even one run fits."""
     limit = max(run_limit(), min(kernels.INDEX_LIMIT, max(unit_sizes)))  # a unit past WINDOW_RUN: one unit a run
     step = 1

@@ -85,7 +85,7 @@ class _StepFigures:
 
     def __init__(self, dev, count):
         self.count = count  # count(step, epoch, n, summed loss, correct) for each step read
-        self.stride = max(2, region_alignment(dev) // 4)  # each slot starts where a sub-buffer may
+        self.stride = max(2, region_alignment(dev) // 4)  # each slot starts where a region may
         self.ring = empty((self.READ_EVERY * self.stride,), dev)
         self.slots = [self.ring.region(i * self.stride, (2,)) for i in range(self.READ_EVERY)]
         self.pending = []  # (step, epoch, n) of the slots filled
