@@ -140,6 +140,24 @@ except ImportError as e:
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed; the NumPy reference still runs")
 
 
+def eager_or_replayed(step, replayed):
+    """A call that runs step() eagerly, or (replayed) captures it in a clnet.Graph at its first call and replays the
+    graph at every later one."""
+    graph = None
+
+    def run():
+        nonlocal graph
+        if not replayed:
+            step()
+        elif graph is None:
+            graph = clnet.Graph()
+            with graph.capture():
+                step()
+        else:
+            graph.replay()
+    return run
+
+
 @contextlib.contextmanager
 def launched():
     """The names of the kernels launched inside the block, in order (a list filled as they launch)."""

@@ -7,7 +7,7 @@ import clnet
 from clnet import nn, optim
 from clnet.optim import lr_scheduler
 
-from conftest import HAVE_TORCH, needs_torch
+from conftest import HAVE_TORCH, eager_or_replayed, needs_torch
 
 
 def two_groups(params, lrs=(0.1, 0.02)):
@@ -129,18 +129,11 @@ def test_replayed_steps_follow_a_schedule(dev, rng, where):
         step()
         if where == "between replays":
             sched.step()
-        graph = None
+        run_step = eager_or_replayed(step, replayed)
         for xb, yb in data[1:]:
             x.write(xb)
             y.write(yb)
-            if not replayed:
-                step()
-            elif graph is None:
-                graph = clnet.Graph()
-                with graph.capture():
-                    step()
-            else:
-                graph.replay()
+            run_step()
             if where == "between replays":
                 sched.step()
         return model.state_dict(), sched.get_last_lr(), sched.last_epoch

@@ -8,7 +8,7 @@ import pytest
 import clnet
 from clnet import kernels, nn, optim
 
-from conftest import needs_torch
+from conftest import eager_or_replayed, needs_torch
 
 pytestmark = needs_torch
 
@@ -136,21 +136,14 @@ def test_group_lr_changed_between_replays(dev, rng):
             (d * d).mean().backward()
             opt.step()
         step()
-        graph = None
+        run_step = eager_or_replayed(step, replayed)
         for i, (xb, yb) in enumerate(data[1:], 1):
             opt.param_groups[0]["lr"] = 0.1 / (i + 1)
             opt.param_groups[1]["lr"] = 0.05 * (i + 1)
             opt.param_groups[1]["momentum"] = 0.5 + 0.1 * i
             x.write(xb)
             y.write(yb)
-            if not replayed:
-                step()
-            elif graph is None:
-                graph = clnet.Graph()
-                with graph.capture():
-                    step()
-            else:
-                graph.replay()
+            run_step()
         return model.state_dict()
     eager, replayed = run(False), run(True)
     for k in eager:
@@ -323,18 +316,11 @@ def test_clipped_step_replays_as_eager_steps(dev, rng):
             norms.append(nn.utils.clip_grad_norm_(model.parameters(), 0.5))
             opt.step()
         step()
-        graph = None
+        run_step = eager_or_replayed(step, replayed)
         for xb, yb in data[1:]:
             x.write(xb)
             y.write(yb)
-            if not replayed:
-                step()
-            elif graph is None:
-                graph = clnet.Graph()
-                with graph.capture():
-                    step()
-            else:
-                graph.replay()
+            run_step()
         return model.state_dict(), float(norms[-1].numpy())
     (eager, n_eager), (replayed, n_replayed) = run(False), run(True)
     assert n_eager == n_replayed and n_eager > 0.5  # the clipping acted at the last step
