@@ -191,8 +191,8 @@ def conv_default(dev, s, options, kind="conv2d_fwd"):
     conv2d_bwd_data, conv2d_bwd_weights) of shape s."""
     if "conv1x1" in options and s.H * s.W >= CONV1X1_MIN_PLANE[kind]:
         return "conv1x1"
-    if not dev.is_gpu and "direct" in options and s.C // s.G <= DIRECT_MAX_CHANNELS_CPU:
-        return "direct"
+    if kind == "conv2d_fwd" and not dev.is_gpu and "direct" in options and s.C // s.G <= DIRECT_MAX_CHANNELS_CPU:
+        return "direct"  # (its gradients are the tuner's to choose: not measured against im2col's as defaults)
     if dev.is_gpu and "winograd" in options and min(s.C, s.O) >= WINOGRAD_MIN_CHANNELS:
         return "winograd"
     return "im2col"

@@ -84,3 +84,70 @@ def test_direct_checks_shapes(dev):
     s = layer.conv_shape((1, 3, 8, 8))
     with pytest.raises(ValueError, match="expected x of shape"):
         direct.conv2d_forward(clnet.tensor(np.zeros((1, 2, 8, 8), np.float32), dev), layer.weight.data, None, s)
+
+
+def backward(dev, rng, N, C, H, W, O, k, s, p, d, g, beta=1.0):
+    """The direct data and weight gradients of a random layer against the float64 reference (the weight gradient
+    added into a random dw with beta 1, written over a NaN-filled one with beta 0)."""
+    layer = nn.Conv2d(C, O, k, stride=s, padding=p, dilation=d, groups=g, bias=False).to(dev)
+    x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    shape = layer.conv_shape(x.shape)
+    dy = rng.standard_normal((N, O, shape.OH, shape.OW)).astype(np.float32)
+    _, want_dx, want_dw, _ = ref.conv2d(x, layer.weight.numpy(), None, layer.stride, layer._pad_begin,
+                                        layer._pad_total, layer.dilation, g, dy=dy)
+    dx = direct.conv2d_backward_data(layer.weight.data, clnet.tensor(dy, dev), shape).numpy()
+    assert_close(dx, want_dx, "grad input")
+    old = rng.standard_normal(layer.weight.shape).astype(np.float32) if beta else \
+        np.full(layer.weight.shape, np.nan, np.float32)
+    dw = direct.conv2d_backward_weights(clnet.tensor(x, dev), clnet.tensor(dy, dev), shape, clnet.tensor(old, dev),
+                                        beta=beta).numpy()
+    assert_close(dw, want_dw + (beta * old.astype(np.float64) if beta else 0.0), "grad weight")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_direct_backward(dev, rng, case):
+    """Both gradients on every forward case: strides that skip input pixels (the data gradient's divisibility test),
+    dilation, padding on either side, groups, a partial block of input channels (C not a multiple of 4)."""
+    backward(dev, rng, *case)
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0, 0.5])
+def test_direct_weight_gradient_beta(dev, rng, beta):
+    backward(dev, rng, 2, 6, 9, 8, 4, 3, 2, 1, 1, 2, beta=beta)
+
+
+def test_direct_gradients_in_a_training_layer(dev, rng, monkeypatch, cache_dir):
+    """A layer whose backward passes take the direct kernels (the tuner's choice, stored; offered GPU-shaped only),
+    through autograd, against PyTorch's gradients in float64, the bias gradient and a second backward that adds into
+    .grad included."""
+    torch = pytest.importorskip("torch")
+    from clnet import conv
+    monkeypatch.setattr(tuning, "cpu_shaped", lambda d: False)
+    tuning.forget()
+    layer = nn.Conv2d(7, 6, 3, stride=2, padding=1).to(dev)
+    x = rng.standard_normal((2, 7, 9, 10)).astype(np.float32)
+    s = layer.conv_shape(x.shape)
+    tuning.store(dev, {conv._conv_key(kind, s): "direct" for kind in ("conv2d_bwd_data", "conv2d_bwd_weights")})
+    twin = torch.nn.Conv2d(7, 6, 3, stride=2, padding=1).double()
+    twin.load_state_dict({k: torch.from_numpy(np.array(v, np.float64)) for k, v in layer.state_dict().items()})
+    xt, xc = torch.tensor(x, dtype=torch.float64, requires_grad=True), clnet.tensor(x, dev, requires_grad=True)
+    dy = rng.standard_normal((2, 6, s.OH, s.OW)).astype(np.float32)
+    from conftest import launched
+    with launched() as names:
+        for _ in range(2):
+            layer(xc).backward(clnet.tensor(dy, dev))
+    assert "conv2d_bwd_data_direct" in names and "conv2d_bwd_weights_direct" in names, names
+    for _ in range(2):
+        twin(xt).backward(torch.from_numpy(dy.astype(np.float64)))
+    assert_close(xc.grad.numpy(), xt.grad.numpy(), "grad input")
+    assert_close(layer.weight.grad.numpy(), twin.weight.grad.numpy(), "grad weight")
+    assert_close(layer.bias.grad.numpy(), twin.bias.grad.numpy(), "grad bias")
+
+
+def test_direct_weight_gradient_refuses_long_sums(dev):
+    layer = nn.Conv2d(1, 2, 3, padding=1).to(dev)
+    s = layer.conv_shape((5, 1, 30, 30))  # 4500 terms a weight
+    x = clnet.tensor(np.zeros((5, 1, 30, 30), np.float32), dev)
+    with pytest.raises(ValueError, match="at most 4096 terms"):
+        direct.conv2d_backward_weights(x, clnet.tensor(np.zeros((5, 2, 30, 30), np.float32), dev), s,
+                                       clnet.tensor(np.zeros((2, 1, 3, 3), np.float32), dev))
