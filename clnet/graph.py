@@ -13,7 +13,10 @@ the optimizer's current learning rate). So replays give what eager steps would h
 Gradients: a zero_grad inside the capture is part of the step (its replays overwrite the gradients, as the eager
 step's backward does after it); a zero_grad before the capture is not, so a captured backward adds to the gradients
 (autograd.settle_grad) and replays without a zero_grad accumulate, as eager micro-steps do. An eager zero_grad
-between replays is honoured (Graph.replay fills the gradients it marked).
+between replays is honoured (Graph.replay fills the gradients it marked), unless the step's own zero_grad marked
+them first: the step then overwrites them before any read, so the mark is only cleared. A zero_grad after the step's
+last use of a gradient (PyTorch's optimizer-in-backward order) is such a mark too: each replay ends by making it
+again, as each eager step ends, where it used to record a fill of the gradient.
 
 Failures: a launch or copy the driver refuses goes through the one enqueue wrapper (kernels.failed): an allocation
 failure is retried once after the pool releases its cache, then is an OutOfMemory. A replay that raises midway has
@@ -95,6 +98,7 @@ class Graph:
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
         self._taken = []  # (pool, its withdraw's entry): freed during capture, out of the pool until the graph goes
         self._grads = {}  # id -> leaf whose .grad the step writes or reads (note_grad)
+        self._own_marks = set()  # ids of those whose first use in the step is its own zero_grad's mark
         self._leaves = ()  # (leaf, its storage, its .grad) at the end of capture: what replays check has not moved
         self.launches = 0  # launches a replay enqueues (after fusion)
         # merge runs of element-wise launches at the end of capture (None: as the device does, decided then)
@@ -143,9 +147,16 @@ class Graph:
         is still marked when the capture ends. Only the next step's backward would read that mark, and no replay makes
         it again, so the second replay on would add to the gradient of the one before. Filled here, recorded, every
         replay ends as the eager step does: with that gradient reading as zeros."""
+        marked = []
         for leaf in list(self._grads.values()):
-            if leaf._grad_zeroed:
+            if not leaf._grad_zeroed:
+                continue
+            if id(leaf) in self._own_marks:  # each replay writes it before any read (note_grad): a mark will do
+                marked.append(leaf)
+            else:
                 leaf.grad  # noqa: B018 -- reading a marked .grad fills it with zeros (autograd), recorded here
+        if marked:
+            self._items.append(lambda: _mark_zero(marked))
 
     def _note(self, storage):
         if hasattr(storage, "parent"):  # a region or window: keep it (and so its parent) alive
@@ -200,14 +211,18 @@ class Graph:
     def record_action(self, action):
         self._items.append(action)
 
-    def note_grad(self, leaf):
-        """The step writes, reads or marks leaf's .grad; True the first time in this capture. zero_grad only marks a
-        .grad (Tensor.grad), and a replay does not look at marks: one made since the capture (an eager zero_grad) is
-        filled before a replay, since the recorded kernels may add to that memory or read it. A mark older than the
-        capture is settled at the step's first use of the .grad (autograd.settle_grad)."""
+    def note_grad(self, leaf, marks=False):
+        """The step writes, reads or marks (marks: zero_grad) leaf's .grad; True the first time in this capture.
+        zero_grad only marks a .grad (Tensor.grad), and a replay does not look at marks: one made since the capture
+        (an eager zero_grad) is filled before a replay, since the recorded kernels may add to that memory or read it,
+        unless the step's own zero_grad marked it before any other use: every use after a mark writes the whole .grad
+        first (backward's overwrite, a fill), so the mark is only cleared. A mark older than the capture is settled at
+        the step's first use of the .grad (autograd.settle_grad)."""
         if id(leaf) in self._grads:
             return False
         self._grads[id(leaf)] = leaf
+        if marks:
+            self._own_marks.add(id(leaf))
         return True
 
     def _bind_queue(self, dev):
@@ -305,7 +320,9 @@ class Graph:
                                "capture the step again in a new clnet.Graph, after the optimizer's first zero_grad() "
                                "or step()")
                 raise CaptureError(self.broken)
-            if t._grad_zeroed:
+            if t._grad_zeroed and id(t) in self._own_marks:  # the replay writes it before any read (note_grad)
+                t._grad_zeroed, t._grad_pending = False, None  # (a deferred gradient under a mark is never written)
+            elif t._grad_zeroed:
                 t.grad  # noqa: B018 -- marked by an eager zero_grad since: reading it fills it (see note_grad)
         queue = self._queue
         try:
@@ -523,3 +540,10 @@ class StepReplayer:
             out = self.step(sx, sy)
         self.graph = (graph, sx, sy, out)
         return out
+
+
+def _mark_zero(leaves):
+    """A replay's last host action where the captured step ended with these .grads marked zero
+    (Graph._fill_late_marks): marked again, as each eager step leaves them."""
+    for leaf in leaves:
+        leaf._grad_zeroed = True

@@ -531,7 +531,7 @@ class Tensor:
         if self._grad is not None:
             self._grad_zeroed = True
             if kernels.capturing is not None:
-                kernels.capturing.note_grad(self)
+                kernels.capturing.note_grad(self, marks=True)
 
     # -- placement -----------------------------------------------------------------------------------------------
     def _place(self, dev):

@@ -188,3 +188,33 @@ def test_a_captured_step_with_hooks_replays_as_eager_steps(dev, rng, defer_all, 
         close(cp.numpy(), tp.detach().numpy(), f"parameter {i} after 4 steps (captured and replayed)")
     if tuning_cpu_shaped(dev):
         assert launches.count("rank1_sgd_rows") >= 2  # the capture's two weights
+
+
+def test_a_step_zeroing_in_its_hooks_replays_without_fills(dev, rng, defer_all, launches):
+    """PyTorch's order, zero_grad in each hook after its step (and the step's own zero_grad first): the capture ends
+    with every .grad marked, and each replay ends so too, by a mark rather than a recorded fill of every gradient.
+    The replays train as eager steps do, and each .grad reads as zeros after a replay, as after an eager step."""
+    cnet, cparams, tnet, tparams = twins(dev, rng)
+    copts = hooked(cparams, lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9))
+    hooked(tparams, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    (cx, cy), = data(dev, rng, 1)[0]
+    tx, ty = torch.tensor(cx.numpy(), dtype=torch.float64), torch.tensor(cy.numpy(), dtype=torch.long)
+
+    def step():
+        for o in copts.values():
+            o.zero_grad()
+        nn.CrossEntropyLoss()(cnet(cx), cy).backward()
+    step()
+    g = clnet.Graph()
+    first = len(launches)
+    with g.capture():
+        step()
+    assert "fill" not in launches[first:], launches[first:]
+    for _ in range(2):
+        g.replay()
+        for i, p in enumerate(cparams):
+            assert not np.any(p.grad.numpy()), f"gradient {i} after a replay"
+    for _ in range(4):
+        torch.nn.functional.cross_entropy(tnet(tx), ty).backward()
+    for i, (cp, tp) in enumerate(zip(cparams, tparams)):
+        close(cp.numpy(), tp.detach().numpy(), f"parameter {i} after 4 steps (captured and replayed)")
