@@ -146,7 +146,9 @@ class Graph:
         """A .grad that zero_grad marked after the step's last use of it (PyTorch's order: backward, step, zero_grad)
         is still marked when the capture ends. Only the next step's backward would read that mark, and no replay makes
         it again, so the second replay on would add to the gradient of the one before. Filled here, recorded, every
-        replay ends as the eager step does: with that gradient reading as zeros."""
+        replay ends as the eager step does: with that gradient reading as zeros. Where the step's own zero_grad marked
+        the .grad before any use, every replay writes it before reading it (note_grad), so each replay ends by
+        marking it again instead (a host action), as the eager step leaves it, and the fill is not recorded."""
         marked = []
         for leaf in list(self._grads.values()):
             if not leaf._grad_zeroed:
