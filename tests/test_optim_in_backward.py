@@ -164,10 +164,14 @@ def test_a_weight_used_twice_gets_both_uses(dev, rng, defer_all):
         close(cp.numpy(), tp.detach().numpy(), f"parameter {i}")
 
 
-def test_a_captured_step_with_hooks_replays_as_eager_steps(dev, rng, defer_all, launches):
-    """zero_grad inside the captured step, then backward whose hooks step: the replays train as eager steps do."""
+@pytest.mark.parametrize("zero_in_hooks", [False, True], ids=["zero_grad-first", "zero_grad-in-hooks-too"])
+def test_a_captured_step_with_hooks_replays_as_eager_steps(dev, rng, defer_all, launches, zero_in_hooks):
+    """zero_grad inside the captured step, then backward whose hooks step: the replays train as eager steps do. With
+    zero_grad in each hook after its step too (PyTorch's order), the capture ends with every .grad marked, and each
+    replay ends so, by a mark rather than a recorded fill of every gradient: each .grad reads zeros after a replay,
+    as after an eager step."""
     cnet, cparams, tnet, tparams = twins(dev, rng)
-    copts = hooked(cparams, lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9), zero=False)
+    copts = hooked(cparams, lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9), zero=zero_in_hooks)
     hooked(tparams, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
     (cx, cy), = data(dev, rng, 1)[0]
     tx, ty = torch.tensor(cx.numpy(), dtype=torch.float64), torch.tensor(cy.numpy(), dtype=torch.long)
@@ -178,43 +182,19 @@ def test_a_captured_step_with_hooks_replays_as_eager_steps(dev, rng, defer_all, 
         nn.CrossEntropyLoss()(cnet(cx), cy).backward()
     step()  # eager: lays out the optimizers' buffers
     g = clnet.Graph()
+    first = len(launches)
     with g.capture():
         step()
-    g.replay()  # the capture ran a step too: four in all
-    g.replay()
+    if zero_in_hooks:
+        assert "fill" not in launches[first:], launches[first:]
+    for _ in range(2):  # the capture ran a step too: four in all
+        g.replay()
+        if zero_in_hooks:
+            for i, p in enumerate(cparams):
+                assert not np.any(p.grad.numpy()), f"gradient {i} after a replay"
     for _ in range(4):
         torch.nn.functional.cross_entropy(tnet(tx), ty).backward()
     for i, (cp, tp) in enumerate(zip(cparams, tparams)):
         close(cp.numpy(), tp.detach().numpy(), f"parameter {i} after 4 steps (captured and replayed)")
     if tuning_cpu_shaped(dev):
         assert launches.count("rank1_sgd_rows") >= 2  # the capture's two weights
-
-
-def test_a_step_zeroing_in_its_hooks_replays_without_fills(dev, rng, defer_all, launches):
-    """PyTorch's order, zero_grad in each hook after its step (and the step's own zero_grad first): the capture ends
-    with every .grad marked, and each replay ends so too, by a mark rather than a recorded fill of every gradient.
-    The replays train as eager steps do, and each .grad reads as zeros after a replay, as after an eager step."""
-    cnet, cparams, tnet, tparams = twins(dev, rng)
-    copts = hooked(cparams, lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9))
-    hooked(tparams, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
-    (cx, cy), = data(dev, rng, 1)[0]
-    tx, ty = torch.tensor(cx.numpy(), dtype=torch.float64), torch.tensor(cy.numpy(), dtype=torch.long)
-
-    def step():
-        for o in copts.values():
-            o.zero_grad()
-        nn.CrossEntropyLoss()(cnet(cx), cy).backward()
-    step()
-    g = clnet.Graph()
-    first = len(launches)
-    with g.capture():
-        step()
-    assert "fill" not in launches[first:], launches[first:]
-    for _ in range(2):
-        g.replay()
-        for i, p in enumerate(cparams):
-            assert not np.any(p.grad.numpy()), f"gradient {i} after a replay"
-    for _ in range(4):
-        torch.nn.functional.cross_entropy(tnet(tx), ty).backward()
-    for i, (cp, tp) in enumerate(zip(cparams, tparams)):
-        close(cp.numpy(), tp.detach().numpy(), f"parameter {i} after 4 steps (captured and replayed)")
