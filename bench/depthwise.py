@@ -9,8 +9,9 @@ the output written once) over --bandwidth: the time a memory-bound pass cannot b
 
 Networks (--networks): torchvision's model exported to ONNX in training mode, imported with clnet.onnx.load; one SGD
 step with momentum timed eager (wall clock, the queue finished once at the step's end, on both sides) and replayed
-as a clnet.Graph, against PyTorch eager and PyTorch's whole step as a CUDA graph, in the same process (with --before also clnet with depthwise layers forced back to im2col; with --tune,
-clnet's kernels chosen by timing first, as cudnn.benchmark chooses PyTorch's).
+as a clnet.Graph, against PyTorch eager and PyTorch's whole step as a CUDA graph, in the same process (with
+--before also clnet with depthwise layers forced back to im2col; with --tune, clnet's kernels chosen by timing
+first, as cudnn.benchmark chooses PyTorch's).
 
     python bench/depthwise.py --device gpu --torch cuda --batch 64 --networks mobilenet_v2 --json h200.json
     python bench/depthwise.py --device 1 --torch cpu --batch 16                   # PoCL against PyTorch CPU

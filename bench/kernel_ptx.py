@@ -40,7 +40,8 @@ def main():
         run = lambda: normalization.batch_norm_backward(dy, x, w, mean, invstd, True, dw, db)  # noqa: E731
         run()
         ms = kernels.device_ms(dev, run, args.repeats)
-        print(f"  {shape}: {ms * 1e3:7.1f} us (x at byte {getattr(x.storage, "at", 0)}, dy at {getattr(dy.storage, "at", 0)})", flush=True)
+        at = [getattr(t.storage, "at", 0) for t in (x, dy)]  # (a checkout before offsets has none)
+        print(f"  {shape}: {ms * 1e3:7.1f} us (x at byte {at[0]}, dy at {at[1]})", flush=True)
     if args.dump:
         os.makedirs(args.dump, exist_ok=True)
         for i, prog in enumerate(kernels._programs.values()):

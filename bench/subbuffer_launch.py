@@ -12,9 +12,8 @@ import click
 import pyopencl as cl
 
 import clnet
+from clnet.sources import text
 
-SOURCE = "__kernel void copy(__global const float4* a, __global float4* b) { size_t i = get_global_id(0); " \
-         "b[i] = a[i] + (float4)(1.0f); }"
 
 
 def launch_times(q, kernels_, global_size, launches):
@@ -41,7 +40,7 @@ def launch_times(q, kernels_, global_size, launches):
 def main(device_spec, launches):
     dev = clnet.device(device_spec)
     ctx, q = dev.context, dev.queue
-    prog = cl.Program(ctx, SOURCE).build()
+    prog = cl.Program(ctx, text("driver_cost.cl")).build()
     print(f"{dev.name}: {launches} launches through 8 buffers, arguments set beforehand; medians of 5")
     for nbytes in (4096, 1 << 20, 32 << 20):
         step = -(-nbytes // 4096) * 4096 + 65536
@@ -65,7 +64,7 @@ def main(device_spec, launches):
                 unused = [parent.get_sub_region(4096 * i % (7 * step), step) for i in range(2000)]
             ks = []
             for i in range(8):
-                k = cl.Kernel(prog, "copy")
+                k = cl.Kernel(prog, "copy4")
                 k.set_args(bufs[i], bufs[(i + 1) % 8])
                 ks.append(k)
             enq, total = launch_times(q, ks, (nbytes // 16,), launches)

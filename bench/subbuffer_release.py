@@ -33,8 +33,8 @@ dev = clnet.device(DEVICE)
 ctx, q = dev.context, dev.queue
 OFF, N = 4096 * 512, 2 << 20
 parent = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 64 << 20)
-prog = cl.Program(ctx, "__kernel void f(__global float* x) { x[get_global_id(0)] = 1.0f; }").build()
-k = [cl.Kernel(prog, "f")]
+prog = cl.Program(ctx, clnet.sources.text("probe.cl")).build()  # x[i] = 1
+k = [cl.Kernel(prog, "clnet_probe")]
 def fill(buf):
     k[0].set_args(buf)
     cl.enqueue_nd_range_kernel(q, k[0], (N // 4,), None)
@@ -44,7 +44,6 @@ ARENA = """
 from clnet import ops
 import importlib
 t = importlib.import_module("clnet.tensor")
-dev.kind = "cpu"  # the arena's condition, forced (before the device's pool is made)
 p = t.pool(dev)
 assert p.arena is not None
 x = ops.full((N,), dev, 1.0)

@@ -12,6 +12,8 @@
 // pow's handling of negative bases only costs; PoCL's vector pow ran 5x slower), and for AlexNet's beta = 0.75
 // 1 / sqrt(scale * sqrt(scale)), another 4x on PoCL, where the power dominated the kernel. Defines: none.
 
+#include "common.h"
+
 // An unaligned float8 load or store: a plane starts wherever n*C*P + c*P falls (PoCL does not inline vload8).
 typedef float8 __attribute__((aligned(4))) float8_unaligned;
 #define LOAD8(ptr) (*(__global const float8_unaligned*)(ptr))

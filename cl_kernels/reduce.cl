@@ -29,6 +29,7 @@
 // work-group size, a power of two), COLS (reduce_loop's outputs per work-item), NDIM (strided.h: reduce_bwd's
 // rank). What is combined (map), the finishing step (fin) and the gradient's formula (grad) are runtime arguments,
 // so that a few builds serve every reduction.
+#include "common.h"
 #include "strided.h"
 
 #ifndef INTEGER

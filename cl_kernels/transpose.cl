@@ -5,6 +5,7 @@
 // Tiles of TT x TT go through local memory, so that both the reads (along c) and the writes (along r) are coalesced.
 // Work-group (TT, TT); global (ceil(CC/TT)*TT, ceil(R/TT)*TT, batch).
 // Defines: TT tile side; SPLIT 0/1 column split in use.
+#include "common.h"
 #ifndef TT
 #define TT 32       // tile side
 #endif

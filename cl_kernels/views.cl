@@ -34,6 +34,7 @@
 // without; a plain copy 0.24 ms).
 // Defines: ELEM (the element type moved: uint for 4-byte types, whose bits are copied unchanged, uchar for bool),
 // NDIM (strided.h), MODE (pad: 1 reflect, 2 replicate).
+#include "common.h"
 #include "strided.h"
 
 #ifndef ELEM

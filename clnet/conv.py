@@ -65,12 +65,9 @@ def _conv_algorithm(dev, kind, s, run):
     # depthwise layers take their own kernels by default on every device class: each pass reads its operands once,
     # where im2col runs them as C products of M rows each (depthwise.py)
     default = "depthwise" if "depthwise" in options else tuning.conv_default(dev, s, options, kind)
-    if len(_algorithms) >= tuning.CHOICES_KEPT:
-        _algorithms.clear()
-    found = _algorithms[memo_key] = tuning.choose(dev, _conv_key(kind, s), lambda: default,
-                                                  lambda: [default] + [a for a in options if a != default], run,
-                                                  lambda cached: cached in options)
-    return found
+    return _algorithms.keep(memo_key, tuning.choose(dev, _conv_key(kind, s), lambda: default,
+                                                    lambda: [default] + [a for a in options if a != default], run,
+                                                    lambda cached: cached in options))
 
 
 def _image_runs(s, what):

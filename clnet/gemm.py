@@ -76,10 +76,7 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
                            lambda: tuning.gemm_candidates(dev, M, N, K, batch, _kfast_a(a),
                                                           _kfast_b(b) and not b.split), run,
                            lambda cached: tuning.valid_gemm(dev, cached, M, N, K, batch, b.split))
-    if len(_choices) >= tuning.CHOICES_KEPT:
-        _choices.clear()
-    _choices[memo_key] = choice
-    run(choice)
+    run(_choices.keep(memo_key, choice))
 
 
 _choices = tuning.choices()  # (device, sizes, the operands' layouts) -> gemm's tuned or default choice
@@ -271,9 +268,7 @@ def _gemm(dev, cfg, M, N, K, A, a, B, b, C, c, alpha, beta, zsize, bias, bias_bs
     memo_key = (dev, id(cfg), a, b, c, epilogue)
     found = _built.get(memo_key)
     if found is None or found[0] is not cfg:  # (an id names one cfg while it lives: the entry keeps it alive)
-        if len(_built) >= tuning.CHOICES_KEPT:
-            _built.clear()
-        found = _built[memo_key] = (cfg,) + _gemm_kernel(dev, cfg, a, b, c, epilogue)
+        found = _built.keep(memo_key, (cfg,) + _gemm_kernel(dev, cfg, a, b, c, epilogue))
     _, k, local, (tn, wn), (tm, wm) = found
     global_size = (-(-N // tn) * wn, -(-M // tm) * wm, zsize)
     kernels.launch(dev, k, global_size, local, M, N, K, alpha, beta, A, *a.args(), B, *b.args(), C, *c.args(),

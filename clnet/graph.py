@@ -147,13 +147,13 @@ class Graph:
         is still marked when the capture ends. Only the next step's backward would read that mark, and no replay makes
         it again, so the second replay on would add to the gradient of the one before. Filled here, recorded, every
         replay ends as the eager step does: with that gradient reading as zeros. Where the step's own zero_grad marked
-        the .grad before any use, every replay writes it before reading it (note_grad), so each replay ends by
+        the .grad before any use, no replay reads it before writing it (note_grad), so each replay ends by
         marking it again instead (a host action), as the eager step leaves it, and the fill is not recorded."""
         marked = []
         for leaf in list(self._grads.values()):
             if not leaf._grad_zeroed:
                 continue
-            if id(leaf) in self._own_marks:  # each replay writes it before any read (note_grad): a mark will do
+            if id(leaf) in self._own_marks:  # no replay reads it before writing it (note_grad): a mark will do
                 marked.append(leaf)
             else:
                 leaf.grad  # noqa: B018 -- reading a marked .grad fills it with zeros (autograd), recorded here
@@ -217,8 +217,9 @@ class Graph:
         """The step writes, reads or marks (marks: zero_grad) leaf's .grad; True the first time in this capture.
         zero_grad only marks a .grad (Tensor.grad), and a replay does not look at marks: one made since the capture
         (an eager zero_grad) is filled before a replay, since the recorded kernels may add to that memory or read it,
-        unless the step's own zero_grad marked it before any other use: every use after a mark writes the whole .grad
-        first (backward's overwrite, a fill), so the mark is only cleared. A mark older than the capture is settled at
+        unless the step's own zero_grad marked it before any other use: no use after a mark reads the .grad before
+        writing all of it (backward's overwrite, a fill; a deferred gradient never reads it), so the mark is only
+        cleared. A mark older than the capture is settled at
         the step's first use of the .grad (autograd.settle_grad)."""
         if id(leaf) in self._grads:
             return False
@@ -322,7 +323,7 @@ class Graph:
                                "capture the step again in a new clnet.Graph, after the optimizer's first zero_grad() "
                                "or step()")
                 raise CaptureError(self.broken)
-            if t._grad_zeroed and id(t) in self._own_marks:  # the replay writes it before any read (note_grad)
+            if t._grad_zeroed and id(t) in self._own_marks:  # the replay reads it only after writing it (note_grad)
                 t._grad_zeroed, t._grad_pending = False, None  # (a deferred gradient under a mark is never written)
             elif t._grad_zeroed:
                 t.grad  # noqa: B018 -- marked by an eager zero_grad since: reading it fills it (see note_grad)

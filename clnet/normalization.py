@@ -21,9 +21,10 @@ of LSIZE per (channel, run), every channel's N*P values cut into tuning.reductio
 over many pixels still fill the device (64 channels of 401,408 values: 9 runs, 576 work-groups on the H200); the
 pass that uses the statistics or gradient sums (apply, dx) merges each channel's records itself, in order, in every
 work-group (a launch fewer each way); planes under SMALL_PLANE values are reduced plane-shaped instead (below), in
-runs of whole images, and a second small pass merges their records. Element-wise passes take UNROLL elements per work-item. CPU-shaped: a
-reduction's work-item takes whole planes of one channel (nb images), an element-wise pass's whole planes of one
-image (cb channels), at least SPAN values either way, eight lanes at a time, without local memory or barriers. LRN: an element per work-item on GPUs, whole planes of one image (at least SPAN values) per work-item on
+runs of whole images, and a second small pass merges their records. Element-wise passes take UNROLL elements per
+work-item. CPU-shaped: a reduction's work-item takes whole planes of one channel (nb images), an element-wise pass's
+whole planes of one image (cb channels), at least SPAN values either way, eight lanes at a time, without local memory
+or barriers. LRN: an element per work-item on GPUs, whole planes of one image (at least SPAN values) per work-item on
 CPUs; each window is summed down its few channels, P apart, so there is no long reduction to cut.
 """
 import math

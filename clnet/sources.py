@@ -29,12 +29,17 @@ def kernel_dir():
 _sources = {}
 
 
+def text(filename):
+    """cl_kernels/filename as written (devices.py's compiler probe builds probe.cl so: no header, no offsets)."""
+    with open(os.path.join(kernel_dir(), filename)) as f:
+        return f.read()
+
+
 def source(filename):
     """The text of cl_kernels/filename as it is built: each kernel taking a byte offset after each pointer
     (with_offsets)."""
     if filename not in _sources:
-        with open(os.path.join(kernel_dir(), filename)) as f:
-            _sources[filename] = with_offsets(f.read())
+        _sources[filename] = with_offsets(text(filename))
     return _sources[filename]
 
 
@@ -67,11 +72,10 @@ def _parameter_macros(text, seen=None):
 
 
 def with_offsets(text):
-    """text with every kernel's `__global T* [restrict] p` parameter followed by `const ulong clnet_off_p`, and the
-    kernel's body opening with `p = (__global T*)((__global uchar*)p + clnet_off_p);`: a launch passes each tensor as the buffer that
-    holds it and its byte offset there (kernels.cl_arguments), so that blocks of one buffer need no sub-buffer (NVIDIA's
-    driver pays at every launch for sub-buffers that overlap; bench/NOTES.md v34). A pointer parameter must be
-    written in the kernel's own signature (not through a macro), which this reads as text."""
+    """text with every kernel's `__global T* [restrict] p` parameter followed by `OFFSET_PARAM(p)`, and the kernel's
+    body opening with `AT_OFFSET(__global T*, p)` (common.h's macros, which every kernel file includes: its byte
+    offset, and p moved there). A pointer parameter written through a macro is read from the macro's one
+    definition."""
     out, at = [], 0
     macros = None
     for m in _KERNEL.finditer(text):
@@ -98,9 +102,8 @@ def with_offsets(text):
             if "__global" in param and "*" in param and name:
                 name = name.group(1)
                 kind = " ".join(param[:param.rindex(name)].replace("restrict", " ").split()).replace(" *", "*")
-                raw = "__global const uchar*" if "const" in kind.split("*")[0] else "__global uchar*"
-                params.append(f"{param}, const ulong clnet_off_{name}")
-                prologue.append(f"{name} = ({kind})(({raw}){name} + clnet_off_{name});")
+                params.append(f"{param}, OFFSET_PARAM({name})")
+                prologue.append(f"AT_OFFSET({kind}, {name})")
             else:
                 params.append(param)
         out += [text[at:m.end()], ",".join(params), text[end:body], " ".join(prologue)]

@@ -330,10 +330,7 @@ class _Storage:
 
     def whole(self):
         """(the buffer that holds this memory, the byte offset there): a block's segment and its offset."""
-        if self.block is None:
-            return self.buffer, 0
-        seg, offset = self.block
-        return seg.handle, offset
+        return self.buffer, self.at
 
     def __del__(self):
         try:  # BufferPool.give, inline: every op's temporaries come here

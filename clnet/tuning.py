@@ -583,10 +583,20 @@ _choices = []  # the dictionaries made by choices()
 CHOICES_KEPT = 4096  # entries a dictionary of choices() holds before it starts again (shapes that keep changing)
 
 
+class Choices(dict):
+    """A caller's memoised choices (an op's algorithm per device and shape): lookups that run at every launch keep
+    what choose() returned. Emptied whenever the tuned entries change (store, forget)."""
+
+    def keep(self, key, value):
+        """self[key] = value, returned; at most CHOICES_KEPT entries (then the dictionary starts again)."""
+        if len(self) >= CHOICES_KEPT:
+            self.clear()
+        self[key] = value
+        return value
+
+
 def choices():
-    """A new dictionary for a caller's memoised choices (an op's algorithm per device and shape), emptied whenever
-    the tuned entries change (store, forget): lookups that run at every launch keep what choose() returned."""
-    memo = {}
+    memo = Choices()
     _choices.append(memo)
     return memo
 
@@ -599,8 +609,7 @@ def forget_choices():
 def recording():
     """Whether this thread's choices are watched (a tuner recording, a benchmark noting what ran): choose() must then
     run for each, so a memoised choice must not stand in for it."""
-    c = kernels.context
-    return getattr(c, _RECORDER, None) is not None or getattr(c, _USED, None) is not None
+    return _mine(_RECORDER) is not None or _mine(_USED) is not None
 
 
 # ---- choosing ------------------------------------------------------------------------------------------------------

@@ -1,35 +1,33 @@
 """The build's rewrite of each kernel's pointer parameters into (pointer, byte offset) pairs (sources.with_offsets):
 kernels.cl_arguments passes every tensor as the buffer that holds it and its offset there."""
+import os
+
 import numpy as np
 import pytest
 
 import clnet
 from clnet import kernels, sources
 
-SAMPLE = """
-#define PARAMS __global const float* restrict x, const int n
-// __kernel void in_a_comment(__global float* p) {
-__kernel __attribute__((reqd_work_group_size(4, 1, 1)))
-void f(PARAMS, __global float* out, __local float* scratch, const float alpha) {
-    out[0] = x[0];
-}
-"""
+
+def sample(name):
+    """tests/kernels/name: OpenCL text the rewrite is tested on."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", name)) as f:
+        return f.read()
 
 
 def test_each_global_pointer_gets_its_offset_and_the_body_applies_it():
-    text = sources.with_offsets(SAMPLE)
-    assert ("void f(__global const float* restrict x, const ulong clnet_off_x, const int n, __global float* out, "
-            "const ulong clnet_off_out, __local float* scratch, const float alpha) {") in " ".join(text.split())
-    assert "x = (__global const float*)((__global const uchar*)x + clnet_off_x);" in text
-    assert "out = (__global float*)((__global uchar*)out + clnet_off_out);" in text
+    text = sources.with_offsets(sample("offsets_sample.cl"))
+    assert ("void f(__global const float* restrict x, OFFSET_PARAM(x), const int n, __global float* out, "
+            "OFFSET_PARAM(out), __local float* scratch, const float alpha) {") in " ".join(text.split())
+    assert "AT_OFFSET(__global const float*, x)" in text
+    assert "AT_OFFSET(__global float*, out)" in text
     assert "in_a_comment(__global float* p) {" in text  # a comment is left as it is
-    assert "scratch +" not in text  # local memory takes no offset
+    assert "OFFSET_PARAM(scratch)" not in text and "scratch)" not in text  # local memory takes no offset
 
 
 def test_a_parameter_macro_defined_two_ways_is_refused():
-    two = "#if A\n#define P , __global float* y\n#else\n#define P\n#endif\n__kernel void g(const int n P) { }\n"
     with pytest.raises(sources.KernelError, match="P is defined 2 ways"):
-        sources.with_offsets(two)
+        sources.with_offsets(sample("offsets_two_ways.cl"))
 
 
 def test_launch_arguments_carry_each_tensors_offset(dev, rng):
