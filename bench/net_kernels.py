@@ -37,8 +37,21 @@ def _tagging(prof, gemm):
     return tagged
 
 
+def _tagging_bias(prof, bias_grad):
+    """conv.bias_grad, its launches tagged with the gradient's N x C x P."""
+    def tagged(dy, db, N, C, P, *args, **kw):
+        saved = prof.tag
+        prof.tag = f"{N}x{C}x{P}{' relu' if kw.get('relu_y') is not None else ''}"
+        try:
+            return bias_grad(dy, db, N, C, P, *args, **kw)
+        finally:
+            prof.tag = saved
+    return tagged
+
+
 def clnet_kernels(path, dev, x, labels, warmup):
-    """(kernel name, ms) of each launch of one step, and (product tag, kernel name, ms) of the products' launches."""
+    """(kernel name, ms) of each launch of one step, and (tag, kernel name, ms) of the products' launches (tagged by
+    their sizes) and the bias gradients' (by N x C x P)."""
     runner = ClnetRunner(connx.load(path, device=dev).train(), dev, x, labels)
     for _ in range(warmup):
         runner.step()
@@ -46,8 +59,10 @@ def clnet_kernels(path, dev, x, labels, warmup):
     prof = kernels.Profiler()
     callers = [conv, products, winograd]
     saved = [m.gemm for m in callers]
+    saved_bias = conv.bias_grad
     for m in callers:
         m.gemm = _tagging(prof, m.gemm)
+    conv.bias_grad = _tagging_bias(prof, conv.bias_grad)
     kernels.context.profiler = prof
     try:
         runner.step()
@@ -56,6 +71,7 @@ def clnet_kernels(path, dev, x, labels, warmup):
         kernels.context.profiler = None
         for m, g in zip(callers, saved):
             m.gemm = g
+        conv.bias_grad = saved_bias
     times = prof.times_ms()
     return [(name, ms) for _, name, ms in times], [(tag, name, ms) for tag, name, ms in times if isinstance(tag, str)]
 
@@ -117,7 +133,9 @@ def main():
             launches, product_launches = clnet_kernels(path, dev, x, labels, args.warmup)
             report("clnet on " + dev.name, launches, args.top)
             report("clnet's products by size (M x N x K x batch) and caller",
-                   [(f"{tag}: {name}", ms) for tag, name, ms in product_launches], args.top)
+                   [(f"{tag}: {name}", ms) for tag, name, ms in product_launches if "bias" not in name], args.top)
+            report("clnet's bias gradients by N x C x P", [(f"{tag}: {name}", ms) for tag, name, ms in product_launches
+                                                          if "bias" in name], args.top)
             if torch.cuda.is_available():
                 report("PyTorch on " + torch.cuda.get_device_name(), torch_kernels(torch, tm, x, labels, args.warmup),
                        args.top)

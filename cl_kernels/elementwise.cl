@@ -14,6 +14,9 @@
 //             its backward, as one block copy per input (rows: the dimensions before the joined one)
 //   copy2d_add  the same, dst = acc + the copy, acc laid out as dst: a slice of a concatenation's gradient added to
 //             what its input had received from its other uses (autograd's sum, in the order and bits of axpby's add)
+//   copy2d_x4, copy2d_add_x4  the same in float4s, every offset, stride and length counted in float4s: where all of
+//             them are multiples of four floats (pointers start float4-aligned), a work-item a float4 (a
+//             concatenation copied at 1.9 TB/s a float a work-item on an H100, bench/NOTES.md v53)
 //   reduce_sum  out[0] = scale * sum of x: one work-group of LSIZE, pairwise tree over per-item partial sums; with
 //             ACCUMULATE, out[0] += that (a tensor past clnet's index limit is summed a chunk per launch)
 //   dropout_fwd  mask = (hash(seed, i) >= p) / (1 - p); y = x * mask
@@ -144,6 +147,23 @@ __kernel void copy2d(__global const float* restrict src, const int src_off, cons
 __kernel void copy2d_add(__global const float* restrict src, const int src_off, const int src_ld,
                          __global float* restrict dst, const int dst_off, const int dst_ld, const int rows,
                          const int cols, __global const float* restrict acc) {
+    const int c = get_global_id(0), r = get_global_id(1);
+    if (c < cols && r < rows) {
+        const int d = dst_off + r * dst_ld + c;
+        dst[d] = acc[d] + src[src_off + r * src_ld + c];
+    }
+}
+
+__kernel void copy2d_x4(__global const float4* restrict src, const int src_off, const int src_ld,
+                        __global float4* restrict dst, const int dst_off, const int dst_ld, const int rows,
+                        const int cols) {
+    const int c = get_global_id(0), r = get_global_id(1);
+    if (c < cols && r < rows) dst[dst_off + r * dst_ld + c] = src[src_off + r * src_ld + c];
+}
+
+__kernel void copy2d_add_x4(__global const float4* restrict src, const int src_off, const int src_ld,
+                            __global float4* restrict dst, const int dst_off, const int dst_ld, const int rows,
+                            const int cols, __global const float4* restrict acc) {
     const int c = get_global_id(0), r = get_global_id(1);
     if (c < cols && r < rows) {
         const int d = dst_off + r * dst_ld + c;

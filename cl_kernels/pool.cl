@@ -19,6 +19,8 @@
 //                  after idx and pass dy only where y > 0 (a NaN's gradient passes, as act_bwd's)
 //   avgpool2d_fwd  y = sum / divisor; divisor counts padding when COUNT_PAD (windows clipped to the padded input)
 //   avgpool2d_bwd  dx = sum over covering windows of dy / divisor
+//   avgpool2d_bwd_whole  the same where one unpadded window covers each whole plane (a global average pool): dx = dy /
+//                  P, one integer division an element where the general kernel takes six
 // Defines: RELU 0/1 (maxpool only); LSIZE (maxpool2d_bwd_bias's work-group size, a power of two); COUNT_PAD 0/1
 // (avgpool only); WIN_KH, WIN_KW (maxpool2d_fwd_grid only): the window's size, set by the host where no padding and
 // no ceil mode put a window past the input's edge (0: sizes and bounds at run time).
@@ -218,4 +220,10 @@ __kernel void avgpool2d_bwd(__global const float* restrict dy, POOL_GEOMETRY, __
         for (int ox = ox_lo; ox <= ox_hi; ox++)
             sum += dy[(nc * OH + oy) * OW + ox] / avg_divisor(oy * SH - PH, ox * SW - PW, H, W, KH, KW, PH, PW);
     dx[e] = sum;
+}
+
+__kernel void avgpool2d_bwd_whole(__global const float* restrict dy, const int P, const int n,
+                                  __global float* restrict dx) {
+    const int e = get_global_id(0);
+    if (e < n) dx[e] = dy[e / P] / (float)P;
 }

@@ -224,12 +224,18 @@ def _copy2d(src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what, acc=No
     if not rows or not cols:  # an empty input of cat: nothing to copy (a launch of no work-items is an error)
         return
     dev = dst.device
-    k = _elementwise(dev, "copy2d" if acc is None else "copy2d_add")
+    name = "copy2d" if acc is None else "copy2d_add"
     tail = () if acc is None else (acc,)
     if max(src.size, dst.size) <= kernels.INDEX_LIMIT:
-        kernels.launch(dev, k, (cols, rows), kernels.ANY_GROUP, src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols,
-                       *tail, what=what)
+        if (src_off | src_ld | dst_off | dst_ld | cols) % 4 == 0:  # float4s: tensors start float4-aligned
+            kernels.launch(dev, _elementwise(dev, name + "_x4"), (cols // 4, rows), kernels.ANY_GROUP, src,
+                           src_off // 4, src_ld // 4, dst, dst_off // 4, dst_ld // 4, rows, cols // 4, *tail,
+                           what=what)
+        else:
+            kernels.launch(dev, _elementwise(dev, name), (cols, rows), kernels.ANY_GROUP, src, src_off, src_ld, dst,
+                           dst_off, dst_ld, rows, cols, *tail, what=what)
         return
+    k = _elementwise(dev, name)
     span, ld = run_limit(), max(src_ld, dst_ld, 1)  # elements a block's region may cover
     step_r, step_c = (span // ld, cols) if ld <= span else (1, span)  # whole rows (cols <= ld), or pieces of one
     for r0 in range(0, rows, step_r):
@@ -316,6 +322,15 @@ def _outer_inner(shape, dim):
     return math.prod(shape[:dim]), math.prod(shape[dim + 1:])
 
 
+def _row_lanes(lsize, rows, cols):
+    """Work-items a row for the cross-entropy's one work-group: as many as keep all lsize busy on the batch's rows
+    at once (fewer lanes, fewer combining steps), no more than the row's columns need. One work-item a row read
+    its 1000 classes alone, 64 rows a batch: 0.23 ms of a squeezenet step on an H100; 4 lanes of 256, 0.10 ms
+    (bench/NOTES.md v53)."""
+    lanes = max(1, lsize >> max(0, rows - 1).bit_length())
+    return min(lanes, 1 << max(0, cols - 1).bit_length())
+
+
 class CrossEntropy(Function):
     """Mean cross-entropy of logits (N, C) and int32 labels (N,). Returns (loss, metrics): metrics is a device tensor
     (loss, rows whose prediction is the label), so a training loop reads 8 bytes per step. The gradient is computed
@@ -326,17 +341,19 @@ class CrossEntropy(Function):
         dev = logits.device
         N, C = logits.shape
         grad, loss, metrics = empty(logits.shape, dev), empty((), dev), empty((2,), dev)
-        lsize = _pow2_group(dev)
+        lsize = _pow2_group(dev, 256 if tuning.cpu_shaped(dev) else 1024)  # a GPU: one SM, as many warps as it takes
         if logits.size > kernels.INDEX_LIMIT:  # a launch per run of rows, each adding to loss and metrics
             k = kernels.kernel(dev, "softmax.cl", "cross_entropy_part", dict(LSIZE=lsize))
             for start, count in chunks("cross_entropy", logits.shape, N, [C, 1], unit="row"):
                 kernels.launch(dev, k, (lsize,), (lsize,), logits.region(start * C, (count, C)),
-                               labels.region(start, (count,)), count, C, 1.0 / N, int(start == 0),
-                               grad.region(start * C, (count, C)), loss, metrics, what="cross-entropy")
+                               labels.region(start, (count,)), count, C, _row_lanes(lsize, count, C), 1.0 / N,
+                               int(start == 0), grad.region(start * C, (count, C)), loss, metrics,
+                               what="cross-entropy")
             self.save(grad)
             return loss, metrics
         k = kernels.kernel(dev, "softmax.cl", "cross_entropy", dict(LSIZE=lsize))
-        kernels.launch(dev, k, (lsize,), (lsize,), logits, labels, N, C, grad, loss, metrics, what="cross-entropy")
+        kernels.launch(dev, k, (lsize,), (lsize,), logits, labels, N, C, _row_lanes(lsize, N, C), grad, loss,
+                       metrics, what="cross-entropy")
         self.save(grad)
         return loss, metrics
 
@@ -498,6 +515,12 @@ class AvgPool2d(Function):
     def backward(self, dy):
         x_shape = self.in_shape
         dx = empty(x_shape, dy.device)
+        k, _, p = self.geometry
+        if tuple(k) == x_shape[2:] and tuple(p) == (0, 0) and dx.size <= kernels.INDEX_LIMIT:  # a global pool
+            P = x_shape[2] * x_shape[3]
+            _flat_launch(dy.device, kernels.kernel(dy.device, "pool.cl", "avgpool2d_bwd_whole"), dx.size, dy, P,
+                         dx.size, dx, what="average pooling backward")
+            return dx
         kern = kernels.kernel(dy.device, "pool.cl", "avgpool2d_bwd", dict(COUNT_PAD=self.count_pad))
         _pool_launch(kern, "in", (dy,), (dx,), x_shape, dy.shape[2:], self.geometry, "average pooling backward")
         return dx

@@ -226,8 +226,10 @@ def test_dropout(dev, rng):
     np.testing.assert_array_equal(dx_eval, dy_eval)
 
 
-@pytest.mark.parametrize("N,C", [(1, 2), (7, 10), (300, 33)])
+@pytest.mark.parametrize("N,C", [(1, 2), (7, 10), (300, 33), (64, 1000), (3, 517)])
 def test_cross_entropy(dev, rng, N, C):
+    """Rows shared by 1 to 256 work-items (ops._row_lanes: 2, 16, 1, 4 and 64 here), a row's classes past a power
+    of two."""
     logits = (2 * rng.standard_normal((N, C))).astype(np.float32)
     labels = rng.integers(0, C, N)
     loss_fn = nn.CrossEntropyLoss()
@@ -312,10 +314,14 @@ def test_pools_against_torch(dev, rng, case):
         assert_close(dx, tx.grad.numpy(), f"{layer!r} grad input")
 
 
-def test_cross_entropy_metrics_count_correct_predictions(dev, rng):
-    """The loss's metrics tensor holds (loss, rows whose first argmax equals the label), read in one copy."""
-    logits = rng.standard_normal((37, 5)).astype(np.float32)
-    labels = rng.integers(0, 5, 37)
+@pytest.mark.parametrize("N,C", [(37, 5), (9, 300)])
+def test_cross_entropy_metrics_count_correct_predictions(dev, rng, N, C):
+    """The loss's metrics tensor holds (loss, rows whose first argmax equals the label), read in one copy. Logits of
+    three values tie often: a row counts only where its label is the first of its maxima (found across lanes)."""
+    logits = rng.integers(0, 3, (N, C)).astype(np.float32)
+    labels = np.where(rng.random(N) < 0.5, logits.argmax(axis=1), rng.integers(0, C, N))
+    if C > 5:  # a later maximum as the label, which a tie must not count
+        labels[0] = np.flatnonzero(logits[0] == logits[0].max())[-1]
     loss_fn = nn.CrossEntropyLoss()
     loss = loss_fn(clnet.tensor(logits, dev), labels)
     value, correct = loss_fn.metrics.numpy()

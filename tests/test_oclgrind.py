@@ -220,6 +220,7 @@ def _pooling(clnet, dev, rng):
         x = _param(clnet, dev, rng, 2, 3, 7, 6)
         _backward(clnet, F.avg_pool2d(x, 3, 2, 1, count_include_pad=False), rng)
         _backward(clnet, F.adaptive_avg_pool2d(_param(clnet, dev, rng, 1, 2, 6, 4), (3, 2)), rng)
+        _backward(clnet, F.adaptive_avg_pool2d(_param(clnet, dev, rng, 2, 3, 5, 3), 1), rng)  # avgpool2d_bwd_whole
         # Conv2d, ReLU, MaxPool2d: in the GPU shape the pooling's backward writes the bias gradient
         # (maxpool2d_bwd_bias), a work-group a channel over 2 x 7 x 6 pixels, fewer than the work-group's items
         model = clnet.nn.Sequential(clnet.nn.Conv2d(3, 4, 3, padding=1), clnet.nn.ReLU(),

@@ -196,6 +196,8 @@ CAT_CASES = [
     ([(1, 2, 3, 7), (1, 2, 3, 1), (1, 2, 3, 65)], 3),
     ([(3,), (31,), (1,)], 0),
     ([(1, 2, 1), (1, 3, 1), (1, 1, 1)], 1),
+    ([(3, 1, 4), (3, 5, 4), (3, 2, 4)], 1),  # every slice, stride and offset in whole float4s (copy2d_x4)
+    ([(5, 2, 6), (5, 2, 2)], 2),
 ]
 
 
@@ -240,14 +242,15 @@ def _dense_block(lib, cat, leaf, ws, dup):
 
 
 @pytest.mark.parametrize("dup", [False, True], ids=["distinct", "an input twice"])
-def test_cat_backward_adds_each_slice_into_the_gradient_so_far(dev, rng, monkeypatch, dup):
+@pytest.mark.parametrize("inner", [7, 8], ids=["floats", "float4s"])
+def test_cat_backward_adds_each_slice_into_the_gradient_so_far(dev, rng, monkeypatch, dup, inner):
     """A feature map joined into several concatenations gets its gradient summed over them: each join's slice is
-    added into the sum so far in its own copy (copy2d_add), with no separate add, bit for bit what a copy and then
-    autograd's add give, and against PyTorch in float64."""
+    added into the sum so far in its own copy (copy2d_add, or copy2d_add_x4 where every slice is whole float4s), with
+    no separate add, bit for bit what a copy and then autograd's add give, and against PyTorch in float64."""
     layers = 5
-    a = rng.standard_normal((3, 2, 7)).astype(np.float32)
-    ws = [rng.standard_normal((1, 2 + i + (2 if dup else 0), 7)).astype(np.float32) for i in range(layers)]
-    r = rng.standard_normal((3, 2 + layers, 7)).astype(np.float32)
+    a = rng.standard_normal((3, 2, inner)).astype(np.float32)
+    ws = [rng.standard_normal((1, 2 + i + (2 if dup else 0), inner)).astype(np.float32) for i in range(layers)]
+    r = rng.standard_normal((3, 2 + layers, inner)).astype(np.float32)
 
     def run():
         leaf = clnet.tensor(a, dev, requires_grad=True)
@@ -258,11 +261,12 @@ def test_cat_backward_adds_each_slice_into_the_gradient_so_far(dev, rng, monkeyp
     with launched() as names:
         run()
     fused = run()
-    assert names.count("copy2d_add") >= layers - 1
+    added = "copy2d_add" if inner % 4 else "copy2d_add_x4"
+    assert names.count(added) >= layers - 1
     monkeypatch.setattr(clnet.ops.Cat, "adds_into_pending", False)
     with launched() as separate_names:
         run()
-    assert "copy2d_add" not in separate_names
+    assert added not in separate_names
     assert len(names) < len(separate_names)
     assert np.array_equal(run(), fused), "a slice added in its copy differs from a copy and an add"
     if HAVE_TORCH:
@@ -322,7 +326,8 @@ ADAPTIVE_CASES = [
     ((2, 3, 6, 9), (2, 1)),
     ((2, 3, 6, 9), (None, 3)),      # None keeps the input's size
     ((1, 1, 1, 1), 1),
-    ((1, 33, 31, 33), 1),           # global average pooling of an odd plane
+    ((1, 33, 31, 33), 1),           # global average pooling of an odd plane (avgpool2d_bwd_whole)
+    ((3, 5, 13, 13), 1),
     ((2, 3, 31, 33), (31, 11)),
     ((1, 3, 5, 7), (5, 7)),         # the input's own size: nothing to average
 ]
