@@ -147,12 +147,18 @@ def cpu_shaped(dev):
     return not dev.is_gpu
 
 
+# Terms per work-item a run of a GPU's channel sums keeps at least. At 64, a sum over 64 images of 14x14 or smaller
+# planes stayed in one run: few work-groups for a GPU, batch norm's and bias gradients' sums waiting on their loads.
+# At 16 an H100's googlenet b64 replay went 30.34 -> 29.85 ms, squeezenet1_1's 11.48 -> 11.41 (bench/NOTES.md v53).
+RUN_TERMS = 16
+
+
 def reduction_runs(dev, n, groups, lsize):
     """Runs to cut each of `groups` sums of n terms into, so that a GPU gets about 4 work-groups per compute unit
-    (each run at least 64 terms per work-item); a CPU's few cores are busy with one work-group per sum."""
+    (each run at least RUN_TERMS terms per work-item); a CPU's few cores are busy with one work-group per sum."""
     if cpu_shaped(dev):
         return 1
-    return max(1, min(-(-n // (64 * lsize)), -(-4 * dev.compute_units // groups)))
+    return max(1, min(-(-n // (RUN_TERMS * lsize)), -(-4 * dev.compute_units // groups)))
 
 
 # 1x1 convolutions (conv1x1.py): rows, a run of NV vectors of PV pixels by OB output channels a work-item, LS runs a
