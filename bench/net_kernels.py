@@ -3,7 +3,7 @@
 training mode and imported (bench/depthwise.py's export); one eager step of each engine is profiled after warm-up:
 clnet's kernels from profiling events (kernels.Profiler), PyTorch's from torch.profiler's CUDA activity. Each side
 prints its kernel time summed (the device busy, no gaps), and the kernels grouped by name, largest first; clnet's
-also by launch (name and global size) where one shape dominates.
+products, bias gradients, im2col and Winograd passes also by their sizes (TAGS).
 
     python3 bench/net_kernels.py --device gpu --networks squeezenet1_1,densenet121 --batch 64
 """
@@ -25,53 +25,55 @@ from clnet.bench.runner import ClnetRunner  # noqa: E402
 from depthwise import export  # noqa: E402
 
 
-def _tagging(prof, gemm):
-    """gemm, its launches tagged with the product's sizes (M x N x K x batch) and its caller's `what`."""
-    def tagged(M, N, K, *args, **kw):
+def _tagged(prof, fn, label):
+    """fn, its launches tagged with label(*its arguments) (a call inside it tags its own, then restores this one's)."""
+    def run(*args, **kw):
         saved = prof.tag
-        prof.tag = f"{M}x{N}x{K}x{kw.get('batch', 1)} {kw.get('what', '')}"
+        prof.tag = label(*args, **kw)
         try:
-            return gemm(M, N, K, *args, **kw)
+            return fn(*args, **kw)
         finally:
             prof.tag = saved
-    return tagged
+    return run
 
 
-def _tagging_bias(prof, bias_grad):
-    """conv.bias_grad, its launches tagged with the gradient's N x C x P."""
-    def tagged(dy, db, N, C, P, *args, **kw):
-        saved = prof.tag
-        prof.tag = f"{N}x{C}x{P}{' relu' if kw.get('relu_y') is not None else ''}"
-        try:
-            return bias_grad(dy, db, N, C, P, *args, **kw)
-        finally:
-            prof.tag = saved
-    return tagged
+def _conv_label(kind):
+    return lambda *args, **kw: (lambda s: f"{kind} {s.N}x{s.C}x{s.H}x{s.W}->{s.O} k{s.KH}x{s.KW} s{s.SH}")(
+        next(a for a in args if hasattr(a, "KH")))
+
+
+# (module, function, label of a call): products by M x N x K x batch and their caller's `what`, bias gradients by
+# N x C x P, im2col and the Winograd passes by layer shape
+TAGS = [(m, "gemm", lambda M, N, K, *a, **kw: f"{M}x{N}x{K}x{kw.get('batch', 1)} {kw.get('what', '')}")
+        for m in (conv, products, winograd)] + [
+    (conv, "bias_grad", lambda dy, db, N, C, P, *a, **kw:
+     f"{N}x{C}x{P}{' relu' if kw.get('relu_y') is not None else ''}"),
+    (conv, "_im2col", lambda x, s, n0, nimg, col: f"C{s.C} {s.H}x{s.W} k{s.KH}x{s.KW} s{s.SH}, {nimg} images"),
+    (winograd, "conv2d_forward", _conv_label("forward")),
+    (winograd, "conv2d_backward_data", _conv_label("data")),
+    (winograd, "conv2d_backward_weights", _conv_label("weights"))]
+# the launches reported by tag: kernels whose names start so
+TAGGED = [("products", "gemm"), ("bias gradients", "bias_grad"), ("im2col", "im2col"), ("Winograd", "winograd")]
 
 
 def clnet_kernels(path, dev, x, labels, warmup):
-    """(kernel name, ms) of each launch of one step, and (tag, kernel name, ms) of the products' launches (tagged by
-    their sizes) and the bias gradients' (by N x C x P)."""
+    """(kernel name, ms) of each launch of one step, and (tag, kernel name, ms) of the tagged launches (TAGS)."""
     runner = ClnetRunner(connx.load(path, device=dev).train(), dev, x, labels)
     for _ in range(warmup):
         runner.step()
     dev.synchronize()
     prof = kernels.Profiler()
-    callers = [conv, products, winograd]
-    saved = [m.gemm for m in callers]
-    saved_bias = conv.bias_grad
-    for m in callers:
-        m.gemm = _tagging(prof, m.gemm)
-    conv.bias_grad = _tagging_bias(prof, conv.bias_grad)
+    saved = [(module, name, getattr(module, name)) for module, name, _ in TAGS]
+    for module, name, label in TAGS:
+        setattr(module, name, _tagged(prof, getattr(module, name), label))
     kernels.context.profiler = prof
     try:
         runner.step()
         dev.synchronize()
     finally:
         kernels.context.profiler = None
-        for m, g in zip(callers, saved):
-            m.gemm = g
-        conv.bias_grad = saved_bias
+        for module, name, fn in saved:
+            setattr(module, name, fn)
     times = prof.times_ms()
     return [(name, ms) for _, name, ms in times], [(tag, name, ms) for tag, name, ms in times if isinstance(tag, str)]
 
@@ -130,12 +132,11 @@ def main():
             x = rng.standard_normal(shape).astype(np.float32)
             labels = rng.integers(0, 1000, shape[0]).astype(np.int32)
             print(f"{name} batch {args.batch}, one eager training step after {args.warmup} (SGD with momentum)")
-            launches, product_launches = clnet_kernels(path, dev, x, labels, args.warmup)
+            launches, tagged = clnet_kernels(path, dev, x, labels, args.warmup)
             report("clnet on " + dev.name, launches, args.top)
-            report("clnet's products by size (M x N x K x batch) and caller",
-                   [(f"{tag}: {name}", ms) for tag, name, ms in product_launches if "bias" not in name], args.top)
-            report("clnet's bias gradients by N x C x P", [(f"{tag}: {name}", ms) for tag, name, ms in product_launches
-                                                          if "bias" in name], args.top)
+            for what, prefix in TAGGED:
+                report(f"clnet's {what} by size", [(f"{tag}: {name}", ms) for tag, name, ms in tagged
+                                                   if name.startswith(prefix)], args.top)
             if torch.cuda.is_available():
                 report("PyTorch on " + torch.cuda.get_device_name(), torch_kernels(torch, tm, x, labels, args.warmup),
                        args.top)

@@ -92,8 +92,8 @@ class Graph:
     def __init__(self, fuse=None):
         self._items = []  # (clone, global size, local size, live args) launches; callables (copies, host actions)
         self._queue = self._device = None  # bound at the first recorded launch
-        self._seen = {}  # storage key (a buffer, a block's (segment, offset)) -> (buffer, its pool, [weak references
-        # to its storages], its block, bytes)
+        self._seen = {}  # storage key (a buffer, a block's (segment, offset)) -> [buffer, its pool, [weak references
+        # to its storages], its block, bytes of the largest of them]
         self._regions = {}  # id -> region, window or set-up storage a launch touched, kept alive (a region: its parent)
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
         self._taken = []  # (pool, its withdraw's entry): freed during capture, out of the pool until the graph goes
@@ -171,9 +171,13 @@ class Graph:
         buf, key = storage.buffer, storage.key
         entry = self._seen.get(key)
         if entry is None:
-            self._seen[key] = (buf, storage.pool, [weakref.ref(storage)], storage.block, storage.size)
-        elif not any(r() is storage for r in entry[2]):
+            self._seen[key] = [buf, storage.pool, [weakref.ref(storage)], storage.block, storage.size]
+            return
+        if not any(r() is storage for r in entry[2]):
             entry[2].append(weakref.ref(storage))
+        # A block freed in the capture and placed again at the same offset for a smaller tensor: replays still
+        # write the larger one's bytes
+        entry[4] = max(entry[4], storage.size)
 
     def uses(self, buf):
         """Whether a recorded launch touches this buffer."""
@@ -239,9 +243,12 @@ class Graph:
         the pool."""
         for buf, p, refs, block, size in self._seen.values():
             alive = [s for s in (r() for r in refs) if s is not None]
-            if alive:
-                self._kept.extend(alive)
+            self._kept.extend(alive)
+            if alive and block is None:  # a whole buffer: in use, so out of the pool
                 continue
+            # A block: what of its bytes is free now (an alive storage there may be smaller than a dead one the
+            # replays also write: the rest went back to the arena, and a tensor made after the capture could be
+            # placed over it; evaluate() read a block of test images so overwritten)
             entry = p.withdraw(buf, block, size)
             if entry is None:
                 raise CaptureError("internal: a buffer the capture used is neither alive nor in the pool")

@@ -527,6 +527,27 @@ def test_evaluate_replays_its_forward_and_gives_the_eager_figures(dev, monkeypat
     np.testing.assert_array_equal(eager["confusion"], replayed["confusion"])
 
 
+def test_evaluate_replays_leave_later_blocks_of_images_alone(dev, monkeypatch):
+    """Test images come in blocks (data.Loader), and a block of another shape (the last) is made after the forward's
+    capture: with every tensor of 1 KiB and up a block of the arena, lenet-wide's replayed figures are still the eager
+    ones.
+    (A block freed in the capture and taken again there by a smaller tensor kept its tail out of the graph: the last
+    block of images was placed over it and each replay overwrote it; `clnet train`'s test figures were wrong.)"""
+    import importlib
+    tensor_module = importlib.import_module("clnet.tensor")
+    monkeypatch.setattr(tensor_module, "ARENA_MIN", 1024)
+    monkeypatch.setattr(tensor_module, "SHARED_SEGMENT", 64 * 1024)
+    monkeypatch.setattr(tensor_module, "SEGMENT_ROUND", 4096)
+    monkeypatch.setattr(data.Loader, "BLOCK_BYTES", 3 * 16 * 4 * (28 * 28 + 1))  # 3 batches of 16 a block
+    clnet.manual_seed(3)
+    m = models.build("lenet-wide").to(dev)
+    test = synthetic(125, seed=6)  # 7 batches of 16 and one of 13: blocks of 48, 48 and 29 images
+    eager = train.evaluate(m, test, batch=16, graphs=False)
+    replayed = train.evaluate(m, test, batch=16)
+    assert eager["loss"] == replayed["loss"] and eager["accuracy"] == replayed["accuracy"]
+    np.testing.assert_array_equal(eager["confusion"], replayed["confusion"])
+
+
 def test_evaluate_runs_a_forward_that_reads_back_eagerly(dev):
     class Peeking(nn.Module):  # reads a value back in its forward (a print, a log): a replay could not repeat that
         def __init__(self):
