@@ -227,13 +227,10 @@ def _copy2d(src, src_off, src_ld, dst, dst_off, dst_ld, rows, cols, what, acc=No
     name = "copy2d" if acc is None else "copy2d_add"
     tail = () if acc is None else (acc,)
     if max(src.size, dst.size) <= kernels.INDEX_LIMIT:
-        if (src_off | src_ld | dst_off | dst_ld | cols) % 4 == 0:  # float4s: tensors start float4-aligned
-            kernels.launch(dev, _elementwise(dev, name + "_x4"), (cols // 4, rows), kernels.ANY_GROUP, src,
-                           src_off // 4, src_ld // 4, dst, dst_off // 4, dst_ld // 4, rows, cols // 4, *tail,
-                           what=what)
-        else:
-            kernels.launch(dev, _elementwise(dev, name), (cols, rows), kernels.ANY_GROUP, src, src_off, src_ld, dst,
-                           dst_off, dst_ld, rows, cols, *tail, what=what)
+        v = 4 if (src_off | src_ld | dst_off | dst_ld | cols) % 4 == 0 else 1  # float4s: tensors start aligned
+        kernels.launch(dev, _elementwise(dev, name + ("_x4" if v == 4 else "")), (cols // v, rows), kernels.ANY_GROUP,
+                       src, src_off // v, src_ld // v, dst, dst_off // v, dst_ld // v, rows, cols // v, *tail,
+                       what=what)
         return
     k = _elementwise(dev, name)
     span, ld = run_limit(), max(src_ld, dst_ld, 1)  # elements a block's region may cover
