@@ -322,7 +322,7 @@ def _outer_inner(shape, dim):
 def _row_lanes(lsize, rows, cols):
     """Work-items a row for the cross-entropy's one work-group: as many as keep all lsize busy on the batch's rows
     at once (fewer lanes, fewer combining steps), no more than the row's columns need. One work-item a row read
-    its 1000 classes alone, 64 rows a batch: 0.23 ms of a squeezenet step on an H100; 4 lanes of 256, 0.10 ms
+    its 1000 classes alone, 64 rows a batch: 0.23 ms of a squeezenet step on an H100; 16 lanes of 1024, 0.045 ms
     (bench/NOTES.md v53)."""
     lanes = max(1, lsize >> max(0, rows - 1).bit_length())
     return min(lanes, 1 << max(0, cols - 1).bit_length())
