@@ -17,6 +17,8 @@
 //   copy2d_x4, copy2d_add_x4  the same in float4s, every offset, stride and length counted in float4s: where all of
 //             them are multiples of four floats (pointers start float4-aligned), a work-item a float4 (a
 //             concatenation copied at 1.9 TB/s a float a work-item on an H100, bench/NOTES.md v53)
+//   copy_batch  a batch out of the loader's block: x = n_x floats of xs from x_off, y = n_y ints of ys from y_off,
+//             in one launch (two device copies cost NVIDIA's host 16-21 us each, a launch 13-17: bench/NOTES.md v29)
 //   reduce_sum  out[0] = scale * sum of x: one work-group of LSIZE, pairwise tree over per-item partial sums; with
 //             ACCUMULATE, out[0] += that (a tensor past clnet's index limit is summed a chunk per launch)
 //   dropout_fwd  mask = (hash(seed, i) >= p) / (1 - p); y = x * mask
@@ -168,6 +170,17 @@ __kernel void copy2d_add_x4(__global const float4* restrict src, const int src_o
     if (c < cols && r < rows) {
         const int d = dst_off + r * dst_ld + c;
         dst[d] = acc[d] + src[src_off + r * src_ld + c];
+    }
+}
+
+__kernel void copy_batch(__global const float* restrict xs, const int x_off, const int n_x,
+                         __global const int* restrict ys, const int y_off, const int n_y, __global float* restrict x,
+                         __global int* restrict y) {
+    const int e = get_global_id(0);
+    if (e < n_x) {
+        x[e] = xs[x_off + e];
+    } else if (e < n_x + n_y) {
+        y[e - n_x] = ys[y_off + e - n_x];
     }
 }
 

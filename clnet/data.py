@@ -14,6 +14,7 @@ import zlib
 
 import numpy as np
 
+from . import kernels
 from .tensor import Tensor
 from .errors import Error
 
@@ -257,9 +258,9 @@ class Loader:
     A background thread gathers and normalises the next host batches while the device works.  Small batches come in
     blocks of up to BLOCK_BYTES (at batch 1 a hand-off between threads and two host copies per batch cost more than
     the step itself), where the data set is a `Dataset` whose `batch` is not overridden: the thread gathers a block's
-    batches at once, the block is uploaded in one non-blocking copy,
-    and each batch is then copied out of it on the device.  Larger batches are uploaded one at a time, each straight
-    into the tensors it is delivered in.  Either way the copies are queued on the device's in-order queue into one of
+    batches at once, the block is uploaded in one non-blocking copy, and each batch is then copied out of it on the
+    device (one launch for its images and labels).  Larger batches are uploaded one at a time, each straight into
+    the tensors it is delivered in.  Either way the copies are queued on the device's in-order queue into one of
     two buffer pairs (slot i % 2), so a loop that takes batch i + 1 right after enqueueing step i, and only then reads
     step i's results, keeps the device fed: the copy runs behind step i and before step i + 1 without the host
     waiting.  Step i - 1, the last user of the other slot, is already ahead of it in the queue.  ``wait_s`` is the
@@ -356,8 +357,9 @@ class Loader:
         for j, (at, n) in enumerate(zip(starts.tolist(), sizes)):
             labels = y[at:at + n]
             tx, ty = self._destination(b * self.per_block + j, (n,) + x.shape[1:], labels.shape)
-            tx.copy_from(bx, offset=at * example)
-            ty.copy_from(by, offset=at)
+            kernels.launch(self.device, kernels.kernel(self.device, "elementwise.cl", "copy_batch"),
+                           (tx.size + ty.size,), kernels.ANY_GROUP, bx, at * example, tx.size, by, at, ty.size, tx,
+                           ty, what="a batch out of the loader's block")
             ty.value_range = (lows[j], highs[j])
             yield tx, ty, labels
 

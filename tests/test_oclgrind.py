@@ -239,6 +239,14 @@ def _elementwise(clnet, dev, rng):
         _backward(clnet, y, rng)
         (a * b).mean().backward()
         F.dropout(a, 0.5).numpy()
+    # the loader's batches out of a block (copy_batch): 3 images of 5x3 and their labels, then a last one alone
+    from clnet import data
+    ds = data.Dataset(rng.integers(0, 255, (7, 5, 3)).astype(np.uint8), rng.integers(0, 10, 7), "tiny", 0.5, 0.25)
+    at = 0
+    for x, y, labels in data.Loader(ds, 3, dev, np.arange(7)):
+        _close(x.numpy(), ds.batch(np.arange(at, at + len(labels)))[0], "a batch's images")
+        assert np.array_equal(y.numpy(), labels)
+        at += len(labels)
 
 
 def _softmax(clnet, dev, rng):
