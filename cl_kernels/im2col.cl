@@ -7,6 +7,10 @@
 //   im2col, col2im              GPU-shaped: consecutive work-items on consecutive addresses of col (coalesced);
 //                               im2col has a work-item per column and channel (its KH*KW rows), col2im one per
 //                               element of dx.
+//   im2col_pointwise            GPU-shaped, a 1x1 layer at stride 1 without padding (its weight gradient's
+//                               lowering: images beside each other along col's rows): a work-item per element over a
+//                               (pixel, channel, image) grid, none of im2col's four divisions for its one element
+//                               (squeezenet's 128-channel 55x55 lowering ran at 1.3 TB/s, bench/NOTES.md v56).
 //   im2col_rows, col2im_planes  CPU-shaped: one work-item per row of col (one (c, ky, kx) of one image), or per input
 //                               plane, looping over pixels without a division per element; col2im_planes scatters
 //                               the plane's windows into dx in a fixed order (the plane is the work-item's own, so
@@ -40,6 +44,12 @@ __kernel void im2col(__global const float* restrict x, const int x_off, CONV_GEO
             out += np;
         }
     }
+}
+
+__kernel void im2col_pointwise(__global const float* restrict x, const int x_off, const int C, const int P,
+                               const int nimg, __global float* restrict col) {
+    const int p = get_global_id(0), c = get_global_id(1), i = get_global_id(2);
+    if (p < P && c < C && i < nimg) col[(c * nimg + i) * P + p] = x[x_off + (i * C + c) * P + p];
 }
 
 __kernel void col2im(__global const float* restrict col, CONV_GEOMETRY, __global float* restrict dx, const int dx_off) {

@@ -28,6 +28,7 @@ CONV_CASES = [
     (2, 6, 17, 15, 9, 3, 2, 1, (2, 1), 3),
     (2, 5, 12, 12, 31, 1, 1, 0, 1, 1),      # pointwise: no lowering
     (2, 33, 8, 8, 65, 1, 1, 0, 1, 1),
+    (3, 12, 7, 9, 18, 1, 1, 0, 1, 3),       # pointwise in groups (the GPU shape lowers x for its weights)
     (2, 3, 10, 9, 4, 4, 1, "same", 1, 1),   # even kernel: PyTorch puts the extra pixel at the bottom/right
     (1, 2, 9, 9, 3, 3, 1, "same", 2, 1),
     (2, 3, 23, 23, 8, 11, 4, 2, 1, 1),      # AlexNet's first layer shape, small
