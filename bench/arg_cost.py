@@ -14,7 +14,7 @@ import pyopencl as cl
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import clnet  # noqa: E402
-from clnet.sources import text  # noqa: E402
+from clnet.sources import source  # noqa: E402
 from subbuffer_launch import launch_times  # noqa: E402
 
 
@@ -28,7 +28,7 @@ def main(device_spec, launches, elements):
     bufs = [cl.Buffer(ctx, cl.mem_flags.READ_WRITE, elements * 4) for _ in range(4)]
     print(f"{dev.name}: {launches} launches of a {elements}-element kernel over 4 buffers, arguments set beforehand")
     for extra in (0, 4, 8):
-        k = cl.Kernel(cl.Program(ctx, text("driver_cost.cl")).build(options=[f"-DEXTRA={extra}"]), "copy_args")
+        k = cl.Kernel(cl.Program(ctx, source("driver_cost.cl")).build(options=[f"-DEXTRA={extra}"]), "copy_args")
         k.set_args(*bufs, *([cl.cltypes.int(0)] * extra))
         enq, total = launch_times(q, [k], (elements,), launches)
         print(f"  {extra} extra int arguments: enqueue {enq:6.2f} us a launch, to the end {total:6.2f} us a launch")

@@ -12,7 +12,7 @@ import click
 import pyopencl as cl
 
 import clnet
-from clnet.sources import text
+from clnet.sources import source
 
 
 
@@ -40,7 +40,7 @@ def launch_times(q, kernels_, global_size, launches):
 def main(device_spec, launches):
     dev = clnet.device(device_spec)
     ctx, q = dev.context, dev.queue
-    prog = cl.Program(ctx, text("driver_cost.cl")).build()
+    prog = cl.Program(ctx, source("driver_cost.cl")).build()
     print(f"{dev.name}: {launches} launches through 8 buffers, arguments set beforehand; medians of 5")
     for nbytes in (4096, 1 << 20, 32 << 20):
         step = -(-nbytes // 4096) * 4096 + 65536

@@ -33,7 +33,7 @@ dev = clnet.device(DEVICE)
 ctx, q = dev.context, dev.queue
 OFF, N = 4096 * 512, 2 << 20
 parent = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 64 << 20)
-prog = cl.Program(ctx, clnet.sources.text("probe.cl")).build()  # x[i] = 1
+prog = cl.Program(ctx, clnet.sources.source("probe.cl")).build()  # x[i] = 1
 k = [cl.Kernel(prog, "clnet_probe")]
 def fill(buf):
     k[0].set_args(buf)

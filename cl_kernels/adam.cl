@@ -28,10 +28,12 @@
         P = w - step_size * mi / (sqrt(vi) / bc2_sqrt + eps);         \
     }
 
-__kernel void adam_step(__global float* restrict p, __global const float* restrict g, __global float* restrict m,
-                        __global float* restrict v, const int n, const float lr, const float step_size,
-                        const float bc2_sqrt, const float b1, const float b2, const float eps,
-                        const float weight_decay) {
+__kernel void adam_step(__global float* restrict p, OFFSET_PARAM(p), __global const float* restrict g, OFFSET_PARAM(g),
+                        __global float* restrict m, OFFSET_PARAM(m), __global float* restrict v, OFFSET_PARAM(v),
+                        const int n, const float lr, const float step_size, const float bc2_sqrt, const float b1,
+                        const float b2, const float eps, const float weight_decay) {
+    AT_OFFSET(__global float*, p) AT_OFFSET(__global const float*, g) AT_OFFSET(__global float*, m)
+    AT_OFFSET(__global float*, v)
     const int i = get_global_id(0) * VW;
     if (i + VW <= n) {
         ADAM_UPDATE(float4, VEC(p + i), CVEC(g + i), VEC(m + i), VEC(v + i))

@@ -100,8 +100,9 @@ inline float3 merge_stats(const float3 a, const float3 b) {
     if (p >= P) { p -= P; i += wrap; }
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void batchnorm_stats(__global const float* restrict x, __global float* restrict partial, const int N, const int C,
-                     const int P, const int chunk) {
+void batchnorm_stats(__global const float* restrict x, OFFSET_PARAM(x), __global float* restrict partial,
+                     OFFSET_PARAM(partial), const int N, const int C, const int P, const int chunk) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, partial)
     const int c = get_group_id(0), r = get_group_id(1), lid = get_local_id(0);
     const int e1 = min(N * P, (r + 1) * chunk);
     __local float4 part[LSIZE];
@@ -170,8 +171,10 @@ inline float2 shifted_sums(__global const float* v, const int len, const float s
     return (float2)(s1, s2);
 }
 
-__kernel void batchnorm_stats_planes(__global const float* restrict x, __global float* restrict partial,
-                                     const int N, const int C, const int P, const int nb) {
+__kernel void batchnorm_stats_planes(__global const float* restrict x, OFFSET_PARAM(x),
+                                     __global float* restrict partial, OFFSET_PARAM(partial), const int N, const int C,
+                                     const int P, const int nb) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, partial)
     const int gid = get_global_id(0), c = gid % C, r = gid / C, n0 = r * nb;
     if (n0 >= N) return;
     const int n1 = min(N, n0 + nb), limit = block_limit(P);
@@ -229,11 +232,13 @@ inline float stats_written(const float3 st, const int c, const float count, cons
 }
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void batchnorm_stats_finish(__global const float* restrict partial, const int runs, const int C, const float count,
-                            const float eps, const float momentum, const float var_count,
-                            __global float* restrict mean,
-                            __global float* restrict invstd, __global float* restrict running_mean,
-                            __global float* restrict running_var) {
+void batchnorm_stats_finish(__global const float* restrict partial, OFFSET_PARAM(partial), const int runs, const int C,
+                            const float count, const float eps, const float momentum, const float var_count,
+                            __global float* restrict mean, OFFSET_PARAM(mean), __global float* restrict invstd,
+                            OFFSET_PARAM(invstd), __global float* restrict running_mean, OFFSET_PARAM(running_mean),
+                            __global float* restrict running_var, OFFSET_PARAM(running_var)) {
+    AT_OFFSET(__global const float*, partial) AT_OFFSET(__global float*, mean) AT_OFFSET(__global float*, invstd)
+    AT_OFFSET(__global float*, running_mean) AT_OFFSET(__global float*, running_var)
     const int c = get_group_id(0), lid = get_local_id(0);
     __local float4 part[LSIZE];
     const float3 st = merged_stats(partial, runs, C, c, lid, part);
@@ -246,13 +251,17 @@ void batchnorm_stats_finish(__global const float* restrict partial, const int ru
 // its runs (these runs are its own, as many as the grid has: not the records'). Its arguments are the finish's, then
 // the apply's.
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void batchnorm_apply_runs(__global const float* restrict partial, const int runs, const int C, const float count,
-                          const float eps, const float momentum, const float var_count,
-                          __global float* restrict mean, __global float* restrict invstd,
-                          __global float* restrict running_mean, __global float* restrict running_var,
-                          __global const float* restrict x, __global const float* restrict weight,
-                          __global const float* restrict bias, __global float* restrict y, const int N, const int P,
-                          const int chunk) {
+void batchnorm_apply_runs(__global const float* restrict partial, OFFSET_PARAM(partial), const int runs, const int C,
+                          const float count, const float eps, const float momentum, const float var_count,
+                          __global float* restrict mean, OFFSET_PARAM(mean), __global float* restrict invstd,
+                          OFFSET_PARAM(invstd), __global float* restrict running_mean, OFFSET_PARAM(running_mean),
+                          __global float* restrict running_var, OFFSET_PARAM(running_var),
+                          __global const float* restrict x, OFFSET_PARAM(x), __global const float* restrict weight,
+                          OFFSET_PARAM(weight), __global const float* restrict bias, OFFSET_PARAM(bias),
+                          __global float* restrict y, OFFSET_PARAM(y), const int N, const int P, const int chunk) {
+    AT_OFFSET(__global const float*, partial) AT_OFFSET(__global float*, mean) AT_OFFSET(__global float*, invstd)
+    AT_OFFSET(__global float*, running_mean) AT_OFFSET(__global float*, running_var) AT_OFFSET(__global const float*, x)
+    AT_OFFSET(__global const float*, weight) AT_OFFSET(__global const float*, bias) AT_OFFSET(__global float*, y)
     const int c = get_group_id(0), r = get_group_id(1), lid = get_local_id(0);
     __local float4 part[LSIZE];
     const float3 st = merged_stats(partial, runs, C, c, lid, part);
@@ -283,8 +292,9 @@ void batchnorm_apply_runs(__global const float* restrict partial, const int runs
     }
 }
 
-__kernel void batchnorm_invstd(__global const float* restrict var, const float eps, __global float* restrict invstd,
-                               const int C) {
+__kernel void batchnorm_invstd(__global const float* restrict var, OFFSET_PARAM(var), const float eps,
+                               __global float* restrict invstd, OFFSET_PARAM(invstd), const int C) {
+    AT_OFFSET(__global const float*, var) AT_OFFSET(__global float*, invstd)
     const int c = get_global_id(0);
     if (c < C) invstd[c] = 1.0f / sqrt(var[c] + eps);
 }
@@ -306,10 +316,13 @@ inline float8 act8(const float8 v) {
     return ACT == 4 ? select(low, (float8)(6.0f), v > (float8)(6.0f)) : low;
 }
 
-__kernel void batchnorm_apply(__global const float* restrict x, __global const float* restrict mean,
-                              __global const float* restrict invstd, __global const float* restrict weight,
-                              __global const float* restrict bias, __global float* restrict y, const float eps,
-                              const int C, const int P, const int total) {
+__kernel void batchnorm_apply(__global const float* restrict x, OFFSET_PARAM(x), __global const float* restrict mean,
+                              OFFSET_PARAM(mean), __global const float* restrict invstd, OFFSET_PARAM(invstd),
+                              __global const float* restrict weight, OFFSET_PARAM(weight),
+                              __global const float* restrict bias, OFFSET_PARAM(bias), __global float* restrict y,
+                              OFFSET_PARAM(y), const float eps, const int C, const int P, const int total) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, mean) AT_OFFSET(__global const float*, invstd)
+    AT_OFFSET(__global const float*, weight) AT_OFFSET(__global const float*, bias) AT_OFFSET(__global float*, y)
     SPREAD_START();
     float v[UNROLL];
 #pragma unroll
@@ -335,10 +348,15 @@ __kernel void batchnorm_apply(__global const float* restrict x, __global const f
     if (n >= N) return; \
     const int c0 = (gid - n * groups) * cb, c1 = min(C, c0 + cb)
 
-__kernel void batchnorm_apply_planes(__global const float* restrict x, __global const float* restrict mean,
-                                     __global const float* restrict invstd, __global const float* restrict weight,
-                                     __global const float* restrict bias, __global float* restrict y, const float eps,
-                                     const int C, const int P, const int N, const int cb) {
+__kernel void batchnorm_apply_planes(__global const float* restrict x, OFFSET_PARAM(x),
+                                     __global const float* restrict mean, OFFSET_PARAM(mean),
+                                     __global const float* restrict invstd, OFFSET_PARAM(invstd),
+                                     __global const float* restrict weight, OFFSET_PARAM(weight),
+                                     __global const float* restrict bias, OFFSET_PARAM(bias),
+                                     __global float* restrict y, OFFSET_PARAM(y), const float eps, const int C,
+                                     const int P, const int N, const int cb) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, mean) AT_OFFSET(__global const float*, invstd)
+    AT_OFFSET(__global const float*, weight) AT_OFFSET(__global const float*, bias) AT_OFFSET(__global float*, y)
     CHANNEL_GROUP();
     const int P8 = P & ~7;
     for (int c = c0; c < c1; c++) {
@@ -357,10 +375,12 @@ __kernel void batchnorm_apply_planes(__global const float* restrict x, __global 
 }
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void batchnorm_grad_sums(__global const float* restrict dy, __global const float* restrict x,
-                         __global const float* restrict mean, __global const float* restrict y,
-                         __global float* restrict partial, const int N, const int C, const int P,
-                         const int chunk) {
+void batchnorm_grad_sums(__global const float* restrict dy, OFFSET_PARAM(dy), __global const float* restrict x,
+                         OFFSET_PARAM(x), __global const float* restrict mean, OFFSET_PARAM(mean),
+                         __global const float* restrict y, OFFSET_PARAM(y), __global float* restrict partial,
+                         OFFSET_PARAM(partial), const int N, const int C, const int P, const int chunk) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, mean)
+    AT_OFFSET(__global const float*, y) AT_OFFSET(__global float*, partial)
     const int c = get_group_id(0), r = get_group_id(1), lid = get_local_id(0);
     const int e1 = min(N * P, (r + 1) * chunk);
     const float m = mean[c];
@@ -428,10 +448,14 @@ inline float2 grad_sums(__global const float* g, __global const float* v, __glob
     return (float2)(s1, s2);
 }
 
-__kernel void batchnorm_grad_sums_planes(__global const float* restrict dy, __global const float* restrict x,
-                                         __global const float* restrict mean, __global const float* restrict y,
-                                         __global float* restrict partial, const int N, const int C, const int P,
-                                         const int nb) {
+__kernel void batchnorm_grad_sums_planes(__global const float* restrict dy, OFFSET_PARAM(dy),
+                                         __global const float* restrict x, OFFSET_PARAM(x),
+                                         __global const float* restrict mean, OFFSET_PARAM(mean),
+                                         __global const float* restrict y, OFFSET_PARAM(y),
+                                         __global float* restrict partial, OFFSET_PARAM(partial), const int N,
+                                         const int C, const int P, const int nb) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, mean)
+    AT_OFFSET(__global const float*, y) AT_OFFSET(__global float*, partial)
     const int gid = get_global_id(0), c = gid % C, r = gid / C, n0 = r * nb;
     if (n0 >= N) return;
     const int n1 = min(N, n0 + nb), limit = block_limit(P);
@@ -478,9 +502,12 @@ inline void grads_written(const float sum_dy, const float sum_dy_xhat, const int
 }
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void batchnorm_grad_finish(__global const float* restrict partial, const int runs, const int C, const float count,
-                           __global const float* restrict invstd, __global float* restrict dweight,
-                           __global float* restrict dbias, __global float* restrict gmean, const int add) {
+void batchnorm_grad_finish(__global const float* restrict partial, OFFSET_PARAM(partial), const int runs, const int C,
+                           const float count, __global const float* restrict invstd, OFFSET_PARAM(invstd),
+                           __global float* restrict dweight, OFFSET_PARAM(dweight), __global float* restrict dbias,
+                           OFFSET_PARAM(dbias), __global float* restrict gmean, OFFSET_PARAM(gmean), const int add) {
+    AT_OFFSET(__global const float*, partial) AT_OFFSET(__global const float*, invstd)
+    AT_OFFSET(__global float*, dweight) AT_OFFSET(__global float*, dbias) AT_OFFSET(__global float*, gmean)
     const int c = get_group_id(0), lid = get_local_id(0);
     __local float2 part[LSIZE];
     const float2 sums = merged_sums(partial, runs, C, c, lid, part);
@@ -497,12 +524,18 @@ void batchnorm_grad_finish(__global const float* restrict partial, const int run
 // channel c's records as the finish does, group (c, 0) writes dweight and dbias, and each group writes dx over the
 // r-th run of `chunk` pairs of channel c.
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void batchnorm_dx_runs(__global const float* restrict partial, const int runs, const int C, const float count,
-                       __global const float* restrict invstd, __global float* restrict dweight,
-                       __global float* restrict dbias, const int add, __global const float* restrict dy,
-                       __global const float* restrict x, __global const float* restrict mean,
-                       __global const float* restrict weight, __global float* restrict dx,
-                       __global const float* restrict y, const int N, const int P, const int chunk) {
+void batchnorm_dx_runs(__global const float* restrict partial, OFFSET_PARAM(partial), const int runs, const int C,
+                       const float count, __global const float* restrict invstd, OFFSET_PARAM(invstd),
+                       __global float* restrict dweight, OFFSET_PARAM(dweight), __global float* restrict dbias,
+                       OFFSET_PARAM(dbias), const int add, __global const float* restrict dy, OFFSET_PARAM(dy),
+                       __global const float* restrict x, OFFSET_PARAM(x), __global const float* restrict mean,
+                       OFFSET_PARAM(mean), __global const float* restrict weight, OFFSET_PARAM(weight),
+                       __global float* restrict dx, OFFSET_PARAM(dx), __global const float* restrict y, OFFSET_PARAM(y),
+                       const int N, const int P, const int chunk) {
+    AT_OFFSET(__global const float*, partial) AT_OFFSET(__global const float*, invstd)
+    AT_OFFSET(__global float*, dweight) AT_OFFSET(__global float*, dbias) AT_OFFSET(__global const float*, dy)
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, mean) AT_OFFSET(__global const float*, weight)
+    AT_OFFSET(__global float*, dx) AT_OFFSET(__global const float*, y)
     const int c = get_group_id(0), r = get_group_id(1), lid = get_local_id(0);
     __local float2 part[LSIZE];
     const float2 sums = merged_sums(partial, runs, C, c, lid, part);
@@ -536,11 +569,16 @@ void batchnorm_dx_runs(__global const float* restrict partial, const int runs, c
     const float m = mean[c], inv = invstd[c], s = inv * (weight ? weight[c] : 1.0f); \
     const float g0 = gmean[c], g1 = gmean[C + (c)]
 
-__kernel void batchnorm_dx(__global const float* restrict dy, __global const float* restrict x,
-                           __global const float* restrict mean, __global const float* restrict invstd,
-                           __global const float* restrict weight, __global const float* restrict gmean,
-                           __global float* restrict dx, __global const float* restrict y, const int C, const int P,
-                           const int total) {
+__kernel void batchnorm_dx(__global const float* restrict dy, OFFSET_PARAM(dy), __global const float* restrict x,
+                           OFFSET_PARAM(x), __global const float* restrict mean, OFFSET_PARAM(mean),
+                           __global const float* restrict invstd, OFFSET_PARAM(invstd),
+                           __global const float* restrict weight, OFFSET_PARAM(weight),
+                           __global const float* restrict gmean, OFFSET_PARAM(gmean), __global float* restrict dx,
+                           OFFSET_PARAM(dx), __global const float* restrict y, OFFSET_PARAM(y), const int C,
+                           const int P, const int total) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, mean)
+    AT_OFFSET(__global const float*, invstd) AT_OFFSET(__global const float*, weight)
+    AT_OFFSET(__global const float*, gmean) AT_OFFSET(__global float*, dx) AT_OFFSET(__global const float*, y)
     SPREAD_START();
     float g[UNROLL], v[UNROLL];
 #pragma unroll
@@ -560,11 +598,16 @@ __kernel void batchnorm_dx(__global const float* restrict dy, __global const flo
     }
 }
 
-__kernel void batchnorm_dx_planes(__global const float* restrict dy, __global const float* restrict x,
-                                  __global const float* restrict mean, __global const float* restrict invstd,
-                                  __global const float* restrict weight, __global const float* restrict gmean,
-                                  __global float* restrict dx, __global const float* restrict y, const int C,
-                                  const int P, const int N, const int cb) {
+__kernel void batchnorm_dx_planes(__global const float* restrict dy, OFFSET_PARAM(dy), __global const float* restrict x,
+                                  OFFSET_PARAM(x), __global const float* restrict mean, OFFSET_PARAM(mean),
+                                  __global const float* restrict invstd, OFFSET_PARAM(invstd),
+                                  __global const float* restrict weight, OFFSET_PARAM(weight),
+                                  __global const float* restrict gmean, OFFSET_PARAM(gmean),
+                                  __global float* restrict dx, OFFSET_PARAM(dx), __global const float* restrict y,
+                                  OFFSET_PARAM(y), const int C, const int P, const int N, const int cb) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, mean)
+    AT_OFFSET(__global const float*, invstd) AT_OFFSET(__global const float*, weight)
+    AT_OFFSET(__global const float*, gmean) AT_OFFSET(__global float*, dx) AT_OFFSET(__global const float*, y)
     CHANNEL_GROUP();
     const int P8 = P & ~7;
     for (int c = c0; c < c1; c++) {

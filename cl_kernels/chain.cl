@@ -99,10 +99,18 @@ inline int chain_offset(__global const int* lay, int i) {
     return off + i * lay[1 + nd];
 }
 
-__kernel void pointwise_chain(__global uchar* b0, __global uchar* b1, __global uchar* b2, __global uchar* b3,
-                              __global uchar* b4, __global uchar* b5, __global uchar* b6, __global uchar* b7,
-                              __global uchar* b8, __global uchar* b9, __global uchar* b10, __global uchar* b11,
-                              __global const int* restrict code, const int n) {
+__kernel void pointwise_chain(__global uchar* b0, OFFSET_PARAM(b0), __global uchar* b1, OFFSET_PARAM(b1),
+                              __global uchar* b2, OFFSET_PARAM(b2), __global uchar* b3, OFFSET_PARAM(b3),
+                              __global uchar* b4, OFFSET_PARAM(b4), __global uchar* b5, OFFSET_PARAM(b5),
+                              __global uchar* b6, OFFSET_PARAM(b6), __global uchar* b7, OFFSET_PARAM(b7),
+                              __global uchar* b8, OFFSET_PARAM(b8), __global uchar* b9, OFFSET_PARAM(b9),
+                              __global uchar* b10, OFFSET_PARAM(b10), __global uchar* b11, OFFSET_PARAM(b11),
+                              __global const int* restrict code, OFFSET_PARAM(code), const int n) {
+    AT_OFFSET(__global uchar*, b0) AT_OFFSET(__global uchar*, b1) AT_OFFSET(__global uchar*, b2)
+    AT_OFFSET(__global uchar*, b3) AT_OFFSET(__global uchar*, b4) AT_OFFSET(__global uchar*, b5)
+    AT_OFFSET(__global uchar*, b6) AT_OFFSET(__global uchar*, b7) AT_OFFSET(__global uchar*, b8)
+    AT_OFFSET(__global uchar*, b9) AT_OFFSET(__global uchar*, b10) AT_OFFSET(__global uchar*, b11)
+    AT_OFFSET(__global const int*, code)
     const int i = get_global_id(0);
     if (i >= n) return;
     __global uchar* buf[12] = {b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11};

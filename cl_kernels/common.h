@@ -6,8 +6,9 @@
 // Every kernel takes each __global pointer parameter p with its byte offset clnet_off_p after it, and its body opens
 // by moving p there: a launch passes a tensor as the buffer that holds it and its offset in that buffer
 // (kernels.cl_arguments), so blocks of one buffer need no sub-buffer (NVIDIA's driver pays at every launch for
-// sub-buffers that overlap; bench/NOTES.md v34). sources.with_offsets writes these two into each kernel at build,
-// from the kernel's own signature: the parameter and the opening statement, T being p's declared type.
+// sub-buffers that overlap; bench/NOTES.md v34). Each kernel writes both itself: OFFSET_PARAM(p) after p in its
+// signature, AT_OFFSET(T, p) opening its body, T being p's declared type (GEMM_AT_OFFSETS for gemm_common.h's
+// GEMM_ARGS); tests/test_kernel_offsets.py checks every kernel for them.
 #define OFFSET_PARAM(p) const ulong clnet_off_##p
 #define AT_OFFSET(T, p) p = (T)((__global uchar*)(p) + clnet_off_##p);
 

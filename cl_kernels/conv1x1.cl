@@ -93,9 +93,12 @@
     const int real = (count) - first < (width) ? (count) - first : (width)
 
 #if !WEIGHTS
-__kernel void conv1x1_rows(__global const float* restrict in, __global const float* restrict w,
-                           __global const float* restrict bias, __global float* restrict out, const int IC,
-                           const int OC, const int G, const int P, const int WO, const int WC) {
+__kernel void conv1x1_rows(__global const float* restrict in, OFFSET_PARAM(in), __global const float* restrict w,
+                           OFFSET_PARAM(w), __global const float* restrict bias, OFFSET_PARAM(bias),
+                           __global float* restrict out, OFFSET_PARAM(out), const int IC, const int OC, const int G,
+                           const int P, const int WO, const int WC) {
+    AT_OFFSET(__global const float*, in) AT_OFFSET(__global const float*, w) AT_OFFSET(__global const float*, bias)
+    AT_OFFSET(__global float*, out)
     const int run = get_global_id(0), blk = get_global_id(1), n = get_global_id(2);
     const int OCg = OC / G, ICg = IC / G;
     BLOCK(blk, CEIL_DIV(OCg, OB), OB, OCg);
@@ -166,9 +169,10 @@ __kernel void conv1x1_rows(__global const float* restrict in, __global const flo
 #endif
 
 #if WEIGHTS
-__kernel void conv1x1_weights(__global const float* restrict dy, __global const float* restrict x,
-                              __global float* restrict part, const int C, const int O, const int G, const int P,
-                              const float beta) {
+__kernel void conv1x1_weights(__global const float* restrict dy, OFFSET_PARAM(dy), __global const float* restrict x,
+                              OFFSET_PARAM(x), __global float* restrict part, OFFSET_PARAM(part), const int C,
+                              const int O, const int G, const int P, const float beta) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, part)
     const int cblk = get_global_id(0), oblk = get_global_id(1), n = get_global_id(2);  // c block within o's group
     const int Og = O / G, Cg = C / G;
     BLOCK(oblk, CEIL_DIV(Og, OB), OB, Og);
@@ -231,8 +235,9 @@ __kernel void conv1x1_weights(__global const float* restrict dy, __global const 
 }
 
 // dw[i] = beta * dw[i] + sum over n < N of part[n][i], in order (beta 0: dw not read); i < count = O * C/G.
-__kernel void conv1x1_weights_sum(__global const float* restrict part, __global float* restrict dw, const int N,
-                                  const int count, const float beta) {
+__kernel void conv1x1_weights_sum(__global const float* restrict part, OFFSET_PARAM(part), __global float* restrict dw,
+                                  OFFSET_PARAM(dw), const int N, const int count, const float beta) {
+    AT_OFFSET(__global const float*, part) AT_OFFSET(__global float*, dw)
     const int i = get_global_id(0);
     if (i >= count) return;
     float s = 0.0f;

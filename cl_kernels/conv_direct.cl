@@ -56,8 +56,11 @@
     const int o0 = grp * Og + ((blk) - grp * per_group) * OB; \
     const int nb = (Og - (o0 - grp * Og)) < OB ? (Og - (o0 - grp * Og)) : OB
 
-__kernel void conv2d_fwd_direct(__global const float* restrict x, __global const float* restrict w,
-                                __global const float* restrict bias, __global float* restrict y, CONV_DIRECT_ARGS) {
+__kernel void conv2d_fwd_direct(__global const float* restrict x, OFFSET_PARAM(x), __global const float* restrict w,
+                                OFFSET_PARAM(w), __global const float* restrict bias, OFFSET_PARAM(bias),
+                                __global float* restrict y, OFFSET_PARAM(y), CONV_DIRECT_ARGS) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, w) AT_OFFSET(__global const float*, bias)
+    AT_OFFSET(__global float*, y)
     const int p = get_global_id(0), blk = get_global_id(1), n = get_global_id(2);
     CHANNEL_BLOCK(blk);
     const int Cg = C / G, c0 = grp * Cg, ckk = Cg * KH * KW;
@@ -150,8 +153,9 @@ __kernel void conv2d_fwd_direct(__global const float* restrict x, __global const
 
 // wp (G * per_group, Cg*KH*KW, OB): block blk's weights for tap t are OB consecutive floats, zero for the missing
 // channels of a partial block. One work-item per element.
-__kernel void conv2d_direct_pack(__global const float* restrict w, __global float* restrict wp, const int O,
-                                 const int G, const int ckk) {
+__kernel void conv2d_direct_pack(__global const float* restrict w, OFFSET_PARAM(w), __global float* restrict wp,
+                                 OFFSET_PARAM(wp), const int O, const int G, const int ckk) {
+    AT_OFFSET(__global const float*, w) AT_OFFSET(__global float*, wp)
     const int e = get_global_id(0), blk = get_global_id(1);
     CHANNEL_BLOCK(blk);
     if (e >= ckk * OB) return;
@@ -159,9 +163,12 @@ __kernel void conv2d_direct_pack(__global const float* restrict w, __global floa
     wp[(long)blk * ckk * OB + e] = b < nb ? w[(long)(o0 + b) * ckk + t] : 0.0f;
 }
 
-__kernel void conv2d_fwd_direct_rows(__global const float* restrict x, __global const float* restrict wp,
-                                     __global const float* restrict bias, __global float* restrict y,
-                                     CONV_DIRECT_ARGS) {
+__kernel void conv2d_fwd_direct_rows(__global const float* restrict x, OFFSET_PARAM(x),
+                                     __global const float* restrict wp, OFFSET_PARAM(wp),
+                                     __global const float* restrict bias, OFFSET_PARAM(bias),
+                                     __global float* restrict y, OFFSET_PARAM(y), CONV_DIRECT_ARGS) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, wp) AT_OFFSET(__global const float*, bias)
+    AT_OFFSET(__global float*, y)
     const int blk = get_global_id(0), oy = get_global_id(1), n = get_global_id(2);
     CHANNEL_BLOCK(blk);
     if (blk >= G * per_group || oy >= OH) return;
@@ -231,8 +238,10 @@ __kernel void conv2d_fwd_direct_rows(__global const float* restrict x, __global 
 // covers (iy, ix), i.e. oy*SH = iy + PH - ky*DH and ox*SW = ix + PW - kx*DW within the output, of
 // w[o][c - g*C/G][ky][kx] * dy[n][o][oy][ox]. One work-item per (input pixel, block of OB input channels of one group,
 // image); a block's channels share each dy load. Sums run over ky, kx, then o: at most O/G*KH*KW terms.
-__kernel void conv2d_bwd_data_direct(__global const float* restrict dy, __global const float* restrict w,
-                                     __global float* restrict dx, CONV_DIRECT_ARGS) {
+__kernel void conv2d_bwd_data_direct(__global const float* restrict dy, OFFSET_PARAM(dy),
+                                     __global const float* restrict w, OFFSET_PARAM(w), __global float* restrict dx,
+                                     OFFSET_PARAM(dx), CONV_DIRECT_ARGS) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global const float*, w) AT_OFFSET(__global float*, dx)
     const int p = get_global_id(0), blk = get_global_id(1), n = get_global_id(2);
     const int Cg = C / G, Og = O / G, per_group = CEIL_DIV(Cg, OB);
     const int grp = blk / per_group, cl0 = (blk - grp * per_group) * OB;
@@ -276,9 +285,11 @@ __kernel void conv2d_bwd_data_direct(__global const float* restrict dy, __global
 // The weight gradient: dw[o][c][ky][kx] = beta * dw[o][c][ky][kx] (read only where add) + the sum over n, oy, ox of
 // dy[n][o][oy][ox] * x[n][g*C/G + c][iy][ix] (iy, ix as in the forward; taps outside the image add nothing). One
 // work-item per weight, its sum N*OH*OW terms long in one running sum: for small layers only (direct.py bounds it).
-__kernel void conv2d_bwd_weights_direct(__global const float* restrict x, __global const float* restrict dy,
-                                        __global float* restrict dw, const float beta, const int add, const int N,
-                                        CONV_DIRECT_ARGS) {
+__kernel void conv2d_bwd_weights_direct(__global const float* restrict x, OFFSET_PARAM(x),
+                                        __global const float* restrict dy, OFFSET_PARAM(dy),
+                                        __global float* restrict dw, OFFSET_PARAM(dw), const float beta, const int add,
+                                        const int N, CONV_DIRECT_ARGS) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dw)
     const int e = get_global_id(0);
     const int Cg = C / G, Og = O / G;
     if (e >= O * Cg * KH * KW) return;

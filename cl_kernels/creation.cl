@@ -21,15 +21,19 @@
 #endif
 
 #if INT_VALUE
-__kernel void fill_value(__global T* x, const int value, const int n) {
+__kernel void fill_value(__global T* x, OFFSET_PARAM(x), const int value, const int n) {
+    AT_OFFSET(__global T*, x)
 #else
-__kernel void fill_value(__global T* x, const float value, const int n) {
+__kernel void fill_value(__global T* x, OFFSET_PARAM(x), const float value, const int n) {
+    AT_OFFSET(__global T*, x)
 #endif
     const int i = get_global_id(0);
     if (i < n) x[i] = (T)value;
 }
 
-__kernel void arange_fwd(__global T* x, const float start, const float step, const float end, const int n) {
+__kernel void arange_fwd(__global T* x, OFFSET_PARAM(x), const float start, const float step, const float end,
+                         const int n) {
+    AT_OFFSET(__global T*, x)
     const int i = get_global_id(0);
     if (i < n) {
 #if LAST_EXACT
@@ -40,12 +44,14 @@ __kernel void arange_fwd(__global T* x, const float start, const float step, con
     }
 }
 
-__kernel void arange_int(__global int* x, const int start, const int step, const int n) {
+__kernel void arange_int(__global int* x, OFFSET_PARAM(x), const int start, const int step, const int n) {
+    AT_OFFSET(__global int*, x)
     const int i = get_global_id(0);
     if (i < n) x[i] = start + i * step;
 }
 
-__kernel void eye_fwd(__global T* x, const int rows, const int cols) {
+__kernel void eye_fwd(__global T* x, OFFSET_PARAM(x), const int rows, const int cols) {
+    AT_OFFSET(__global T*, x)
     const int i = get_global_id(0);
     if (i < rows * cols) x[i] = (T)(i / cols == i % cols);
 }
@@ -55,12 +61,16 @@ inline float unit_draw(const uint seed, const uint i, const uint stream) {
     return (float)(clnet_hash(clnet_hash(i * 2u + stream) ^ seed) >> 8) * (1.0f / 16777216.0f);
 }
 
-__kernel void rand_uniform(__global float* x, const uint seed, const float low, const float high, const int n) {
+__kernel void rand_uniform(__global float* x, OFFSET_PARAM(x), const uint seed, const float low, const float high,
+                           const int n) {
+    AT_OFFSET(__global float*, x)
     const int i = get_global_id(0);
     if (i < n) x[i] = low + (high - low) * unit_draw(seed, (uint)i, 0u);
 }
 
-__kernel void rand_normal(__global float* x, const uint seed, const float mean, const float std, const int n) {
+__kernel void rand_normal(__global float* x, OFFSET_PARAM(x), const uint seed, const float mean, const float std,
+                          const int n) {
+    AT_OFFSET(__global float*, x)
     const int i = get_global_id(0);
     if (i < n) {
         const float u1 = 1.0f - unit_draw(seed, (uint)i, 0u);  // in (0, 1]: log(u1) is finite
@@ -69,7 +79,9 @@ __kernel void rand_normal(__global float* x, const uint seed, const float mean, 
     }
 }
 
-__kernel void randint_fwd(__global int* x, const uint seed, const int low, const uint range, const int n) {
+__kernel void randint_fwd(__global int* x, OFFSET_PARAM(x), const uint seed, const int low, const uint range,
+                          const int n) {
+    AT_OFFSET(__global int*, x)
     const int i = get_global_id(0);
     if (i < n) x[i] = low + (int)(clnet_hash(clnet_hash((uint)i * 2u) ^ seed) % range);
 }

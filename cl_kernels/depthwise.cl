@@ -116,9 +116,11 @@ inline void dw_column(__global const float* src, const int SRC_H, const int SRC_
 
 // Global size N*O*ceil(OH/PY)*OW: work-item q computes PY outputs down column ox of plane (n, o), consecutive
 // work-items on consecutive columns.
-__kernel void conv2d_fwd_depthwise(__global const float* restrict x, __global const float* restrict w,
-                                   __global const float* restrict bias, __global float* restrict y, DW_ARGS,
-                                   const int flags) {
+__kernel void conv2d_fwd_depthwise(__global const float* restrict x, OFFSET_PARAM(x), __global const float* restrict w,
+                                   OFFSET_PARAM(w), __global const float* restrict bias, OFFSET_PARAM(bias),
+                                   __global float* restrict y, OFFSET_PARAM(y), DW_ARGS, const int flags) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, w) AT_OFFSET(__global const float*, bias)
+    AT_OFFSET(__global float*, y)
     const int q = get_global_id(0), blocks = CEIL_DIV(OH, PY);
     if (q >= N * O * blocks * OW) return;
     const int row = q / OW, ox = q - row * OW;  // row: (plane, block of PY output rows)
@@ -139,8 +141,10 @@ __kernel void conv2d_fwd_depthwise(__global const float* restrict x, __global co
 
 // Global size N*C*ceil(H/PY)*W, for stride 1 (SH == SW == 1): dx is dy convolved with the flipped window, PY
 // elements of dx down a column per work-item, as the forward.
-__kernel void conv2d_bwd_data_depthwise_s1(__global const float* restrict w, __global const float* restrict dy,
-                                           __global float* restrict dx, DW_ARGS) {
+__kernel void conv2d_bwd_data_depthwise_s1(__global const float* restrict w, OFFSET_PARAM(w),
+                                           __global const float* restrict dy, OFFSET_PARAM(dy),
+                                           __global float* restrict dx, OFFSET_PARAM(dx), DW_ARGS) {
+    AT_OFFSET(__global const float*, w) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
     const int q = get_global_id(0), blocks = CEIL_DIV(H, PY);
     if (q >= N * C * blocks * W) return;
     const int row = q / W, ix = q - row * W;
@@ -171,8 +175,10 @@ inline int dw_source(const int i, const int k, const int S, const int P, const i
     return (o * S == t && o < OUT) ? o : -1;
 }
 
-__kernel void conv2d_bwd_data_depthwise(__global const float* restrict w, __global const float* restrict dy,
-                                        __global float* restrict dx, DW_ARGS) {
+__kernel void conv2d_bwd_data_depthwise(__global const float* restrict w, OFFSET_PARAM(w),
+                                        __global const float* restrict dy, OFFSET_PARAM(dy),
+                                        __global float* restrict dx, OFFSET_PARAM(dx), DW_ARGS) {
+    AT_OFFSET(__global const float*, w) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
     const int q = get_global_id(0), P = H * W;
     if (q >= N * C * P) return;
     const int plane = q / P, p = q - plane * P;
@@ -204,9 +210,10 @@ __kernel void conv2d_bwd_data_depthwise(__global const float* restrict w, __glob
 // N*OH*OW that output channel o has. partial 0: dw[o] = (accumulate ? dw[o] : 0) + the sums; partial 1: the sums go
 // to out[(r*O + o)*KK + t] for conv2d_depthwise_sum_runs.
 __kernel __attribute__((reqd_work_group_size(LS, 1, 1)))
-void conv2d_bwd_weights_depthwise(__global const float* restrict x, __global const float* restrict dy,
-                                  __global float* restrict out, DW_ARGS, const int chunk, const int partial,
-                                  const int accumulate) {
+void conv2d_bwd_weights_depthwise(__global const float* restrict x, OFFSET_PARAM(x), __global const float* restrict dy,
+                                  OFFSET_PARAM(dy), __global float* restrict out, OFFSET_PARAM(out), DW_ARGS,
+                                  const int chunk, const int partial, const int accumulate) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, out)
     const int o = get_group_id(0), r = get_group_id(1), lid = get_local_id(0);
     const int M = O / C, total = N * OH * OW;
     const int end = min(total, (r + 1) * chunk);
@@ -265,8 +272,10 @@ void conv2d_bwd_weights_depthwise(__global const float* restrict x, __global con
 
 // dw[e] = (accumulate ? dw[e] : 0) + the sum over runs r of part[r * O*KK + e], added in run order. One work-item per
 // weight.
-__kernel void conv2d_depthwise_sum_runs(__global const float* restrict part, __global float* restrict dw,
-                                        const int count, const int runs, const int accumulate) {
+__kernel void conv2d_depthwise_sum_runs(__global const float* restrict part, OFFSET_PARAM(part),
+                                        __global float* restrict dw, OFFSET_PARAM(dw), const int count, const int runs,
+                                        const int accumulate) {
+    AT_OFFSET(__global const float*, part) AT_OFFSET(__global float*, dw)
     const int e = get_global_id(0);
     if (e >= count) return;
     float s = 0.0f;
@@ -283,9 +292,12 @@ __kernel void conv2d_depthwise_sum_runs(__global const float* restrict part, __g
     const int hi = max(lo, min(OUT, ((IN) + (P) - ((K) - 1) * (D)) > 0 ? ((IN) + (P) - ((K) - 1) * (D) - 1) / (S) + 1 : 0))
 
 // Global size (OH, N*O): one output row per work-item.
-__kernel void conv2d_fwd_depthwise_rows(__global const float* restrict x, __global const float* restrict w,
-                                        __global const float* restrict bias, __global float* restrict y, DW_ARGS,
-                                        const int flags) {
+__kernel void conv2d_fwd_depthwise_rows(__global const float* restrict x, OFFSET_PARAM(x),
+                                        __global const float* restrict w, OFFSET_PARAM(w),
+                                        __global const float* restrict bias, OFFSET_PARAM(bias),
+                                        __global float* restrict y, OFFSET_PARAM(y), DW_ARGS, const int flags) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, w) AT_OFFSET(__global const float*, bias)
+    AT_OFFSET(__global float*, y)
     const int oy = get_global_id(0), plane = get_global_id(1);
     if (oy >= OH || plane >= N * O) return;
     const int n = plane / O, o = plane - n * O, M = O / C;
@@ -333,8 +345,10 @@ inline void dw_row_checked(__global float* dxrow, __global const float* row, con
 // Global size (H, N*C): one row of dx per work-item. At stride 1 along the row the gradient is a convolution of dy's
 // rows with the flipped window, gathered (the interior without checks); at other strides each dy row instead adds
 // its window's products into the dx row, which this work-item alone writes (no division per tap).
-__kernel void conv2d_bwd_data_depthwise_rows(__global const float* restrict w, __global const float* restrict dy,
-                                             __global float* restrict dx, DW_ARGS) {
+__kernel void conv2d_bwd_data_depthwise_rows(__global const float* restrict w, OFFSET_PARAM(w),
+                                             __global const float* restrict dy, OFFSET_PARAM(dy),
+                                             __global float* restrict dx, OFFSET_PARAM(dx), DW_ARGS) {
+    AT_OFFSET(__global const float*, w) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
     const int iy = get_global_id(0), plane = get_global_id(1);
     if (iy >= H || plane >= N * C) return;
     const int n = plane / C, c = plane - n * C, M = O / C;
@@ -389,9 +403,11 @@ __kernel void conv2d_bwd_data_depthwise_rows(__global const float* restrict w, _
 
 // Global size (O, runs): work-item (o, r) sums images [r*chunk, (r+1)*chunk) of output channel o. partial as in
 // conv2d_bwd_weights_depthwise.
-__kernel void conv2d_bwd_weights_depthwise_planes(__global const float* restrict x, __global const float* restrict dy,
-                                                  __global float* restrict out, DW_ARGS, const int chunk,
-                                                  const int partial, const int accumulate) {
+__kernel void conv2d_bwd_weights_depthwise_planes(__global const float* restrict x, OFFSET_PARAM(x),
+                                                  __global const float* restrict dy, OFFSET_PARAM(dy),
+                                                  __global float* restrict out, OFFSET_PARAM(out), DW_ARGS,
+                                                  const int chunk, const int partial, const int accumulate) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, out)
     const int o = get_global_id(0), r = get_global_id(1);
     if (o >= O) return;
     const int M = O / C;

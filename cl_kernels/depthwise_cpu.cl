@@ -79,9 +79,13 @@ inline void cpu_store(__global float* dst, const float16 v, const int n) {
     for (int l = 0; l < n; l++) dst[l] = tmp[l];
 }
 
-__kernel void conv2d_fwd_depthwise_cpu_planes(__global const float* restrict x, __global const float* restrict w,
-                                              __global const float* restrict bias, __global float* restrict y,
-                                              DW_ARGS, const int flags, const int per_item) {
+__kernel void conv2d_fwd_depthwise_cpu_planes(__global const float* restrict x, OFFSET_PARAM(x),
+                                              __global const float* restrict w, OFFSET_PARAM(w),
+                                              __global const float* restrict bias, OFFSET_PARAM(bias),
+                                              __global float* restrict y, OFFSET_PARAM(y), DW_ARGS, const int flags,
+                                              const int per_item) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, w) AT_OFFSET(__global const float*, bias)
+    AT_OFFSET(__global float*, y)
     const int first = get_global_id(0) * per_item, last = min(N * O, first + per_item);
     for (int plane = first; plane < last; plane++) {
         const int n = plane / O, o = plane - n * O, M = O / C;
@@ -110,8 +114,11 @@ __kernel void conv2d_fwd_depthwise_cpu_planes(__global const float* restrict x, 
 // Stride 1: dx[iy][ix] = sum over m, ky, kx of w[cM+m][ky][kx] * dy[iy + PH - ky*DH][ix + PW - kx*DW], the tile
 // holding dy shifted by the window's reach less the padding, so that tap (ky, kx) reads
 // t[(iy + (KH-1-ky)*DH)*TW + ix + (KW-1-kx)*DW].
-__kernel void conv2d_bwd_data_depthwise_cpu_planes(__global const float* restrict w, __global const float* restrict dy,
-                                                   __global float* restrict dx, DW_ARGS, const int per_item) {
+__kernel void conv2d_bwd_data_depthwise_cpu_planes(__global const float* restrict w, OFFSET_PARAM(w),
+                                                   __global const float* restrict dy, OFFSET_PARAM(dy),
+                                                   __global float* restrict dx, OFFSET_PARAM(dx), DW_ARGS,
+                                                   const int per_item) {
+    AT_OFFSET(__global const float*, w) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
     const int first = get_global_id(0) * per_item, last = min(N * C, first + per_item);
     for (int plane = first; plane < last; plane++) {
         const int n = plane / C, c = plane - n * C, M = O / C;
@@ -147,9 +154,11 @@ __kernel void conv2d_bwd_data_depthwise_cpu_planes(__global const float* restric
 
 // dw[o][t] (+)= sum over n, oy, ox of dy[n][o][oy][ox] * x[n][o/M][oy*SH - PH + ky*DH][ox*SW - PW + kx*DW]: both
 // planes tiled (dy's with zeros past OW, so the dropped lanes add nothing), each tap's products summed in 16 lanes.
-__kernel void conv2d_bwd_weights_depthwise_cpu_planes(__global const float* restrict x,
-                                                      __global const float* restrict dy, __global float* restrict dw,
-                                                      DW_ARGS, const int accumulate) {
+__kernel void conv2d_bwd_weights_depthwise_cpu_planes(__global const float* restrict x, OFFSET_PARAM(x),
+                                                      __global const float* restrict dy, OFFSET_PARAM(dy),
+                                                      __global float* restrict dw, OFFSET_PARAM(dw), DW_ARGS,
+                                                      const int accumulate) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dw)
     const int o = get_global_id(0);
     if (o >= O) return;
     const int M = O / C;

@@ -1,5 +1,6 @@
 // Kernels of the bench/ scripts that time the driver's launches rather than clnet's kernels (bench/NOTES.md v34, v42),
-// built as written (sources.text: no byte offsets added). Defines: EXTRA (copy_args: 0, 4 or 8 int arguments more).
+// without common.h's byte offsets (the scripts set each argument themselves). Defines: EXTRA (copy_args: 0, 4 or 8
+// int arguments more).
 #ifndef EXTRA
 #define EXTRA 0
 #endif

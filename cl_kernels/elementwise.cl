@@ -60,7 +60,9 @@ inline float act(const float v) { return act_of(ACT, v); }
 // The gradient from the saved output y and the upstream gradient g.
 inline float act_grad(const float y, const float g) { return act_grad_of(ACT, y, g); }
 
-__kernel void act_fwd(__global const float* restrict x, __global float* restrict y, const int n) {
+__kernel void act_fwd(__global const float* restrict x, OFFSET_PARAM(x), __global float* restrict y, OFFSET_PARAM(y),
+                      const int n) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, y)
     const int i = get_global_id(0) * VW;
     if (i + VW <= n) {
         const float4 v = CVEC(x + i);
@@ -70,8 +72,9 @@ __kernel void act_fwd(__global const float* restrict x, __global float* restrict
     }
 }
 
-__kernel void act_bwd(__global const float* restrict y, __global const float* restrict dy, __global float* restrict dx,
-                      const int n) {
+__kernel void act_bwd(__global const float* restrict y, OFFSET_PARAM(y), __global const float* restrict dy,
+                      OFFSET_PARAM(dy), __global float* restrict dx, OFFSET_PARAM(dx), const int n) {
+    AT_OFFSET(__global const float*, y) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
     const int i = get_global_id(0) * VW;
     if (i + VW <= n) {
         const float4 v = CVEC(y + i), g = CVEC(dy + i);
@@ -82,7 +85,8 @@ __kernel void act_bwd(__global const float* restrict y, __global const float* re
     }
 }
 
-__kernel void fill(__global float* x, const float value, const int n) {
+__kernel void fill(__global float* x, OFFSET_PARAM(x), const float value, const int n) {
+    AT_OFFSET(__global float*, x)
     const int i = get_global_id(0) * VW;
     if (i + VW <= n) {
         VEC(x + i) = (float4)(value);
@@ -91,20 +95,24 @@ __kernel void fill(__global float* x, const float value, const int n) {
     }
 }
 
-__kernel void fill_scaled(__global float* restrict x, __global const float* restrict g, const float scale,
-                          const int n) {
+__kernel void fill_scaled(__global float* restrict x, OFFSET_PARAM(x), __global const float* restrict g,
+                          OFFSET_PARAM(g), const float scale, const int n) {
+    AT_OFFSET(__global float*, x) AT_OFFSET(__global const float*, g)
     const int i = get_global_id(0);
     if (i < n) x[i] = scale * g[0];
 }
 
-__kernel void scale_by(__global const float* restrict a, __global const float* restrict g,
-                       __global float* restrict out, const int n) {
+__kernel void scale_by(__global const float* restrict a, OFFSET_PARAM(a), __global const float* restrict g,
+                       OFFSET_PARAM(g), __global float* restrict out, OFFSET_PARAM(out), const int n) {
+    AT_OFFSET(__global const float*, a) AT_OFFSET(__global const float*, g) AT_OFFSET(__global float*, out)
     const int i = get_global_id(0);
     if (i < n) out[i] = a[i] * g[0];
 }
 
-__kernel void axpby(__global const float* restrict a, __global const float* restrict b, __global float* restrict out,
-                    const float alpha, const float beta, const int n) {
+__kernel void axpby(__global const float* restrict a, OFFSET_PARAM(a), __global const float* restrict b,
+                    OFFSET_PARAM(b), __global float* restrict out, OFFSET_PARAM(out), const float alpha,
+                    const float beta, const int n) {
+    AT_OFFSET(__global const float*, a) AT_OFFSET(__global const float*, b) AT_OFFSET(__global float*, out)
     const int i = get_global_id(0) * VW;
     if (i + VW <= n) {
         VEC(out + i) = alpha * CVEC(a + i) + beta * CVEC(b + i);
@@ -113,8 +121,10 @@ __kernel void axpby(__global const float* restrict a, __global const float* rest
     }
 }
 
-__kernel void axpby_relu(__global const float* restrict a, __global const float* restrict b,
-                         __global float* restrict out, const float alpha, const float beta, const int n) {
+__kernel void axpby_relu(__global const float* restrict a, OFFSET_PARAM(a), __global const float* restrict b,
+                         OFFSET_PARAM(b), __global float* restrict out, OFFSET_PARAM(out), const float alpha,
+                         const float beta, const int n) {
+    AT_OFFSET(__global const float*, a) AT_OFFSET(__global const float*, b) AT_OFFSET(__global float*, out)
     const int i = get_global_id(0) * VW;
     if (i + VW <= n) {
         const float4 v = alpha * CVEC(a + i) + beta * CVEC(b + i);  // axpby's, then act_of's ReLU
@@ -124,13 +134,16 @@ __kernel void axpby_relu(__global const float* restrict a, __global const float*
     }
 }
 
-__kernel void affine(__global const float* restrict a, __global float* restrict out, const float alpha,
-                     const float beta, const int n) {
+__kernel void affine(__global const float* restrict a, OFFSET_PARAM(a), __global float* restrict out, OFFSET_PARAM(out),
+                     const float alpha, const float beta, const int n) {
+    AT_OFFSET(__global const float*, a) AT_OFFSET(__global float*, out)
     const int i = get_global_id(0);
     if (i < n) out[i] = affine_of(alpha, a[i], beta);
 }
 
-__kernel void accumulate(__global float* restrict dst, __global const float* restrict src, const int n) {
+__kernel void accumulate(__global float* restrict dst, OFFSET_PARAM(dst), __global const float* restrict src,
+                         OFFSET_PARAM(src), const int n) {
+    AT_OFFSET(__global float*, dst) AT_OFFSET(__global const float*, src)
     const int i = get_global_id(0) * VW;
     if (i + VW <= n) {
         VEC(dst + i) += CVEC(src + i);
@@ -139,16 +152,18 @@ __kernel void accumulate(__global float* restrict dst, __global const float* res
     }
 }
 
-__kernel void copy2d(__global const float* restrict src, const int src_off, const int src_ld,
-                     __global float* restrict dst, const int dst_off, const int dst_ld, const int rows,
-                     const int cols) {
+__kernel void copy2d(__global const float* restrict src, OFFSET_PARAM(src), const int src_off, const int src_ld,
+                     __global float* restrict dst, OFFSET_PARAM(dst), const int dst_off, const int dst_ld,
+                     const int rows, const int cols) {
+    AT_OFFSET(__global const float*, src) AT_OFFSET(__global float*, dst)
     const int c = get_global_id(0), r = get_global_id(1);
     if (c < cols && r < rows) dst[dst_off + r * dst_ld + c] = src[src_off + r * src_ld + c];
 }
 
-__kernel void copy2d_add(__global const float* restrict src, const int src_off, const int src_ld,
-                         __global float* restrict dst, const int dst_off, const int dst_ld, const int rows,
-                         const int cols, __global const float* restrict acc) {
+__kernel void copy2d_add(__global const float* restrict src, OFFSET_PARAM(src), const int src_off, const int src_ld,
+                         __global float* restrict dst, OFFSET_PARAM(dst), const int dst_off, const int dst_ld,
+                         const int rows, const int cols, __global const float* restrict acc, OFFSET_PARAM(acc)) {
+    AT_OFFSET(__global const float*, src) AT_OFFSET(__global float*, dst) AT_OFFSET(__global const float*, acc)
     const int c = get_global_id(0), r = get_global_id(1);
     if (c < cols && r < rows) {
         const int d = dst_off + r * dst_ld + c;
@@ -156,16 +171,18 @@ __kernel void copy2d_add(__global const float* restrict src, const int src_off, 
     }
 }
 
-__kernel void copy2d_x4(__global const float4* restrict src, const int src_off, const int src_ld,
-                        __global float4* restrict dst, const int dst_off, const int dst_ld, const int rows,
-                        const int cols) {
+__kernel void copy2d_x4(__global const float4* restrict src, OFFSET_PARAM(src), const int src_off, const int src_ld,
+                        __global float4* restrict dst, OFFSET_PARAM(dst), const int dst_off, const int dst_ld,
+                        const int rows, const int cols) {
+    AT_OFFSET(__global const float4*, src) AT_OFFSET(__global float4*, dst)
     const int c = get_global_id(0), r = get_global_id(1);
     if (c < cols && r < rows) dst[dst_off + r * dst_ld + c] = src[src_off + r * src_ld + c];
 }
 
-__kernel void copy2d_add_x4(__global const float4* restrict src, const int src_off, const int src_ld,
-                            __global float4* restrict dst, const int dst_off, const int dst_ld, const int rows,
-                            const int cols, __global const float4* restrict acc) {
+__kernel void copy2d_add_x4(__global const float4* restrict src, OFFSET_PARAM(src), const int src_off, const int src_ld,
+                            __global float4* restrict dst, OFFSET_PARAM(dst), const int dst_off, const int dst_ld,
+                            const int rows, const int cols, __global const float4* restrict acc, OFFSET_PARAM(acc)) {
+    AT_OFFSET(__global const float4*, src) AT_OFFSET(__global float4*, dst) AT_OFFSET(__global const float4*, acc)
     const int c = get_global_id(0), r = get_global_id(1);
     if (c < cols && r < rows) {
         const int d = dst_off + r * dst_ld + c;
@@ -173,9 +190,11 @@ __kernel void copy2d_add_x4(__global const float4* restrict src, const int src_o
     }
 }
 
-__kernel void copy_batch(__global const float* restrict xs, const int x_off, const int n_x,
-                         __global const int* restrict ys, const int y_off, const int n_y, __global float* restrict x,
-                         __global int* restrict y) {
+__kernel void copy_batch(__global const float* restrict xs, OFFSET_PARAM(xs), const int x_off, const int n_x,
+                         __global const int* restrict ys, OFFSET_PARAM(ys), const int y_off, const int n_y,
+                         __global float* restrict x, OFFSET_PARAM(x), __global int* restrict y, OFFSET_PARAM(y)) {
+    AT_OFFSET(__global const float*, xs) AT_OFFSET(__global const int*, ys) AT_OFFSET(__global float*, x)
+    AT_OFFSET(__global int*, y)
     const int e = get_global_id(0);
     if (e < n_x) {
         x[e] = xs[x_off + e];
@@ -185,7 +204,9 @@ __kernel void copy_batch(__global const float* restrict xs, const int x_off, con
 }
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void reduce_sum(__global const float* restrict x, __global float* restrict out, const float scale, const int n) {
+void reduce_sum(__global const float* restrict x, OFFSET_PARAM(x), __global float* restrict out, OFFSET_PARAM(out),
+                const float scale, const int n) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, out)
     const int lid = get_local_id(0);
     __local float part[LSIZE];
     // Each work-item sums a contiguous run in blocks of 64 (short float32 chains), then the tree adds the runs.
@@ -205,14 +226,17 @@ void reduce_sum(__global const float* restrict x, __global float* restrict out, 
 #endif
 }
 
-__kernel void mul(__global const float* restrict a, __global const float* restrict b, __global float* restrict out,
-                  const int n) {
+__kernel void mul(__global const float* restrict a, OFFSET_PARAM(a), __global const float* restrict b, OFFSET_PARAM(b),
+                  __global float* restrict out, OFFSET_PARAM(out), const int n) {
+    AT_OFFSET(__global const float*, a) AT_OFFSET(__global const float*, b) AT_OFFSET(__global float*, out)
     const int i = get_global_id(0);
     if (i < n) out[i] = a[i] * b[i];
 }
 
-__kernel void dropout_fwd(__global const float* restrict x, __global float* restrict y, __global float* restrict mask,
-                          const int n, const float p, const uint seed) {
+__kernel void dropout_fwd(__global const float* restrict x, OFFSET_PARAM(x), __global float* restrict y,
+                          OFFSET_PARAM(y), __global float* restrict mask, OFFSET_PARAM(mask), const int n,
+                          const float p, const uint seed) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, y) AT_OFFSET(__global float*, mask)
     const int i = get_global_id(0);
     if (i >= n) return;
     const uint h = clnet_hash(clnet_hash((uint)i ^ 0x9e3779b9U) + seed);
@@ -228,8 +252,11 @@ __kernel void dropout_fwd(__global const float* restrict x, __global float* rest
 #define UNROLL 4
 #endif
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void bias_grad(__global const float* restrict y, __global const float* restrict dy, __global float* restrict dx,
-               __global float* restrict db, const int N, const int C, const int P, const int chunk, const int add) {
+void bias_grad(__global const float* restrict y, OFFSET_PARAM(y), __global const float* restrict dy, OFFSET_PARAM(dy),
+               __global float* restrict dx, OFFSET_PARAM(dx), __global float* restrict db, OFFSET_PARAM(db),
+               const int N, const int C, const int P, const int chunk, const int add) {
+    AT_OFFSET(__global const float*, y) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
+    AT_OFFSET(__global float*, db)
     const int c = get_group_id(0);
     const int lid = get_local_id(0);
     __local float part[LSIZE];
@@ -267,9 +294,12 @@ void bias_grad(__global const float* restrict y, __global const float* restrict 
 // An unaligned float8 load: p + o is only float-aligned (PoCL does not inline vload8).
 typedef float8 __attribute__((aligned(4))) float8_unaligned;
 
-__kernel void bias_grad_planes(__global const float* restrict y, __global const float* restrict dy,
-                               __global float* restrict dx, __global float* restrict db, const int N, const int C,
-                               const int P, const int add) {
+__kernel void bias_grad_planes(__global const float* restrict y, OFFSET_PARAM(y), __global const float* restrict dy,
+                               OFFSET_PARAM(dy), __global float* restrict dx, OFFSET_PARAM(dx),
+                               __global float* restrict db, OFFSET_PARAM(db), const int N, const int C, const int P,
+                               const int add) {
+    AT_OFFSET(__global const float*, y) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
+    AT_OFFSET(__global float*, db)
     const int c = get_global_id(0);
     if (c >= C) return;
     const int P8 = P & ~7;

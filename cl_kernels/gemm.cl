@@ -111,6 +111,7 @@
 
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void gemm_tiled(GEMM_ARGS) {
+    GEMM_AT_OFFSETS
     const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * TX + tx;
     const int z = get_global_id(2), b = z / ksplit;
     const int kbeg = (z % ksplit) * kc, kend = min(K, kbeg + kc);
@@ -250,11 +251,11 @@ void gemm_tiled(GEMM_ARGS) {
 // Sums the ksplit partial products P[(b*ksplit + s)](m, n), stored densely (M x N each), in order s = 0, 1, ...,
 // and applies the epilogue into C. One work-item per (n, m, b).
 __kernel void gemm_reduce(const int M, const int N, const int ksplit, const float alpha, const float beta,
-                          __global const float* restrict P,
-                          __global float* C, const int c_off, const int c_bs, const int c_rs, const int c_cs,
-                          const int c_cdiv, const int c_cso,
-                          __global const float* restrict bias, const int bias_bs, const int bias_mode,
-                          const int relu) {
+                          __global const float* restrict P, OFFSET_PARAM(P), __global float* C, OFFSET_PARAM(C),
+                          const int c_off, const int c_bs, const int c_rs, const int c_cs, const int c_cdiv,
+                          const int c_cso, __global const float* restrict bias, OFFSET_PARAM(bias), const int bias_bs,
+                          const int bias_mode, const int relu) {
+    AT_OFFSET(__global const float*, P) AT_OFFSET(__global float*, C) AT_OFFSET(__global const float*, bias)
     const int n = get_global_id(0), m = get_global_id(1), b = get_global_id(2);
     if (n >= N || m >= M) return;
     __global const float* p = P + (size_t)b * ksplit * M * N + m * N + n;

@@ -63,14 +63,18 @@
 
 #define GEMM_ARGS \
     const int M, const int N, const int K, const float alpha, const float beta, \
-    __global const float* restrict A, const int a_off, const int a_bs, const int a_rs, const int a_cs, \
-    const int a_cdiv, const int a_cso, \
-    __global const float* restrict B, const int b_off, const int b_bs, const int b_rs, const int b_cs, \
-    const int b_cdiv, const int b_cso, \
-    __global float* C, const int c_off, const int c_bs, const int c_rs, const int c_cs, \
+    __global const float* restrict A, OFFSET_PARAM(A), const int a_off, const int a_bs, const int a_rs, \
+    const int a_cs, const int a_cdiv, const int a_cso, \
+    __global const float* restrict B, OFFSET_PARAM(B), const int b_off, const int b_bs, const int b_rs, \
+    const int b_cs, const int b_cdiv, const int b_cso, \
+    __global float* C, OFFSET_PARAM(C), const int c_off, const int c_bs, const int c_rs, const int c_cs, \
     const int c_cdiv, const int c_cso, \
-    __global const float* restrict bias, const int bias_bs, const int bias_mode, const int relu, \
+    __global const float* restrict bias, OFFSET_PARAM(bias), const int bias_bs, const int bias_mode, const int relu, \
     const int ksplit, const int kc
+// The opening statement of a kernel taking GEMM_ARGS: its pointers moved to their byte offsets (common.h)
+#define GEMM_AT_OFFSETS \
+    AT_OFFSET(__global const float*, A) AT_OFFSET(__global const float*, B) AT_OFFSET(__global float*, C) \
+    AT_OFFSET(__global const float*, bias)
 
 // One output: alpha * acc + beta * C + the bias of its row m or column n, then the ReLU (gemv.cl and gemv_cpu.cl
 // apply it too).

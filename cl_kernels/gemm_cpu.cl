@@ -140,6 +140,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 __kernel
 #endif
 void gemm_block(GEMM_ARGS) {
+    GEMM_AT_OFFSETS
     const int n0 = get_global_id(0) * 16;
     const int m0 = get_global_id(1) * RM;
     const int z = get_global_id(2), b = z / ksplit;

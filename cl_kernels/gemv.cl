@@ -54,12 +54,13 @@ inline float group_total(const float total, __local float* part, const int i, co
 #endif
 
 __kernel __attribute__((reqd_work_group_size(LN, LK, 1)))
-void gemv(const int N, const int K, const float alpha, const float beta,
-          __global const float* restrict A, const int a_off, const int a_cs,
-          __global const float* restrict B, const int b_off, const int b_rs, const int b_cs,
-          __global float* C, const int c_off, const int c_cs,
-          __global const float* restrict bias, const int bias_mode, const int relu,
-          __global const float* restrict amask) {
+void gemv(const int N, const int K, const float alpha, const float beta, __global const float* restrict A,
+          OFFSET_PARAM(A), const int a_off, const int a_cs, __global const float* restrict B, OFFSET_PARAM(B),
+          const int b_off, const int b_rs, const int b_cs, __global float* C, OFFSET_PARAM(C), const int c_off,
+          const int c_cs, __global const float* restrict bias, OFFSET_PARAM(bias), const int bias_mode, const int relu,
+          __global const float* restrict amask, OFFSET_PARAM(amask)) {
+    AT_OFFSET(__global const float*, A) AT_OFFSET(__global const float*, B) AT_OFFSET(__global float*, C)
+    AT_OFFSET(__global const float*, bias) AT_OFFSET(__global const float*, amask)
     const int i = get_local_id(0), j = get_local_id(1);
     const int n = get_group_id(0) * LN + i;
     float total = 0.0f;
@@ -83,12 +84,14 @@ void gemv(const int N, const int K, const float alpha, const float beta,
 }
 
 __kernel void gemm_rank1(const int M, const int N, const float alpha, const float beta,
-                         __global const float* restrict A, const int a_off, const int a_rs,
-                         __global const float* restrict B, const int b_off, const int b_cs,
-                         __global float* C, const int c_off, const int c_rs, const int c_cs,
-                         __global const float* restrict bias, const int bias_mode,
-                         const int relu, __global float* restrict D, const int d_add,
-                         __global const float* restrict amask) {
+                         __global const float* restrict A, OFFSET_PARAM(A), const int a_off, const int a_rs,
+                         __global const float* restrict B, OFFSET_PARAM(B), const int b_off, const int b_cs,
+                         __global float* C, OFFSET_PARAM(C), const int c_off, const int c_rs, const int c_cs,
+                         __global const float* restrict bias, OFFSET_PARAM(bias), const int bias_mode, const int relu,
+                         __global float* restrict D, OFFSET_PARAM(D), const int d_add,
+                         __global const float* restrict amask, OFFSET_PARAM(amask)) {
+    AT_OFFSET(__global const float*, A) AT_OFFSET(__global const float*, B) AT_OFFSET(__global float*, C)
+    AT_OFFSET(__global const float*, bias) AT_OFFSET(__global float*, D) AT_OFFSET(__global const float*, amask)
     const int n = get_global_id(0), m = get_global_id(1);
     if (n >= N || m >= M) return;
     const int ci = m * c_rs + n * c_cs;
@@ -101,13 +104,16 @@ __kernel void gemm_rank1(const int M, const int N, const float alpha, const floa
 }
 
 __kernel __attribute__((reqd_work_group_size(LN, LK, 1)))
-void gemv_rank1(const int N, const int K,
-                __global const float* restrict A, const int a_off, const int a_cs,
-                __global const float* restrict B, const int b_off, const int b_rs, const int b_cs,
-                __global float* restrict C, const int c_off, const int c_cs,
-                __global const float* restrict X, const int x_off, const int x_cs,
-                __global float* restrict W, const int w_off, const float w_beta, __global float* restrict D,
-                const int d_add, __global const float* restrict amask) {
+void gemv_rank1(const int N, const int K, __global const float* restrict A, OFFSET_PARAM(A), const int a_off,
+                const int a_cs, __global const float* restrict B, OFFSET_PARAM(B), const int b_off, const int b_rs,
+                const int b_cs, __global float* restrict C, OFFSET_PARAM(C), const int c_off, const int c_cs,
+                __global const float* restrict X, OFFSET_PARAM(X), const int x_off, const int x_cs,
+                __global float* restrict W, OFFSET_PARAM(W), const int w_off, const float w_beta,
+                __global float* restrict D, OFFSET_PARAM(D), const int d_add, __global const float* restrict amask,
+                OFFSET_PARAM(amask)) {
+    AT_OFFSET(__global const float*, A) AT_OFFSET(__global const float*, B) AT_OFFSET(__global float*, C)
+    AT_OFFSET(__global const float*, X) AT_OFFSET(__global float*, W) AT_OFFSET(__global float*, D)
+    AT_OFFSET(__global const float*, amask)
     const int i = get_local_id(0), j = get_local_id(1);
     const int n = get_group_id(0) * LN + i;
     float total = 0.0f;

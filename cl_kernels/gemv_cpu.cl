@@ -29,12 +29,13 @@
 
 // Four outputs a pass (four rows of B streamed side by side, four independent sums); ROWS is a multiple of 4.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void gemv_dot(const int N, const int K, const float alpha, const float beta,
-              __global const float* restrict A, const int a_off,
-              __global const float* restrict B, const int b_off, const int b_cs,
-              __global float* C, const int c_off,
-              __global const float* restrict bias, const int bias_mode, const int relu,
-              __global const float* restrict amask) {
+void gemv_dot(const int N, const int K, const float alpha, const float beta, __global const float* restrict A,
+              OFFSET_PARAM(A), const int a_off, __global const float* restrict B, OFFSET_PARAM(B), const int b_off,
+              const int b_cs, __global float* C, OFFSET_PARAM(C), const int c_off, __global const float* restrict bias,
+              OFFSET_PARAM(bias), const int bias_mode, const int relu, __global const float* restrict amask,
+              OFFSET_PARAM(amask)) {
+    AT_OFFSET(__global const float*, A) AT_OFFSET(__global const float*, B) AT_OFFSET(__global float*, C)
+    AT_OFFSET(__global const float*, bias) AT_OFFSET(__global const float*, amask)
     const int n0 = get_global_id(0) * ROWS;
     const int n1 = min(N, n0 + ROWS);
     __global const float* a = A + a_off;
@@ -74,10 +75,12 @@ void gemv_dot(const int N, const int K, const float alpha, const float beta,
 
 // Work-item p of P sums the rows k in [p * kc, min(K, p * kc + kc)) into part + p * N, four rows a pass.
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void gemv_axpy(const int N, const int K, const int kc,
-               __global const float* restrict A, const int a_off,
-               __global const float* restrict B, const int b_off, const int b_rs,
-               __global float* restrict part, __global const float* restrict amask) {
+void gemv_axpy(const int N, const int K, const int kc, __global const float* restrict A, OFFSET_PARAM(A),
+               const int a_off, __global const float* restrict B, OFFSET_PARAM(B), const int b_off, const int b_rs,
+               __global float* restrict part, OFFSET_PARAM(part), __global const float* restrict amask,
+               OFFSET_PARAM(amask)) {
+    AT_OFFSET(__global const float*, A) AT_OFFSET(__global const float*, B) AT_OFFSET(__global float*, part)
+    AT_OFFSET(__global const float*, amask)
     const int p = get_global_id(0);
     const int k0 = p * kc, k1 = min(K, k0 + kc);
     __global float* out = part + p * N;
@@ -107,9 +110,10 @@ void gemv_axpy(const int N, const int K, const int kc,
 }
 
 __kernel void gemv_sum(const int N, const int P, const float alpha, const float beta,
-                       __global const float* restrict part,
-                       __global float* C, const int c_off,
-                       __global const float* restrict bias, const int bias_mode, const int relu) {
+                       __global const float* restrict part, OFFSET_PARAM(part), __global float* C, OFFSET_PARAM(C),
+                       const int c_off, __global const float* restrict bias, OFFSET_PARAM(bias), const int bias_mode,
+                       const int relu) {
+    AT_OFFSET(__global const float*, part) AT_OFFSET(__global float*, C) AT_OFFSET(__global const float*, bias)
     const int n = get_global_id(0);
     if (n >= N) return;
     float s = 0.0f;
@@ -118,12 +122,14 @@ __kernel void gemv_sum(const int N, const int P, const float alpha, const float 
 }
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void rank1_rows(const int M, const int N, const float alpha, const float beta,
-                __global const float* restrict A, const int a_off, const int a_rs,
-                __global const float* restrict B, const int b_off,
-                __global float* C, const int c_off, const int c_rs,
-                __global const float* restrict bias, const int bias_mode, const int relu, __global float* restrict D,
-                const int d_add, __global const float* restrict amask) {
+void rank1_rows(const int M, const int N, const float alpha, const float beta, __global const float* restrict A,
+                OFFSET_PARAM(A), const int a_off, const int a_rs, __global const float* restrict B, OFFSET_PARAM(B),
+                const int b_off, __global float* C, OFFSET_PARAM(C), const int c_off, const int c_rs,
+                __global const float* restrict bias, OFFSET_PARAM(bias), const int bias_mode, const int relu,
+                __global float* restrict D, OFFSET_PARAM(D), const int d_add, __global const float* restrict amask,
+                OFFSET_PARAM(amask)) {
+    AT_OFFSET(__global const float*, A) AT_OFFSET(__global const float*, B) AT_OFFSET(__global float*, C)
+    AT_OFFSET(__global const float*, bias) AT_OFFSET(__global float*, D) AT_OFFSET(__global const float*, amask)
     const int m = get_global_id(0);
     if (m >= M) return;
     const float a = MASKED(A[a_off + m * a_rs], m);

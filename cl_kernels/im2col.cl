@@ -25,7 +25,9 @@
     const int C, const int H, const int W, const int KH, const int KW, const int SH, const int SW, \
     const int PH, const int PW, const int DH, const int DW, const int OH, const int OW, const int nimg
 
-__kernel void im2col(__global const float* restrict x, const int x_off, CONV_GEOMETRY, __global float* restrict col) {
+__kernel void im2col(__global const float* restrict x, OFFSET_PARAM(x), const int x_off, CONV_GEOMETRY,
+                     __global float* restrict col, OFFSET_PARAM(col)) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, col)
     const int j = get_global_id(0);  // column: image i, output pixel (oy, ox)
     const int c = get_global_id(1);  // channel: rows c*KH*KW to (c + 1)*KH*KW - 1
     const int ohw = OH * OW, np = nimg * ohw;
@@ -46,13 +48,16 @@ __kernel void im2col(__global const float* restrict x, const int x_off, CONV_GEO
     }
 }
 
-__kernel void im2col_pointwise(__global const float* restrict x, const int x_off, const int C, const int P,
-                               const int nimg, __global float* restrict col) {
+__kernel void im2col_pointwise(__global const float* restrict x, OFFSET_PARAM(x), const int x_off, const int C,
+                               const int P, const int nimg, __global float* restrict col, OFFSET_PARAM(col)) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, col)
     const int p = get_global_id(0), c = get_global_id(1), i = get_global_id(2);
     if (p < P && c < C && i < nimg) col[(c * nimg + i) * P + p] = x[x_off + (i * C + c) * P + p];
 }
 
-__kernel void col2im(__global const float* restrict col, CONV_GEOMETRY, __global float* restrict dx, const int dx_off) {
+__kernel void col2im(__global const float* restrict col, OFFSET_PARAM(col), CONV_GEOMETRY, __global float* restrict dx,
+                     OFFSET_PARAM(dx), const int dx_off) {
+    AT_OFFSET(__global const float*, col) AT_OFFSET(__global float*, dx)
     const int e = get_global_id(0);
     if (e >= nimg * C * H * W) return;
     const int xx = e % W, y = (e / W) % H, c = (e / (W * H)) % C, i = e / (W * H * C);
@@ -74,8 +79,9 @@ __kernel void col2im(__global const float* restrict col, CONV_GEOMETRY, __global
     dx[dx_off + e] = sum;
 }
 
-__kernel void im2col_rows(__global const float* restrict x, const int x_off, CONV_GEOMETRY,
-                          __global float* restrict col) {
+__kernel void im2col_rows(__global const float* restrict x, OFFSET_PARAM(x), const int x_off, CONV_GEOMETRY,
+                          __global float* restrict col, OFFSET_PARAM(col)) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, col)
     const int r = get_global_id(0), i = get_global_id(1);
     if (r >= C * KH * KW || i >= nimg) return;
     const int kx = r % KW, ky = (r / KW) % KH, c = r / (KW * KH);
@@ -94,8 +100,9 @@ __kernel void im2col_rows(__global const float* restrict x, const int x_off, CON
     }
 }
 
-__kernel void col2im_planes(__global const float* restrict col, CONV_GEOMETRY, __global float* restrict dx,
-                            const int dx_off) {
+__kernel void col2im_planes(__global const float* restrict col, OFFSET_PARAM(col), CONV_GEOMETRY,
+                            __global float* restrict dx, OFFSET_PARAM(dx), const int dx_off) {
+    AT_OFFSET(__global const float*, col) AT_OFFSET(__global float*, dx)
     const int i = get_global_id(0), c = get_global_id(1);
     if (c >= C || i >= nimg) return;
     const int ohw = OH * OW, np = nimg * ohw;

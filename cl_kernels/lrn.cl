@@ -21,9 +21,10 @@ typedef float8 __attribute__((aligned(4))) float8_unaligned;
 // s^-beta for s > 0, scalar or float8 (beta is uniform, so the choice is one branch per work-item)
 #define NEG_POW(s, beta) ((beta) == 0.75f ? rsqrt((s) * sqrt(s)) : exp2(-(beta) * log2(s)))
 
-__kernel void lrn_fwd(__global const float* restrict x, __global float* restrict y, __global float* restrict scale,
-                      const int C, const int P, const int total, const int size, const float alpha_size,
-                      const float beta, const float k) {
+__kernel void lrn_fwd(__global const float* restrict x, OFFSET_PARAM(x), __global float* restrict y, OFFSET_PARAM(y),
+                      __global float* restrict scale, OFFSET_PARAM(scale), const int C, const int P, const int total,
+                      const int size, const float alpha_size, const float beta, const float k) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, y) AT_OFFSET(__global float*, scale)
     const int e = get_global_id(0);
     if (e >= total) return;
     const int nc = e / P, c = nc % C;
@@ -46,9 +47,11 @@ __kernel void lrn_fwd(__global const float* restrict x, __global float* restrict
     if (n >= N) return; \
     const int c0 = (gid - n * groups) * cb, c1 = min(C, c0 + cb), P8 = P & ~7
 
-__kernel void lrn_fwd_planes(__global const float* restrict x, __global float* restrict y,
-                             __global float* restrict scale, const int C, const int P, const int N, const int cb,
-                             const int size, const float alpha_size, const float beta, const float k) {
+__kernel void lrn_fwd_planes(__global const float* restrict x, OFFSET_PARAM(x), __global float* restrict y,
+                             OFFSET_PARAM(y), __global float* restrict scale, OFFSET_PARAM(scale), const int C,
+                             const int P, const int N, const int cb, const int size, const float alpha_size,
+                             const float beta, const float k) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, y) AT_OFFSET(__global float*, scale)
     CHANNEL_GROUP();
     for (int c = c0; c < c1; c++) {
         const int plane = (n * C + c) * P;
@@ -75,10 +78,13 @@ __kernel void lrn_fwd_planes(__global const float* restrict x, __global float* r
     }
 }
 
-__kernel void lrn_bwd(__global const float* restrict x, __global const float* restrict y,
-                      __global const float* restrict scale, __global const float* restrict dy,
-                      __global float* restrict dx, const int C, const int P, const int total, const int size,
-                      const float beta, const float coef) {
+__kernel void lrn_bwd(__global const float* restrict x, OFFSET_PARAM(x), __global const float* restrict y,
+                      OFFSET_PARAM(y), __global const float* restrict scale, OFFSET_PARAM(scale),
+                      __global const float* restrict dy, OFFSET_PARAM(dy), __global float* restrict dx,
+                      OFFSET_PARAM(dx), const int C, const int P, const int total, const int size, const float beta,
+                      const float coef) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, y) AT_OFFSET(__global const float*, scale)
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
     const int e = get_global_id(0);
     if (e >= total) return;
     const int nc = e / P, c = nc % C, col = e - c * P;
@@ -91,10 +97,13 @@ __kernel void lrn_bwd(__global const float* restrict x, __global const float* re
     dx[e] = dy[e] * NEG_POW(scale[e], beta) - coef * x[e] * t;
 }
 
-__kernel void lrn_bwd_planes(__global const float* restrict x, __global const float* restrict y,
-                             __global const float* restrict scale, __global const float* restrict dy,
-                             __global float* restrict dx, const int C, const int P, const int N, const int cb,
-                             const int size, const float beta, const float coef) {
+__kernel void lrn_bwd_planes(__global const float* restrict x, OFFSET_PARAM(x), __global const float* restrict y,
+                             OFFSET_PARAM(y), __global const float* restrict scale, OFFSET_PARAM(scale),
+                             __global const float* restrict dy, OFFSET_PARAM(dy), __global float* restrict dx,
+                             OFFSET_PARAM(dx), const int C, const int P, const int N, const int cb, const int size,
+                             const float beta, const float coef) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, y) AT_OFFSET(__global const float*, scale)
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
     CHANNEL_GROUP();
     for (int c = c0; c < c1; c++) {
         const int plane = (n * C + c) * P;

@@ -44,14 +44,17 @@
 
 #include "pointwise_formulas.h"
 
-__kernel void unary_fwd(__global const TA* restrict x, __global TO* restrict y, const int n, const int op,
-                        const float p0, const float p1) {
+__kernel void unary_fwd(__global const TA* restrict x, OFFSET_PARAM(x), __global TO* restrict y, OFFSET_PARAM(y),
+                        const int n, const int op, const float p0, const float p1) {
+    AT_OFFSET(__global const TA*, x) AT_OFFSET(__global TO*, y)
     const int i = get_global_id(0);
     if (i < n) y[i] = (TO)uf(op, (float)x[i], p0, p1);
 }
 
-__kernel void unary_bwd(__global const float* restrict x, __global const float* restrict dy,
-                        __global float* restrict dx, const int n, const int op, const float p0, const float p1) {
+__kernel void unary_bwd(__global const float* restrict x, OFFSET_PARAM(x), __global const float* restrict dy,
+                        OFFSET_PARAM(dy), __global float* restrict dx, OFFSET_PARAM(dx), const int n, const int op,
+                        const float p0, const float p1) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
     const int i = get_global_id(0);
     if (i < n) dx[i] = ug(op, x[i], dy[i], p0, p1);
 }
@@ -89,15 +92,21 @@ inline float bdb(const int op, const float a, const float b, const float g) {
     }
 }
 
-__kernel void binary_fwd(__global const TA* restrict a, __global const TB* restrict b, __global TO* restrict out,
-                         __global const int* restrict meta, const int n, const int op) {
+__kernel void binary_fwd(__global const TA* restrict a, OFFSET_PARAM(a), __global const TB* restrict b, OFFSET_PARAM(b),
+                         __global TO* restrict out, OFFSET_PARAM(out), __global const int* restrict meta,
+                         OFFSET_PARAM(meta), const int n, const int op) {
+    AT_OFFSET(__global const TA*, a) AT_OFFSET(__global const TB*, b) AT_OFFSET(__global TO*, out)
+    AT_OFFSET(__global const int*, meta)
     const int i = get_global_id(0);
     if (i < n) out[i] = (TO)bf(op, (TW)a[strided_offset(meta, 0, i)], (TW)b[strided_offset(meta, 1, i)]);
 }
 
-__kernel void binary_bwd(__global const float* restrict a, __global const float* restrict b,
-                         __global const float* restrict dy, __global float* restrict da, __global float* restrict db,
-                         __global const int* restrict meta, const int n, const int op) {
+__kernel void binary_bwd(__global const float* restrict a, OFFSET_PARAM(a), __global const float* restrict b,
+                         OFFSET_PARAM(b), __global const float* restrict dy, OFFSET_PARAM(dy),
+                         __global float* restrict da, OFFSET_PARAM(da), __global float* restrict db, OFFSET_PARAM(db),
+                         __global const int* restrict meta, OFFSET_PARAM(meta), const int n, const int op) {
+    AT_OFFSET(__global const float*, a) AT_OFFSET(__global const float*, b) AT_OFFSET(__global const float*, dy)
+    AT_OFFSET(__global float*, da) AT_OFFSET(__global float*, db) AT_OFFSET(__global const int*, meta)
     const int i = get_global_id(0);
     if (i < n) {
         const float x = a[strided_offset(meta, 0, i)], y = b[strided_offset(meta, 1, i)], g = dy[i];
@@ -110,16 +119,22 @@ __kernel void binary_bwd(__global const float* restrict a, __global const float*
     }
 }
 
-__kernel void where_fwd(__global const TC* restrict c, __global const TA* restrict a, __global const TB* restrict b,
-                        __global TO* restrict out, __global const int* restrict meta, const int n) {
+__kernel void where_fwd(__global const TC* restrict c, OFFSET_PARAM(c), __global const TA* restrict a, OFFSET_PARAM(a),
+                        __global const TB* restrict b, OFFSET_PARAM(b), __global TO* restrict out, OFFSET_PARAM(out),
+                        __global const int* restrict meta, OFFSET_PARAM(meta), const int n) {
+    AT_OFFSET(__global const TC*, c) AT_OFFSET(__global const TA*, a) AT_OFFSET(__global const TB*, b)
+    AT_OFFSET(__global TO*, out) AT_OFFSET(__global const int*, meta)
     const int i = get_global_id(0);
     if (i < n) {
         out[i] = c[strided_offset(meta, 0, i)] ? (TO)a[strided_offset(meta, 1, i)] : (TO)b[strided_offset(meta, 2, i)];
     }
 }
 
-__kernel void where_bwd(__global const TC* restrict c, __global const float* restrict dy, __global float* restrict da,
-                        __global float* restrict db, __global const int* restrict meta, const int n) {
+__kernel void where_bwd(__global const TC* restrict c, OFFSET_PARAM(c), __global const float* restrict dy,
+                        OFFSET_PARAM(dy), __global float* restrict da, OFFSET_PARAM(da), __global float* restrict db,
+                        OFFSET_PARAM(db), __global const int* restrict meta, OFFSET_PARAM(meta), const int n) {
+    AT_OFFSET(__global const TC*, c) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, da)
+    AT_OFFSET(__global float*, db) AT_OFFSET(__global const int*, meta)
     const int i = get_global_id(0);
     if (i < n) {
         const int keep = c[strided_offset(meta, 0, i)] != 0;
@@ -134,7 +149,9 @@ __kernel void where_bwd(__global const TC* restrict c, __global const float* res
 }
 
 // Casts between the element types clnet holds (float to integer truncates toward zero, as PyTorch).
-__kernel void cast(__global const TA* restrict x, __global TO* restrict y, const int n) {
+__kernel void cast(__global const TA* restrict x, OFFSET_PARAM(x), __global TO* restrict y, OFFSET_PARAM(y),
+                   const int n) {
+    AT_OFFSET(__global const TA*, x) AT_OFFSET(__global TO*, y)
     const int i = get_global_id(0);
     if (i < n) y[i] = (TO)x[i];
 }

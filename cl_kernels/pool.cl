@@ -55,8 +55,10 @@
     const int NC, const int H, const int W, const int KH, const int KW, const int SH, const int SW, \
     const int PH, const int PW, const int OH, const int OW
 
-__kernel void maxpool2d_fwd(__global const float* restrict x, POOL_GEOMETRY, __global float* restrict y,
-                            __global int* restrict idx) {
+__kernel void maxpool2d_fwd(__global const float* restrict x, OFFSET_PARAM(x), POOL_GEOMETRY,
+                            __global float* restrict y, OFFSET_PARAM(y), __global int* restrict idx,
+                            OFFSET_PARAM(idx)) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, y) AT_OFFSET(__global int*, idx)
     const int e = get_global_id(0);
     if (e >= NC * OH * OW) return;
     const int ox = e % OW, oy = (e / OW) % OH, nc = e / (OW * OH);
@@ -74,8 +76,10 @@ __kernel void maxpool2d_fwd(__global const float* restrict x, POOL_GEOMETRY, __g
     idx[e] = arg;
 }
 
-__kernel void maxpool2d_fwd_grid(__global const float* restrict x, POOL_GEOMETRY, __global float* restrict y,
-                                 __global int* restrict idx) {
+__kernel void maxpool2d_fwd_grid(__global const float* restrict x, OFFSET_PARAM(x), POOL_GEOMETRY,
+                                 __global float* restrict y, OFFSET_PARAM(y), __global int* restrict idx,
+                                 OFFSET_PARAM(idx)) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, y) AT_OFFSET(__global int*, idx)
     const int ox = get_global_id(0), oy = get_global_id(1), nc = get_global_id(2);
     if (ox >= OW || oy >= OH || nc >= NC) return;
     const int o = (nc * OH + oy) * OW + ox;
@@ -139,9 +143,11 @@ inline float max_gather(__global const float* restrict dy, __global const int* r
     return sum;
 }
 
-__kernel void maxpool2d_bwd(__global const float* restrict dy, __global const int* restrict idx,
-                            __global const float* restrict y,
-                            POOL_GEOMETRY, __global float* restrict dx) {
+__kernel void maxpool2d_bwd(__global const float* restrict dy, OFFSET_PARAM(dy), __global const int* restrict idx,
+                            OFFSET_PARAM(idx), __global const float* restrict y, OFFSET_PARAM(y), POOL_GEOMETRY,
+                            __global float* restrict dx, OFFSET_PARAM(dx)) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global const int*, idx) AT_OFFSET(__global const float*, y)
+    AT_OFFSET(__global float*, dx)
     const int e = get_global_id(0);
     if (e >= NC * H * W) return;
     const int xx = e % W, yy = (e / W) % H, nc = e / (W * H);
@@ -149,9 +155,12 @@ __kernel void maxpool2d_bwd(__global const float* restrict dy, __global const in
 }
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void maxpool2d_bwd_bias(__global const float* restrict dy, __global const int* restrict idx,
-                        __global const float* restrict y, POOL_GEOMETRY,
-                        __global float* restrict dx, __global float* restrict db, const int C, const int add) {
+void maxpool2d_bwd_bias(__global const float* restrict dy, OFFSET_PARAM(dy), __global const int* restrict idx,
+                        OFFSET_PARAM(idx), __global const float* restrict y, OFFSET_PARAM(y), POOL_GEOMETRY,
+                        __global float* restrict dx, OFFSET_PARAM(dx), __global float* restrict db, OFFSET_PARAM(db),
+                        const int C, const int add) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global const int*, idx) AT_OFFSET(__global const float*, y)
+    AT_OFFSET(__global float*, dx) AT_OFFSET(__global float*, db)
     const int c = get_group_id(0), lid = get_local_id(0);
     const int P = H * W, NP = NC / C * P;
     __local float part[LSIZE];
@@ -166,9 +175,12 @@ void maxpool2d_bwd_bias(__global const float* restrict dy, __global const int* r
     if (lid == 0) db[c] = add ? db[c] + total : total;
 }
 
-__kernel void maxpool2d_bwd_planes(__global const float* restrict dy, __global const int* restrict idx,
-                                   __global const float* restrict y,
-                                   POOL_GEOMETRY, __global float* restrict dx) {
+__kernel void maxpool2d_bwd_planes(__global const float* restrict dy, OFFSET_PARAM(dy),
+                                   __global const int* restrict idx, OFFSET_PARAM(idx),
+                                   __global const float* restrict y, OFFSET_PARAM(y), POOL_GEOMETRY,
+                                   __global float* restrict dx, OFFSET_PARAM(dx)) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global const int*, idx) AT_OFFSET(__global const float*, y)
+    AT_OFFSET(__global float*, dx)
     const int nc = get_global_id(0);
     if (nc >= NC) return;
     __global float* plane = dx + nc * H * W;
@@ -192,7 +204,9 @@ inline float avg_divisor(const int y0, const int x0, const int H, const int W, c
 #endif
 }
 
-__kernel void avgpool2d_fwd(__global const float* restrict x, POOL_GEOMETRY, __global float* restrict y) {
+__kernel void avgpool2d_fwd(__global const float* restrict x, OFFSET_PARAM(x), POOL_GEOMETRY,
+                            __global float* restrict y, OFFSET_PARAM(y)) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, y)
     const int e = get_global_id(0);
     if (e >= NC * OH * OW) return;
     const int ox = e % OW, oy = (e / OW) % OH, nc = e / (OW * OH);
@@ -209,7 +223,9 @@ __kernel void avgpool2d_fwd(__global const float* restrict x, POOL_GEOMETRY, __g
     y[e] = sum / avg_divisor(y0, x0, H, W, KH, KW, PH, PW);
 }
 
-__kernel void avgpool2d_bwd(__global const float* restrict dy, POOL_GEOMETRY, __global float* restrict dx) {
+__kernel void avgpool2d_bwd(__global const float* restrict dy, OFFSET_PARAM(dy), POOL_GEOMETRY,
+                            __global float* restrict dx, OFFSET_PARAM(dx)) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
     const int e = get_global_id(0);
     if (e >= NC * H * W) return;
     const int xx = e % W, yy = (e / W) % H, nc = e / (W * H);
@@ -222,8 +238,9 @@ __kernel void avgpool2d_bwd(__global const float* restrict dy, POOL_GEOMETRY, __
     dx[e] = sum;
 }
 
-__kernel void avgpool2d_bwd_whole(__global const float* restrict dy, const int P, const int n,
-                                  __global float* restrict dx) {
+__kernel void avgpool2d_bwd_whole(__global const float* restrict dy, OFFSET_PARAM(dy), const int P, const int n,
+                                  __global float* restrict dx, OFFSET_PARAM(dx)) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
     const int e = get_global_id(0);
     if (e < n) dx[e] = dy[e / P] / (float)P;
 }

@@ -214,11 +214,14 @@ inline T finish(T acc, const int fin, const float scale, const float cc) {
     return acc;
 }
 
-__kernel void reduce_tree(__global const IN* restrict x, __global const int* restrict xi, const int indexed,
-                          __global const float* restrict c, __global OUT* restrict out, __global int* restrict out_i,
-                          __global const int* restrict meta, const int kd, const int rd, const int R,
-                          const int outputs, const int lanes, const int chunk, const int map, const int fin,
-                          const float scale, const float p) {
+__kernel void reduce_tree(__global const IN* restrict x, OFFSET_PARAM(x), __global const int* restrict xi,
+                          OFFSET_PARAM(xi), const int indexed, __global const float* restrict c, OFFSET_PARAM(c),
+                          __global OUT* restrict out, OFFSET_PARAM(out), __global int* restrict out_i,
+                          OFFSET_PARAM(out_i), __global const int* restrict meta, OFFSET_PARAM(meta), const int kd,
+                          const int rd, const int R, const int outputs, const int lanes, const int chunk, const int map,
+                          const int fin, const float scale, const float p) {
+    AT_OFFSET(__global const IN*, x) AT_OFFSET(__global const int*, xi) AT_OFFSET(__global const float*, c)
+    AT_OFFSET(__global OUT*, out) AT_OFFSET(__global int*, out_i) AT_OFFSET(__global const int*, meta)
     __local T vals[LSIZE];
 #if ARG
     __local int ats[LSIZE];
@@ -257,11 +260,14 @@ __kernel void reduce_tree(__global const IN* restrict x, __global const int* res
 #endif
 }
 
-__kernel void reduce_loop(__global const IN* restrict x, __global const int* restrict xi, const int indexed,
-                          __global const float* restrict c, __global OUT* restrict out, __global int* restrict out_i,
-                          __global const int* restrict meta, const int kd, const int rd, const int R,
-                          const int outputs, const int parts, const int chunk, const int map, const int fin,
-                          const float scale, const float p) {
+__kernel void reduce_loop(__global const IN* restrict x, OFFSET_PARAM(x), __global const int* restrict xi,
+                          OFFSET_PARAM(xi), const int indexed, __global const float* restrict c, OFFSET_PARAM(c),
+                          __global OUT* restrict out, OFFSET_PARAM(out), __global int* restrict out_i,
+                          OFFSET_PARAM(out_i), __global const int* restrict meta, OFFSET_PARAM(meta), const int kd,
+                          const int rd, const int R, const int outputs, const int parts, const int chunk, const int map,
+                          const int fin, const float scale, const float p) {
+    AT_OFFSET(__global const IN*, x) AT_OFFSET(__global const int*, xi) AT_OFFSET(__global const float*, c)
+    AT_OFFSET(__global OUT*, out) AT_OFFSET(__global int*, out_i) AT_OFFSET(__global const int*, meta)
     const int e = get_global_id(0), runs = (outputs + COLS - 1) / COLS;
     if (e >= runs * parts) return;
     const int o0 = e % runs * COLS, part = e / runs;
@@ -295,10 +301,13 @@ __kernel void reduce_loop(__global const IN* restrict x, __global const int* res
 // One loop over a work-item's elements for each formula, the switch outside it (as MAPS).
 #define EACH(d) for (int k = 0; k < len; k++) { const int i = i0 + k, o = o0 + k * ostep; dx[i] = (d); }
 
-__kernel void reduce_bwd(__global const float* restrict x, __global const float* restrict y,
-                         __global const float* restrict dy, __global const float* restrict aux,
-                         __global float* restrict dx, __global const int* restrict meta, const int n,
+__kernel void reduce_bwd(__global const float* restrict x, OFFSET_PARAM(x), __global const float* restrict y,
+                         OFFSET_PARAM(y), __global const float* restrict dy, OFFSET_PARAM(dy),
+                         __global const float* restrict aux, OFFSET_PARAM(aux), __global float* restrict dx,
+                         OFFSET_PARAM(dx), __global const int* restrict meta, OFFSET_PARAM(meta), const int n,
                          const int run, const int grad, const float scale, const float p) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, y) AT_OFFSET(__global const float*, dy)
+    AT_OFFSET(__global const float*, aux) AT_OFFSET(__global float*, dx) AT_OFFSET(__global const int*, meta)
     // A run of `run` neighbouring elements of one line of the layout's last dimension per work-item (a CPU's
     // vector loop; a GPU's run is 1), whose outputs step by that dimension's output stride.
     const int inner = meta[NDIM - 1], per_line = (inner + run - 1) / run, e = get_global_id(0);
@@ -321,16 +330,19 @@ __kernel void reduce_bwd(__global const float* restrict x, __global const float*
     }
 }
 
-__kernel void index_bwd(__global const int* restrict idx, __global const float* restrict dy,
-                        __global float* restrict dx, const int n, const int size, const int inner) {
+__kernel void index_bwd(__global const int* restrict idx, OFFSET_PARAM(idx), __global const float* restrict dy,
+                        OFFSET_PARAM(dy), __global float* restrict dx, OFFSET_PARAM(dx), const int n, const int size,
+                        const int inner) {
+    AT_OFFSET(__global const int*, idx) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
     const int i = get_global_id(0);
     if (i >= n) return;
     const int o = i / (inner * size) * inner + i % inner;
     dx[i] = (i / inner) % size == idx[o] ? dy[o] : 0.0f;
 }
 
-__kernel void cumsum(__global const T* restrict x, __global T* restrict y, const int lines, const int size,
-                     const int inner, const int reverse) {
+__kernel void cumsum(__global const T* restrict x, OFFSET_PARAM(x), __global T* restrict y, OFFSET_PARAM(y),
+                     const int lines, const int size, const int inner, const int reverse) {
+    AT_OFFSET(__global const T*, x) AT_OFFSET(__global T*, y)
     const int e = get_global_id(0);
     if (e >= lines) return;
     const int base = e / inner * size * inner + e % inner;
@@ -361,8 +373,9 @@ inline float lanes_combine(float v, __local float* part, const int lid, const in
 // `lanes` neighbouring work-items of a group of LSIZE share a row (softmax.cl's kernels give a row to one
 // work-item, whose neighbours then read C elements apart), LSIZE / lanes rows a group. Forward y from x; backward
 // dx from the output y and its gradient dy: y (dy - sum(dy y)), or for log-softmax dy - exp(y) sum(dy).
-__kernel void softmax_rows_fwd(__global const float* restrict x, __global float* restrict y, const int rows,
-                               const int C, const int lanes, const int log_softmax) {
+__kernel void softmax_rows_fwd(__global const float* restrict x, OFFSET_PARAM(x), __global float* restrict y,
+                               OFFSET_PARAM(y), const int rows, const int C, const int lanes, const int log_softmax) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, y)
     __local float part[LSIZE];
     const int lid = get_local_id(0), lane = lid & (lanes - 1);
     const int row = get_group_id(0) * (LSIZE / lanes) + lid / lanes;
@@ -382,9 +395,10 @@ __kernel void softmax_rows_fwd(__global const float* restrict x, __global float*
     }
 }
 
-__kernel void softmax_rows_bwd(__global const float* restrict y, __global const float* restrict dy,
-                               __global float* restrict dx, const int rows, const int C, const int lanes,
-                               const int log_softmax) {
+__kernel void softmax_rows_bwd(__global const float* restrict y, OFFSET_PARAM(y), __global const float* restrict dy,
+                               OFFSET_PARAM(dy), __global float* restrict dx, OFFSET_PARAM(dx), const int rows,
+                               const int C, const int lanes, const int log_softmax) {
+    AT_OFFSET(__global const float*, y) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
     __local float part[LSIZE];
     const int lid = get_local_id(0), lane = lid & (lanes - 1);
     const int row = get_group_id(0) * (LSIZE / lanes) + lid / lanes;

@@ -40,10 +40,13 @@
         P = w;                                                       \
     }
 
-__kernel void rmsprop_step(__global float* restrict p, __global const float* restrict g,
-                           __global float* restrict sq, __global float* restrict buf, __global float* restrict ga,
-                           const int n, const float lr, const float alpha, const float eps, const float weight_decay,
+__kernel void rmsprop_step(__global float* restrict p, OFFSET_PARAM(p), __global const float* restrict g,
+                           OFFSET_PARAM(g), __global float* restrict sq, OFFSET_PARAM(sq), __global float* restrict buf,
+                           OFFSET_PARAM(buf), __global float* restrict ga, OFFSET_PARAM(ga), const int n,
+                           const float lr, const float alpha, const float eps, const float weight_decay,
                            const float momentum) {
+    AT_OFFSET(__global float*, p) AT_OFFSET(__global const float*, g) AT_OFFSET(__global float*, sq)
+    AT_OFFSET(__global float*, buf) AT_OFFSET(__global float*, ga)
     const int i = get_global_id(0) * VW;
     if (i + VW <= n) {
         RMS_UPDATE(float4, VEC(p + i), CVEC(g + i), VEC(sq + i), VEC(buf + i), VEC(ga + i))

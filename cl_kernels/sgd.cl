@@ -29,8 +29,10 @@
 #define SGD_MOMENTUM(T, BUF)
 #endif
 
-__kernel void sgd_step(__global float* restrict p, __global const float* restrict g, __global float* restrict buf,
-                       const int n, const float lr, const float momentum, const float weight_decay) {
+__kernel void sgd_step(__global float* restrict p, OFFSET_PARAM(p), __global const float* restrict g, OFFSET_PARAM(g),
+                       __global float* restrict buf, OFFSET_PARAM(buf), const int n, const float lr,
+                       const float momentum, const float weight_decay) {
+    AT_OFFSET(__global float*, p) AT_OFFSET(__global const float*, g) AT_OFFSET(__global float*, buf)
     const int i = get_global_id(0) * VW;
     if (i + VW <= n) {
         float4 w = VEC(p + i), b = MOMENTUM ? VEC(buf + i) : (float4)(0.0f);
@@ -51,11 +53,12 @@ __kernel void sgd_step(__global float* restrict p, __global const float* restric
 // clnet/optim.py): g(m, n) = alpha * (a(m) * x(n)), gemv_cpu.cl rank1_rows's arithmetic, is never stored; the weight
 // p (M x N, rows contiguous) and its momentum buffer are read and written once. A row per work-item (CPUs).
 __kernel __attribute__((reqd_work_group_size(1, 1, 1)))
-void rank1_sgd_rows(const int M, const int N, const float alpha,
-                    __global const float* restrict A, const int a_off, const int a_rs,
-                    __global const float* restrict X, const int x_off,
-                    __global float* restrict p, __global float* restrict buf,
+void rank1_sgd_rows(const int M, const int N, const float alpha, __global const float* restrict A, OFFSET_PARAM(A),
+                    const int a_off, const int a_rs, __global const float* restrict X, OFFSET_PARAM(X), const int x_off,
+                    __global float* restrict p, OFFSET_PARAM(p), __global float* restrict buf, OFFSET_PARAM(buf),
                     const float lr, const float momentum, const float weight_decay) {
+    AT_OFFSET(__global const float*, A) AT_OFFSET(__global const float*, X) AT_OFFSET(__global float*, p)
+    AT_OFFSET(__global float*, buf)
     const int m = get_global_id(0);
     if (m >= M) return;
     const float a = A[a_off + m * a_rs];

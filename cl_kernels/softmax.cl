@@ -16,8 +16,9 @@
 #define LSIZE 256   // cross_entropy work-group size
 #endif
 
-__kernel void softmax_fwd(__global const float* restrict x, __global float* restrict y, const int outer, const int C,
-                          const int inner) {
+__kernel void softmax_fwd(__global const float* restrict x, OFFSET_PARAM(x), __global float* restrict y,
+                          OFFSET_PARAM(y), const int outer, const int C, const int inner) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, y)
     const int e = get_global_id(0);
     if (e >= outer * inner) return;
     const int base = (e / inner) * C * inner + e % inner;
@@ -34,8 +35,10 @@ __kernel void softmax_fwd(__global const float* restrict x, __global float* rest
 #endif
 }
 
-__kernel void softmax_bwd(__global const float* restrict y, __global const float* restrict dy,
-                          __global float* restrict dx, const int outer, const int C, const int inner) {
+__kernel void softmax_bwd(__global const float* restrict y, OFFSET_PARAM(y), __global const float* restrict dy,
+                          OFFSET_PARAM(dy), __global float* restrict dx, OFFSET_PARAM(dx), const int outer, const int C,
+                          const int inner) {
+    AT_OFFSET(__global const float*, y) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
     const int e = get_global_id(0);
     if (e >= outer * inner) return;
     const int base = (e / inner) * C * inner + e % inner;
@@ -137,9 +140,12 @@ inline float2 cross_entropy_rows(__global const float* restrict z, __global cons
 }
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void cross_entropy(__global const float* restrict z, __global const int* restrict labels, const int N, const int C,
-                   const int lanes, __global float* restrict grad, __global float* restrict loss,
-                   __global float* restrict metrics) {
+void cross_entropy(__global const float* restrict z, OFFSET_PARAM(z), __global const int* restrict labels,
+                   OFFSET_PARAM(labels), const int N, const int C, const int lanes, __global float* restrict grad,
+                   OFFSET_PARAM(grad), __global float* restrict loss, OFFSET_PARAM(loss),
+                   __global float* restrict metrics, OFFSET_PARAM(metrics)) {
+    AT_OFFSET(__global const float*, z) AT_OFFSET(__global const int*, labels) AT_OFFSET(__global float*, grad)
+    AT_OFFSET(__global float*, loss) AT_OFFSET(__global float*, metrics)
     const int lid = get_local_id(0);
     __local float2 part[LSIZE];
     __local float row_part[LSIZE];
@@ -157,10 +163,13 @@ void cross_entropy(__global const float* restrict z, __global const int* restric
 // cross_entropy over rows past clnet's index limit, a launch per run of N of them: invN is 1 / all the rows, and
 // every launch but the first (first == 0) adds to loss and metrics.
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
-void cross_entropy_part(__global const float* restrict z, __global const int* restrict labels, const int N,
-                        const int C, const int lanes, const float invN, const int first,
-                        __global float* restrict grad, __global float* restrict loss,
-                        __global float* restrict metrics) {
+void cross_entropy_part(__global const float* restrict z, OFFSET_PARAM(z), __global const int* restrict labels,
+                        OFFSET_PARAM(labels), const int N, const int C, const int lanes, const float invN,
+                        const int first, __global float* restrict grad, OFFSET_PARAM(grad),
+                        __global float* restrict loss, OFFSET_PARAM(loss), __global float* restrict metrics,
+                        OFFSET_PARAM(metrics)) {
+    AT_OFFSET(__global const float*, z) AT_OFFSET(__global const int*, labels) AT_OFFSET(__global float*, grad)
+    AT_OFFSET(__global float*, loss) AT_OFFSET(__global float*, metrics)
     const int lid = get_local_id(0);
     __local float2 part[LSIZE];
     __local float row_part[LSIZE];

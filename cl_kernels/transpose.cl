@@ -20,8 +20,10 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(TT, TT, 1)))
-void transpose(__global const float* restrict S, const int off, const int bs, const int rs, const int cs,
-               const int cdiv, const int cso, const int R, const int CC, __global float* restrict T) {
+void transpose(__global const float* restrict S, OFFSET_PARAM(S), const int off, const int bs, const int rs,
+               const int cs, const int cdiv, const int cso, const int R, const int CC, __global float* restrict T,
+               OFFSET_PARAM(T)) {
+    AT_OFFSET(__global const float*, S) AT_OFFSET(__global float*, T)
     __local float tile[TT][TT + 1];
     const int tx = get_local_id(0), ty = get_local_id(1), b = get_global_id(2);
     const int c0 = get_group_id(0) * TT, r0 = get_group_id(1) * TT;

@@ -47,15 +47,19 @@
 #error "MODE must be 1 (reflect) or 2 (replicate)"
 #endif
 
-__kernel void strided_copy(__global ELEM* restrict dst, const int dst_base, __global const ELEM* restrict src,
-                           const int src_base, __global const int* restrict meta) {
+__kernel void strided_copy(__global ELEM* restrict dst, OFFSET_PARAM(dst), const int dst_base,
+                           __global const ELEM* restrict src, OFFSET_PARAM(src), const int src_base,
+                           __global const int* restrict meta, OFFSET_PARAM(meta)) {
+    AT_OFFSET(__global ELEM*, dst) AT_OFFSET(__global const ELEM*, src) AT_OFFSET(__global const int*, meta)
     int a = dst_base, b = src_base;
     strided_offsets2(meta, NDIM, get_global_id(0), &a, &b);
     dst[a] = src[b];
 }
 
-__kernel void strided_copy_rows(__global ELEM* restrict dst, const int dst_base, __global const ELEM* restrict src,
-                                const int src_base, __global const int* restrict meta) {
+__kernel void strided_copy_rows(__global ELEM* restrict dst, OFFSET_PARAM(dst), const int dst_base,
+                                __global const ELEM* restrict src, OFFSET_PARAM(src), const int src_base,
+                                __global const int* restrict meta, OFFSET_PARAM(meta)) {
+    AT_OFFSET(__global ELEM*, dst) AT_OFFSET(__global const ELEM*, src) AT_OFFSET(__global const int*, meta)
     const int c = get_global_id(0), r = get_global_id(1);
     int a = dst_base + c * meta[2 * NDIM - 1], b = src_base + c * meta[3 * NDIM - 1];
 #if NDIM > 1
@@ -64,13 +68,17 @@ __kernel void strided_copy_rows(__global ELEM* restrict dst, const int dst_base,
     dst[a] = src[b];
 }
 
-__kernel void strided_fill(__global ELEM* restrict dst, const int dst_base, __global const int* restrict meta,
-                           const int value) {
+__kernel void strided_fill(__global ELEM* restrict dst, OFFSET_PARAM(dst), const int dst_base,
+                           __global const int* restrict meta, OFFSET_PARAM(meta), const int value) {
+    AT_OFFSET(__global ELEM*, dst) AT_OFFSET(__global const int*, meta)
     dst[dst_base + strided_offset(meta, 0, get_global_id(0))] = (ELEM)value;
 }
 
-__kernel void strided_sum(__global float* restrict dst, const int dst_base, __global const float* restrict src,
-                          __global const int* restrict keep, __global const int* restrict red, const int nred) {
+__kernel void strided_sum(__global float* restrict dst, OFFSET_PARAM(dst), const int dst_base,
+                          __global const float* restrict src, OFFSET_PARAM(src), __global const int* restrict keep,
+                          OFFSET_PARAM(keep), __global const int* restrict red, OFFSET_PARAM(red), const int nred) {
+    AT_OFFSET(__global float*, dst) AT_OFFSET(__global const float*, src) AT_OFFSET(__global const int*, keep)
+    AT_OFFSET(__global const int*, red)
     const int i = get_global_id(0);
     const int from = strided_offset(keep, 1, i);
     // Blocks of 64 added into the total: the chains of float32 additions stay short for long sums.
@@ -84,9 +92,10 @@ __kernel void strided_sum(__global float* restrict dst, const int dst_base, __gl
     dst[dst_base + strided_offset(keep, 0, i)] = total;
 }
 
-__kernel void index_select_fwd(__global const ELEM* restrict x, __global const int* restrict index,
-                               __global ELEM* restrict out, const int K, const int D, const int inner,
-                               const int oob) {
+__kernel void index_select_fwd(__global const ELEM* restrict x, OFFSET_PARAM(x), __global const int* restrict index,
+                               OFFSET_PARAM(index), __global ELEM* restrict out, OFFSET_PARAM(out), const int K,
+                               const int D, const int inner, const int oob) {
+    AT_OFFSET(__global const ELEM*, x) AT_OFFSET(__global const int*, index) AT_OFFSET(__global ELEM*, out)
     const int e = get_global_id(0), ok = get_global_id(1);  // (inner, outer * K)
     const int k = ok % K, o = ok / K;
     int j = index[k];
@@ -94,8 +103,10 @@ __kernel void index_select_fwd(__global const ELEM* restrict x, __global const i
     out[ok * inner + e] = (j >= 0 && j < D) ? x[(o * D + j) * inner + e] : (ELEM)oob;
 }
 
-__kernel void index_select_bwd(__global const float* restrict dy, __global const int* restrict index,
-                               __global float* restrict dx, const int K, const int D, const int inner) {
+__kernel void index_select_bwd(__global const float* restrict dy, OFFSET_PARAM(dy), __global const int* restrict index,
+                               OFFSET_PARAM(index), __global float* restrict dx, OFFSET_PARAM(dx), const int K,
+                               const int D, const int inner) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global const int*, index) AT_OFFSET(__global float*, dx)
     const int e = get_global_id(0), oj = get_global_id(1);  // (inner, outer * D)
     const int j = oj % D, o = oj / D;
     __global const float* row = dy + o * K * inner + e;
@@ -107,8 +118,9 @@ __kernel void index_select_bwd(__global const float* restrict dy, __global const
     dx[oj * inner + e] = total;
 }
 
-__kernel void index_links(__global const int* restrict index, __global int* restrict links, const int K,
-                          const int D) {
+__kernel void index_links(__global const int* restrict index, OFFSET_PARAM(index), __global int* restrict links,
+                          OFFSET_PARAM(links), const int K, const int D) {
+    AT_OFFSET(__global const int*, index) AT_OFFSET(__global int*, links)
     const int k = get_global_id(0);
     if (k >= K) return;
     const int t = index[k] < 0 ? index[k] + D : index[k];
@@ -123,9 +135,13 @@ __kernel void index_links(__global const int* restrict index, __global int* rest
     links[K + k] = head;
 }
 
-__kernel void index_select_bwd_chain(__global const float* restrict dy, __global const int* restrict index,
-                                     __global const int* restrict links, __global float* restrict dx, const int K,
-                                     const int D, const int inner) {
+__kernel void index_select_bwd_chain(__global const float* restrict dy, OFFSET_PARAM(dy),
+                                     __global const int* restrict index, OFFSET_PARAM(index),
+                                     __global const int* restrict links, OFFSET_PARAM(links),
+                                     __global float* restrict dx, OFFSET_PARAM(dx), const int K, const int D,
+                                     const int inner) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global const int*, index) AT_OFFSET(__global const int*, links)
+    AT_OFFSET(__global float*, dx)
     const int e = get_global_id(0), ok = get_global_id(1);  // (inner, outer * K), over dy
     const int k = ok % K, o = ok / K;
     const int j = index[k] < 0 ? index[k] + D : index[k];
@@ -136,9 +152,12 @@ __kernel void index_select_bwd_chain(__global const float* restrict dy, __global
     dx[(o * D + j) * inner + e] = total;
 }
 
-__kernel void gather_fwd(__global const ELEM* restrict x, const int x_base, __global const int* restrict index,
-                         __global ELEM* restrict out, __global const int* restrict meta, const int dstride,
+__kernel void gather_fwd(__global const ELEM* restrict x, OFFSET_PARAM(x), const int x_base,
+                         __global const int* restrict index, OFFSET_PARAM(index), __global ELEM* restrict out,
+                         OFFSET_PARAM(out), __global const int* restrict meta, OFFSET_PARAM(meta), const int dstride,
                          const int D, const int oob) {
+    AT_OFFSET(__global const ELEM*, x) AT_OFFSET(__global const int*, index) AT_OFFSET(__global ELEM*, out)
+    AT_OFFSET(__global const int*, meta)
     const int i = get_global_id(0);
     int j = index[i];
     j = j < 0 ? j + D : j;
@@ -146,8 +165,11 @@ __kernel void gather_fwd(__global const ELEM* restrict x, const int x_base, __gl
 }
 
 // meta: x's NDIM sizes, index's NDIM sizes, index's NDIM strides (elements; index and dy share them).
-__kernel void gather_bwd(__global const float* restrict dy, __global const int* restrict index,
-                         __global float* restrict dx, __global const int* restrict meta, const int dim) {
+__kernel void gather_bwd(__global const float* restrict dy, OFFSET_PARAM(dy), __global const int* restrict index,
+                         OFFSET_PARAM(index), __global float* restrict dx, OFFSET_PARAM(dx),
+                         __global const int* restrict meta, OFFSET_PARAM(meta), const int dim) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global const int*, index) AT_OFFSET(__global float*, dx)
+    AT_OFFSET(__global const int*, meta)
     const int i = get_global_id(0);
     int rest = i, off = 0, t = 0;
     for (int d = NDIM - 1; d >= 0; d--) {
@@ -182,8 +204,10 @@ inline int pad_source(const int o, const int s, const int p) {
 #endif
 }
 
-__kernel void pad_fwd(__global const ELEM* restrict x, __global ELEM* restrict out, const int A, const int B,
-                      const int C, const int a, const int b, const int c, const int pa, const int pb, const int pc) {
+__kernel void pad_fwd(__global const ELEM* restrict x, OFFSET_PARAM(x), __global ELEM* restrict out, OFFSET_PARAM(out),
+                      const int A, const int B, const int C, const int a, const int b, const int c, const int pa,
+                      const int pb, const int pc) {
+    AT_OFFSET(__global const ELEM*, x) AT_OFFSET(__global ELEM*, out)
     const int oc = get_global_id(0), ob = get_global_id(1), rest = get_global_id(2);  // (C, B, outer * A)
     if (ob >= B) return;  // the launch's rows are rounded up to its work-groups
     const int oa = rest % A, outer = rest / A;
@@ -191,8 +215,9 @@ __kernel void pad_fwd(__global const ELEM* restrict x, __global ELEM* restrict o
     out[(rest * B + ob) * C + oc] = x[((outer * a + ja) * b + jb) * c + jc];
 }
 
-__kernel void pad_fold(__global const float* restrict dy, __global float* restrict dx, const int m, const int s,
-                       const int p, const int inner, const int rows) {
+__kernel void pad_fold(__global const float* restrict dy, OFFSET_PARAM(dy), __global float* restrict dx,
+                       OFFSET_PARAM(dx), const int m, const int s, const int p, const int inner, const int rows) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dx)
     const int e = get_global_id(0), j = get_global_id(1), o = get_global_id(2);  // (inner, s, outer)
     if (j >= rows) return;  // the launch's rows are rounded up to its work-groups
     __global const float* column = dy + o * m * inner + e;

@@ -118,8 +118,9 @@ __constant float AT[WINO_M * WA] = {1, 1, 1, 1, 1, 0,  0, 1, -1, 2, -0.5f, 0,  0
         } \
 } while (0)
 
-__kernel void winograd_weights(__global const float* restrict w, const int O, const int C,
-                               __global float* restrict U) {
+__kernel void winograd_weights(__global const float* restrict w, OFFSET_PARAM(w), const int O, const int C,
+                               __global float* restrict U, OFFSET_PARAM(U)) {
+    AT_OFFSET(__global const float*, w) AT_OFFSET(__global float*, U)
     const int e = get_global_id(0);
     if (e >= O * C) return;
     const int o = e / C, c = e % C;
@@ -168,9 +169,10 @@ inline void store_channel_fastest(__local float* t, const float* v, const int p0
     for (int xi = 0; xi < WAA; xi++) D[(size_t)xi * P * CH + p * CH + ch] = t[(xi * TPC + lx) * (TPC + 1) + ly];
 }
 
-__kernel void winograd_input(__global const float* restrict x, const int x_off, const int C, const int H, const int W,
-                             const int PH, const int PW, const int TH, const int TW, const int nimg,
-                             __global float* restrict V) {
+__kernel void winograd_input(__global const float* restrict x, OFFSET_PARAM(x), const int x_off, const int C,
+                             const int H, const int W, const int PH, const int PW, const int TH, const int TW,
+                             const int nimg, __global float* restrict V, OFFSET_PARAM(V)) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, V)
     const int p = get_global_id(0), c = get_global_id(1);
     const int P = nimg * TH * TW;
     if (p >= P || c >= C) return;
@@ -181,9 +183,10 @@ __kernel void winograd_input(__global const float* restrict x, const int x_off, 
 }
 
 __kernel __attribute__((reqd_work_group_size(TPC, TPC, 1)))
-void winograd_input_pc(__global const float* restrict x, const int x_off, const int C, const int H, const int W,
-                       const int PH, const int PW, const int TH, const int TW, const int nimg,
-                       __global float* restrict V) {
+void winograd_input_pc(__global const float* restrict x, OFFSET_PARAM(x), const int x_off, const int C, const int H,
+                       const int W, const int PH, const int PW, const int TH, const int TW, const int nimg,
+                       __global float* restrict V, OFFSET_PARAM(V)) {
+    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, V)
     __local float t[WAA * TPC * (TPC + 1)];
     const int p = get_global_id(0), c = get_global_id(1);
     const int P = nimg * TH * TW;
@@ -196,9 +199,10 @@ void winograd_input_pc(__global const float* restrict x, const int x_off, const 
     store_channel_fastest(t, v, get_group_id(0) * TPC, get_group_id(1) * TPC, P, C, V);
 }
 
-__kernel void winograd_output(__global const float* restrict M, __global const float* restrict bias, const int O,
-                              const int OH, const int OW, const int TH, const int TW, const int nimg,
-                              __global float* restrict y, const int y_off) {
+__kernel void winograd_output(__global const float* restrict M, OFFSET_PARAM(M), __global const float* restrict bias,
+                              OFFSET_PARAM(bias), const int O, const int OH, const int OW, const int TH, const int TW,
+                              const int nimg, __global float* restrict y, OFFSET_PARAM(y), const int y_off) {
+    AT_OFFSET(__global const float*, M) AT_OFFSET(__global const float*, bias) AT_OFFSET(__global float*, y)
     const int p = get_global_id(0);
     const int o = get_global_id(1);
     const int P = nimg * TH * TW;
@@ -223,9 +227,10 @@ __kernel void winograd_output(__global const float* restrict M, __global const f
     }
 }
 
-__kernel void winograd_grad_output(__global const float* restrict dy, const int dy_off, const int O, const int OH,
-                                   const int OW, const int TH, const int TW, const int nimg,
-                                   __global float* restrict Z) {
+__kernel void winograd_grad_output(__global const float* restrict dy, OFFSET_PARAM(dy), const int dy_off, const int O,
+                                   const int OH, const int OW, const int TH, const int TW, const int nimg,
+                                   __global float* restrict Z, OFFSET_PARAM(Z)) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, Z)
     const int o = get_global_id(0);
     const int p = get_global_id(1);
     const int P = nimg * TH * TW;
@@ -243,8 +248,9 @@ __kernel void winograd_grad_output(__global const float* restrict dy, const int 
     for (int xi = 0; xi < WAA; xi++) Z[xi * po + p * O + o] = z[xi];
 }
 
-__kernel void winograd_grad_weights(__global const float* restrict Mhat, const int O, const int C,
-                                    __global float* restrict dw, const int add) {
+__kernel void winograd_grad_weights(__global const float* restrict Mhat, OFFSET_PARAM(Mhat), const int O, const int C,
+                                    __global float* restrict dw, OFFSET_PARAM(dw), const int add) {
+    AT_OFFSET(__global const float*, Mhat) AT_OFFSET(__global float*, dw)
     const int e = get_global_id(0);
     if (e >= O * C) return;
     const int oc = O * C;

@@ -21,7 +21,7 @@ import pyopencl.characterize
 
 from .files import UnsafeFolder, open_folder, write_atomically
 from .errors import Error
-from .sources import text
+from . import sources
 
 SYSTEM_VENDOR_DIR = "/etc/OpenCL/vendors"
 # Vendor libraries that implement the ICD interface, by the file names their drivers install.
@@ -349,7 +349,7 @@ def build_problem(cl_device):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                cl.Program(cl.Context([cl_device]), text("probe.cl")).build()
+                cl.Program(cl.Context([cl_device]), sources.source("probe.cl")).build()
             _problems[key] = None
         except cl.Error as e:
             lines = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower() and ln.strip()]

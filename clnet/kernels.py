@@ -373,7 +373,7 @@ _NO_OFFSET = np.uint64(0)
 
 def cl_arguments(args):
     """(the values clSetKernelArg gets, in order; the index among them of each launch argument). Every __global
-    pointer parameter of a kernel is followed by its byte offset (sources.with_offsets rewrites each signature so): a
+    pointer parameter of a kernel is followed by its byte offset (common.h's OFFSET_PARAM, in each signature): a
     tensor gives its buffer and its offset there, a (buffer, byte offset) pair the two, None (NULL) and a bare buffer
     an offset of 0."""
     values, at = [], []
