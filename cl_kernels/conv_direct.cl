@@ -1,7 +1,6 @@
 // Direct convolution, forward: y = conv(x, w) + bias (then ReLU), reading x in place (no column buffer). Meant
 // for layers with few input channels per group (first layers), where im2col's buffer is many times the input and the
-// GEMM's depth C*KH*KW is small. Also both gradients of small layers in one launch each (conv2d_bwd_data_direct,
-// conv2d_bwd_weights_direct, at the end), where im2col's backward takes four (a batch-1 step's launches are its cost).
+// GEMM's depth C*KH*KW is small.
 //   x (N, C, H, W), w (O, C/G, KH, KW), bias (O,), y (N, O, OH, OW); row-major, offsets in elements.
 //   y[n][o][oy][ox] = bias[o] + sum over c < C/G, ky, kx of w[o][c][ky][kx] * x[n][g*C/G + c][iy][ix],
 //   g = o / (O/G), iy = oy*SH - PH + ky*DH, ix = ox*SW - PW + kx*DW, x read as zero outside the image (PH, PW are the
@@ -232,81 +231,4 @@ __kernel void conv2d_fwd_direct_rows(__global const float* restrict x, OFFSET_PA
             CHANNELS(STORE_CHANNEL, out + ox0 + l, acc[l], nb);
         }
     }
-}
-
-// The data gradient: dx[n][c][iy][ix] = sum over the output channels o of c's group and the taps (ky, kx) whose window
-// covers (iy, ix), i.e. oy*SH = iy + PH - ky*DH and ox*SW = ix + PW - kx*DW within the output, of
-// w[o][c - g*C/G][ky][kx] * dy[n][o][oy][ox]. One work-item per (input pixel, block of OB input channels of one group,
-// image); a block's channels share each dy load. Sums run over ky, kx, then o: at most O/G*KH*KW terms.
-__kernel void conv2d_bwd_data_direct(__global const float* restrict dy, OFFSET_PARAM(dy),
-                                     __global const float* restrict w, OFFSET_PARAM(w), __global float* restrict dx,
-                                     OFFSET_PARAM(dx), CONV_DIRECT_ARGS) {
-    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global const float*, w) AT_OFFSET(__global float*, dx)
-    const int p = get_global_id(0), blk = get_global_id(1), n = get_global_id(2);
-    const int Cg = C / G, Og = O / G, per_group = CEIL_DIV(Cg, OB);
-    const int grp = blk / per_group, cl0 = (blk - grp * per_group) * OB;
-    const int nb = Cg - cl0 < OB ? Cg - cl0 : OB;
-    if (p >= H * W) return;
-    const int iy = p / W, ix = p - iy * W, KK = KH * KW;
-    int woff[OB];  // each block channel's first weight in w's row of o = 0; a partial block repeats its last channel
-    float acc[OB];
-#pragma unroll
-    for (int b = 0; b < OB; b++) {
-        woff[b] = (cl0 + (b < nb ? b : nb - 1)) * KK;
-        acc[b] = 0.0f;
-    }
-    __global const float* dyn = dy + ((long)n * O + grp * Og) * OH * OW;
-    __global const float* wg = w + (long)grp * Og * Cg * KK;
-    for (int ky = 0; ky < KH; ky++) {
-        const int ty = iy + PH - ky * DH;
-        if (ty < 0 || ty % SH) continue;
-        const int oy = ty / SH;
-        if (oy >= OH) continue;
-        for (int kx = 0; kx < KW; kx++) {
-            const int tx = ix + PW - kx * DW;
-            if (tx < 0 || tx % SW) continue;
-            const int ox = tx / SW;
-            if (ox >= OW) continue;
-            const int tap = ky * KW + kx;
-            for (int o = 0; o < Og; o++) {
-                const float g = dyn[(long)o * OH * OW + oy * OW + ox];
-                __global const float* wo = wg + (long)o * Cg * KK + tap;
-#pragma unroll
-                for (int b = 0; b < OB; b++) acc[b] += wo[woff[b]] * g;
-            }
-        }
-    }
-    __global float* out = dx + ((long)n * C + grp * Cg + cl0) * H * W + p;
-#pragma unroll
-    for (int b = 0; b < OB; b++)
-        if (b < nb) out[(long)b * H * W] = acc[b];
-}
-
-// The weight gradient: dw[o][c][ky][kx] = beta * dw[o][c][ky][kx] (read only where add) + the sum over n, oy, ox of
-// dy[n][o][oy][ox] * x[n][g*C/G + c][iy][ix] (iy, ix as in the forward; taps outside the image add nothing). One
-// work-item per weight, its sum N*OH*OW terms long in one running sum: for small layers only (direct.py bounds it).
-__kernel void conv2d_bwd_weights_direct(__global const float* restrict x, OFFSET_PARAM(x),
-                                        __global const float* restrict dy, OFFSET_PARAM(dy),
-                                        __global float* restrict dw, OFFSET_PARAM(dw), const float beta, const int add,
-                                        const int N, CONV_DIRECT_ARGS) {
-    AT_OFFSET(__global const float*, x) AT_OFFSET(__global const float*, dy) AT_OFFSET(__global float*, dw)
-    const int e = get_global_id(0);
-    const int Cg = C / G, Og = O / G;
-    if (e >= O * Cg * KH * KW) return;
-    const int kx = e % KW, ky = (e / KW) % KH, c = (e / (KH * KW)) % Cg, o = e / (Cg * KH * KW);
-    const int grp = o / Og;
-    float acc = 0.0f;
-    for (int n = 0; n < N; n++) {
-        __global const float* plane = x + ((long)n * C + grp * Cg + c) * H * W;
-        __global const float* g = dy + ((long)n * O + o) * OH * OW;
-        for (int oy = 0; oy < OH; oy++) {
-            const int iy = oy * SH - PH + ky * DH;
-            if (iy < 0 || iy >= H) continue;
-            for (int ox = 0; ox < OW; ox++) {
-                const int ix = ox * SW - PW + kx * DW;
-                if (ix >= 0 && ix < W) acc += g[oy * OW + ox] * plane[iy * W + ix];
-            }
-        }
-    }
-    dw[e] = add ? beta * dw[e] + acc : acc;
 }

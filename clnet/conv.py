@@ -35,7 +35,7 @@ def _col2im(col, s, n0, nimg, dx):
 
 # Convolution algorithms. im2col + GEMM runs every shape; Winograd (winograd.py) runs 3x3 and 5x5 stride-1 layers
 # with 2.25-4x fewer multiply-adds, and wins where channels are many (its transforms cost traffic per pixel); direct
-# (direct.py) reads x and w in place, for few input channels (and both gradients of small layers, a launch each);
+# (direct.py) reads x and w in place in the forward of layers of few input channels;
 # depthwise (depthwise.py) runs layers of one input channel per group, all three passes, reading each operand in
 # place; conv1x1 (conv1x1.py, CPUs) runs pointwise layers' three passes in place, a block of channels by a run of pixel
 # vectors a work-item. Forward, data gradient and weight gradient are three separate choices; the defaults per device
@@ -63,8 +63,8 @@ def _conv_algorithm(dev, kind, s, run):
     options = ["im2col"] + [a for a, m in WINOGRAD_TILE.items() if winograd.supported(s, m)
                             and winograd.image_fits(s, m)
                             and (a not in LESS_ACCURATE or tuning.allow_less_accurate)]
-    if direct.supported(s) if kind == "conv2d_fwd" else not tuning.cpu_shaped(dev) and direct.backward_supported(s):
-        options.append("direct")  # (its gradients: GPU-shaped kernels for small layers)
+    if kind == "conv2d_fwd" and direct.supported(s):
+        options.append("direct")
     if depthwise.supported(s):
         options.append("depthwise")
     if tuning.cpu_shaped(dev) and conv1x1.supported(s):  # CPU-shaped kernels: not offered to GPUs' tuners
@@ -187,8 +187,6 @@ def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward", b
             depthwise.conv2d_backward_weights(x, dy, s, dw, beta=dw_beta, what=what + " (weights)")
         elif algorithm == "conv1x1":
             conv1x1.conv2d_backward_weights(x, dy, s, dw, beta=dw_beta, what=what + " (weights)")
-        elif algorithm == "direct":
-            direct.conv2d_backward_weights(x, dy, s, dw, beta=dw_beta, what=what + " (weights)")
         else:
             _conv2d_backward_im2col(x, w, dy, s, dw, False, what, dw_beta)
         return dw
@@ -200,8 +198,6 @@ def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward", b
             return depthwise.conv2d_backward_data(w, dy, s, what=what + " (data)")
         if algorithm == "conv1x1":
             return conv1x1.conv2d_backward_data(w, dy, s, what=what + " (data)")
-        if algorithm == "direct":
-            return direct.conv2d_backward_data(w, dy, s, what=what + " (data)")
         return _conv2d_backward_im2col(x, w, dy, s, None, True, what)
 
     w_alg = _conv_algorithm(dev, "conv2d_bwd_weights", s, weights) if dw is not None else None

@@ -1,7 +1,5 @@
 """Direct convolution, forward, for layers with few input channels (first layers): x and w are read in place, with no
-column buffer (cl_kernels/conv_direct.cl). Also both gradients of small layers, a launch each (conv2d_backward_data,
-conv2d_backward_weights): im2col's backward takes four (im2col, two products, col2im), and at batch 1 launches are the
-step's cost (lenet-wide's 31 launches a replayed step, 8 of them in its two 120-channel layers' backward).
+column buffer (cl_kernels/conv_direct.cl).
 
 im2col + GEMM lowers x into a (C*KH*KW, N*OH*OW) buffer, KH*KW/(SH*SW) times the input (25x for LeNet's conv1, 7.6x
 for AlexNet's, 9x for VGG's), writes it and reads it back, then runs a GEMM only C*KH*KW deep (25, 363, 27). The direct
@@ -95,39 +93,3 @@ def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d", cfg=None):
         kernels.launch(dev, k, (s.OH * s.OW, blocks, s.N), (ls, 1, 1), *args, what=what + " (direct)")
     return y
 
-
-# The gradients' kernels are GPU-shaped (a work-item an output element): on PoCL they ran 10-15x slower than im2col's
-# (bench/direct_backward.py), so conv._conv_algorithm offers them to GPU-shaped devices' tuners alone, and for small
-# layers alone: the weight gradient sums N*OH*OW terms in one running sum a weight, at most this many (as long as an
-# unsplit product over a 64x64 plane's pixels; longer sums are the products' split-K work), and the data gradient's
-# serial loops grow with the same batch and planes.
-TERMS_MAX = 4096
-DATA_BLOCK = 4  # input channels a work-item of the data gradient takes (sharing each load of dy)
-
-
-def backward_supported(s):
-    """Whether the direct gradients take layer s: supported(s), at most TERMS_MAX terms in a weight's sum."""
-    return supported(s) and s.N * s.OH * s.OW <= TERMS_MAX
-
-
-def conv2d_backward_data(w, dy, s, what="Conv2d backward (data)"):
-    """dx (N, C, H, W) of a layer of shape s from its weights and output gradient, in one launch."""
-    dx = empty((s.N, s.C, s.H, s.W), dy.device)
-    blocks = s.G * -(-(s.C // s.G) // DATA_BLOCK)
-    k = kernels.kernel(dy.device, "conv_direct.cl", "conv2d_bwd_data_direct", dict(OB=DATA_BLOCK))
-    kernels.launch(dy.device, k, (s.H * s.W, blocks, s.N), (min(128, dy.device.max_work_group_size), 1, 1), dy, w, dx,
-                   s.C, s.H, s.W, s.O, s.G, s.KH, s.KW, s.SH, s.SW, s.PH, s.PW, s.DH, s.DW, s.OH, s.OW,
-                   what=what + " (direct)")
-    return dx
-
-
-def conv2d_backward_weights(x, dy, s, dw, beta=1.0, what="Conv2d backward (weights)"):
-    """dw = beta * dw + the weight gradient of a layer of shape s (beta 0: dw not read), in one launch."""
-    if not backward_supported(s):
-        raise ValueError(f"{what}: the direct weight gradient sums at most {TERMS_MAX} terms a weight; a batch "
-                         f"of {s.N} over {s.OH}x{s.OW} outputs needs {s.N * s.OH * s.OW}")
-    k = kernels.kernel(x.device, "conv_direct.cl", "conv2d_bwd_weights_direct", dict(OB=DATA_BLOCK))
-    kernels.launch(x.device, k, (s.O * (s.C // s.G) * s.KH * s.KW,), kernels.ANY_GROUP, x, dy, dw, float(beta),
-                   int(beta != 0.0), s.N, s.C, s.H, s.W, s.O, s.G, s.KH, s.KW, s.SH, s.SW, s.PH, s.PW, s.DH, s.DW,
-                   s.OH, s.OW, what=what + " (direct)")
-    return dw
