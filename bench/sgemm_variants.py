@@ -23,6 +23,16 @@ TILES = [dict(kernel="gemm_tiled", TM=128, TN=128, TK=32, WM=8, WN=8, LBUF=1),
          dict(kernel="gemm_tiled", TM=128, TN=64, TK=16, WM=8, WN=4),
          dict(kernel="gemm_tiled", TM=64, TN=128, TK=16, WM=4, WN=8),
          dict(kernel="gemm_tiled", TM=64, TN=64, TK=16, WM=4, WN=4)]
+# Fewer work-items a tile, each still 8x8 outputs: smaller work-groups of the same registers each, so that several
+# share a multiprocessor and one's barrier does not idle it (--tiles occupancy).
+OCCUPANCY_TILES = [dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=8),
+                   dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=4, WN=8),
+                   dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=4),
+                   dict(kernel="gemm_tiled", TM=128, TN=64, TK=16, WM=8, WN=8),
+                   dict(kernel="gemm_tiled", TM=64, TN=128, TK=16, WM=8, WN=8),
+                   dict(kernel="gemm_tiled", TM=128, TN=64, TK=32, WM=8, WN=8, LBUF=1),
+                   dict(kernel="gemm_tiled", TM=64, TN=64, TK=16, WM=8, WN=8),
+                   dict(kernel="gemm_tiled", TM=64, TN=64, TK=32, WM=8, WN=8)]
 REG_CAPS = [None, 128]  # -cl-nv-maxrregcount: 128 registers let two 256-item work-groups share a multiprocessor
 
 extra_options = []
@@ -76,6 +86,8 @@ def main():
     p.add_argument("--n", type=int, default=4096)
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--json")
+    p.add_argument("--tiles", choices=["all", "occupancy"], default="all")
+    p.add_argument("--quick", action="store_true", help="float4 fetches, A k-fast, no register cap only")
     args = p.parse_args()
     dev, n = clnet.device(args.device), args.n
     gen = np.random.default_rng(0)
@@ -89,18 +101,18 @@ def main():
         print(f"cuBLAS {cublas:.3f} ms {2 * n ** 3 / cublas / 1e9:.2f} TFLOP/s", flush=True)
     rows = []
     vec_a, vec_b = gemm._vec_a, gemm._vec_b  # switched off below to time scalar fetches
-    for cfg in TILES:
+    for cfg in TILES if args.tiles == "all" else OCCUPANCY_TILES:
         if not tuning.fits(dev, cfg):
             continue
-        for cap in REG_CAPS if dev.is_gpu else [None]:
+        for cap in REG_CAPS if dev.is_gpu and not args.quick else [None]:
             if cap and cfg["WM"] * cfg["WN"] < 64:
                 continue
             extra_options[:] = ["-cl-nv-verbose"] + ([f"-cl-nv-maxrregcount={cap}"] if cap else []) \
                 if dev.is_gpu else []
-            for vec in (False, True):
+            for vec in (True,) if args.quick else (False, True):
                 gemm._vec_a = vec_a if vec else (lambda m: False)
                 gemm._vec_b = vec_b if vec else (lambda m: False)
-                for lname, (X, x) in layouts.items():
+                for lname, (X, x) in list(layouts.items())[:1 if args.quick else 2]:
                     def run():
                         gemm._gemm(dev, cfg, n, n, n, X, x, B, Mat(rs=n, cs=1), C, Mat(rs=n, cs=1), 1.0, 0.0, 1,
                                   None, 0, (0, 0), 1, n, "sgemm")

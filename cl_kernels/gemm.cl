@@ -23,6 +23,10 @@
 //   B_VEC     0/1: likewise for B
 //   C_VEC     0/1: each work-item's 4 consecutive columns of C are stored as one float4 (C contiguous along n and
 //             aligned, as for A_VEC); groups crossing the last column store element by element
+//   C_STAGE   0/1 (only without C_VEC): C goes out through local memory a strip of rows at a time, consecutive
+//             work-items on consecutive columns. Without it each scalar store of a warp writes every fourth float
+//             (a work-item's columns are 4 consecutive ones): where planes are odd (squeezenet's 55x55, 13x13) a
+//             thin product's stores took 3-4x the time of its bytes (bench/NOTES.md v57).
 #include "gemm_common.h"
 
 #ifndef TM
@@ -58,6 +62,9 @@
 #ifndef C_VEC
 #define C_VEC 0     // float4 stores of C
 #endif
+#ifndef C_STAGE
+#define C_STAGE 0   // C stored through local memory
+#endif
 #if LBUF != 1 && LBUF != 2
 #error "LBUF must be 1 or 2"
 #endif
@@ -73,6 +80,9 @@
 #endif
 #if (TM * TK) % NT != 0 || (TN * TK) % NT != 0
 #error "each tile slice must split evenly over the work-group"
+#endif
+#if C_STAGE && (C_VEC || NT % TN != 0)
+#error "C_STAGE is for C without float4 stores, with whole strips of TN columns per round of the work-group"
 #endif
 #if (A_VEC && (TM * TK) % (4 * NT) != 0) || (B_VEC && (TN * TK) % (4 * NT) != 0)
 #error "float4 fetches need each slice to split into float4s evenly over the work-group"
@@ -141,14 +151,47 @@ void gemm_tiled(GEMM_ARGS) {
 #else
 #define B_POS(e, nn, kk) const int nn = (e) % (TN / B_GROUP) * B_GROUP, kk = (e) / (TN / B_GROUP)
 #endif
-// One element of X at (gx, gk), zero outside the matrix or past the slice; and its store into slice buffer buf.
-#define LOAD1(v, Xb, X_AT, gx, gk, LIM, ALONG_K) v = (gx) < LIM && (gk) < kend ? Xb[X_AT(gx, gk)] : 0.0f
+// Where each of this work-item's loads of a slice lies along the axis a column split cuts (B's n, A's k), kept from
+// slice to slice: a split index costs a division, and a thin product's loads (squeezenet's planes of 55x55 and 13x13
+// are odd, so scalar) took more of them than multiply-adds. B's columns stay put: their offsets are computed once.
+// A's column runs along k: its offset and place in its segment step on by TK each slice, wrapping at a segment's end.
+#if B_SPLIT
+    int b_col[LB / B_GROUP];
+    for (int r = 0; r < LB / B_GROUP; r++) {
+        B_POS(tid + r * NT, nn, kk);
+        b_col[r] = B_COL(n0 + nn);
+    }
+#define B_AT_R(gn, gk, r) ((gk) * b_rs + b_col[r])
+#else
+#define B_AT_R(gn, gk, r) B_AT(gn, gk)
+#endif
+#if A_SPLIT
+    int a_col[LA / A_GROUP], a_seg[LA / A_GROUP];  // A_COL(k) of the load's k in the next fetch; that k % a_cdiv
+    for (int r = 0; r < LA / A_GROUP; r++) {
+        A_POS(tid + r * NT, mm, kk);
+        const int k = kbeg + kk;
+        a_seg[r] = k % a_cdiv;
+        a_col[r] = A_COL(k);
+    }
+#define A_AT_R(gm, gk, r) ((gm) * a_rs + a_col[r])
+#define A_STEP(r) \
+    a_seg[r] += TK; \
+    a_col[r] += TK * a_cs; \
+    while (a_seg[r] >= a_cdiv) { a_seg[r] -= a_cdiv; a_col[r] += a_cso - a_cdiv * a_cs; }
+#else
+#define A_AT_R(gm, gk, r) A_AT(gm, gk)
+#define A_STEP(r)
+#endif
+#define B_STEP(r)
+// One element of X at (gx, gk), zero outside the matrix or past the slice (AT: its index, valid inside); and its
+// store into slice buffer buf.
+#define LOAD1(v, Xb, X_AT, gx, gk, LIM, ALONG_K, AT) v = (gx) < LIM && (gk) < kend ? Xb[AT] : 0.0f
 #define PUT1(Xs, buf, v, xx, kk, ALONG_K) ((__local float*)Xs[(buf)][kk])[xx] = v
 // The float4 of X at (gx, gk) and the next three along k (ALONG_K) or along x: one aligned load inside the matrix,
 // guarded scalar loads across its edges; stored as one float4 along x, or four scalars along k.
-#define LOAD4(v, Xb, X_AT, gx, gk, LIM, ALONG_K) \
+#define LOAD4(v, Xb, X_AT, gx, gk, LIM, ALONG_K, AT) \
     if ((ALONG_K) ? (gx) < LIM && (gk) + 3 < kend : (gx) + 3 < LIM && (gk) < kend) { \
-        v = *(__global const float4*)(Xb + X_AT(gx, gk)); \
+        v = *(__global const float4*)(Xb + (AT)); \
     } else { \
         float e_[4]; \
         for (int i = 0; i < 4; i++) { \
@@ -167,10 +210,11 @@ void gemm_tiled(GEMM_ARGS) {
         Xs[(buf)][kk][(xx) / 4] = v; \
     }
 // Each work-item's share of slice k0 of operand X into its registers regs; and from them into slice buffer buf.
-#define FETCH_X(regs, n, POS, Xb, X_AT, x0, LIM, KFAST, LOAD, k0) \
+#define FETCH_X(regs, n, POS, Xb, X_AT, X_AT_R, X_STEP, x0, LIM, KFAST, LOAD, k0) \
     for (int r = 0; r < (n); r++) { \
         POS(tid + r * NT, xx, kk); \
-        LOAD(regs[r], Xb, X_AT, (x0) + xx, (k0) + kk, LIM, KFAST); \
+        LOAD(regs[r], Xb, X_AT, (x0) + xx, (k0) + kk, LIM, KFAST, X_AT_R((x0) + xx, (k0) + kk, r)); \
+        X_STEP(r) \
     }
 #define STORE_X(regs, n, POS, Xs, KFAST, PUT, buf) \
     for (int r = 0; r < (n); r++) { \
@@ -178,8 +222,8 @@ void gemm_tiled(GEMM_ARGS) {
         PUT(Xs, buf, regs[r], xx, kk, KFAST); \
     }
 #define FETCH(k0) \
-    FETCH_X(ra, LA / A_GROUP, A_POS, Ab, A_AT, m0, M, A_KFAST, A_LOAD, k0) \
-    FETCH_X(rb, LB / B_GROUP, B_POS, Bb, B_AT, n0, N, B_KFAST, B_LOAD, k0)
+    FETCH_X(ra, LA / A_GROUP, A_POS, Ab, A_AT, A_AT_R, A_STEP, m0, M, A_KFAST, A_LOAD, k0) \
+    FETCH_X(rb, LB / B_GROUP, B_POS, Bb, B_AT, B_AT_R, B_STEP, n0, N, B_KFAST, B_LOAD, k0)
 #define STORE(buf) \
     STORE_X(ra, LA / A_GROUP, A_POS, As, A_KFAST, A_PUT, buf) \
     STORE_X(rb, LB / B_GROUP, B_POS, Bs, B_KFAST, B_PUT, buf)
@@ -223,6 +267,46 @@ void gemm_tiled(GEMM_ARGS) {
     __global float* Cb = C + c_off + z * c_bs;
     __global const float* biasb = bias + b * bias_bs;
 #define OUT(i, j, gm, gn, ci) gemm_epilogue(acc[i][j], alpha, beta, Cb, ci, biasb, bias_mode, gm, gn, relu)
+#if C_STAGE
+    // One strip of TY rows at a time (row i of every work-item's block) goes through local memory, so that
+    // consecutive work-items then store consecutive columns of C: one column each, its C_COL computed once.
+    __local float stage[TY][TN + 4];
+    const int sc = tid % TN, gsc = n0 + sc;
+    const int csc = gsc < N ? C_COL(gsc) : 0;
+#pragma unroll
+    for (int i = 0; i < WM; i++) {
+#pragma unroll
+        for (int g = 0; g < WN / 4; g++)
+            *(__local float4*)&stage[ty][g * (TX * 4) + tx * 4] =
+                (float4)(acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int s = 0; s < WN; s++) {
+            const int r = tid / TN + s * (NT / TN);  // the strip's row: ty of the work-item that computed it
+            const int gm = m0 + (i / 4) * (TY * 4) + r * 4 + i % 4;
+            if (gm < M && gsc < N) {
+                const int ci = gm * c_rs + csc;
+                Cb[ci] = gemm_epilogue(stage[r][sc], alpha, beta, Cb, ci, biasb, bias_mode, gm, gsc, relu);
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+#else
+#if C_SPLIT
+    // C_COL of this work-item's columns, a division for each group of 4 rather than one for each output
+    int c_col[WN];
+    for (int g = 0; g < WN / 4; g++) {
+        const int gn = n0 + g * (TX * 4) + tx * 4;
+        int seg = gn % c_cdiv, col = C_COL(gn);
+        for (int j = 0; j < 4; j++) {
+            c_col[4 * g + j] = col;
+            col += c_cs;
+            if (++seg == c_cdiv) { seg = 0; col += c_cso - c_cdiv * c_cs; }
+        }
+    }
+#define C_COL_OF(g, j, gn) c_col[4 * (g) + (j)]
+#else
+#define C_COL_OF(g, j, gn) C_COL(gn)
+#endif
     for (int i = 0; i < WM; i++) {
         const int gm = m0 + (i / 4) * (TY * 4) + ty * 4 + i % 4;
         if (gm >= M) continue;
@@ -230,7 +314,7 @@ void gemm_tiled(GEMM_ARGS) {
             const int gn = n0 + g * (TX * 4) + tx * 4;
 #if C_VEC
             if (gn + 3 < N) {
-                const int ci = gm * c_rs + C_COL(gn);
+                const int ci = gm * c_rs + C_COL_OF(g, 0, gn);
                 float4 v;
                 v.x = OUT(i, 4 * g, gm, gn, ci);
                 v.y = OUT(i, 4 * g + 1, gm, gn + 1, ci + 1);
@@ -241,11 +325,12 @@ void gemm_tiled(GEMM_ARGS) {
             }
 #endif
             for (int j = 0; j < 4 && gn + j < N; j++) {
-                const int ci = gm * c_rs + C_COL(gn + j);
+                const int ci = gm * c_rs + C_COL_OF(g, j, gn + j);
                 Cb[ci] = OUT(i, 4 * g + j, gm, gn + j, ci);
             }
         }
     }
+#endif
 }
 
 // Sums the ksplit partial products P[(b*ksplit + s)](m, n), stored densely (M x N each), in order s = 0, 1, ...,

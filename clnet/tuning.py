@@ -125,6 +125,11 @@ def local_bytes(cfg):
     return cfg.get("LBUF", 2) * cfg["TK"] * (cfg["TM"] + cfg["TN"] + 8) * 4
 
 
+def stage_bytes(cfg):
+    """What gemm_tiled's C_STAGE adds: a strip of TM / WM rows of the tile, padded by a float4."""
+    return cfg["TM"] // cfg["WM"] * (cfg["TN"] + 4) * 4
+
+
 def fits(dev, cfg):
     if cfg["kernel"] != "gemm_tiled":
         return True

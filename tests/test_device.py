@@ -217,6 +217,52 @@ def test_gemm_batched_with_split_columns(dev, rng, gemm_variant):
     assert_close(C.numpy(), expected, "C", tol=1e-5)
 
 
+def _scatter(x, mat, rng_pad):
+    """A (batch, rows, cols) float32 array placed in a NaN-filled buffer where `mat` says its elements lie; the
+    buffer's size and every element's index."""
+    batch, rows, cols = x.shape
+    b, r, c = np.meshgrid(np.arange(batch), np.arange(rows), np.arange(cols), indexing="ij")
+    idx = mat.off + b * mat.bs + r * mat.rs + (c % mat.cdiv) * mat.cs + (c // mat.cdiv) * mat.cso
+    buf = np.full(idx.max() + 1 + rng_pad, np.nan, np.float32)
+    assert len(np.unique(idx)) == idx.size
+    buf[idx] = x
+    return buf, idx
+
+
+@pytest.mark.parametrize("P", [3, 13, 20])
+@pytest.mark.parametrize("ksplit", [None, 3])
+def test_gemm_split_operands(dev, rng, gemm_variant, P, ksplit):
+    """Every operand with a column split at once, as a convolution's products have them: A's k over (image, pixel)
+    (dy in a weight gradient), B's n and C's n over (image, pixel) of NCHW tensors; batched. Planes of 3 pixels wrap
+    several times within one slice of k, 13 leaves float4s off, 20 takes them (where the tile's split allows); K spans
+    many slices, cut also into 3 split-K slices. Checked against float64, and NaN padding around every operand stays."""
+    from clnet import tuning
+    batch, M, imgs_k, imgs_n = 2, 37, 23, 5
+    K, N = imgs_k * P, imgs_n * P
+    a = Mat(off=4, bs=M * K, rs=P, cs=1, cdiv=P, cso=M * P)  # (imgs_k, M, P) per batch
+    b = Mat(off=4, bs=K * N, rs=P, cs=1, cdiv=P, cso=K * P)  # (imgs_n, K, P) per batch
+    c = Mat(off=4, bs=M * N, rs=P, cs=1, cdiv=P, cso=M * P)  # (imgs_n, M, P) per batch
+    A64 = rng.standard_normal((batch, M, K))
+    B64 = rng.standard_normal((batch, K, N))
+    C0 = rng.standard_normal((batch, M, N)).astype(np.float32)
+    (abuf, _), (bbuf, _) = _scatter(A64.astype(np.float32), a, 4), _scatter(B64.astype(np.float32), b, 4)
+    cbuf, cidx = _scatter(C0, c, 4)
+    A, B, C = (clnet.tensor(x, dev) for x in (abuf, bbuf, cbuf))
+    if ksplit is None:
+        gemm.gemm(M, N, K, A, a, B, b, C, c, alpha=0.5, beta=2.0, batch=batch)
+    else:
+        cfg = tuning.gemm_config(dev, M, N, K, batch)
+        gemm._gemm_choice(dev, dict(cfg=cfg, ksplit=ksplit), M, N, K, A, a, B, b, C, c, 0.5, 2.0, batch, None, 0,
+                          0, False, "test")
+    expected = 0.5 * np.einsum("bmk,bkn->bmn", A64.astype(np.float32).astype(np.float64),
+                               B64.astype(np.float32).astype(np.float64)) + 2.0 * C0
+    out = C.numpy()
+    assert_close(out[cidx], expected, "C", tol=1e-5)
+    untouched = np.ones(out.size, bool)
+    untouched[cidx] = False
+    assert np.isnan(out[untouched]).all()
+
+
 def test_library_named_differently_by_an_icd_file_is_not_registered_twice(tmp_path, monkeypatch):
     """An ICD file naming the same library by its versioned file counts as registering it (PoCL appeared twice)."""
     vendors, libdir = tmp_path / "vendors", tmp_path / "lib"
