@@ -62,6 +62,9 @@
 #ifndef C_VEC
 #define C_VEC 0     // float4 stores of C
 #endif
+#ifndef WARP_8X4
+#define WARP_8X4 0  // work-items in warps of 8 x 4 along (n, m)
+#endif
 #ifndef C_STAGE
 #define C_STAGE 0   // C stored through local memory
 #endif
@@ -80,6 +83,9 @@
 #endif
 #if (TM * TK) % NT != 0 || (TN * TK) % NT != 0
 #error "each tile slice must split evenly over the work-group"
+#endif
+#if WARP_8X4 && (TX % 8 != 0 || TY % 4 != 0)
+#error "WARP_8X4 needs TX a multiple of 8 and TY of 4"
 #endif
 #if C_STAGE && (C_VEC || NT % TN != 0)
 #error "C_STAGE is for C without float4 stores, with whole strips of TN columns per round of the work-group"
@@ -122,7 +128,15 @@
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void gemm_tiled(GEMM_ARGS) {
     GEMM_AT_OFFSETS
-    const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * TX + tx;
+    const int tid = get_local_id(1) * TX + get_local_id(0);
+#if WARP_8X4
+    // each 32 consecutive work-items cover 8 x 4 of (tx, ty): a warp's float4 reads of a slice row then fetch 4
+    // distinct float4s of A and 8 of B (128 bytes each) rather than 2 and 16
+    const int w = tid / 32, lane = tid % 32;
+    const int tx = w % (TX / 8) * 8 + lane % 8, ty = w / (TX / 8) * 4 + lane / 8;
+#else
+    const int tx = get_local_id(0), ty = get_local_id(1);
+#endif
     const int z = get_global_id(2), b = z / ksplit;
     const int kbeg = (z % ksplit) * kc, kend = min(K, kbeg + kc);
     const int m0 = get_group_id(1) * TM, n0 = get_group_id(0) * TN;

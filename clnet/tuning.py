@@ -363,6 +363,7 @@ def describe(choice):
     if cfg["kernel"] == "gemm_tiled":
         name = f"tiled {cfg['TM']}x{cfg['TN']}x{cfg['TK']}/{cfg['WM']}x{cfg['WN']}"
         name += " 1buf" if cfg.get("LBUF", 2) == 1 else ""
+        name += " warp8x4" if cfg.get("WARP_8X4") else ""
     else:
         name = "block " + " ".join(f"{k}{cfg[k]}" for k in sorted(cfg) if k != "kernel")  # as the cache file orders
     return pre + name + (f" k{ks}" if ks > 1 else "")
