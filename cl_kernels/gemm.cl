@@ -284,22 +284,22 @@ void gemm_tiled(GEMM_ARGS) {
 #if C_STAGE
     // One strip of TY rows at a time (row i of every work-item's block) goes through local memory, so that
     // consecutive work-items then store consecutive columns of C: one column each, its C_COL computed once.
-    __local float stage[TY][TN + 4];
+    __local float4 stage[TY][TN / 4 + 1];  // float4s: a float array need not be 16-byte aligned
     const int sc = tid % TN, gsc = n0 + sc;
     const int csc = gsc < N ? C_COL(gsc) : 0;
 #pragma unroll
     for (int i = 0; i < WM; i++) {
 #pragma unroll
         for (int g = 0; g < WN / 4; g++)
-            *(__local float4*)&stage[ty][g * (TX * 4) + tx * 4] =
-                (float4)(acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
+            stage[ty][g * TX + tx] = (float4)(acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int s = 0; s < WN; s++) {
             const int r = tid / TN + s * (NT / TN);  // the strip's row: ty of the work-item that computed it
             const int gm = m0 + (i / 4) * (TY * 4) + r * 4 + i % 4;
             if (gm < M && gsc < N) {
                 const int ci = gm * c_rs + csc;
-                Cb[ci] = gemm_epilogue(stage[r][sc], alpha, beta, Cb, ci, biasb, bias_mode, gm, gsc, relu);
+                const float v = ((__local float*)stage[r])[sc];
+                Cb[ci] = gemm_epilogue(v, alpha, beta, Cb, ci, biasb, bias_mode, gm, gsc, relu);
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
