@@ -26,9 +26,6 @@ TILES = [dict(kernel="gemm_tiled", TM=128, TN=128, TK=32, WM=8, WN=8, LBUF=1),
 # Fewer work-items a tile, each still 8x8 outputs: smaller work-groups of the same registers each, so that several
 # share a multiprocessor and one's barrier does not idle it (--tiles occupancy).
 OCCUPANCY_TILES = [dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=8),
-                   dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=8, WARP_8X4=1),
-                   dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=8, LBUF=1, WARP_8X4=1),
-                   dict(kernel="gemm_tiled", TM=128, TN=128, TK=32, WM=8, WN=8, LBUF=1, WARP_8X4=1),
                    dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=4, WN=8),
                    dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=4),
                    dict(kernel="gemm_tiled", TM=128, TN=64, TK=16, WM=8, WN=8),
