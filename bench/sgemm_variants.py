@@ -3,6 +3,9 @@ each with the registers and spill bytes the driver reports (NVIDIA: -cl-nv-verbo
 be told apart from an occupancy one. cuBLAS (torch.mm, TF32 off) on the same operands for scale.
 
     python bench/sgemm_variants.py --device gpu --n 4096 --json bench/results/sgemm-variants.json
+
+--tiles occupancy times OCCUPANCY_TILES instead (bench/NOTES.md v57: all slower); --quick only float4 fetches with A
+k-fast, no register cap.
 """
 import argparse
 import json
@@ -23,8 +26,9 @@ TILES = [dict(kernel="gemm_tiled", TM=128, TN=128, TK=32, WM=8, WN=8, LBUF=1),
          dict(kernel="gemm_tiled", TM=128, TN=64, TK=16, WM=8, WN=4),
          dict(kernel="gemm_tiled", TM=64, TN=128, TK=16, WM=4, WN=8),
          dict(kernel="gemm_tiled", TM=64, TN=64, TK=16, WM=4, WN=4)]
-# Fewer work-items a tile, each still 8x8 outputs: smaller work-groups of the same registers each, so that several
-# share a multiprocessor and one's barrier does not idle it (--tiles occupancy).
+# Tiles that trade the 128x128/8x8 default's one work-group a multiprocessor for more (--tiles occupancy): smaller
+# tiles of 8x8 outputs a work-item (several work-groups share a multiprocessor, so one's barrier does not idle it),
+# or 128x128 over 512 work-items of fewer registers each.
 OCCUPANCY_TILES = [dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=8),
                    dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=4, WN=8),
                    dict(kernel="gemm_tiled", TM=128, TN=128, TK=16, WM=8, WN=4),

@@ -152,42 +152,43 @@ __kernel void accumulate(__global float* restrict dst, OFFSET_PARAM(dst), __glob
     }
 }
 
+// What the copy2d kernels share: their pointers are floats or float4s (see the header)
+#define COPY2D_BODY \
+    const int c = get_global_id(0), r = get_global_id(1); \
+    if (c < cols && r < rows) dst[dst_off + r * dst_ld + c] = src[src_off + r * src_ld + c];
+#define COPY2D_ADD_BODY \
+    const int c = get_global_id(0), r = get_global_id(1); \
+    if (c < cols && r < rows) { \
+        const int d = dst_off + r * dst_ld + c; \
+        dst[d] = acc[d] + src[src_off + r * src_ld + c]; \
+    }
+
 __kernel void copy2d(__global const float* restrict src, OFFSET_PARAM(src), const int src_off, const int src_ld,
                      __global float* restrict dst, OFFSET_PARAM(dst), const int dst_off, const int dst_ld,
                      const int rows, const int cols) {
     AT_OFFSET(__global const float*, src) AT_OFFSET(__global float*, dst)
-    const int c = get_global_id(0), r = get_global_id(1);
-    if (c < cols && r < rows) dst[dst_off + r * dst_ld + c] = src[src_off + r * src_ld + c];
+    COPY2D_BODY
 }
 
 __kernel void copy2d_add(__global const float* restrict src, OFFSET_PARAM(src), const int src_off, const int src_ld,
                          __global float* restrict dst, OFFSET_PARAM(dst), const int dst_off, const int dst_ld,
                          const int rows, const int cols, __global const float* restrict acc, OFFSET_PARAM(acc)) {
     AT_OFFSET(__global const float*, src) AT_OFFSET(__global float*, dst) AT_OFFSET(__global const float*, acc)
-    const int c = get_global_id(0), r = get_global_id(1);
-    if (c < cols && r < rows) {
-        const int d = dst_off + r * dst_ld + c;
-        dst[d] = acc[d] + src[src_off + r * src_ld + c];
-    }
+    COPY2D_ADD_BODY
 }
 
 __kernel void copy2d_x4(__global const float4* restrict src, OFFSET_PARAM(src), const int src_off, const int src_ld,
                         __global float4* restrict dst, OFFSET_PARAM(dst), const int dst_off, const int dst_ld,
                         const int rows, const int cols) {
     AT_OFFSET(__global const float4*, src) AT_OFFSET(__global float4*, dst)
-    const int c = get_global_id(0), r = get_global_id(1);
-    if (c < cols && r < rows) dst[dst_off + r * dst_ld + c] = src[src_off + r * src_ld + c];
+    COPY2D_BODY
 }
 
 __kernel void copy2d_add_x4(__global const float4* restrict src, OFFSET_PARAM(src), const int src_off, const int src_ld,
                             __global float4* restrict dst, OFFSET_PARAM(dst), const int dst_off, const int dst_ld,
                             const int rows, const int cols, __global const float4* restrict acc, OFFSET_PARAM(acc)) {
     AT_OFFSET(__global const float4*, src) AT_OFFSET(__global float4*, dst) AT_OFFSET(__global const float4*, acc)
-    const int c = get_global_id(0), r = get_global_id(1);
-    if (c < cols && r < rows) {
-        const int d = dst_off + r * dst_ld + c;
-        dst[d] = acc[d] + src[src_off + r * src_ld + c];
-    }
+    COPY2D_ADD_BODY
 }
 
 __kernel void copy_batch(__global const float* restrict xs, OFFSET_PARAM(xs), const int x_off, const int n_x,

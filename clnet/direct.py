@@ -92,4 +92,3 @@ def conv2d_forward(x, w, bias, s, relu=False, what="Conv2d", cfg=None):
         k = kernels.kernel(dev, "conv_direct.cl", cfg["kernel"], defines)
         kernels.launch(dev, k, (s.OH * s.OW, blocks, s.N), (ls, 1, 1), *args, what=what + " (direct)")
     return y
-

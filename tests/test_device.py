@@ -217,13 +217,13 @@ def test_gemm_batched_with_split_columns(dev, rng, gemm_variant):
     assert_close(C.numpy(), expected, "C", tol=1e-5)
 
 
-def _scatter(x, mat, rng_pad):
-    """A (batch, rows, cols) float32 array placed in a NaN-filled buffer where `mat` says its elements lie; the
-    buffer's size and every element's index."""
+def _scatter(x, mat, pad):
+    """A (batch, rows, cols) float32 array placed in a NaN-filled buffer (pad more floats after its last element)
+    where `mat` says its elements lie: (the buffer, every element's index)."""
     batch, rows, cols = x.shape
     b, r, c = np.meshgrid(np.arange(batch), np.arange(rows), np.arange(cols), indexing="ij")
     idx = mat.off + b * mat.bs + r * mat.rs + (c % mat.cdiv) * mat.cs + (c // mat.cdiv) * mat.cso
-    buf = np.full(idx.max() + 1 + rng_pad, np.nan, np.float32)
+    buf = np.full(idx.max() + 1 + pad, np.nan, np.float32)
     assert len(np.unique(idx)) == idx.size
     buf[idx] = x
     return buf, idx
