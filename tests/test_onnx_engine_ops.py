@@ -46,18 +46,22 @@ def _check(dev, path, x, weights, torch_fn, rng, tol):
     assert_close(y.numpy(), want, "forward against ONNX Runtime", tol=tol)
     g = rng.standard_normal(y.shape).astype(np.float32)
     (y * clnet.tensor(g, dev)).sum().backward()
-    def torch_grads(dtype):
-        tw = {k: torch.tensor(v, dtype=dtype, requires_grad=True) for k, v in weights.items()}
-        xt = torch.tensor(x, dtype=dtype, requires_grad=True)
+    def torch_grads(dtype, jitter=0.0):
+        def leaf(v):  # jitter: a relative perturbation of the order of float32's rounding
+            return torch.tensor(v * (1 + jitter * rng.standard_normal(v.shape)), dtype=dtype, requires_grad=True)
+        tw = {k: leaf(v) for k, v in weights.items()}
+        xt = leaf(x)
         yt = torch_fn(xt, tw)
         (yt * torch.tensor(g, dtype=dtype)).sum().backward()
         return yt.detach().numpy(), dict({k: t.grad.numpy() for k, t in tw.items()}, x=xt.grad.numpy())
     yt, ref = torch_grads(torch.float64)
-    _, ref32 = torch_grads(torch.float32)
+    # PyTorch float32's own error, at the data and at 5 copies jittered by float32's rounding: one sample of it can
+    # be small by luck where a gradient largely cancels (a bias before a normalization), the largest of six is not
+    refs32 = [torch_grads(torch.float32)[1]] + [torch_grads(torch.float32, 6e-8)[1] for _ in range(5)]
     assert_close(y.numpy(), yt, "forward against PyTorch", tol=tol)
 
-    def bound(k):  # a gradient that largely cancels (a bias before a normalization) errs in PyTorch float32 too
-        err32 = np.linalg.norm(ref32[k] - ref[k]) / max(np.linalg.norm(ref[k]), 1e-30)
+    def bound(k):
+        err32 = max(np.linalg.norm(r[k] - ref[k]) for r in refs32) / max(np.linalg.norm(ref[k]), 1e-30)
         return max(tol, 10 * err32)
     assert_close(tx.grad.numpy(), ref["x"], "input gradient", tol=bound("x"))
     params = dict(net.named_parameters())
