@@ -232,21 +232,29 @@ def test_pytorch_exports_of_modern_blocks_train(dev, rng, tmp_path, dynamo, trai
         return
     g = rng.standard_normal(y.shape).astype(np.float32)
     (y * clnet.tensor(g, dev)).sum().backward()
-    model.zero_grad()
-    (model(x) * torch.tensor(g)).sum().backward()
-    theirs = dict(model.named_parameters())
-    ours = dict(net.named_parameters())
+    ours, theirs = dict(net.named_parameters()), dict(model.named_parameters())
     assert set(ours) <= set(theirs) and len(ours) == len(theirs), sorted(set(theirs) ^ set(ours))
     # the reference: the same step in float64; each gradient within 2e-5 of it, or within 4x PyTorch float32's own
-    # distance from it where float32 itself lands farther (se1's weight: a sum over few active ReLUs)
+    # distance from it where float32 itself lands farther (se1's weight: a sum over few active ReLUs), the largest
+    # of that distance at the data and at 4 copies jittered at float32's rounding (one run can land close by luck)
     model64 = copy.deepcopy(model).double()
     (model64(x.double()) * torch.tensor(g, dtype=torch.float64)).sum().backward()
-    exact = dict(model64.named_parameters())
+    exact = {k: p.grad.numpy() for k, p in model64.named_parameters()}
+
+    def float32_distance(jitter):
+        twin = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in twin.parameters():
+                p.mul_(1 + jitter * torch.randn_like(p))
+        twin.zero_grad()
+        (twin(x * (1 + jitter * torch.randn_like(x))) * torch.tensor(g)).sum().backward()
+        return {k: np.linalg.norm(p.grad.numpy() - exact[k]) / max(np.linalg.norm(exact[k]), 1e-30)
+                for k, p in twin.named_parameters()}
+    distances = [float32_distance(0.0)] + [float32_distance(6e-8) for _ in range(4)]
     for k, p in ours.items():
         grad = p.grad.numpy().T if k in net._transposed else p.grad.numpy()
-        ref = exact[k].grad.numpy()
-        f32 = np.linalg.norm(theirs[k].grad.numpy() - ref) / max(np.linalg.norm(ref), 1e-30)
-        assert_close(grad, ref, f"gradient of {k}", tol=max(2e-5, 4 * f32))
+        f32 = max(d[k] for d in distances)
+        assert_close(grad, exact[k], f"gradient of {k}", tol=max(2e-5, 4 * f32))
 
 
 def test_index_and_shape_ops_of_computed_tensors(dev, rng, tmp_path):
