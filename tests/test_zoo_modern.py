@@ -18,7 +18,7 @@ import pytest
 import clnet
 from clnet import models, nn
 
-from conftest import assert_close, needs_torch
+from conftest import assert_close, needs_torch, perturbed
 
 torch = pytest.importorskip("torch")
 tnn = torch.nn
@@ -404,19 +404,6 @@ def results(model, x, labels, torch_side, decisions=None, check=False):
     got = {k: v.numpy() for k, v in got.items()}
     got.update(model.state_dict())
     return {k: np.asarray(v, np.float64) for k, v in got.items()}
-
-
-def perturbed(twin, gen):
-    """twin (float64) with each leaf module's output multiplied by 1 + 2^-24 * a standard normal draw: float32's
-    rounding of every stored result, and nothing else, as an engine-independent witness of what it does to each
-    quantity."""
-    def hook(module, args, out):
-        if isinstance(out, torch.Tensor) and out.is_floating_point():
-            return out * (1 + 2.0 ** -24 * torch.randn(out.shape, generator=gen, dtype=out.dtype))
-    for m in twin.modules():
-        if next(m.children(), None) is None:
-            m.register_forward_hook(hook)
-    return twin
 
 
 ROUNDING_RUNS = 2  # perturbed float64 runs beside PyTorch's float32 one
