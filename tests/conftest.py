@@ -1,4 +1,5 @@
 import contextlib
+import math
 import os
 import tempfile
 
@@ -137,6 +138,78 @@ def perturbed(twin, gen):
         if next(m.children(), None) is None:
             m.register_forward_hook(hook)
     return twin
+
+
+KINKS = ("ReLU", "ReLU6", "MaxPool2d")  # the modules whose gradient jumps: clnet's decisions there are the twins' too
+KINK_TOL = 1e-4  # a decision may differ from float64's only within this much of the layer's largest input
+
+
+class Decisions:
+    """clnet's decisions at every call of one forward's modules of `kinds` (ReLU and ReLU6: on or off; MaxPool2d: which
+    input each window takes), imposed on a PyTorch twin's.
+
+    A ReLU input within rounding of zero can go either way in float32, and so can a pooling window whose two largest
+    inputs lie within rounding of each other; where clnet's goes otherwise than float64's every gradient below it
+    moves (shufflenet_v2_x1_0 at 224x224, batch 2: one of conv5's 100352 ReLU inputs, 3e-5 from zero, moved every
+    gradient of the network by 5e-3; PyTorch's own float32 flips others, as often; test_zoo's inception net on seed
+    3744140389: a 3x3 window's two largest inputs, 1.3e-7 apart, moved the input gradient by 2.4e-2). So the twins
+    take clnet's decisions: a ReLU gives x where clnet's input was on, 0 (or 6) where off; a max pooling gives x at
+    the input clnet took, the first maximum of clnet's own input (as clnet's kernels and PyTorch pick). Each decision
+    that differs from the float64 twin's own must lie within KINK_TOL of a kink, relative to the largest input of that
+    call (a ReLU input's distance from 0 or 6; the window's maximum less the input taken): a ReLU that switched a
+    clearly positive or negative input, or a pooling that took a clearly smaller one, still fails. What remains is
+    every op's own arithmetic. A hook keeps nn.Sequential from fusing its module with a neighbour (a ReLU into a
+    Conv2d, Linear or MaxPool2d): `kinds` leaves out those whose fused kernels a test means to check."""
+
+    def __init__(self, model, kinds=KINKS):
+        self.kinds, self.seen = kinds, {}
+        for name, m in model.named_modules():
+            if type(m).__name__ in kinds:
+                m.register_forward_pre_hook(lambda m_, args, name=name: self.seen.setdefault(name, []).append(
+                    args[0].numpy()))
+
+    def impose(self, twin, check):
+        """Forward hooks on twin's modules of self.kinds that replace their outputs by clnet's decisions applied to
+        the twin's own inputs, in call order; check: also assert each differing decision lies at a kink."""
+        calls = {}
+        for name, m in twin.named_modules():
+            kind = type(m).__name__
+            if kind in self.kinds:
+                decide = self._argmax if kind == "MaxPool2d" else self._on_off
+                m.register_forward_hook(lambda m_, args, out, name=name, decide=decide: decide(
+                    name, m_, next(calls.setdefault(name, iter(self.seen[name]))), args[0], out, check))
+
+    @staticmethod
+    def _on_off(name, module, ours, x, out, check):
+        import torch
+        kind = type(module).__name__
+        ours = torch.from_numpy(ours).to(x.dtype)
+        top = 6.0 if kind == "ReLU6" else math.inf
+        on, high = (ours > 0) & (ours < top), ours >= top
+        if check:
+            v = x.detach()
+            own_on, own_high = (v > 0) & (v < top), v >= top
+            differ = (on != own_on) | (high != own_high)
+            gap = torch.minimum(v.abs(), (v - top).abs())[differ]
+            limit = KINK_TOL * float(v.abs().max())
+            assert gap.numel() == 0 or float(gap.max()) <= limit, \
+                f"{name} ({kind}): {gap.numel()} on/off decisions differ from float64's, up to " \
+                f"{float(gap.max()):.2e} from a kink (allowed: rounding, {limit:.2e})"
+        return torch.where(on, x, torch.where(high, torch.full_like(x, 6.0), torch.zeros_like(x)))
+
+    @staticmethod
+    def _argmax(name, pool, ours, x, out, check):
+        import torch
+        _, at = torch.nn.functional.max_pool2d(torch.from_numpy(ours), pool.kernel_size, pool.stride, pool.padding,
+                                               pool.dilation, pool.ceil_mode, return_indices=True)
+        taken = x.flatten(-2).gather(-1, at.flatten(-2)).view_as(out)  # the gradient goes to clnet's argmax alone
+        if check:
+            gap = (out - taken).detach()  # the window's float64 maximum less the input clnet took: 0 where they agree
+            limit = KINK_TOL * float(x.detach().abs().max())
+            assert float(gap.max()) <= limit, \
+                f"{name} (MaxPool2d): {int((gap > 0).sum())} argmax decisions differ from float64's, up to " \
+                f"{float(gap.max()):.2e} below the window's maximum (allowed: rounding, {limit:.2e})"
+        return taken
 
 
 try:

@@ -10,7 +10,7 @@ import clnet
 from clnet import models, nn, optim
 from clnet.tensor import pool
 
-from conftest import assert_close, needs_torch
+from conftest import Decisions, assert_close, needs_torch
 
 
 def torch_twin(model, build):
@@ -49,13 +49,18 @@ def training_step_results(model, x, labels, input_grad, make_input):
 
 def compare_with_torch(model, twin, x, labels, tol=1e-5, input_grad=True):
     """clnet against the float64 twin, each result within tol or within 4x the error of the same twin run in
-    float32: a deep net's batch-norm gradients at batch 2 can cancel to where float32 itself misses 1e-5."""
+    float32: a deep net's batch-norm gradients at batch 2 can cancel to where float32 itself misses 1e-5. Both twins
+    take clnet's max-pooling argmax (Decisions), checked to differ from float64's only at near-ties. Not its ReLU
+    decisions: a hook would keep nn.Sequential from fusing each ReLU into its convolution, which this test checks."""
     import copy
     import torch
-    twin32 = copy.deepcopy(twin).float()
+    decisions = Decisions(model, kinds=("MaxPool2d",))
+    twin32 = copy.deepcopy(twin).float()  # before any hook is on twin
+    ours = training_step_results(model, x, labels, input_grad, lambda a: clnet.tensor(a, model.device))
+    decisions.impose(twin, check=True)
+    decisions.impose(twin32, check=False)
     expected = training_step_results(twin, x, labels, input_grad, lambda a: torch.tensor(a, dtype=torch.float64))
     single = training_step_results(twin32, x, labels, input_grad, lambda a: torch.tensor(a, dtype=torch.float32))
-    ours = training_step_results(model, x, labels, input_grad, lambda a: clnet.tensor(a, model.device))
     assert ours.keys() == expected.keys()
     for k, want in expected.items():
         floor = np.linalg.norm(single[k] - want) / max(np.linalg.norm(want), 1e-30)

@@ -3,11 +3,11 @@ against PyTorch twins written here, independently of clnet/models.py, from the p
 layout: the twin loads the clnet model's state_dict unchanged (so the keys and shapes are torchvision's), and the
 forward output, the loss, the input's and every parameter's gradient and batch norm's running statistics agree in
 float64, in training (batch statistics; dropout and drop path at 0) and in eval (running statistics; dropout and
-drop path on, which eval must ignore). The twins take clnet's ReLU decisions, each checked to differ from float64's
-only within rounding of the kink (Decisions), so a ReLU input at the edge cannot move every gradient below it. CI
-runs width- and depth-reduced configurations of the same classes, and shufflenet_v2_x1_0 at full width on a small
-image; the full-size models are built on the host only, to check their state_dict layout and parameter counts
-against torchvision's published ones."""
+drop path on, which eval must ignore). The twins take clnet's ReLU and max-pooling decisions, each checked to differ
+from float64's only within rounding of the kink (conftest.Decisions), so an input at the edge cannot move every
+gradient below it. CI runs width- and depth-reduced configurations of the same classes, and shufflenet_v2_x1_0 at
+full width on a small image; the full-size models are built on the host only, to check their state_dict layout and
+parameter counts against torchvision's published ones."""
 import copy
 import math
 from collections import OrderedDict
@@ -18,7 +18,7 @@ import pytest
 import clnet
 from clnet import models, nn
 
-from conftest import assert_close, needs_torch, perturbed
+from conftest import Decisions, assert_close, needs_torch, perturbed
 
 torch = pytest.importorskip("torch")
 tnn = torch.nn
@@ -332,55 +332,6 @@ def randomise_constants(model, rng):
     model.load_state_dict(state, strict=False)
 
 
-KINKS = ("ReLU", "ReLU6")  # the activations whose gradient jumps: clnet's decisions there are the twins' too
-KINK_TOL = 1e-4  # a decision may differ from float64's only within this much of the layer's largest input
-
-
-class Decisions:
-    """clnet's on/off decisions at every ReLU and ReLU6 call of one forward, imposed on a twin's.
-
-    A ReLU input within rounding of zero can go either way in float32, and where clnet's goes otherwise than float64's
-    every gradient below it moves (shufflenet_v2_x1_0 at 224x224, batch 2: one of conv5's 100352 ReLU inputs, 3e-5
-    from zero, moved every gradient of the network by 5e-3; PyTorch's own float32 flips others, as often). So the
-    twins take clnet's decisions, y = x where clnet's input was on, 0 (or 6) where off, and each decision that differs
-    from the float64 twin's own must lie within KINK_TOL of a kink, relative to the largest input of that call: a
-    ReLU that switched a clearly positive or negative input still fails. What remains is every op's own arithmetic.
-    (A hook on a ReLU keeps nn.Sequential from fusing it into a preceding Conv2d or Linear; these networks' ReLUs
-    follow batch norm, so none is fused anyway.)"""
-
-    def __init__(self, model):
-        self.seen = {}
-        for name, m in model.named_modules():
-            if type(m).__name__ in KINKS:
-                m.register_forward_pre_hook(lambda m_, args, name=name: self.seen.setdefault(name, []).append(
-                    args[0].numpy()))
-
-    def impose(self, twin, check):
-        """Forward hooks on twin's ReLU and ReLU6 modules that replace their outputs by clnet's decisions applied
-        to the twin's own inputs, in call order; check: also assert each differing decision lies at a kink."""
-        calls = {}
-        for name, m in twin.named_modules():
-            if type(m).__name__ in KINKS:
-                m.register_forward_hook(lambda m_, args, out, name=name: self._decide(
-                    name, calls.setdefault(name, iter(self.seen[name])), args[0], check, type(m_).__name__))
-
-    @staticmethod
-    def _decide(name, inputs, x, check, kind):
-        ours = torch.from_numpy(next(inputs)).to(x.dtype)
-        top = 6.0 if kind == "ReLU6" else math.inf
-        on, high = (ours > 0) & (ours < top), ours >= top
-        if check:
-            v = x.detach()
-            own_on, own_high = (v > 0) & (v < top), v >= top
-            differ = (on != own_on) | (high != own_high)
-            gap = torch.minimum(v.abs(), (v - top).abs())[differ]
-            limit = KINK_TOL * float(v.abs().max())
-            assert gap.numel() == 0 or float(gap.max()) <= limit, \
-                f"{name} ({kind}): {gap.numel()} on/off decisions differ from float64's, up to " \
-                f"{float(gap.max()):.2e} from a kink (allowed: rounding, {limit:.2e})"
-        return torch.where(on, x, torch.where(high, torch.full_like(x, 6.0), torch.zeros_like(x)))
-
-
 def results(model, x, labels, torch_side, decisions=None, check=False):
     """Output, loss, input gradient, every parameter's gradient, and the buffers after one forward and backward,
     in float64 (for a clnet model or a PyTorch one; a PyTorch one following clnet's recorded decisions, if given)."""
@@ -415,7 +366,7 @@ def compare(model, twin, x, labels, tol=2e-5, follow=True):
     gradient that cancels at batch 2 can be beyond float32 itself at 1e-5, and PyTorch's one float32 run can be
     lucky: through a batch norm channel of 8 values with a variance 340x below its layer's median (full widths at
     2x2 planes), PyTorch's error was 5e-6, the perturbed runs' 3e-6 to 2.2e-5, clnet's 3.3e-5. follow: the twins take
-    clnet's ReLU decisions (Decisions), each checked to differ from float64's only at a kink."""
+    clnet's ReLU and max-pooling decisions (Decisions), each checked to differ from float64's only at a kink."""
     decisions = Decisions(model) if follow else None
     ours = results(model, x, labels, False)
     twin = twin.double()
@@ -491,9 +442,9 @@ def test_full_size_layout_is_torchvisions(name):
 def test_full_width_shufflenet_matches_twin(dev, rng):
     """shufflenet_v2_x1_0's full widths (116, 232 and 464 channels through the depthwise layers, the split, the
     concatenation and the shuffle; 1024 at conv5), one or two units a stage, on an odd-sized image (stride 2 on odd
-    planes): one training step as the float64 twin, ReLU decisions followed (compare). Within 4e-5: stage 4's batch
-    norms see 2 images of 3x3 planes, 18 values a channel, and stage4.0.branch2.1.weight's gradient erred 2.0e-5
-    (seed 1632702387, PoCL and Intel's runtime) where PyTorch's float32 runs erred under 5e-6."""
+    planes): one training step as the float64 twin, ReLU and max-pooling decisions followed (compare). Within 4e-5:
+    stage 4's batch norms see 2 images of 3x3 planes, 18 values a channel, and stage4.0.branch2.1.weight's gradient
+    erred 2.0e-5 (seed 1632702387, PoCL and Intel's runtime) where PyTorch's float32 runs erred under 5e-6."""
     widths, repeats, shape = (24, 116, 232, 464, 1024), (1, 2, 1), (2, 3, 45, 45)
     clnet.manual_seed(int(rng.integers(1 << 30)))
     model = _zoo(clnet, "ShuffleNetV2")(repeats, widths, 10)
@@ -505,7 +456,7 @@ def test_full_width_shufflenet_matches_twin(dev, rng):
 
 
 @needs_torch
-@pytest.mark.parametrize("kind", KINKS)
+@pytest.mark.parametrize("kind", ("ReLU", "ReLU6"))
 def test_twins_follow_decisions_only_at_kinks(dev, rng, kind):
     """compare's Decisions: where clnet's decision differs from float64's at a kink, the twin follows clnet's (the
     unit's gradient goes with it); where it differs at an input clearly away from a kink, the comparison fails."""
@@ -534,6 +485,33 @@ def test_twins_follow_decisions_only_at_kinks(dev, rng, kind):
     # a decision switched at an input 1 from the kink is no rounding: named, and failed
     with pytest.raises(AssertionError, match=r"1 \(" + kind + r"\): 1 on/off decisions differ"):
         twin_grads(lambda seen: seen.__setitem__((1, 0), -1.0 if kink == 0 else 12.0))
+
+
+@needs_torch
+def test_twins_follow_pooling_argmax_only_at_near_ties(dev, rng):
+    """compare's Decisions at a max pooling: where clnet's argmax differs from float64's within rounding, the twin's
+    gradient goes to clnet's; where clnet took an input clearly below the window's maximum, the comparison fails."""
+    model = nn.Sequential(nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4, 3)).to(dev)
+    twin = tnn.Sequential(tnn.MaxPool2d(2), tnn.Flatten(), tnn.Linear(4, 3)).double()
+    twin.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in model.state_dict().items()})
+    x = rng.standard_normal((2, 1, 4, 4)).astype(np.float32)
+    x[0, 0, 0, :2] = 10.0  # the first window's two largest inputs tie, in float32 and float64 alike: the first wins
+    labels = rng.integers(0, 3, 2)
+
+    def twin_grads(edit):
+        decisions = Decisions(model)
+        results(model, x, labels, False)
+        edit(decisions.seen["0"][0])
+        return results(copy.deepcopy(twin), x, labels, True, decisions, check=True)["grad input"][0, 0, 0, :2]
+
+    first, second = twin_grads(lambda seen: None)
+    assert first != 0.0 and second == 0.0
+    # clnet's second input a rounding step above the first: the twin's gradient goes to the second
+    first, second = twin_grads(lambda seen: seen.__setitem__((0, 0, 0, 1), np.nextafter(np.float32(10), np.inf)))
+    assert first == 0.0 and second != 0.0
+    # an argmax moved to an input about 10 below the window's maximum is no rounding: named, and failed
+    with pytest.raises(AssertionError, match=r"0 \(MaxPool2d\): 1 argmax decisions differ"):
+        twin_grads(lambda seen: seen.__setitem__((0, 0, 1, 1), 20.0))
 
 
 def test_stochastic_depth(dev, rng):
