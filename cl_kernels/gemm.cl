@@ -23,6 +23,10 @@
 //   B_VEC     0/1: likewise for B
 //   C_VEC     0/1: each work-item's 4 consecutive columns of C are stored as one float4 (C contiguous along n and
 //             aligned, as for A_VEC); groups crossing the last column store element by element
+//   C_STAGE   0/1 (only without C_VEC): C goes out through local memory a strip of rows at a time, consecutive
+//             work-items on consecutive columns. Without it each scalar store of a warp writes every fourth float
+//             (a work-item's columns are 4 consecutive ones): where planes are odd (squeezenet's 55x55, 13x13) a
+//             thin product's stores took 3-4x the time of its bytes (bench/NOTES.md v57).
 #include "gemm_common.h"
 
 #ifndef TM
@@ -58,6 +62,12 @@
 #ifndef C_VEC
 #define C_VEC 0     // float4 stores of C
 #endif
+#ifndef WARP_8X4
+#define WARP_8X4 0  // work-items in warps of 8 x 4 along (n, m)
+#endif
+#ifndef C_STAGE
+#define C_STAGE 0   // C stored through local memory
+#endif
 #if LBUF != 1 && LBUF != 2
 #error "LBUF must be 1 or 2"
 #endif
@@ -73,6 +83,12 @@
 #endif
 #if (TM * TK) % NT != 0 || (TN * TK) % NT != 0
 #error "each tile slice must split evenly over the work-group"
+#endif
+#if WARP_8X4 && (TX % 8 != 0 || TY % 4 != 0)
+#error "WARP_8X4 needs TX a multiple of 8 and TY of 4"
+#endif
+#if C_STAGE && (C_VEC || NT % TN != 0)
+#error "C_STAGE is for C without float4 stores, with whole strips of TN columns per round of the work-group"
 #endif
 #if (A_VEC && (TM * TK) % (4 * NT) != 0) || (B_VEC && (TN * TK) % (4 * NT) != 0)
 #error "float4 fetches need each slice to split into float4s evenly over the work-group"
@@ -112,7 +128,15 @@
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void gemm_tiled(GEMM_ARGS) {
     GEMM_AT_OFFSETS
-    const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * TX + tx;
+    const int tid = get_local_id(1) * TX + get_local_id(0);
+#if WARP_8X4
+    // each 32 consecutive work-items cover 8 x 4 of (tx, ty): a warp's float4 reads of a slice row then fetch 4
+    // distinct float4s of A and 8 of B (128 bytes each) rather than 2 and 16
+    const int w = tid / 32, lane = tid % 32;
+    const int tx = w % (TX / 8) * 8 + lane % 8, ty = w / (TX / 8) * 4 + lane / 8;
+#else
+    const int tx = get_local_id(0), ty = get_local_id(1);
+#endif
     const int z = get_global_id(2), b = z / ksplit;
     const int kbeg = (z % ksplit) * kc, kend = min(K, kbeg + kc);
     const int m0 = get_group_id(1) * TM, n0 = get_group_id(0) * TN;
@@ -257,6 +281,30 @@ void gemm_tiled(GEMM_ARGS) {
     __global float* Cb = C + c_off + z * c_bs;
     __global const float* biasb = bias + b * bias_bs;
 #define OUT(i, j, gm, gn, ci) gemm_epilogue(acc[i][j], alpha, beta, Cb, ci, biasb, bias_mode, gm, gn, relu)
+#if C_STAGE
+    // One strip of TY rows at a time (row i of every work-item's block) goes through local memory, so that
+    // consecutive work-items then store consecutive columns of C: one column each, its C_COL computed once.
+    __local float4 stage[TY][TN / 4 + 1];  // float4s: a float array need not be 16-byte aligned
+    const int sc = tid % TN, gsc = n0 + sc;
+    const int csc = gsc < N ? C_COL(gsc) : 0;
+#pragma unroll
+    for (int i = 0; i < WM; i++) {
+#pragma unroll
+        for (int g = 0; g < WN / 4; g++)
+            stage[ty][g * TX + tx] = (float4)(acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int s = 0; s < WN; s++) {
+            const int r = tid / TN + s * (NT / TN);  // the strip's row: ty of the work-item that computed it
+            const int gm = m0 + (i / 4) * (TY * 4) + r * 4 + i % 4;
+            if (gm < M && gsc < N) {
+                const int ci = gm * c_rs + csc;
+                const float v = ((__local float*)stage[r])[sc];
+                Cb[ci] = gemm_epilogue(v, alpha, beta, Cb, ci, biasb, bias_mode, gm, gsc, relu);
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+#else
 #if C_SPLIT
     // C_COL of this work-item's columns, a division for each group of 4 rather than one for each output
     int c_col[WN];
@@ -296,6 +344,7 @@ void gemm_tiled(GEMM_ARGS) {
             }
         }
     }
+#endif
 }
 
 // Sums the ksplit partial products P[(b*ksplit + s)](m, n), stored densely (M x N each), in order s = 0, 1, ...,

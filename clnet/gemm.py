@@ -92,9 +92,14 @@ def _gemm_kernel(dev, cfg, a, b, c, epilogue):
     if name == "gemm_tiled":
         # float4 fetches where the operand's layout allows and each slice splits into float4s over the work-group
         float4s_per_round = 4 * (cfg["TM"] // cfg["WM"]) * (cfg["TN"] // cfg["WN"])
+        c_vec = _vec_c(c)
+        # without float4 stores, C goes out through local memory where a strip of it fits beside the slices
+        c_stage = not c_vec and (cfg["TM"] // cfg["WM"]) % cfg["WN"] == 0 and \
+            tuning.local_bytes(cfg) + tuning.stage_bytes(cfg) <= dev.local_mem_size
         defines.update(A_KFAST=_kfast_a(a), B_KFAST=_kfast_b(b),
                        A_VEC=_vec_a(a) and cfg["TM"] * cfg["TK"] % float4s_per_round == 0,
-                       B_VEC=_vec_b(b) and cfg["TN"] * cfg["TK"] % float4s_per_round == 0, C_VEC=_vec_c(c))
+                       B_VEC=_vec_b(b) and cfg["TN"] * cfg["TK"] % float4s_per_round == 0, C_VEC=c_vec,
+                       C_STAGE=c_stage)
         local = (cfg["TN"] // cfg["WN"], cfg["TM"] // cfg["WM"], 1)
         grid = (cfg["TN"], local[0]), (cfg["TM"], local[1])
     else:
