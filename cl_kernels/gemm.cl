@@ -154,7 +154,7 @@ void gemm_tiled(GEMM_ARGS) {
 // Where an operand's element (row of A or column of B, k) lies, and the tile position of element e of a slice in the
 // order consecutive work-items load (with float4 fetches, e counts float4s and names the first of its four).
 #define A_AT(gm, gk) ((gm) * a_rs + A_COL(gk))
-#define B_AT(gn, gk) ((gk) * b_rs + B_COL(gn))
+#define B_AT(gn, gk) (B_ROW(gk) + B_COL(gn))
 #if A_KFAST
 #define A_POS(e, mm, kk) const int kk = (e) % (TK / A_GROUP) * A_GROUP, mm = (e) / (TK / A_GROUP)
 #else
@@ -168,7 +168,8 @@ void gemm_tiled(GEMM_ARGS) {
 // Where each of this work-item's loads of a slice lies along the axis a column split cuts (B's n, A's k), kept from
 // slice to slice: a split index costs a division, and a thin product's loads (squeezenet's planes of 55x55 and 13x13
 // are odd, so scalar) took more of them than multiply-adds. B's columns stay put: their offsets are computed once.
-// A's column runs along k: its offset and place in its segment step on by TK each slice, wrapping at a segment's end.
+// A's column runs along k: its offset and place in its segment step on by TK each slice, wrapping at a segment's end;
+// so does B's row where its split cuts its rows (B_KSPLIT).
 #if B_SPLIT
     int b_col[LB / B_GROUP];
     for (int r = 0; r < LB / B_GROUP; r++) {
@@ -176,6 +177,19 @@ void gemm_tiled(GEMM_ARGS) {
         b_col[r] = B_COL(n0 + nn);
     }
 #define B_AT_R(gn, gk, r) ((gk) * b_rs + b_col[r])
+#elif B_KSPLIT
+    int b_row[LB / B_GROUP], b_seg[LB / B_GROUP];  // B_ROW(k) of the load's k in the next fetch; that k % b_cdiv
+    for (int r = 0; r < LB / B_GROUP; r++) {
+        B_POS(tid + r * NT, nn, kk);
+        const int k = kbeg + kk;
+        b_seg[r] = k % b_cdiv;
+        b_row[r] = B_ROW(k);
+    }
+#define B_AT_R(gn, gk, r) (b_row[r] + (gn) * b_cs)
+#define B_STEP(r) \
+    b_seg[r] += TK; \
+    b_row[r] += TK * b_rs; \
+    while (b_seg[r] >= b_cdiv) { b_seg[r] -= b_cdiv; b_row[r] += b_cso - b_cdiv * b_rs; }
 #else
 #define B_AT_R(gn, gk, r) B_AT(gn, gk)
 #endif
@@ -196,7 +210,9 @@ void gemm_tiled(GEMM_ARGS) {
 #define A_AT_R(gm, gk, r) A_AT(gm, gk)
 #define A_STEP(r)
 #endif
+#if !B_KSPLIT
 #define B_STEP(r)
+#endif
 // One element of X at (gx, gk), zero outside the matrix or past the slice (AT: its index, valid inside); and its
 // store into slice buffer buf.
 #define LOAD1(v, Xb, X_AT, gx, gk, LIM, ALONG_K, AT) v = (gx) < LIM && (gk) < kend ? Xb[AT] : 0.0f
