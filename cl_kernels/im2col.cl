@@ -7,11 +7,6 @@
 //   im2col, col2im              GPU-shaped: consecutive work-items on consecutive addresses of col (coalesced);
 //                               im2col has a work-item per column and channel (its KH*KW rows), col2im one per
 //                               element of dx.
-//   im2col_pointwise            GPU-shaped, a 1x1 layer at stride 1 without padding (its weight gradient's
-//                               lowering: images beside each other along col's rows): a work-item per (pixel,
-//                               channel), looping over the images, none of im2col's four divisions (squeezenet's
-//                               128-channel 55x55 lowering ran at 1.3 TB/s; a work-item per element, in work-groups
-//                               of 64, at 0.8: bench/NOTES.md v56, v57).
 //   im2col_rows, col2im_planes  CPU-shaped: one work-item per row of col (one (c, ky, kx) of one image), or per input
 //                               plane, looping over pixels without a division per element; col2im_planes scatters
 //                               the plane's windows into dx in a fixed order (the plane is the work-item's own, so
@@ -47,17 +42,6 @@ __kernel void im2col(__global const float* restrict x, OFFSET_PARAM(x), const in
             out += np;
         }
     }
-}
-
-__kernel void im2col_pointwise(__global const float* restrict x, OFFSET_PARAM(x), const int x_off, const int C,
-                               const int P, const int nimg, __global float* restrict col, OFFSET_PARAM(col)) {
-    AT_OFFSET(__global const float*, x) AT_OFFSET(__global float*, col)
-    const int p = get_global_id(0), c = get_global_id(1);
-    if (p >= P || c >= C) return;
-    __global const float* src = x + x_off + c * P + p;
-    __global float* dst = col + c * nimg * P + p;
-#pragma unroll 4
-    for (int i = 0; i < nimg; i++) dst[i * P] = src[i * C * P];
 }
 
 __kernel void col2im(__global const float* restrict col, OFFSET_PARAM(col), CONV_GEOMETRY, __global float* restrict dx,

@@ -10,13 +10,6 @@ from .tensor import TooLarge, chunks, empty
 
 def _im2col(x, s, n0, nimg, col):
     rows = s.C * s.KH * s.KW
-    if not tuning.cpu_shaped(x.device) and s.pointwise:
-        # work-groups of 64 along a plane: an odd plane (3025, 169 pixels) leaves a driver few sizes that divide it
-        P = s.H * s.W
-        k = kernels.kernel(x.device, "im2col.cl", "im2col_pointwise")
-        kernels.launch(x.device, k, (-(-P // 64) * 64, s.C), (64, 1), x, n0 * s.C * P, s.C, P, nimg, col,
-                       what="im2col")
-        return
     if not tuning.cpu_shaped(x.device):
         k, size = kernels.kernel(x.device, "im2col.cl", "im2col"), (nimg * s.OH * s.OW, s.C)
     else:
