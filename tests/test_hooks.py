@@ -208,5 +208,7 @@ def test_under_a_capture_a_post_accumulate_hooks_launches_replay(dev, rng):
     x.write(b)
     g.replay()
     assert len(calls) == 1
-    expected = (2 * a.astype(np.float64) / 2 + 2 * b.astype(np.float64)) / 2
-    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-6)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    expected = (2 * a64 / 2 + 2 * b64) / 2
+    # float32 adds a, b and b in turn: where they nearly cancel, its error is relative to the terms, not the result
+    assert np.all(np.abs(x.grad.numpy() - expected) <= 1e-6 * (np.abs(a64) + 2 * np.abs(b64)))

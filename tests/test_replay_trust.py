@@ -38,8 +38,11 @@ def assert_bitwise(expected, got):
     (eg, es), (gg, gs) = expected, got
     for i, (a, b) in enumerate(zip(eg, gg)):
         assert a is not None and b is not None, f"gradient {i} missing"
-        assert np.abs(a).max() > 0, f"gradient {i} is all zeros: the test would not see a lost micro-step"
         np.testing.assert_array_equal(b, a, err_msg=f"gradient {i}")
+    # every gradient but the convolution's bias (1: batch norm follows it, so it is zero but for rounding, and was
+    # exactly 0 on Intel's runtime with seed 3806121028) would show a lost micro-step
+    assert all(np.abs(g).max() > 0 for i, g in enumerate(eg) if i != 1), \
+        "a gradient is all zeros: the test would not see a lost micro-step"
     for k in es:
         np.testing.assert_array_equal(gs[k], es[k], err_msg=k)
 
