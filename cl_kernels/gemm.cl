@@ -170,6 +170,20 @@ void gemm_tiled(GEMM_ARGS) {
 // are odd, so scalar) took more of them than multiply-adds. B's columns stay put: their offsets are computed once.
 // A's column runs along k: its offset and place in its segment step on by TK each slice, wrapping at a segment's end;
 // so does B's row where its split cuts its rows (B_KSPLIT).
+// An operand split along k: off[r], the offset along k (AT_K) of load r's k in the next fetch, and seg[r], that k's
+// place in its segment of cdiv; stepped by TK each slice (k's stride `step`), wrapping at a segment's end (cso).
+#define K_SPLIT_INIT(off, seg, n, POS, AT_K, cdiv) \
+    int off[n], seg[n]; \
+    for (int r = 0; r < (n); r++) { \
+        POS(tid + r * NT, xx_, kk); \
+        const int k = kbeg + kk; \
+        seg[r] = k % (cdiv); \
+        off[r] = AT_K(k); \
+    }
+#define K_SPLIT_STEP(off, seg, r, step, cdiv, cso) \
+    seg[r] += TK; \
+    off[r] += TK * (step); \
+    while (seg[r] >= (cdiv)) { seg[r] -= (cdiv); off[r] += (cso) - (cdiv) * (step); }
 #if B_SPLIT
     int b_col[LB / B_GROUP];
     for (int r = 0; r < LB / B_GROUP; r++) {
@@ -178,34 +192,16 @@ void gemm_tiled(GEMM_ARGS) {
     }
 #define B_AT_R(gn, gk, r) ((gk) * b_rs + b_col[r])
 #elif B_KSPLIT
-    int b_row[LB / B_GROUP], b_seg[LB / B_GROUP];  // B_ROW(k) of the load's k in the next fetch; that k % b_cdiv
-    for (int r = 0; r < LB / B_GROUP; r++) {
-        B_POS(tid + r * NT, nn, kk);
-        const int k = kbeg + kk;
-        b_seg[r] = k % b_cdiv;
-        b_row[r] = B_ROW(k);
-    }
+    K_SPLIT_INIT(b_row, b_seg, LB / B_GROUP, B_POS, B_ROW, b_cdiv)
 #define B_AT_R(gn, gk, r) (b_row[r] + (gn) * b_cs)
-#define B_STEP(r) \
-    b_seg[r] += TK; \
-    b_row[r] += TK * b_rs; \
-    while (b_seg[r] >= b_cdiv) { b_seg[r] -= b_cdiv; b_row[r] += b_cso - b_cdiv * b_rs; }
+#define B_STEP(r) K_SPLIT_STEP(b_row, b_seg, r, b_rs, b_cdiv, b_cso)
 #else
 #define B_AT_R(gn, gk, r) B_AT(gn, gk)
 #endif
 #if A_SPLIT
-    int a_col[LA / A_GROUP], a_seg[LA / A_GROUP];  // A_COL(k) of the load's k in the next fetch; that k % a_cdiv
-    for (int r = 0; r < LA / A_GROUP; r++) {
-        A_POS(tid + r * NT, mm, kk);
-        const int k = kbeg + kk;
-        a_seg[r] = k % a_cdiv;
-        a_col[r] = A_COL(k);
-    }
+    K_SPLIT_INIT(a_col, a_seg, LA / A_GROUP, A_POS, A_COL, a_cdiv)
 #define A_AT_R(gm, gk, r) ((gm) * a_rs + a_col[r])
-#define A_STEP(r) \
-    a_seg[r] += TK; \
-    a_col[r] += TK * a_cs; \
-    while (a_seg[r] >= a_cdiv) { a_seg[r] -= a_cdiv; a_col[r] += a_cso - a_cdiv * a_cs; }
+#define A_STEP(r) K_SPLIT_STEP(a_col, a_seg, r, a_cs, a_cdiv, a_cso)
 #else
 #define A_AT_R(gm, gk, r) A_AT(gm, gk)
 #define A_STEP(r)
