@@ -12,14 +12,15 @@ set -u
 export OUT
 source bench/h200_env.sh
 ROOT=$PWD
-BRANCHES=${BRANCHES:-gemm-stage-v58 pointwise-rows-v58 gemm-v58-both}
-TESTED=${TESTED:-gemm-v58-both}
+BRANCHES=${BRANCHES:-gemm-stage-v58 pointwise-rows-v58 maxpool-grid-v58 v58-all}
+TESTED=${TESTED:-v58-all}
 NETS=${NETS:-squeezenet1_1}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for s in $TESTED; do
   echo "== tests at $s"
   (cd .bench-snap-$s && CLNET_TEST_DEVICES=nvidia PYTHONPATH=/tmp/site:$PWD timeout 150 python3 -m pytest -q \
-    -p no:cacheprovider tests/test_device.py tests/test_conv1x1.py -k "split or gemm_layouts or reads_x" 2>&1 |
+    -p no:cacheprovider tests/test_device.py tests/test_conv1x1.py tests/test_layers.py tests/test_large_tensors.py \
+    -k "split or gemm_layouts or reads_x or pool" 2>&1 |
     tail -2)
 done
 for s in $BRANCHES; do

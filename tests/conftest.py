@@ -124,6 +124,21 @@ def assert_close_to_terms(actual, expected, terms, name, tol):
     assert worst < tol, f"{name}: error {worst:.2e} of the terms' size, tolerance {tol:.0e}"
 
 
+def perturbed(twin, gen):
+    """twin (float64) with each leaf module's output multiplied by 1 + 2^-24 * a standard normal draw: float32's
+    rounding of every stored result, and nothing else, as an engine-independent witness of what it does to each
+    quantity."""
+    import torch
+
+    def hook(module, args, out):
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            return out * (1 + 2.0 ** -24 * torch.randn(out.shape, generator=gen, dtype=out.dtype))
+    for m in twin.modules():
+        if next(m.children(), None) is None:
+            m.register_forward_hook(hook)
+    return twin
+
+
 try:
     import torch  # noqa: F401
     HAVE_TORCH = True

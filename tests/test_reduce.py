@@ -36,9 +36,10 @@ def compare(dev, rng, ours, theirs, x, name, tol=2e-5, grad=True):
     assert_close(t.grad.numpy(), tx.grad.numpy(), f"{name} gradient", tol)
 
 
-# SUMS_AWAY_FROM_ZERO: the sums' data has a mean of 0.5, so a sum of n terms is about n/2, not a cancelling sum near 0
-# whose float32 rounding alone exceeds the tolerance relative to it (seed 3163679202: 10,000 zero-mean values summed
-# to -0.53, rounded by 1.3e-4 of that); a dropped or doubled term is still an error of 1/n or more.
+# SUMS_AWAY_FROM_ZERO: the sums' data has a mean of 1, so a sum of n terms is about n (33 terms: 33 +- 5.7, six
+# standard deviations from 0), not a cancelling sum near 0 whose float32 rounding alone exceeds the tolerance relative
+# to it (seed 3163679202: 10,000 zero-mean values summed to -0.53, rounded by 1.3e-4 of that; with a mean of 0.5, seed
+# 317260431 summed 33 values to a small fraction of their size); a dropped or doubled term is still an error of 1/n.
 @pytest.fixture(params=["chosen", "tree", "loop"])
 def plan(request, monkeypatch):
     """Each case runs with the launch reduce.py chooses, then forced to lanes sharing each output (a tree) and to a
@@ -76,7 +77,7 @@ SHAPES_DIMS = [
     ((0, 3), (1, 3)), ((4, 0, 3), (3,)), ((1, 33), (33,)), ((2, 1, 33), (2, 1, 1)),
 ])
 def test_sum_to(dev, rng, x_shape, shape):
-    x = (rng.standard_normal(x_shape) + 0.5).astype(np.float32)  # sums away from 0: SUMS_AWAY_FROM_ZERO
+    x = (rng.standard_normal(x_shape) + 1.0).astype(np.float32)  # sums away from 0: SUMS_AWAY_FROM_ZERO
     out = reduce.sum_to(clnet.tensor(x, dev), shape)
     expected = torch64(x, False).sum_to_size(shape).numpy()
     assert out.shape == shape and out.grad_fn is None
@@ -99,7 +100,7 @@ def test_sum_to_of_a_large_reduction_splits_into_parts(dev, rng, monkeypatch):
     monkeypatch.setattr(reduce, "CPU_PER_ITEM", 1024)
     lanes, parts, _ = reduce._plan(1, 10000, True, False, dev)
     assert parts == -(-10000 // (1024 * lanes // (256 if lanes > 1 else 1)))  # 10 parts of 1024
-    x = rng.standard_normal((5, 2000)).astype(np.float32) + 0.5  # SUMS_AWAY_FROM_ZERO; a part dropped: a 10% error
+    x = rng.standard_normal((5, 2000)).astype(np.float32) + 1.0  # SUMS_AWAY_FROM_ZERO; a part dropped: a 10% error
     out = reduce.sum_to(clnet.tensor(x, dev), (1,))
     assert_close(out.numpy(), x.astype(np.float64).sum().reshape(1), "sum_to (1,)")
 
@@ -114,7 +115,7 @@ def every(dim, ndim):
 @pytest.mark.parametrize("shape,dim", SHAPES_DIMS)
 @pytest.mark.parametrize("keepdim", [False, True])
 def test_sum_and_mean(dev, rng, plan, shape, dim, keepdim):
-    x = (rng.standard_normal(shape) + 0.5).astype(np.float32)  # SUMS_AWAY_FROM_ZERO
+    x = (rng.standard_normal(shape) + 1.0).astype(np.float32)  # SUMS_AWAY_FROM_ZERO
     tdim = every(dim, len(shape))
     compare(dev, rng, lambda t: reduce.sum(t, dim, keepdim), lambda t: torch.sum(t, tdim, keepdim), x,
             f"sum {shape} dim {dim}")
