@@ -23,6 +23,10 @@
 //   B_VEC     0/1: likewise for B
 //   C_VEC     0/1: each work-item's 4 consecutive columns of C are stored as one float4 (C contiguous along n and
 //             aligned, as for A_VEC); groups crossing the last column store element by element
+//   C_STAGE   0/1 (only without C_VEC): C goes out through local memory a strip of rows at a time, consecutive
+//             work-items on consecutive columns. Without it each scalar store of a warp writes every fourth float
+//             (a work-item's columns are 4 consecutive ones): where planes are odd (squeezenet's 55x55, 13x13) a
+//             thin product's stores took 3-4x the time of its bytes (bench/NOTES.md v57).
 #include "gemm_common.h"
 
 #ifndef TM
@@ -58,6 +62,12 @@
 #ifndef C_VEC
 #define C_VEC 0     // float4 stores of C
 #endif
+#ifndef WARP_8X4
+#define WARP_8X4 0  // work-items in warps of 8 x 4 along (n, m)
+#endif
+#ifndef C_STAGE
+#define C_STAGE 0   // C stored through local memory
+#endif
 #if LBUF != 1 && LBUF != 2
 #error "LBUF must be 1 or 2"
 #endif
@@ -73,6 +83,12 @@
 #endif
 #if (TM * TK) % NT != 0 || (TN * TK) % NT != 0
 #error "each tile slice must split evenly over the work-group"
+#endif
+#if WARP_8X4 && (TX % 8 != 0 || TY % 4 != 0)
+#error "WARP_8X4 needs TX a multiple of 8 and TY of 4"
+#endif
+#if C_STAGE && (C_VEC || NT % TN != 0)
+#error "C_STAGE is for C without float4 stores, with whole strips of TN columns per round of the work-group"
 #endif
 #if (A_VEC && (TM * TK) % (4 * NT) != 0) || (B_VEC && (TN * TK) % (4 * NT) != 0)
 #error "float4 fetches need each slice to split into float4s evenly over the work-group"
@@ -112,7 +128,15 @@
 __kernel __attribute__((reqd_work_group_size(TX, TY, 1)))
 void gemm_tiled(GEMM_ARGS) {
     GEMM_AT_OFFSETS
-    const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * TX + tx;
+    const int tid = get_local_id(1) * TX + get_local_id(0);
+#if WARP_8X4
+    // each 32 consecutive work-items cover 8 x 4 of (tx, ty): a warp's float4 reads of a slice row then fetch 4
+    // distinct float4s of A and 8 of B (128 bytes each) rather than 2 and 16
+    const int w = tid / 32, lane = tid % 32;
+    const int tx = w % (TX / 8) * 8 + lane % 8, ty = w / (TX / 8) * 4 + lane / 8;
+#else
+    const int tx = get_local_id(0), ty = get_local_id(1);
+#endif
     const int z = get_global_id(2), b = z / ksplit;
     const int kbeg = (z % ksplit) * kc, kend = min(K, kbeg + kc);
     const int m0 = get_group_id(1) * TM, n0 = get_group_id(0) * TN;
@@ -130,7 +154,7 @@ void gemm_tiled(GEMM_ARGS) {
 // Where an operand's element (row of A or column of B, k) lies, and the tile position of element e of a slice in the
 // order consecutive work-items load (with float4 fetches, e counts float4s and names the first of its four).
 #define A_AT(gm, gk) ((gm) * a_rs + A_COL(gk))
-#define B_AT(gn, gk) ((gk) * b_rs + B_COL(gn))
+#define B_AT(gn, gk) (B_ROW(gk) + B_COL(gn))
 #if A_KFAST
 #define A_POS(e, mm, kk) const int kk = (e) % (TK / A_GROUP) * A_GROUP, mm = (e) / (TK / A_GROUP)
 #else
@@ -144,7 +168,22 @@ void gemm_tiled(GEMM_ARGS) {
 // Where each of this work-item's loads of a slice lies along the axis a column split cuts (B's n, A's k), kept from
 // slice to slice: a split index costs a division, and a thin product's loads (squeezenet's planes of 55x55 and 13x13
 // are odd, so scalar) took more of them than multiply-adds. B's columns stay put: their offsets are computed once.
-// A's column runs along k: its offset and place in its segment step on by TK each slice, wrapping at a segment's end.
+// A's column runs along k: its offset and place in its segment step on by TK each slice, wrapping at a segment's end;
+// so does B's row where its split cuts its rows (B_KSPLIT).
+// An operand split along k: off[r], the offset along k (AT_K) of load r's k in the next fetch, and seg[r], that k's
+// place in its segment of cdiv; stepped by TK each slice (k's stride `step`), wrapping at a segment's end (cso).
+#define K_SPLIT_INIT(off, seg, n, POS, AT_K, cdiv) \
+    int off[n], seg[n]; \
+    for (int r = 0; r < (n); r++) { \
+        POS(tid + r * NT, xx_, kk); \
+        const int k = kbeg + kk; \
+        seg[r] = k % (cdiv); \
+        off[r] = AT_K(k); \
+    }
+#define K_SPLIT_STEP(off, seg, r, step, cdiv, cso) \
+    seg[r] += TK; \
+    off[r] += TK * (step); \
+    while (seg[r] >= (cdiv)) { seg[r] -= (cdiv); off[r] += (cso) - (cdiv) * (step); }
 #if B_SPLIT
     int b_col[LB / B_GROUP];
     for (int r = 0; r < LB / B_GROUP; r++) {
@@ -152,27 +191,24 @@ void gemm_tiled(GEMM_ARGS) {
         b_col[r] = B_COL(n0 + nn);
     }
 #define B_AT_R(gn, gk, r) ((gk) * b_rs + b_col[r])
+#elif B_KSPLIT
+    K_SPLIT_INIT(b_row, b_seg, LB / B_GROUP, B_POS, B_ROW, b_cdiv)
+#define B_AT_R(gn, gk, r) (b_row[r] + (gn) * b_cs)
+#define B_STEP(r) K_SPLIT_STEP(b_row, b_seg, r, b_rs, b_cdiv, b_cso)
 #else
 #define B_AT_R(gn, gk, r) B_AT(gn, gk)
 #endif
 #if A_SPLIT
-    int a_col[LA / A_GROUP], a_seg[LA / A_GROUP];  // A_COL(k) of the load's k in the next fetch; that k % a_cdiv
-    for (int r = 0; r < LA / A_GROUP; r++) {
-        A_POS(tid + r * NT, mm, kk);
-        const int k = kbeg + kk;
-        a_seg[r] = k % a_cdiv;
-        a_col[r] = A_COL(k);
-    }
+    K_SPLIT_INIT(a_col, a_seg, LA / A_GROUP, A_POS, A_COL, a_cdiv)
 #define A_AT_R(gm, gk, r) ((gm) * a_rs + a_col[r])
-#define A_STEP(r) \
-    a_seg[r] += TK; \
-    a_col[r] += TK * a_cs; \
-    while (a_seg[r] >= a_cdiv) { a_seg[r] -= a_cdiv; a_col[r] += a_cso - a_cdiv * a_cs; }
+#define A_STEP(r) K_SPLIT_STEP(a_col, a_seg, r, a_cs, a_cdiv, a_cso)
 #else
 #define A_AT_R(gm, gk, r) A_AT(gm, gk)
 #define A_STEP(r)
 #endif
+#if !B_KSPLIT
 #define B_STEP(r)
+#endif
 // One element of X at (gx, gk), zero outside the matrix or past the slice (AT: its index, valid inside); and its
 // store into slice buffer buf.
 #define LOAD1(v, Xb, X_AT, gx, gk, LIM, ALONG_K, AT) v = (gx) < LIM && (gk) < kend ? Xb[AT] : 0.0f
@@ -257,6 +293,30 @@ void gemm_tiled(GEMM_ARGS) {
     __global float* Cb = C + c_off + z * c_bs;
     __global const float* biasb = bias + b * bias_bs;
 #define OUT(i, j, gm, gn, ci) gemm_epilogue(acc[i][j], alpha, beta, Cb, ci, biasb, bias_mode, gm, gn, relu)
+#if C_STAGE
+    // One strip of TY rows at a time (row i of every work-item's block) goes through local memory, so that
+    // consecutive work-items then store consecutive columns of C: one column each, its C_COL computed once.
+    __local float4 stage[TY][TN / 4 + 1];  // float4s: a float array need not be 16-byte aligned
+    const int sc = tid % TN, gsc = n0 + sc;
+    const int csc = gsc < N ? C_COL(gsc) : 0;
+#pragma unroll
+    for (int i = 0; i < WM; i++) {
+#pragma unroll
+        for (int g = 0; g < WN / 4; g++)
+            stage[ty][g * TX + tx] = (float4)(acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int s = 0; s < WN; s++) {
+            const int r = tid / TN + s * (NT / TN);  // the strip's row: ty of the work-item that computed it
+            const int gm = m0 + (i / 4) * (TY * 4) + r * 4 + i % 4;
+            if (gm < M && gsc < N) {
+                const int ci = gm * c_rs + csc;
+                const float v = ((__local float*)stage[r])[sc];
+                Cb[ci] = gemm_epilogue(v, alpha, beta, Cb, ci, biasb, bias_mode, gm, gsc, relu);
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+#else
 #if C_SPLIT
     // C_COL of this work-item's columns, a division for each group of 4 rather than one for each output
     int c_col[WN];
@@ -296,6 +356,7 @@ void gemm_tiled(GEMM_ARGS) {
             }
         }
     }
+#endif
 }
 
 // Sums the ksplit partial products P[(b*ksplit + s)](m, n), stored densely (M x N each), in order s = 0, 1, ...,

@@ -3,7 +3,9 @@
 // Each operand X in {A, B, C} is addressed through strides, so transposes and NCHW views need no copies:
 //   X[b](r, c) = X[x_off + b*x_bs + r*x_rs + (c % x_cdiv)*x_cs + (c / x_cdiv)*x_cso]
 // The column split (cdiv, cso) lets a column index run over (image, pixel) pairs of an NCHW tensor; it is compiled
-// in only where needed (A_SPLIT, B_SPLIT, C_SPLIT). beta == 0 never reads C, so C may hold garbage.
+// in only where needed (A_SPLIT, B_SPLIT, C_SPLIT). B_KSPLIT (gemm_tiled only) makes B's split cut its rows instead,
+// B[b](k, n) = B[b_off + b*b_bs + (k % b_cdiv)*b_rs + (k / b_cdiv)*b_cso + n*b_cs]: k over (image, pixel), as x^T is
+// in a 1x1 convolution's weight gradient. beta == 0 never reads C, so C may hold garbage.
 // Split-K: with ksplit > 1 the third global index z runs over batch * ksplit; slice s = z % ksplit sums k in
 // [s*kc, s*kc + kc) and writes its partial product to C[z] (plain, alpha 1, beta 0, no epilogue: the host passes a
 // scratch buffer), then gemm_reduce (gemm.cl) sums the slices in a fixed order and applies the real epilogue. This
@@ -17,6 +19,7 @@
 // build time and the arguments go unread: on the H200 the run-time form took SGEMM at 1024 from 0.072 to 0.088 ms.
 // Defines:
 //   A_SPLIT, B_SPLIT, C_SPLIT  0/1: column split in use for that operand
+//   B_KSPLIT   0/1: B's split cuts its rows (k), not its columns (not with B_SPLIT)
 //   EPILOGUE_BIAS, EPILOGUE_RELU  (optional, both or neither) the epilogue's bias mode and ReLU fixed at build time
 #ifndef CLNET_GEMM_COMMON_H
 #define CLNET_GEMM_COMMON_H
@@ -30,6 +33,12 @@
 #endif
 #ifndef C_SPLIT
 #define C_SPLIT 0   // column split on C
+#endif
+#ifndef B_KSPLIT
+#define B_KSPLIT 0  // row split on B
+#endif
+#if B_KSPLIT && B_SPLIT
+#error "B's split cuts its rows or its columns, not both"
 #endif
 #ifdef EPILOGUE_BIAS
 #ifndef EPILOGUE_RELU
@@ -54,6 +63,11 @@
 #define B_COL(c) (((c) % b_cdiv) * b_cs + ((c) / b_cdiv) * b_cso)
 #else
 #define B_COL(c) ((c) * b_cs)
+#endif
+#if B_KSPLIT
+#define B_ROW(k) (((k) % b_cdiv) * b_rs + ((k) / b_cdiv) * b_cso)
+#else
+#define B_ROW(k) ((k) * b_rs)
 #endif
 #if C_SPLIT
 #define C_COL(c) (((c) % c_cdiv) * c_cs + ((c) / c_cdiv) * c_cso)

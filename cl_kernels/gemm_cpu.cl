@@ -22,6 +22,9 @@
 //             private arrays on its stack (its own choice, up to 4096 work-items, overflows it)
 //   B_CONTIG  0/1: B's rows are contiguous (column stride 1, no split), so full rows load as float8 pairs
 #include "gemm_common.h"
+#if B_KSPLIT
+#error "gemm_block reads B by rows: a row split of B is gemm_tiled's alone"
+#endif
 
 #ifndef RM
 #define RM 4        // rows per work-item

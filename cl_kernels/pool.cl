@@ -7,7 +7,11 @@
 //                  per element and PoCL vectorises along x; the running maximum kept by selects, a NaN found by a
 //                  flag and its window scanned again only then (one work-item per plane, as the backward runs, took
 //                  2x as long on PoCL; a NaN test inside the select, 2-3x)
-//   maxpool2d_bwd  dx = sum of dy over the windows whose argmax is this element
+//   maxpool2d_bwd_grid  dx = sum of dy over the windows whose argmax is this element; GPU-shaped: a work-item per
+//                  input element in a 3-D launch (x, y, plane) whose rows run along x (coalesced stores), the strides
+//                  fixed at build (STRIDE_H, STRIDE_W): no division by a value known only at run time, where a flat
+//                  launch made eight an element (integer division is a long instruction sequence on GPUs: vgg11_bn's
+//                  five poolings ran at 0.8 TB/s on an H100 that way)
 //   maxpool2d_bwd_bias  the same for a small layer (GPUs) whose input is a convolution's output with a bias:
 //                  work-group c (of LSIZE) writes dx over channel c of every image and sums it into db[c] (add 1:
 //                  db[c] += that sum), in elementwise.cl bias_grad's order and tree, so db has that kernel's bits and
@@ -23,7 +27,8 @@
 //                  P, one integer division an element where the general kernel takes six
 // Defines: RELU 0/1 (maxpool only); LSIZE (maxpool2d_bwd_bias's work-group size, a power of two); COUNT_PAD 0/1
 // (avgpool only); WIN_KH, WIN_KW (maxpool2d_fwd_grid only): the window's size, set by the host where no padding and
-// no ceil mode put a window past the input's edge (0: sizes and bounds at run time).
+// no ceil mode put a window past the input's edge (0: sizes and bounds at run time); STRIDE_H, STRIDE_W
+// (maxpool2d_bwd_grid only, required there): the window's strides.
 #include "common.h"
 
 #ifndef COUNT_PAD
@@ -143,16 +148,19 @@ inline float max_gather(__global const float* restrict dy, __global const int* r
     return sum;
 }
 
-__kernel void maxpool2d_bwd(__global const float* restrict dy, OFFSET_PARAM(dy), __global const int* restrict idx,
-                            OFFSET_PARAM(idx), __global const float* restrict y, OFFSET_PARAM(y), POOL_GEOMETRY,
-                            __global float* restrict dx, OFFSET_PARAM(dx)) {
+#ifdef STRIDE_H
+__kernel void maxpool2d_bwd_grid(__global const float* restrict dy, OFFSET_PARAM(dy),
+                                 __global const int* restrict idx, OFFSET_PARAM(idx),
+                                 __global const float* restrict y, OFFSET_PARAM(y), POOL_GEOMETRY,
+                                 __global float* restrict dx, OFFSET_PARAM(dx)) {
     AT_OFFSET(__global const float*, dy) AT_OFFSET(__global const int*, idx) AT_OFFSET(__global const float*, y)
     AT_OFFSET(__global float*, dx)
-    const int e = get_global_id(0);
-    if (e >= NC * H * W) return;
-    const int xx = e % W, yy = (e / W) % H, nc = e / (W * H);
-    dx[e] = max_gather(dy, idx RELU_Y_ARG, nc, yy, xx, H, W, KH, KW, SH, SW, PH, PW, OH, OW);
+    const int xx = get_global_id(0), yy = get_global_id(1), nc = get_global_id(2);
+    if (xx >= W || yy >= H) return;  // the launch pads x and y to whole work-groups
+    dx[(nc * H + yy) * W + xx] = max_gather(dy, idx RELU_Y_ARG, nc, yy, xx, H, W, KH, KW, STRIDE_H, STRIDE_W, PH, PW,
+                                            OH, OW);
 }
+#endif
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
 void maxpool2d_bwd_bias(__global const float* restrict dy, OFFSET_PARAM(dy), __global const int* restrict idx,

@@ -4,7 +4,7 @@ import dataclasses
 
 from . import conv1x1, depthwise, direct, kernels, tuning, winograd
 from .elementwise import _activation_grad
-from .gemm import NO_SPLIT, Mat, dense_backward_one_row, gemm, skinny
+from .gemm import NO_SPLIT, Mat, dense_backward_one_row, gemm, skinny, takes_split_rows
 from .tensor import TooLarge, chunks, empty
 
 
@@ -210,7 +210,10 @@ def _conv2d_backward_im2col(x, w, dy, s, dw, need_dx, what, dw_beta=1.0):
     dev = x.device
     Og, Cg, KK, OHW = s.O // s.G, s.C // s.G, s.KH * s.KW, s.OH * s.OW
     chunk = _col_chunk(s, dev)
-    col = empty((s.C * KK * chunk * OHW,), dev)
+    # a pointwise layer's x^T is the weight gradient's B as it lies, its rows (image, pixel) split, where the device's
+    # products take a row split (GPUs); elsewhere x is lowered into col, as other layers' are
+    x_as_b = s.pointwise and takes_split_rows(dev)
+    col = None if x_as_b or (s.pointwise and dw is None) else empty((s.C * KK * chunk * OHW,), dev)
     dx = empty(x.shape, dev) if need_dx else None
     for n0 in range(0, s.N, chunk):
         nimg = min(chunk, s.N - n0)
@@ -218,11 +221,15 @@ def _conv2d_backward_im2col(x, w, dy, s, dw, need_dx, what, dw_beta=1.0):
         dy_cols = Mat(off=n0 * s.O * OHW, bs=Og * OHW, rs=OHW, cs=1, cdiv=OHW if nimg > 1 else NO_SPLIT,
                       cso=s.O * OHW if nimg > 1 else 0)
         if dw is not None:
-            _im2col(x, s, n0, nimg, col)
+            if x_as_b:
+                B, b = x, Mat(off=n0 * s.C * OHW, bs=Cg * OHW, rs=1, cs=OHW, cdiv=OHW if nimg > 1 else NO_SPLIT,
+                              cso=s.C * OHW if nimg > 1 else 0, split_rows=nimg > 1)
+            else:
+                _im2col(x, s, n0, nimg, col)
+                B, b = col, Mat(bs=Cg * KK * NP, rs=1, cs=NP)
             # dw_g (Og, Cg*KK) += dy_g (Og, NP) @ col_g^T (NP, Cg*KK)
-            gemm(Og, Cg * KK, NP, dy, dy_cols, col, Mat(bs=Cg * KK * NP, rs=1, cs=NP), dw,
-                 Mat(bs=Og * Cg * KK, rs=Cg * KK, cs=1), beta=dw_beta if n0 == 0 else 1.0, batch=s.G,
-                 what=what + " (weights)")
+            gemm(Og, Cg * KK, NP, dy, dy_cols, B, b, dw, Mat(bs=Og * Cg * KK, rs=Cg * KK, cs=1),
+                 beta=dw_beta if n0 == 0 else 1.0, batch=s.G, what=what + " (weights)")
         if not need_dx:
             continue
         w_t = Mat(bs=Og * Cg * KK, rs=1, cs=Cg * KK)  # w_g^T: (Cg*KK, Og)

@@ -10,7 +10,9 @@ NO_SPLIT = 1 << 30  # a column divisor no index reaches
 
 class Mat(NamedTuple):
     """How a matrix operand sits in its buffer: element (r, c) of batch b is at
-    off + b*bs + r*rs + (c % cdiv)*cs + (c // cdiv)*cso. (A tuple: made, hashed and compared as one in every product's
+    off + b*bs + r*rs + (c % cdiv)*cs + (c // cdiv)*cso; with split_rows (B only, on GPUs: k over (image, pixel), as
+    x^T in a 1x1 convolution's weight gradient), the split cuts the rows instead:
+    off + b*bs + (r % cdiv)*rs + (r // cdiv)*cso + c*cs. (A tuple: made, hashed and compared as one in every product's
     memoised look-ups.)"""
     off: int = 0
     bs: int = 0
@@ -18,20 +20,27 @@ class Mat(NamedTuple):
     cs: int = 1
     cdiv: int = NO_SPLIT
     cso: int = 0
+    split_rows: bool = False
 
     @property
     def split(self):
-        return self.cdiv != NO_SPLIT
+        """Whether the columns are split (a row split is split_rows)."""
+        return self.cdiv != NO_SPLIT and not self.split_rows
 
     def args(self):
-        return self
+        return self[:6]
+
+
+def takes_split_rows(dev):
+    """Whether dev's products (gemm_tiled: GPUs) take a B whose rows are split (Mat.split_rows)."""
+    return tuning.device_class(dev) == "gpu"
 
 
 def skinny(dev, M, K, batch, a, b, c):
     """Whether a product runs as a dense layer's batch-1 product (one row, or a depth of one): one launch of gemv.cl
     on a GPU; on a CPU gemv_cpu.cl's row-streaming kernels, where A's k, C's n and B's k or n strides are 1 (a dense
     layer's own layouts: other layouts keep gemm_block)."""
-    if batch != 1 or not (M == 1 or K == 1) or a.split or b.split or c.split:
+    if batch != 1 or not (M == 1 or K == 1) or a.split or b.split or b.split_rows or c.split:
         return False
     if not tuning.cpu_shaped(dev):
         return True
@@ -72,10 +81,11 @@ def gemm(M, N, K, A, a, B, b, C, c, alpha=1.0, beta=0.0, batch=1, bias=None, bia
                      what)
         return C
 
+    b_split = b.split or b.split_rows  # a split B is never copied transposed (tb)
     choice = tuning.choose(dev, key, lambda: tuning.gemm_default(dev, M, N, K, batch),
                            lambda: tuning.gemm_candidates(dev, M, N, K, batch, _kfast_a(a),
-                                                          _kfast_b(b) and not b.split), run,
-                           lambda cached: tuning.valid_gemm(dev, cached, M, N, K, batch, b.split))
+                                                          _kfast_b(b) and not b_split), run,
+                           lambda cached: tuning.valid_gemm(dev, cached, M, N, K, batch, b_split))
     run(_choices.keep(memo_key, choice))
 
 
@@ -88,13 +98,19 @@ def _gemm_kernel(dev, cfg, a, b, c, epilogue):
     M) of a product with choice cfg on operands laid out as a, b, c."""
     name = cfg["kernel"]
     defines = {k: v for k, v in cfg.items() if k != "kernel"}
-    defines.update(A_SPLIT=a.split, B_SPLIT=b.split, C_SPLIT=c.split, **_built_epilogue(dev, epilogue))
+    defines.update(A_SPLIT=a.split, B_SPLIT=b.split, B_KSPLIT=b.split_rows, C_SPLIT=c.split,
+                   **_built_epilogue(dev, epilogue))
     if name == "gemm_tiled":
         # float4 fetches where the operand's layout allows and each slice splits into float4s over the work-group
         float4s_per_round = 4 * (cfg["TM"] // cfg["WM"]) * (cfg["TN"] // cfg["WN"])
+        c_vec = _vec_c(c)
+        # without float4 stores, C goes out through local memory where a strip of it fits beside the slices
+        c_stage = not c_vec and (cfg["TM"] // cfg["WM"]) % cfg["WN"] == 0 and \
+            tuning.local_bytes(cfg) + tuning.stage_bytes(cfg) <= dev.local_mem_size
         defines.update(A_KFAST=_kfast_a(a), B_KFAST=_kfast_b(b),
                        A_VEC=_vec_a(a) and cfg["TM"] * cfg["TK"] % float4s_per_round == 0,
-                       B_VEC=_vec_b(b) and cfg["TN"] * cfg["TK"] % float4s_per_round == 0, C_VEC=_vec_c(c))
+                       B_VEC=_vec_b(b) and cfg["TN"] * cfg["TK"] % float4s_per_round == 0, C_VEC=c_vec,
+                       C_STAGE=c_stage)
         local = (cfg["TN"] // cfg["WN"], cfg["TM"] // cfg["WM"], 1)
         grid = (cfg["TN"], local[0]), (cfg["TM"], local[1])
     else:
@@ -181,7 +197,8 @@ def _skinny_cpu(dev, M, N, K, A, a, B, b, C, c, alpha, beta, bias, epilogue, fla
 def gemm_key(M, N, K, batch, a, b, c):
     """The tuning key of a product: its sizes and the operands' layout classes (which way k runs, splits)."""
     return (f"gemm {M}x{N}x{K}x{batch} A{'k' if _kfast_a(a) else 'm'}{'s' if a.split else ''} "
-            f"B{'k' if _kfast_b(b) else 'n'}{'s' if b.split else ''} C{'s' if c.split else ''}")
+            f"B{'k' if _kfast_b(b) else 'n'}{'s' if b.split else 'r' if b.split_rows else ''} "
+            f"C{'s' if c.split else ''}")
 
 
 def _kfast_a(a):
@@ -201,12 +218,12 @@ def _vec_along_rows(x):
     """Whether float4s of 4 consecutive columns of x (the layout `x` describes) are each contiguous and 16-byte
     aligned: columns contiguous, every other step a multiple of 4 elements, and with a column split, no float4
     crossing a segment."""
-    return x.cs == 1 and _quads(x.off, x.bs, x.rs) and (not x.split or _quads(x.cdiv, x.cso))
+    return x.cs == 1 and _quads(x.off, x.bs, x.rs, x.cso) and (not x.split or _quads(x.cdiv))
 
 
 def _vec_along_columns(x):
     """The same for float4s of 4 consecutive rows."""
-    return x.rs == 1 and _quads(x.off, x.bs, x.cs) and (not x.split or _quads(x.cso))
+    return x.rs == 1 and _quads(x.off, x.bs, x.cs, x.cso) and (not x.split_rows or _quads(x.cdiv))
 
 
 def _vec_a(a):

@@ -405,10 +405,15 @@ def _pool_window(geometry, out_hw):
     return k[0], k[1], s[0], s[1], p[0], p[1], out_hw[0], out_hw[1]
 
 
+GRID_PLANES = 65535  # planes a launch's third dimension holds (NVIDIA's grids: 65535 work-groups along it)
+GRID_GROUP = (32, 4, 1)  # the GPU grid's work-group: rows of 32 along x
+
+
 def _pool_launch(kern, per, head, tail, x_shape, out_hw, geometry, what):
     """A pooling kernel: its tensors `head`, the geometry, its tensors `tail`; a work-item per output element (per
-    "out"; "grid": in a 3-D launch of (x, y, plane)), input element ("in") or plane ("plane"). Past
-    kernels.INDEX_LIMIT, a launch per run of planes."""
+    "out"; "grid": in a 3-D launch of (x, y, plane)), input element ("in"; "in-grid": in a 3-D launch of (x, y,
+    plane) padded to GRID_GROUP) or plane ("plane"). Past kernels.INDEX_LIMIT, and past GRID_PLANES planes for a
+    grid, a launch per run of planes."""
     N, C, H, W = x_shape
     planes, HW, OHW = N * C, H * W, out_hw[0] * out_hw[1]
     dev = head[0].device
@@ -417,13 +422,21 @@ def _pool_launch(kern, per, head, tail, x_shape, out_hw, geometry, what):
         if per == "grid":
             kernels.launch(dev, kern, (out_hw[1], out_hw[0], count), kernels.ANY_GROUP, *head, count, H, W, *window,
                            *tail, what=what)
+        elif per == "in-grid":
+            gx, gy, _ = GRID_GROUP
+            kernels.launch(dev, kern, (-(-W // gx) * gx, -(-H // gy) * gy, count), GRID_GROUP, *head, count, H, W,
+                           *window, *tail, what=what)
         else:
             n = count * (OHW if per == "out" else HW if per == "in" else 1)
             _flat_launch(dev, kern, n, *head, count, H, W, *window, *tail, what=what)
-    if planes * max(HW, OHW) <= kernels.INDEX_LIMIT:
+    runs = [(0, planes)] if planes * max(HW, OHW) <= kernels.INDEX_LIMIT else \
+        chunks(what, x_shape, planes, [HW, OHW], unit="plane")
+    if per in ("grid", "in-grid"):
+        runs = [(s + i, min(GRID_PLANES, n - i)) for s, n in runs for i in range(0, n, GRID_PLANES)]
+    if runs == [(0, planes)]:
         launch(planes, head, tail)
         return
-    for start, count in chunks(what, x_shape, planes, [HW, OHW], unit="plane"):
+    for start, count in runs:
         launch(count, *([t.region(start * (t.size // planes), (count * (t.size // planes),)) if t is not None else None
                          for t in ts] for ts in (head, tail)))
 
@@ -466,7 +479,10 @@ def _maxpool_backward(dy, saved, x_shape, geometry, relu, db=None, db_beta=1.0):
                        what="max pooling backward (and the bias gradient)")
         return dx
     if not tuning.cpu_shaped(dev):
-        kern, per = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd", defines or None), "in"
+        stride = geometry[1]
+        kern = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd_grid", dict(defines, STRIDE_H=stride[0],
+                                                                         STRIDE_W=stride[1]))
+        per = "in-grid"
     else:  # one work-item per plane: scatter without a search per element
         kern, per = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd_planes", defines or None), "plane"
     _pool_launch(kern, per, (dy,) + tuple(saved), (dx,), x_shape, dy.shape[2:], geometry, "max pooling backward")

@@ -125,6 +125,11 @@ def local_bytes(cfg):
     return cfg.get("LBUF", 2) * cfg["TK"] * (cfg["TM"] + cfg["TN"] + 8) * 4
 
 
+def stage_bytes(cfg):
+    """What gemm_tiled's C_STAGE adds: a strip of TM / WM rows of the tile, padded by a float4."""
+    return cfg["TM"] // cfg["WM"] * (cfg["TN"] + 4) * 4
+
+
 def fits(dev, cfg):
     if cfg["kernel"] != "gemm_tiled":
         return True
@@ -358,6 +363,7 @@ def describe(choice):
     if cfg["kernel"] == "gemm_tiled":
         name = f"tiled {cfg['TM']}x{cfg['TN']}x{cfg['TK']}/{cfg['WM']}x{cfg['WN']}"
         name += " 1buf" if cfg.get("LBUF", 2) == 1 else ""
+        name += " warp8x4" if cfg.get("WARP_8X4") else ""
     else:
         name = "block " + " ".join(f"{k}{cfg[k]}" for k in sorted(cfg) if k != "kernel")  # as the cache file orders
     return pre + name + (f" k{ks}" if ks > 1 else "")

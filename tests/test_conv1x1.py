@@ -47,8 +47,9 @@ def _torch_reference(x, w, b, dy, groups, relu):
     return yt.detach().numpy(), xt.grad.numpy(), wt.grad.numpy(), bt.grad.numpy()
 
 
-def _check(dev, rng, N, C, H, W, O, G, relu=False, steps=1):
-    """The layer's forward and gradients (after `steps` backward passes, which add up) against PyTorch's."""
+def _check(dev, rng, N, C, H, W, O, G, relu=False, steps=1, ran=("conv1x1_rows", "conv1x1_weights"), not_ran=()):
+    """The layer's forward and gradients (after `steps` backward passes, which add up) against PyTorch's; the kernels
+    `ran` launched, those of `not_ran` not."""
     layer = nn.Conv2d(C, O, 1, groups=G).to(dev)
     x = rng.standard_normal((N, C, H, W)).astype(np.float32) + (0.3 if relu else 0.0)  # fewer outputs near 0
     xt = clnet.tensor(x, dev, requires_grad=True)
@@ -59,7 +60,7 @@ def _check(dev, rng, N, C, H, W, O, G, relu=False, steps=1):
         dy = rng.standard_normal(y.shape).astype(np.float32)
         for _ in range(steps):
             y.backward(clnet.tensor(dy, dev), retain_graph=True)
-    assert any(n == "conv1x1_rows" for n in names) and any(n == "conv1x1_weights" for n in names), names
+    assert set(ran) <= set(names) and not set(not_ran) & set(names), names
     ry, rdx, rdw, rdb = _torch_reference(x, layer.weight.numpy(), layer.bias.numpy(), dy, G, relu)
     assert_close(y.numpy(), ry, "output")
     assert_close(xt.grad.numpy(), steps * rdx, "input gradient")
@@ -92,6 +93,24 @@ def test_conv1x1_fused_relu_and_gradients_that_add(dev, rng, everywhere):
     gradients add (the second pass's beta 1)."""
     _check(dev, rng, 2, 10, 9, 11, 13, 1, relu=True, steps=2)
     _check(dev, rng, 1, 6, 5, 7, 4, 2, steps=2)
+
+
+@needs_torch
+def test_pointwise_weight_gradient_reads_x_where_it_lies_on_gpus(dev, rng, monkeypatch):
+    """On a GPU's path (im2col's products) a 1x1 layer's weight gradient takes x^T as the product's B in place, its
+    rows (image, pixel) split (Mat.split_rows), with no lowering: planes of 225 and 323 pixels (scalar loads), 784
+    and 64 (float4s), one image (no split), groups, and chunks of two images (the second chunk's offset, a last
+    chunk of one)."""
+    import clnet.conv
+    if not dev.is_gpu:
+        skip_other_class_unless_first(dev, "gemm_tiled with a row split")
+        monkeypatch.setattr(dev, "is_gpu", True)
+    tuning.forget()
+    for case in (CASES[1], CASES[2], CASES[3], CASES[4], CASES[6]):
+        _check(dev, rng, *case, ran=("gemm_tiled",), not_ran=("im2col",))
+    monkeypatch.setattr(clnet.conv, "_col_chunk", lambda s, dev: 2)
+    _check(dev, rng, 3, 12, 7, 9, 10, 2, steps=2, ran=("gemm_tiled",), not_ran=("im2col",))
+    tuning.forget()
 
 
 def test_pointwise_layers_default_to_conv1x1_on_cpus_by_plane(dev):

@@ -186,10 +186,12 @@ def test_gemm_float4_fetches(dev, rng, gemm_variant, M, N, K, trans_a, trans_b, 
 def test_float4_needs_every_step_aligned(field, value):
     """Each layout that takes float4s stops taking them when any one of its steps is not a multiple of 4 elements
     (a wrong 'yes' is a misaligned or non-contiguous float4: PoCL crashes on one)."""
-    aligned = {  # (rule, layout): k-fast and m-fast A, k-fast and n-fast B, C; all with a column split
+    aligned = {  # (rule, layout): k-fast and m-fast A, k-fast and n-fast B, C; all with a column split, and B
+        # k-fast with a row split
         "A k-fast": (gemm._vec_a, Mat(off=4, bs=64, rs=8, cs=1, cdiv=8, cso=16)),
         "A m-fast": (gemm._vec_a, Mat(off=4, bs=64, rs=1, cs=8, cdiv=3, cso=16)),
         "B k-fast": (gemm._vec_b, Mat(off=4, bs=64, rs=1, cs=8, cdiv=3, cso=16)),
+        "B k-fast, rows split": (gemm._vec_b, Mat(off=4, bs=64, rs=1, cs=8, cdiv=8, cso=16, split_rows=True)),
         "B n-fast": (gemm._vec_b, Mat(off=4, bs=64, rs=8, cs=1, cdiv=8, cso=16)),
         "C": (gemm._vec_c, Mat(off=4, bs=64, rs=8, cs=1, cdiv=8, cso=16)),
     }
@@ -197,8 +199,9 @@ def test_float4_needs_every_step_aligned(field, value):
         assert rule(mat), name
         changed = mat._replace(**{field: value})
         contiguous_step = "cs" if mat.cs == 1 else "rs"
-        # the contiguous axis's step stays 1 (a 6 there makes the layout another class); cdiv only counts along it
-        if field == contiguous_step or (field == "cdiv" and mat.cs != 1):
+        # the contiguous axis's step stays 1 (a 6 there makes the layout another class); cdiv only counts where the
+        # split cuts that axis
+        if field == contiguous_step or (field == "cdiv" and (mat.cs == 1) == mat.split_rows):
             continue
         assert not rule(changed), (name, field, value)
 
@@ -222,7 +225,10 @@ def _scatter(x, mat, pad):
     where `mat` says its elements lie: (the buffer, every element's index)."""
     batch, rows, cols = x.shape
     b, r, c = np.meshgrid(np.arange(batch), np.arange(rows), np.arange(cols), indexing="ij")
-    idx = mat.off + b * mat.bs + r * mat.rs + (c % mat.cdiv) * mat.cs + (c // mat.cdiv) * mat.cso
+    if mat.split_rows:
+        idx = mat.off + b * mat.bs + (r % mat.cdiv) * mat.rs + (r // mat.cdiv) * mat.cso + c * mat.cs
+    else:
+        idx = mat.off + b * mat.bs + r * mat.rs + (c % mat.cdiv) * mat.cs + (c // mat.cdiv) * mat.cso
     buf = np.full(idx.max() + 1 + pad, np.nan, np.float32)
     assert len(np.unique(idx)) == idx.size
     buf[idx] = x
@@ -231,16 +237,23 @@ def _scatter(x, mat, pad):
 
 @pytest.mark.parametrize("P", [3, 13, 20])
 @pytest.mark.parametrize("ksplit", [None, 3])
-def test_gemm_split_operands(dev, rng, gemm_variant, P, ksplit):
-    """Every operand with a column split at once, as a convolution's products have them: A's k over (image, pixel)
-    (dy in a weight gradient), B's n and C's n over (image, pixel) of NCHW tensors; batched. Planes of 3 pixels wrap
-    several times within one slice of k, 13 leaves float4s off, 20 takes them (where the tile's split allows); K spans
-    many slices, cut also into 3 split-K slices. Checked against float64, and NaN padding around every operand stays."""
+@pytest.mark.parametrize("b_split", ["columns", "rows"])
+def test_gemm_split_operands(dev, rng, gemm_variant, P, ksplit, b_split):
+    """Every operand split at once, as a convolution's products have them: A's k over (image, pixel) (dy in a weight
+    gradient), C's n over (image, pixel) of an NCHW tensor, and B's n likewise, or B's k (rows: x^T in a 1x1 layer's
+    weight gradient, gemm_tiled's alone); batched. Planes of 3 pixels wrap several times within one slice of k, 13
+    leaves float4s off, 20 takes them (where the tile's split allows); K spans many slices, cut also into 3 split-K
+    slices. Checked against float64, and NaN padding around every operand stays."""
     from clnet import tuning
+    if b_split == "rows" and gemm_variant in ("block", "device-default" if not gemm.takes_split_rows(dev) else ""):
+        pytest.skip("a row split of B is gemm_tiled's alone (gemm_block runs this product)")
     batch, M, imgs_k, imgs_n = 2, 37, 23, 5
     K, N = imgs_k * P, imgs_n * P
     a = Mat(off=4, bs=M * K, rs=P, cs=1, cdiv=P, cso=M * P)  # (imgs_k, M, P) per batch
-    b = Mat(off=4, bs=K * N, rs=P, cs=1, cdiv=P, cso=K * P)  # (imgs_n, K, P) per batch
+    if b_split == "rows":
+        b = Mat(off=4, bs=K * N, rs=1, cs=P, cdiv=P, cso=N * P, split_rows=True)  # (imgs_k, N, P) per batch
+    else:
+        b = Mat(off=4, bs=K * N, rs=P, cs=1, cdiv=P, cso=K * P)  # (imgs_n, K, P) per batch
     c = Mat(off=4, bs=M * N, rs=P, cs=1, cdiv=P, cso=M * P)  # (imgs_n, M, P) per batch
     A64 = rng.standard_normal((batch, M, K))
     B64 = rng.standard_normal((batch, K, N))

@@ -105,10 +105,24 @@ def _gemm_block(clnet, dev, rng):
 
 
 def _gemm_split_transposed(clnet, dev, rng):
-    from clnet import tuning
+    from clnet import gemm, tuning
+    from clnet.gemm import Mat
     for cfg in (tuning.GEMM_TILED_SMALL, tuning.GEMM_BLOCK):
         for ta, tb in ((False, False), (True, False), (False, True), (True, True)):
             _gemm_case(clnet, dev, rng, cfg, 6, 5, 41, ksplit=3, ta=ta, tb=tb, batch=2)
+    # B's rows split over (image, pixel), as x^T in a 1x1 layer's weight gradient: 5 pixels (scalar loads wrapping
+    # within a slice) in 3 slices of 16, 8 (float4s along k) in 2 split-K parts of 2 slices; the last image ends the
+    # buffer
+    M, N, imgs = 6, 5, 7
+    for P, ksplit in ((5, 1), (8, 2)):
+        K = imgs * P
+        A = rng.standard_normal((M, K)).astype(np.float32)
+        x = rng.standard_normal((imgs, N, P)).astype(np.float32)
+        C = clnet.tensor(np.zeros((M, N), np.float32), dev)
+        gemm._gemm_choice(dev, dict(cfg=tuning.GEMM_TILED_SMALL, ksplit=ksplit), M, N, K, clnet.tensor(A, dev),
+                          Mat(rs=K, cs=1), clnet.tensor(x, dev), Mat(rs=1, cs=P, cdiv=P, cso=N * P, split_rows=True),
+                          C, Mat(rs=N, cs=1), 1.0, 0.0, 1, None, 0, 0, False, "oclgrind")
+        _close(C.numpy(), A.astype(np.float64) @ x.transpose(0, 2, 1).reshape(K, N), f"B's rows split, P {P}")
 
 
 def _backward(clnet, y, rng):
