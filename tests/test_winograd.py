@@ -292,3 +292,23 @@ def test_winograd_supported():
             assert not winograd.supported(shape(**kw), m), (kw, m)
     with pytest.raises(ValueError, match="Winograd"):
         winograd.conv2d_forward(None, None, None, shape(stride=2))  # refused before any device work
+
+
+def test_gpus_default_to_winograd_only_where_its_launches_pay():
+    """A GPU's default (untuned) algorithm: Winograd for layers of at least tuning.WINOGRAD_MIN_FLOPS (and 16
+    channels each side), im2col below, where its three transform launches cost more host time than its products save
+    (lenet's 20->50 layer at batch 1: 3.2 MFLOP; lenet-wide's 120->120 layer at batch 64: 2.9 GFLOP). Pure Python."""
+    from types import SimpleNamespace
+    from clnet import tuning
+    gpu = SimpleNamespace(is_gpu=True)
+
+    def default(n, c, o, plane, k, kind):
+        s = nn.Conv2d(c, o, k).conv_shape((n, c, plane, plane))
+        return tuning.conv_default(gpu, s, ["im2col", "winograd"], kind)
+    for kind in ("conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weights"):
+        assert default(1, 20, 50, 12, 5, kind) == "im2col"  # lenet b1
+        assert default(64, 20, 50, 12, 5, kind) == "im2col"  # lenet b64: 205 MFLOP
+        assert default(1, 120, 120, 12, 5, kind) == "im2col"  # lenet-wide b1: 46 MFLOP
+        assert default(64, 120, 120, 12, 5, kind) == "winograd"  # lenet-wide b64: 2.9 GFLOP
+        assert default(1, 64, 58, 64, 3, kind) == "winograd"  # resnet's first 3x3 layer at b1: 231 MFLOP
+        assert default(64, 8, 58, 64, 3, kind) == "im2col"  # too few input channels, however large

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 26's small steps, each of SIDES (a snapshot of a base, as bench/run_h200_networks.sh makes, and this tree)
+# in turn, ROUNDS times: `clnet bench lenet|lenet-wide --compare cuda` (batch 1 and 64, replayed against PyTorch's
+# CUDA graph), then once a side the seed's workload (`clnet train lenet-wide --batch 1 --epochs 1 --lr 0.001`;
+# carry .data, the four Fashion-MNIST .gz files, and .whl). Each side keeps its own cache. Results in
+# $OUT/small-steps.log.
+set -u
+source bench/h200_env.sh
+ROOT=$PWD
+SIDES=${SIDES:-.bench-snap-head .}
+{
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+for round in $(seq ${ROUNDS:-2}); do
+  for side in $SIDES; do
+    cd "$ROOT/$side"
+    echo "== round $round, side $side ($(cat .rev 2>/dev/null || echo "this tree"))"
+    for spec in lenet:1 lenet:64 lenet-wide:1; do
+      PYTHONPATH=/tmp/site:$PWD CLNET_CACHE_DIR=/tmp/cache-$(basename "$PWD") timeout 90 python3 -m clnet.cli bench \
+        "${spec%:*}" --batch "${spec#*:}" --device gpu --compare cuda --iterations 200 2>&1 |
+        grep -E "^tuning|launches per iteration|replayed as|ratio"
+    done
+    cd "$ROOT"
+  done
+done
+for side in $SIDES; do
+  cd "$ROOT/$side"
+  echo "== the seed's epoch, side $side ($(cat .rev 2>/dev/null || echo "this tree"))"
+  PYTHONPATH=/tmp/site:$PWD CLNET_CACHE_DIR=/tmp/cache-$(basename "$PWD") timeout 100 python3 -m clnet.cli train \
+    lenet-wide --batch 1 --epochs 1 --lr 0.001 --dataset fashion-mnist --data-dir "$ROOT/.data" --device gpu 2>&1 |
+    grep -v -i warn | tail -2
+  cd "$ROOT"
+done
+} > "$OUT/small-steps.log" 2>&1
