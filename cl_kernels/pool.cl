@@ -28,7 +28,7 @@
 // Defines: RELU 0/1 (maxpool only); LSIZE (maxpool2d_bwd_bias's work-group size, a power of two); COUNT_PAD 0/1
 // (avgpool only); WIN_KH, WIN_KW (maxpool2d_fwd_grid only): the window's size, set by the host where no padding and
 // no ceil mode put a window past the input's edge (0: sizes and bounds at run time); STRIDE_H, STRIDE_W
-// (maxpool2d_bwd_grid only, required there): the window's strides.
+// (maxpool2d_bwd_grid only): the window's strides fixed at build (0: SH, SW at run time; the host always sets them).
 #include "common.h"
 
 #ifndef COUNT_PAD
@@ -54,6 +54,12 @@
 #endif
 #ifndef WIN_KW
 #define WIN_KW 0  // and its width
+#endif
+#ifndef STRIDE_H
+#define STRIDE_H 0  // maxpool2d_bwd_grid's strides fixed at build (0: at run time)
+#endif
+#ifndef STRIDE_W
+#define STRIDE_W 0
 #endif
 
 #define POOL_GEOMETRY \
@@ -148,7 +154,6 @@ inline float max_gather(__global const float* restrict dy, __global const int* r
     return sum;
 }
 
-#ifdef STRIDE_H
 __kernel void maxpool2d_bwd_grid(__global const float* restrict dy, OFFSET_PARAM(dy),
                                  __global const int* restrict idx, OFFSET_PARAM(idx),
                                  __global const float* restrict y, OFFSET_PARAM(y), POOL_GEOMETRY,
@@ -157,10 +162,9 @@ __kernel void maxpool2d_bwd_grid(__global const float* restrict dy, OFFSET_PARAM
     AT_OFFSET(__global float*, dx)
     const int xx = get_global_id(0), yy = get_global_id(1), nc = get_global_id(2);
     if (xx >= W || yy >= H) return;  // the launch pads x and y to whole work-groups
-    dx[(nc * H + yy) * W + xx] = max_gather(dy, idx RELU_Y_ARG, nc, yy, xx, H, W, KH, KW, STRIDE_H, STRIDE_W, PH, PW,
-                                            OH, OW);
+    dx[(nc * H + yy) * W + xx] = max_gather(dy, idx RELU_Y_ARG, nc, yy, xx, H, W, KH, KW, STRIDE_H ? STRIDE_H : SH,
+                                            STRIDE_W ? STRIDE_W : SW, PH, PW, OH, OW);
 }
-#endif
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
 void maxpool2d_bwd_bias(__global const float* restrict dy, OFFSET_PARAM(dy), __global const int* restrict idx,
