@@ -296,6 +296,9 @@ def test_clip_grad_value_and_nonfinite(dev, rng):
         nn.utils.clip_grad_norm_([bad], 1.0, error_if_nonfinite=True)
 
 
+MAX_NORM = 0.05  # under the last step's gradient norm: at 0.5 one seed's last norm was 0.44 and nothing was clipped
+
+
 def test_clipped_step_replays_as_eager_steps(dev, rng):
     """zero_grad, backward, clip_grad_norm_ and step captured in one Graph: replays give the eager steps' weights,
     bit for bit, the clipping factor recomputed on the device from each replay's gradients."""
@@ -313,7 +316,7 @@ def test_clipped_step_replays_as_eager_steps(dev, rng):
             opt.zero_grad()
             d = model(x) - y
             (d * d).mean().backward()
-            norms.append(nn.utils.clip_grad_norm_(model.parameters(), 0.5))
+            norms.append(nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM))
             opt.step()
         step()
         run_step = eager_or_replayed(step, replayed)
@@ -323,7 +326,7 @@ def test_clipped_step_replays_as_eager_steps(dev, rng):
             run_step()
         return model.state_dict(), float(norms[-1].numpy())
     (eager, n_eager), (replayed, n_replayed) = run(False), run(True)
-    assert n_eager == n_replayed and n_eager > 0.5  # the clipping acted at the last step
+    assert n_eager == n_replayed and n_eager > MAX_NORM  # the clipping acted at the last step
     for k in eager:
         np.testing.assert_array_equal(eager[k], replayed[k], err_msg=k)
 
