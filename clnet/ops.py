@@ -478,8 +478,13 @@ def _maxpool_backward(dy, saved, x_shape, geometry, relu, db=None, db_beta=1.0):
                        *_pool_window(geometry, dy.shape[2:]), dx, db, C, int(db_beta != 0.0),
                        what="max pooling backward (and the bias gradient)")
         return dx
-    if not tuning.cpu_shaped(dev):
-        stride = geometry[1]
+    k, stride, pad = geometry
+    OH, OW = dy.shape[2:]
+    if not tuning.cpu_shaped(dev) and tuple(k) == tuple(stride) and tuple(pad) == (0, 0) and \
+            OH * k[0] <= x_shape[2] and OW * k[1] <= x_shape[3]:  # the windows tile the input: a work-item a window
+        kern = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd_tiles", dict(defines, TILE_KH=k[0], TILE_KW=k[1]))
+        per = "grid"
+    elif not tuning.cpu_shaped(dev):
         kern = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd_grid", dict(defines, STRIDE_H=stride[0],
                                                                          STRIDE_W=stride[1]))
         per = "in-grid"
