@@ -168,18 +168,20 @@ def test_pooling(dev, rng, limit, kernel_shape, pool):
     assert_close(t.grad.numpy(), rdx, pool + " pooling backward")
 
 
-def test_max_pooling_grids_in_runs_of_planes(dev, rng, kernel_shape, monkeypatch):
+@pytest.mark.parametrize("k,s,p,ceil", [(3, 2, 1, True), (2, 2, 0, False)], ids=["3x3-s2", "tiles"])
+def test_max_pooling_grids_in_runs_of_planes(dev, rng, kernel_shape, monkeypatch, k, s, p, ceil):
     """A grid launch holds at most GRID_PLANES planes along its third dimension (NVIDIA's cap): with 7 a launch,
     (3, 11, 9, 10)'s 33 planes run as 4 launches of 7 and one of 5, each a region of the tensors, forward (CPU
-    shape) and backward (GPU shape), with a ReLU's gradient taken in the backward as nn.Sequential arranges it."""
+    shape) and backward (GPU shape: a work-item an input element, or a window where the windows tile the input),
+    with a ReLU's gradient taken in the backward as nn.Sequential arranges it."""
     from clnet import ops
     monkeypatch.setattr(ops, "GRID_PLANES", 7)
     x = rng.standard_normal((3, 11, 9, 10))
     t = leaf(dev, x)
-    y = F.max_pool2d(F.relu(t), 3, 2, 1, ceil_mode=True)
+    y = F.max_pool2d(F.relu(t), k, s, p, ceil_mode=ceil)
     dy = rng.standard_normal(y.shape)
     y.backward(clnet.tensor(dy, dev))
-    ry, rdx = ref.maxpool2d(np.maximum(x, 0).astype(np.float32), (3, 3), (2, 2), (1, 1), True, dy)
+    ry, rdx = ref.maxpool2d(np.maximum(x, 0).astype(np.float32), (k, k), (s, s), (p, p), ceil, dy)
     assert_close(y.numpy(), ry, "max pooling")
     assert_close(t.grad.numpy(), rdx * (x > 0), "max pooling backward")
 
