@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# bench/NOTES.md v60 in one call (carry .whl, .data and .bench-snap-head, a snapshot of the base): the small steps
-# (bench/run_h200_small_steps.sh, one round), then vgg11_bn at both sides: its kernels by kind (bench/net_kernels.py)
-# and its replayed step against PyTorch's CUDA graph (bench/run_h200_networks.sh).
+# bench/NOTES.md v60 in one call (carry .whl, .data and .bench-snap-head, a snapshot of the base): vgg11_bn's kernels by
+# kind at both sides (bench/net_kernels.py), the small steps (bench/run_h200_small_steps.sh, one round), then vgg11_bn's
+# replayed step at both sides against PyTorch's CUDA graph (bench/run_h200_networks.sh).
 set -u
-ROUNDS=1 bash bench/run_h200_small_steps.sh
 source bench/h200_env.sh
 ROOT=$PWD
 for side in .bench-snap-head .; do
@@ -12,4 +11,5 @@ for side in .bench-snap-head .; do
     --device gpu --networks vgg11_bn --batch 64 2>&1 | grep -v -i warn | head -24 > "$OUT/vgg-kernels-$(basename "$PWD").log"
   cd "$ROOT"
 done
+ROUNDS=1 bash bench/run_h200_small_steps.sh
 SIDES=".bench-snap-head ." NETS=vgg11_bn ROUNDS=1 bash bench/run_h200_networks.sh
