@@ -27,6 +27,9 @@
 //             work-items on consecutive columns. Without it each scalar store of a warp writes every fourth float
 //             (a work-item's columns are 4 consecutive ones): where planes are odd (squeezenet's 55x55, 13x13) a
 //             thin product's stores took 3-4x the time of its bytes (bench/NOTES.md v57).
+//   WARP_8X4  0/1: each 32 consecutive work-items cover 8 x 4 work-items' places along (n, m) rather than a row of 32
+//             (TX a multiple of 8, TY of 4): a warp's float4 slice reads fetch 4 distinct float4s of A and 8 of B.
+//             No tuning candidate takes it (bench/sgemm_variants.py measures it); tests keep it right.
 #include "gemm_common.h"
 
 #ifndef TM

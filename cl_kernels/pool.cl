@@ -34,8 +34,9 @@
 // Defines: RELU 0/1 (maxpool only); LSIZE (maxpool2d_bwd_bias's work-group size, a power of two); COUNT_PAD 0/1
 // (avgpool only); WIN_KH, WIN_KW (maxpool2d_fwd_grid only): the window's size, set by the host where no padding and
 // no ceil mode put a window past the input's edge (0: sizes and bounds at run time); STRIDE_H, STRIDE_W
-// (maxpool2d_bwd_grid only, required there): the window's strides; TILE_KH, TILE_KW (maxpool2d_bwd_tiles only,
-// required there): the window, which is also its stride.
+// (maxpool2d_bwd_grid only): the window's strides fixed at build (0: SH, SW at run time; the host always sets them);
+// TILE_KH, TILE_KW (maxpool2d_bwd_tiles only): the window, which is also its stride, fixed at build (0: KH, KW at run
+// time; the host always sets them).
 #include "common.h"
 
 #ifndef COUNT_PAD
@@ -61,6 +62,18 @@
 #endif
 #ifndef WIN_KW
 #define WIN_KW 0  // and its width
+#endif
+#ifndef STRIDE_H
+#define STRIDE_H 0  // maxpool2d_bwd_grid's strides fixed at build (0: at run time)
+#endif
+#ifndef STRIDE_W
+#define STRIDE_W 0
+#endif
+#ifndef TILE_KH
+#define TILE_KH 0  // maxpool2d_bwd_tiles' window (and stride) fixed at build (0: at run time)
+#endif
+#ifndef TILE_KW
+#define TILE_KW 0
 #endif
 
 #define POOL_GEOMETRY \
@@ -155,7 +168,6 @@ inline float max_gather(__global const float* restrict dy, __global const int* r
     return sum;
 }
 
-#ifdef STRIDE_H
 __kernel void maxpool2d_bwd_grid(__global const float* restrict dy, OFFSET_PARAM(dy),
                                  __global const int* restrict idx, OFFSET_PARAM(idx),
                                  __global const float* restrict y, OFFSET_PARAM(y), POOL_GEOMETRY,
@@ -164,12 +176,10 @@ __kernel void maxpool2d_bwd_grid(__global const float* restrict dy, OFFSET_PARAM
     AT_OFFSET(__global float*, dx)
     const int xx = get_global_id(0), yy = get_global_id(1), nc = get_global_id(2);
     if (xx >= W || yy >= H) return;  // the launch pads x and y to whole work-groups
-    dx[(nc * H + yy) * W + xx] = max_gather(dy, idx RELU_Y_ARG, nc, yy, xx, H, W, KH, KW, STRIDE_H, STRIDE_W, PH, PW,
-                                            OH, OW);
+    dx[(nc * H + yy) * W + xx] = max_gather(dy, idx RELU_Y_ARG, nc, yy, xx, H, W, KH, KW, STRIDE_H ? STRIDE_H : SH,
+                                            STRIDE_W ? STRIDE_W : SW, PH, PW, OH, OW);
 }
-#endif
 
-#ifdef TILE_KH
 __kernel void maxpool2d_bwd_tiles(__global const float* restrict dy, OFFSET_PARAM(dy),
                                   __global const int* restrict idx, OFFSET_PARAM(idx),
                                   __global const float* restrict y, OFFSET_PARAM(y), POOL_GEOMETRY,
@@ -182,16 +192,16 @@ __kernel void maxpool2d_bwd_tiles(__global const float* restrict dy, OFFSET_PARA
     const int at = idx[o];
     const float g = RELU_GRAD(dy[o], o);
     __global float* plane = dx + nc * H * W;
-    const int y0 = oy * TILE_KH, x0 = ox * TILE_KW;
-    const int y1 = oy == OH - 1 ? H : y0 + TILE_KH;  // the last window of a column, and of a row, also covers the
-    const int x1 = ox == OW - 1 ? W : x0 + TILE_KW;  // input past it, which no window reads: its gradient is 0
+    const int kh = TILE_KH ? TILE_KH : KH, kw = TILE_KW ? TILE_KW : KW;
+    const int y0 = oy * kh, x0 = ox * kw;
+    const int y1 = oy == OH - 1 ? H : y0 + kh;  // the last window of a column, and of a row, also covers the input
+    const int x1 = ox == OW - 1 ? W : x0 + kw;  // past it, which no window reads: its gradient is 0
     for (int yy = y0; yy < y1; yy++)
         for (int xx = x0; xx < x1; xx++) {
             const int off = yy * W + xx;
             plane[off] = off == at ? g : 0.0f;
         }
 }
-#endif
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))
 void maxpool2d_bwd_bias(__global const float* restrict dy, OFFSET_PARAM(dy), __global const int* restrict idx,

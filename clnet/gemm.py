@@ -32,8 +32,9 @@ class Mat(NamedTuple):
 
 
 def takes_split_rows(dev):
-    """Whether dev's products (gemm_tiled: GPUs) take a B whose rows are split (Mat.split_rows)."""
-    return tuning.device_class(dev) == "gpu"
+    """Whether dev's products take a B whose rows are split (Mat.split_rows): gemm_tiled does, so GPUs whose
+    work-groups hold its small tile (a GPU that cannot runs gemm_block, whose build refuses B_KSPLIT)."""
+    return tuning.device_class(dev) == "gpu" and tuning.fits(dev, tuning.GEMM_TILED_SMALL)
 
 
 def skinny(dev, M, K, batch, a, b, c):
@@ -255,7 +256,8 @@ def _gemm_choice(dev, choice, M, N, K, A, a, B, b, C, c, alpha, beta, batch, bia
     if choice.get("ta"):  # A(m, k) -> A^T stored (K, M): loads along m
         A, a = _transposed(dev, A, a, M, K, batch), Mat(bs=K * M, rs=1, cs=M)
     if choice.get("tb"):  # B(k, n), k fastest, seen as (N, K) -> stored (K, N): loads along n
-        assert not b.split, "a transposed B copy needs an unsplit B (gemm_candidates never offers it otherwise)"
+        assert not (b.split or b.split_rows), \
+            "a transposed B copy needs an unsplit B (gemm_candidates never offers it otherwise)"
         B, b = _transposed(dev, B, Mat(off=b.off, bs=b.bs, rs=b.cs, cs=b.rs), N, K, batch), Mat(bs=K * N, rs=N, cs=1)
     # the epilogue's (bias mode, ReLU): kernel arguments, so the plain product, a split-K slice and a layer's fused
     # forward share one program (gemm_common.h)

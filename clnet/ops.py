@@ -409,11 +409,17 @@ GRID_PLANES = 65535  # planes a launch's third dimension holds (NVIDIA's grids: 
 GRID_GROUP = (32, 4, 1)  # the GPU grid's work-group: rows of 32 along x
 
 
+def grid_group(dev):
+    """GRID_GROUP, narrowed for a device whose work-groups hold fewer work-items."""
+    gx = min(GRID_GROUP[0], dev.max_work_group_size)
+    return gx, max(1, min(GRID_GROUP[1], dev.max_work_group_size // gx)), 1
+
+
 def _pool_launch(kern, per, head, tail, x_shape, out_hw, geometry, what):
     """A pooling kernel: its tensors `head`, the geometry, its tensors `tail`; a work-item per output element (per
-    "out"; "grid": in a 3-D launch of (x, y, plane); "out-grid": the same padded to GRID_GROUP), input element ("in";
-    "in-grid": in a 3-D launch of (x, y, plane) padded to GRID_GROUP) or plane ("plane"). Past kernels.INDEX_LIMIT,
-    and past GRID_PLANES planes for a grid, a launch per run of planes."""
+    "out"; "grid": in a 3-D launch of (x, y, plane); "out-grid": the same padded to whole work-groups of grid_group),
+    input element ("in"; "in-grid": in a 3-D launch of (x, y, plane) padded likewise) or plane ("plane"). Past
+    kernels.INDEX_LIMIT, and past GRID_PLANES planes for a grid, a launch per run of planes."""
     N, C, H, W = x_shape
     planes, HW, OHW = N * C, H * W, out_hw[0] * out_hw[1]
     dev = head[0].device
@@ -423,9 +429,9 @@ def _pool_launch(kern, per, head, tail, x_shape, out_hw, geometry, what):
             kernels.launch(dev, kern, (out_hw[1], out_hw[0], count), kernels.ANY_GROUP, *head, count, H, W, *window,
                            *tail, what=what)
         elif per in ("in-grid", "out-grid"):
-            gx, gy, _ = GRID_GROUP
+            gx, gy, _ = group = grid_group(dev)
             w, h = (W, H) if per == "in-grid" else (out_hw[1], out_hw[0])
-            kernels.launch(dev, kern, (-(-w // gx) * gx, -(-h // gy) * gy, count), GRID_GROUP, *head, count, H, W,
+            kernels.launch(dev, kern, (-(-w // gx) * gx, -(-h // gy) * gy, count), group, *head, count, H, W,
                            *window, *tail, what=what)
         else:
             n = count * (OHW if per == "out" else HW if per == "in" else 1)

@@ -113,6 +113,19 @@ def test_pointwise_weight_gradient_reads_x_where_it_lies_on_gpus(dev, rng, monke
     tuning.forget()
 
 
+@needs_torch
+def test_a_gpu_without_the_tiled_product_lowers_pointwise_inputs(dev, rng, monkeypatch):
+    """A GPU whose work-groups cannot hold the small tile's 256 work-items runs gemm_block, which cannot read B's rows
+    split: its 1x1 layers' weight gradients lower x first (im2col), against PyTorch."""
+    if not dev.is_gpu:
+        skip_other_class_unless_first(dev, "gemm_block on a GPU")
+        monkeypatch.setattr(dev, "is_gpu", True)
+    monkeypatch.setattr(dev, "max_work_group_size", 128)
+    tuning.forget()
+    _check(dev, rng, 2, 12, 7, 7, 100, 1, ran=("im2col", "gemm_block"))  # 100 rows: no thin tile takes them
+    tuning.forget()
+
+
 def test_pointwise_layers_default_to_conv1x1_on_cpus_by_plane(dev):
     """The default per pass: 1x1 kernels on CPUs for planes of at least each pass's minimum (forward and data
     gradient 14x14, weight gradient 28x28), the algorithm before them below it (direct's forward for 32 input

@@ -99,7 +99,7 @@ GEMM_CASES = [(1, 1, 1), (3, 31, 33), (65, 17, 129), (130, 129, 31), (33, 201, 6
 
 
 @pytest.fixture(params=["device-default", "tiled-small", "tiled-large", "tiled-shallow", "tiled-deep", "tiled-wide",
-                        "tiled-thin", "block"])
+                        "tiled-thin", "tiled-warp", "block"])
 def gemm_variant(request, monkeypatch, dev):
     """Every GEMM kernel shape is checked on every device of its class and on the first of the other class, not only
     the one its tuning would pick."""
@@ -113,6 +113,8 @@ def gemm_variant(request, monkeypatch, dev):
               "tiled-wide": dict(kernel="gemm_tiled", TM=128, TN=256, TK=8, WM=8, WN=16),
               # 16 rows, 128 work-items: A fetched as scalars even where its layout allows float4s
               "tiled-thin": tuning.GEMM_TILED_THIN,
+              # warps of 8 x 4 work-items (WARP_8X4): no tuning candidate, measured by bench/sgemm_variants.py
+              "tiled-warp": dict(tuning.GEMM_TILED_LARGE, WARP_8X4=1),
               "block": tuning.GEMM_BLOCK}.get(request.param)
     if forced:
         if (forced["kernel"] == "gemm_tiled") != dev.is_gpu:

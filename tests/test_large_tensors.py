@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import clnet
-from clnet import kernels, ops
+from clnet import kernels, nn, ops
 from clnet.nn import functional as F
 from clnet.tensor import TooLarge, empty
 
@@ -168,22 +168,45 @@ def test_pooling(dev, rng, limit, kernel_shape, pool):
     assert_close(t.grad.numpy(), rdx, pool + " pooling backward")
 
 
+GRIDS = ("maxpool2d_fwd_grid", "maxpool2d_bwd_grid", "maxpool2d_bwd_tiles")
+
+
 @pytest.mark.parametrize("k,s,p,ceil", [(3, 2, 1, True), (2, 2, 0, False)], ids=["3x3-s2", "tiles"])
-def test_max_pooling_grids_in_runs_of_planes(dev, rng, kernel_shape, monkeypatch, k, s, p, ceil):
-    """A grid launch holds at most GRID_PLANES planes along its third dimension (NVIDIA's cap): with 7 a launch,
-    (3, 11, 9, 10)'s 33 planes run as 4 launches of 7 and one of 5, each a region of the tensors, forward (CPU
-    shape) and backward (GPU shape: a work-item an input element, or a window where the windows tile the input),
-    with a ReLU's gradient taken in the backward as nn.Sequential arranges it."""
-    from clnet import ops
+def test_max_pooling_grids_in_runs_of_planes(dev, rng, limit, kernel_shape, monkeypatch, k, s, p, ceil):
+    """A grid launch holds at most GRID_PLANES planes along its third dimension (NVIDIA's cap): with 7 a launch and
+    INDEX_LIMIT 1000, (3, 11, 9, 10)'s 33 planes of 90 values run in runs of 11, each as launches of 7 and 4, each a
+    region of the tensors: the CPU shape's forward grid, the GPU shape's backward grid (a work-item an input element,
+    or a window where the windows tile the input), with the ReLU before the pooling taken inside it (nn.Sequential:
+    RELU=1, the pooled output in regions too)."""
     monkeypatch.setattr(ops, "GRID_PLANES", 7)
+    limit(1000)
+    planes, launch, inside = [], kernels.launch, []
+
+    def counted(dev_, kern, global_size, *args, **kwargs):
+        if kern.name in GRIDS and not inside:  # not a staged window's relaunch
+            planes.append(global_size[2])
+        inside.append(kern)
+        try:
+            return launch(dev_, kern, global_size, *args, **kwargs)
+        finally:
+            inside.pop()
+    monkeypatch.setattr(kernels, "launch", counted)
     x = rng.standard_normal((3, 11, 9, 10))
     t = leaf(dev, x)
-    y = F.max_pool2d(F.relu(t), k, s, p, ceil_mode=ceil)
+    y = nn.Sequential(nn.ReLU(), nn.MaxPool2d(k, s, p, ceil_mode=ceil)).to(dev)(t)
     dy = rng.standard_normal(y.shape)
     y.backward(clnet.tensor(dy, dev))
+    assert planes == [7, 4] * 3, planes
     ry, rdx = ref.maxpool2d(np.maximum(x, 0).astype(np.float32), (k, k), (s, s), (p, p), ceil, dy)
     assert_close(y.numpy(), ry, "max pooling")
     assert_close(t.grad.numpy(), rdx * (x > 0), "max pooling backward")
+
+
+def test_pooling_grids_fit_small_work_groups():
+    """The GPU grid's 32x4 work-group, narrowed where a device's work-groups hold fewer work-items. Pure Python."""
+    from types import SimpleNamespace
+    for most, group in ((1024, (32, 4, 1)), (128, (32, 4, 1)), (64, (32, 2, 1)), (32, (32, 1, 1)), (16, (16, 1, 1))):
+        assert ops.grid_group(SimpleNamespace(max_work_group_size=most)) == group, most
 
 
 @pytest.mark.parametrize("training", [True, False])

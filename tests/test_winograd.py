@@ -310,5 +310,5 @@ def test_gpus_default_to_winograd_only_where_its_launches_pay():
         assert default(64, 20, 50, 12, 5, kind) == "im2col"  # lenet b64: 205 MFLOP
         assert default(1, 120, 120, 12, 5, kind) == "im2col"  # lenet-wide b1: 46 MFLOP
         assert default(64, 120, 120, 12, 5, kind) == "winograd"  # lenet-wide b64: 2.9 GFLOP
-        assert default(1, 64, 58, 64, 3, kind) == "winograd"  # resnet's first 3x3 layer at b1: 231 MFLOP
-        assert default(64, 8, 58, 64, 3, kind) == "im2col"  # too few input channels, however large
+        assert default(1, 64, 64, 58, 3, kind) == "winograd"  # resnet's first 3x3 layer at b1: 231 MFLOP
+        assert default(64, 8, 64, 58, 3, kind) == "im2col"  # too few input channels, however large
