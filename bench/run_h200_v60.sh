@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# bench/NOTES.md v60 in one call (carry .whl, .data and .bench-snap-head, a snapshot of the base): vgg11_bn's kernels by
-# kind at both sides (bench/net_kernels.py), the small steps (bench/run_h200_small_steps.sh, one round), then vgg11_bn's
-# replayed step at both sides against PyTorch's CUDA graph (bench/run_h200_networks.sh).
+# bench/NOTES.md v60 in one call, from a checkout of branch maxpool-tiles-v60 (carry .whl, .data and .bench-snap-head,
+# the base before both of v60's changes:
+#   mkdir .bench-snap-head && git archive 6bf982b clnet cl_kernels bench | tar -x -C .bench-snap-head &&
+#   rm -rf .bench-snap-head/bench/results && echo 6bf982b > .bench-snap-head/.rev
+# ): vgg11_bn's kernels by kind at both sides (bench/net_kernels.py), the small steps (bench/run_h200_small_steps.sh,
+# one round), then vgg11_bn's replayed step at both sides against PyTorch's CUDA graph (bench/run_h200_networks.sh).
 set -u
 source bench/h200_env.sh
 ROOT=$PWD
