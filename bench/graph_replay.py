@@ -3,6 +3,7 @@ GPU), on one device. Each step is forward, cross-entropy, backward and SGD with 
 
     python3 bench/graph_replay.py --device 1 --model lenet --batch 64 --model lenet-wide --batch 1
     python3 bench/graph_replay.py --device 0 --model lenet-wide --batch 1 --in-backward  # optimizer in backward
+    python3 bench/graph_replay.py --device 0 --model lenet --batch 1 --gpu-shaped --no-torch  # a GPU's launches
 
 Prints and writes JSON (--json) of medians over --repeats timed blocks of --steps steps each, the queue finished at
 the end of each block (so the figure is the steady rate of a training loop, host and device overlapping).
@@ -15,7 +16,7 @@ import click
 import numpy as np
 
 import clnet
-from clnet import kernels, models, nn, optim
+from clnet import kernels, models, nn, optim, tuning
 from clnet.bench import torch_graph_ms
 
 
@@ -162,14 +163,21 @@ def torch_rates(name, batch, steps, repeats, cuda, hooked=False):
 @click.option("--in-backward", "hooked", is_flag=True,
               help="both engines in PyTorch's optimizer-in-backward pattern (an optimizer per parameter, stepped in "
                    "its post-accumulate-grad hook) instead of one optimizer stepped after backward")
-def main(device_spec, names, batches, steps, repeats, with_torch, json_path, hooked):
+@click.option("--gpu-shaped", is_flag=True,
+              help="a CPU device runs a GPU's kernels and default choices (as the tests' other-shape runs do): the "
+                   "launches and kernels of a GPU's untuned step, counted here; its times mean nothing")
+def main(device_spec, names, batches, steps, repeats, with_torch, json_path, hooked, gpu_shaped):
     dev = clnet.device(device_spec)
+    cuda = dev.is_gpu
+    if gpu_shaped:
+        dev.is_gpu, dev.padded_group = True, None
+        tuning.cpu_shaped = lambda d: False
     rows = []
     for name, batch in zip(names, batches):
         row = dict(model=name, batch=batch, device=dev.name, in_backward=hooked,
                    **clnet_rates(name, batch, dev, steps, repeats, hooked))
         if with_torch:
-            row["torch"] = torch_rates(name, batch, steps, repeats, cuda=dev.is_gpu, hooked=hooked)
+            row["torch"] = torch_rates(name, batch, steps, repeats, cuda=cuda, hooked=hooked)
         rows.append(row)
         click.echo(json.dumps(row))
     if json_path:

@@ -14,3 +14,17 @@ fi
 export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+
+# on_sides ROUNDS COMMAND...: COMMAND (a function of the calling script, say) in each of $SIDES in turn (folders of
+# this checkout: a base's snapshot with its .rev, or . for this tree), ROUNDS times over, a heading before each; each
+# side runs itself (on PYTHONPATH) with its own kernel and tuning cache.
+on_sides() {
+  local rounds=$1 root=$PWD round side
+  shift
+  for round in $(seq "$rounds"); do
+    for side in $SIDES; do
+      echo "== round $round, side $side ($(cat "$root/$side/.rev" 2>/dev/null || echo "this tree")) at $SECONDS s"
+      (cd "$root/$side" && export PYTHONPATH=$SITE:$PWD CLNET_CACHE_DIR=/tmp/cache-$(basename "$PWD") && "$@")
+    done
+  done
+}

@@ -9,19 +9,14 @@
 # bench/run_h200_v45.sh, writing $OUT/v45.log.
 set -u
 source bench/h200_env.sh
-ROOT=$PWD
 SIDES=${SIDES:-.bench-snap-base .}
 NETS=${NETS:-squeezenet1_1,alexnet}
+networks() {
+  timeout 200 python3 bench/depthwise.py --device gpu --torch cuda --no-layers --batch 64 --networks $NETS \
+    --iterations 10 2>&1 | grep -v -i warn
+}
 {
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-for round in $(seq ${ROUNDS:-2}); do
-  for side in $SIDES; do
-    cd "$ROOT/$side"
-    echo "== round $round, side $side ($(cat .rev 2>/dev/null || echo "this tree")) at $SECONDS s"
-    PYTHONPATH=/tmp/site:$PWD CLNET_CACHE_DIR=/tmp/cache-$(basename "$PWD") timeout 200 python3 bench/depthwise.py \
-      --device gpu --torch cuda --no-layers --batch 64 --networks $NETS --iterations 10 2>&1 | grep -v -i warn
-    cd "$ROOT"
-  done
-done
+on_sides ${ROUNDS:-2} networks
 echo "done at $SECONDS s"
 } > "$OUT/networks.log" 2>&1

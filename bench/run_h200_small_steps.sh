@@ -6,28 +6,21 @@
 # $OUT/small-steps.log.
 set -u
 source bench/h200_env.sh
-ROOT=$PWD
+DATA=$PWD/.data
 SIDES=${SIDES:-.bench-snap-head .}
+small_steps() {
+  for spec in lenet:1 lenet:64 lenet-wide:1; do
+    timeout 90 python3 -m clnet.cli bench "${spec%:*}" --batch "${spec#*:}" --device gpu --compare cuda \
+      --iterations 200 2>&1 | grep -E "^tuning|launches per iteration|replayed as|ratio"
+  done
+}
+seed_epoch() {
+  timeout 100 python3 -m clnet.cli train lenet-wide --batch 1 --epochs 1 --lr 0.001 --dataset fashion-mnist \
+    --data-dir "$DATA" --device gpu 2>&1 | grep -v -i warn | tail -2
+}
 {
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-for round in $(seq ${ROUNDS:-2}); do
-  for side in $SIDES; do
-    cd "$ROOT/$side"
-    echo "== round $round, side $side ($(cat .rev 2>/dev/null || echo "this tree"))"
-    for spec in lenet:1 lenet:64 lenet-wide:1; do
-      PYTHONPATH=/tmp/site:$PWD CLNET_CACHE_DIR=/tmp/cache-$(basename "$PWD") timeout 90 python3 -m clnet.cli bench \
-        "${spec%:*}" --batch "${spec#*:}" --device gpu --compare cuda --iterations 200 2>&1 |
-        grep -E "^tuning|launches per iteration|replayed as|ratio"
-    done
-    cd "$ROOT"
-  done
-done
-for side in $SIDES; do
-  cd "$ROOT/$side"
-  echo "== the seed's epoch, side $side ($(cat .rev 2>/dev/null || echo "this tree"))"
-  PYTHONPATH=/tmp/site:$PWD CLNET_CACHE_DIR=/tmp/cache-$(basename "$PWD") timeout 100 python3 -m clnet.cli train \
-    lenet-wide --batch 1 --epochs 1 --lr 0.001 --dataset fashion-mnist --data-dir "$ROOT/.data" --device gpu 2>&1 |
-    grep -v -i warn | tail -2
-  cd "$ROOT"
-done
+on_sides ${ROUNDS:-2} small_steps
+echo "== the seed's epoch at each side"
+on_sides 1 seed_epoch
 } > "$OUT/small-steps.log" 2>&1

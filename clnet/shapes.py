@@ -31,6 +31,11 @@ class ConvShape:
         return (self.KH == 1 and self.KW == 1 and self.SH == 1 and self.SW == 1 and self.PH == 0 and self.PW == 0
                 and self.OH == self.H and self.OW == self.W)
 
+    @property
+    def flops(self):
+        """The forward's multiply-adds x 2 (each gradient pass has as many)."""
+        return 2 * self.N * self.O * self.OH * self.OW * (self.C // self.G) * self.KH * self.KW
+
     def geometry(self, nimg):
         return (self.C, self.H, self.W, self.KH, self.KW, self.SH, self.SW, self.PH, self.PW, self.DH, self.DW,
                 self.OH, self.OW, nimg)

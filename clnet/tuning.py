@@ -74,7 +74,7 @@ DEEP_WINDOW = 64
 # on PoCL; on the H200 it took 0.36-0.45 of im2col's time at every VGG, AlexNet and OverFeat 3x3 layer
 # (bench/results/h200-v6). Direct on GPUs, and F(4x4, 3x3) where allowed: only the tuner picks them.
 WINOGRAD_MIN_CHANNELS = 16
-# Nor below this much work (2*N*O*OH*OW*C/G*KH*KW flops): Winograd's three transform launches cost more host time than
+# Nor below this much work (ConvShape.flops): Winograd's three transform launches cost more host time than
 # its products save there. The H200's tuner, which counts each launch's host time (LAUNCH_COST_MS), took im2col for
 # every pass of every lenet and lenet-wide layer up to 205 MFLOP (batch 1 and 64), and Winograd's for lenet-wide's
 # 2.9 GFLOP layer; the H100's, Winograd's gradients for squeezenet's 3x3 layers of 1.8-3.6 GFLOP (tuning_table.json).
@@ -210,7 +210,7 @@ def conv_default(dev, s, options, kind="conv2d_fwd"):
     if kind == "conv2d_fwd" and not dev.is_gpu and "direct" in options and s.C // s.G <= DIRECT_MAX_CHANNELS_CPU:
         return "direct"  # (its gradients are the tuner's to choose: not measured against im2col's as defaults)
     if dev.is_gpu and "winograd" in options and min(s.C, s.O) >= WINOGRAD_MIN_CHANNELS and \
-            2 * s.N * s.O * s.OH * s.OW * (s.C // s.G) * s.KH * s.KW >= WINOGRAD_MIN_FLOPS:
+            s.flops >= WINOGRAD_MIN_FLOPS:
         return "winograd"
     return "im2col"
 

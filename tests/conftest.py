@@ -140,6 +140,24 @@ def perturbed(twin, gen):
     return twin
 
 
+ROUNDING_RUNS = 2  # perturbed float64 runs beside the float32 twin's among float32_witnesses
+
+
+def float32_witnesses(twin, runs=ROUNDING_RUNS, seed=0):
+    """Engine-independent samples of float32's own error for a float64 PyTorch twin: the twin in float32, and `runs`
+    float64 copies with float32-sized rounding at every leaf (perturbed). One sample can be small by luck where a
+    quantity largely cancels; the largest (float32_error) is not. Copies: make them before any hook is on twin."""
+    import copy
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    return [copy.deepcopy(twin).float()] + [perturbed(copy.deepcopy(twin), gen) for _ in range(runs)]
+
+
+def float32_error(witnessed, want, key):
+    """The largest normwise relative distance from want (float64's) of the witnesses' results at key."""
+    return max(np.linalg.norm(r[key] - want) for r in witnessed) / max(np.linalg.norm(want), 1e-30)
+
+
 KINKS = ("ReLU", "ReLU6", "MaxPool2d")  # the modules whose gradient jumps: clnet's decisions there are the twins' too
 KINK_TOL = 1e-4  # a decision may differ from float64's only within this much of the layer's largest input
 

@@ -11,7 +11,7 @@ import pytest
 
 import clnet
 
-from conftest import HAVE_TORCH, assert_close, needs_torch, perturbed
+from conftest import HAVE_TORCH, assert_close, float32_error, float32_witnesses, needs_torch
 from onnx_needed import require
 
 onnx = require("onnx")
@@ -20,8 +20,8 @@ import clnet.onnx as connx  # noqa: E402
 
 # Float32's own error, the scale of a gradient's bound, is the largest of PyTorch's float32 run and JITTERED more
 # witnesses of float32's rounding (one sample of it can be small by luck where a gradient largely cancels, as a bias
-# before a normalization): float64 twins with every leaf module's output rounded (conftest.perturbed), or where the
-# reference is a function, float32 runs with inputs and weights perturbed by FLOAT32_JITTER.
+# before a normalization): float64 twins with every leaf module's output rounded (conftest.float32_witnesses), or
+# where the reference is a function, float32 runs with inputs and weights perturbed by FLOAT32_JITTER.
 FLOAT32_JITTER = 6e-8
 JITTERED = 5
 
@@ -247,19 +247,15 @@ def test_pytorch_exports_of_modern_blocks_train(dev, rng, tmp_path, dynamo, trai
     (model64(x.double()) * torch.tensor(g, dtype=torch.float64)).sum().backward()
     exact = {k: p.grad.numpy() for k, p in model64.named_parameters()}
 
-    def distance(twin):  # each gradient's normwise distance from the float64 step's
+    def grads(twin):  # the same step's gradients, in the twin's precision
         twin.zero_grad()
         dtype = next(twin.parameters()).dtype
         (twin(x.to(dtype)) * torch.tensor(g, dtype=dtype)).sum().backward()
-        return {k: np.linalg.norm(p.grad.numpy() - exact[k]) / max(np.linalg.norm(exact[k]), 1e-30)
-                for k, p in twin.named_parameters()}
-    gen = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
-    distances = [distance(copy.deepcopy(model))]
-    distances += [distance(perturbed(copy.deepcopy(model64), gen)) for _ in range(JITTERED)]
+        return {k: p.grad.numpy() for k, p in twin.named_parameters()}
+    witnessed = [grads(w) for w in float32_witnesses(model64, runs=JITTERED, seed=int(rng.integers(1 << 30)))]
     for k, p in ours.items():
         grad = p.grad.numpy().T if k in net._transposed else p.grad.numpy()
-        f32 = max(d[k] for d in distances)
-        assert_close(grad, exact[k], f"gradient of {k}", tol=max(2e-5, 10 * f32))
+        assert_close(grad, exact[k], f"gradient of {k}", tol=max(2e-5, 10 * float32_error(witnessed, exact[k], k)))
 
 
 def test_index_and_shape_ops_of_computed_tensors(dev, rng, tmp_path):

@@ -11,7 +11,7 @@ import clnet
 from clnet import models, nn, optim
 from clnet.tensor import pool
 
-from conftest import Decisions, assert_close, needs_torch, perturbed
+from conftest import Decisions, assert_close, float32_error, float32_witnesses, needs_torch
 
 
 def torch_twin(model, build):
@@ -48,37 +48,30 @@ def training_step_results(model, x, labels, input_grad, make_input):
     return results
 
 
-ROUNDING_RUNS = 2  # perturbed float64 runs beside the float32 twin's (test_zoo_modern's compare has as many)
-
-
 def compare_with_torch(model, twin, x, labels, tol=1e-5, input_grad=True):
     """clnet against the float64 twin, each result within tol or within 4x float32's own error there: the largest of
-    the same twin's in float32 and of ROUNDING_RUNS float64 runs with float32-sized rounding (conftest.perturbed). A
+    the same twin's in float32 and of float64 runs with float32-sized rounding (conftest.float32_witnesses). A
     deep net's batch-norm gradients at batch 2 can cancel to where float32 itself misses 1e-5, and one float32 run can
     be lucky: inception's 2-channel 1x1 bias gradient erred 4.5e-6 in PyTorch's float32 and 1.8e-5 in clnet's. The
     twins take clnet's max-pooling argmax (Decisions), checked to differ from float64's only at near-ties. Not its
     ReLU decisions: a hook would keep nn.Sequential from fusing each ReLU into its convolution, which this test
     checks. (The hooks on max poolings keep a ReLU or a small convolution before one from fusing into it: neither
     network given here has that pattern.)"""
-    import copy
     import torch
+
+    def run(m):  # a twin's results, its input in its own precision
+        return training_step_results(m, x, labels, input_grad,
+                                     functools.partial(torch.tensor, dtype=next(m.parameters()).dtype))
     decisions = Decisions(model, kinds=("MaxPool2d",))
-    gen = torch.Generator().manual_seed(0)
-    # before any hook is on twin
-    witnesses = [copy.deepcopy(twin).float()] + [perturbed(copy.deepcopy(twin), gen) for _ in range(ROUNDING_RUNS)]
+    witnesses = float32_witnesses(twin)
     ours = training_step_results(model, x, labels, input_grad, lambda a: clnet.tensor(a, model.device))
     decisions.impose(twin, check=True)
     for w in witnesses:
         decisions.impose(w, check=False)
-    float64 = functools.partial(torch.tensor, dtype=torch.float64)
-    expected = training_step_results(twin, x, labels, input_grad, float64)
-    witnessed = [training_step_results(witnesses[0], x, labels, input_grad,
-                                       functools.partial(torch.tensor, dtype=torch.float32))]
-    witnessed += [training_step_results(w, x, labels, input_grad, float64) for w in witnesses[1:]]
+    expected, witnessed = run(twin), [run(w) for w in witnesses]
     assert ours.keys() == expected.keys()
     for k, want in expected.items():
-        floor = max(np.linalg.norm(r[k] - want) for r in witnessed) / max(np.linalg.norm(want), 1e-30)
-        assert_close(ours[k], want, k, tol=max(tol, 4 * floor))
+        assert_close(ours[k], want, k, tol=max(tol, 4 * float32_error(witnessed, want, k)))
 
 
 def small_inception_net(lib):

@@ -30,8 +30,7 @@ def module_flops(module, in_shape, key_shape=None):
     packed q, k, v projection and both products with the keys (q k^T, then the weights times v); its out_proj is a
     Linear of its own, counted there."""
     if isinstance(module, nn.Conv2d):
-        s = module.conv_shape(in_shape)
-        return 2 * s.N * s.O * s.OH * s.OW * (s.C // s.G) * s.KH * s.KW
+        return module.conv_shape(in_shape).flops
     if isinstance(module, nn.Linear):
         return 2 * math.prod(in_shape[:-1]) * module.in_features * module.out_features
     if isinstance(module, nn.MultiheadAttention):
