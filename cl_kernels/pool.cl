@@ -12,6 +12,12 @@
 //                  fixed at build (STRIDE_H, STRIDE_W): no division by a value known only at run time, where a flat
 //                  launch made eight an element (integer division is a long instruction sequence on GPUs: vgg11_bn's
 //                  five poolings ran at 0.8 TB/s on an H100 that way)
+//   maxpool2d_bwd_tiles  the same where the windows tile the input (stride = window, no padding, none past the
+//                  edge: VGG's 2x2 poolings): a work-item per window in a (x, y, plane) grid writes its whole window,
+//                  dy at the argmax and 0 elsewhere, and the last window of a row or column also zeroes the input past
+//                  it; it reads idx, dy (and y) once a window where the grid kernel read them once an input element
+//                  (vgg11_bn's five: 2.26 ms at 1.2 TB/s on an H100 that way), its window fixed at build (TILE_KH,
+//                  TILE_KW)
 //   maxpool2d_bwd_bias  the same for a small layer (GPUs) whose input is a convolution's output with a bias:
 //                  work-group c (of LSIZE) writes dx over channel c of every image and sums it into db[c] (add 1:
 //                  db[c] += that sum), in elementwise.cl bias_grad's order and tree, so db has that kernel's bits and
@@ -28,7 +34,9 @@
 // Defines: RELU 0/1 (maxpool only); LSIZE (maxpool2d_bwd_bias's work-group size, a power of two); COUNT_PAD 0/1
 // (avgpool only); WIN_KH, WIN_KW (maxpool2d_fwd_grid only): the window's size, set by the host where no padding and
 // no ceil mode put a window past the input's edge (0: sizes and bounds at run time); STRIDE_H, STRIDE_W
-// (maxpool2d_bwd_grid only): the window's strides fixed at build (0: SH, SW at run time; the host always sets them).
+// (maxpool2d_bwd_grid only): the window's strides fixed at build (0: SH, SW at run time; the host always sets them);
+// TILE_KH, TILE_KW (maxpool2d_bwd_tiles only): the window, which is also its stride, fixed at build (0: KH, KW at run
+// time; the host always sets them).
 #include "common.h"
 
 #ifndef COUNT_PAD
@@ -60,6 +68,12 @@
 #endif
 #ifndef STRIDE_W
 #define STRIDE_W 0
+#endif
+#ifndef TILE_KH
+#define TILE_KH 0  // maxpool2d_bwd_tiles' window (and stride) fixed at build (0: at run time)
+#endif
+#ifndef TILE_KW
+#define TILE_KW 0
 #endif
 
 #define POOL_GEOMETRY \
@@ -164,6 +178,29 @@ __kernel void maxpool2d_bwd_grid(__global const float* restrict dy, OFFSET_PARAM
     if (xx >= W || yy >= H) return;  // the launch pads x and y to whole work-groups
     dx[(nc * H + yy) * W + xx] = max_gather(dy, idx RELU_Y_ARG, nc, yy, xx, H, W, KH, KW, STRIDE_H ? STRIDE_H : SH,
                                             STRIDE_W ? STRIDE_W : SW, PH, PW, OH, OW);
+}
+
+__kernel void maxpool2d_bwd_tiles(__global const float* restrict dy, OFFSET_PARAM(dy),
+                                  __global const int* restrict idx, OFFSET_PARAM(idx),
+                                  __global const float* restrict y, OFFSET_PARAM(y), POOL_GEOMETRY,
+                                  __global float* restrict dx, OFFSET_PARAM(dx)) {
+    AT_OFFSET(__global const float*, dy) AT_OFFSET(__global const int*, idx) AT_OFFSET(__global const float*, y)
+    AT_OFFSET(__global float*, dx)
+    const int ox = get_global_id(0), oy = get_global_id(1), nc = get_global_id(2);
+    if (ox >= OW || oy >= OH) return;
+    const int o = (nc * OH + oy) * OW + ox;
+    const int at = idx[o];
+    const float g = RELU_GRAD(dy[o], o);
+    __global float* plane = dx + nc * H * W;
+    const int kh = TILE_KH ? TILE_KH : KH, kw = TILE_KW ? TILE_KW : KW;
+    const int y0 = oy * kh, x0 = ox * kw;
+    const int y1 = oy == OH - 1 ? H : y0 + kh;  // the last window of a column, and of a row, also covers the input
+    const int x1 = ox == OW - 1 ? W : x0 + kw;  // past it, which no window reads: its gradient is 0
+    for (int yy = y0; yy < y1; yy++)
+        for (int xx = x0; xx < x1; xx++) {
+            const int off = yy * W + xx;
+            plane[off] = off == at ? g : 0.0f;
+        }
 }
 
 __kernel __attribute__((reqd_work_group_size(LSIZE, 1, 1)))

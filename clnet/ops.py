@@ -417,9 +417,9 @@ def grid_group(dev):
 
 def _pool_launch(kern, per, head, tail, x_shape, out_hw, geometry, what):
     """A pooling kernel: its tensors `head`, the geometry, its tensors `tail`; a work-item per output element (per
-    "out"; "grid": in a 3-D launch of (x, y, plane)), input element ("in"; "in-grid": in a 3-D launch of (x, y,
-    plane) padded to whole work-groups of grid_group) or plane ("plane"). Past kernels.INDEX_LIMIT, and past
-    GRID_PLANES planes for a grid, a launch per run of planes."""
+    "out"; "grid": in a 3-D launch of (x, y, plane); "out-grid": the same padded to whole work-groups of grid_group),
+    input element ("in"; "in-grid": in a 3-D launch of (x, y, plane) padded likewise) or plane ("plane"). Past
+    kernels.INDEX_LIMIT, and past GRID_PLANES planes for a grid, a launch per run of planes."""
     N, C, H, W = x_shape
     planes, HW, OHW = N * C, H * W, out_hw[0] * out_hw[1]
     dev = head[0].device
@@ -428,16 +428,17 @@ def _pool_launch(kern, per, head, tail, x_shape, out_hw, geometry, what):
         if per == "grid":
             kernels.launch(dev, kern, (out_hw[1], out_hw[0], count), kernels.ANY_GROUP, *head, count, H, W, *window,
                            *tail, what=what)
-        elif per == "in-grid":
+        elif per in ("in-grid", "out-grid"):
             gx, gy, _ = group = grid_group(dev)
-            kernels.launch(dev, kern, (-(-W // gx) * gx, -(-H // gy) * gy, count), group, *head, count, H, W,
+            w, h = (W, H) if per == "in-grid" else (out_hw[1], out_hw[0])
+            kernels.launch(dev, kern, (-(-w // gx) * gx, -(-h // gy) * gy, count), group, *head, count, H, W,
                            *window, *tail, what=what)
         else:
             n = count * (OHW if per == "out" else HW if per == "in" else 1)
             _flat_launch(dev, kern, n, *head, count, H, W, *window, *tail, what=what)
     runs = [(0, planes)] if planes * max(HW, OHW) <= kernels.INDEX_LIMIT else \
         chunks(what, x_shape, planes, [HW, OHW], unit="plane")
-    if per in ("grid", "in-grid"):
+    if per in ("grid", "in-grid", "out-grid"):
         runs = [(s + i, min(GRID_PLANES, n - i)) for s, n in runs for i in range(0, n, GRID_PLANES)]
     if runs == [(0, planes)]:
         launch(planes, head, tail)
@@ -484,8 +485,13 @@ def _maxpool_backward(dy, saved, x_shape, geometry, relu, db=None, db_beta=1.0):
                        *_pool_window(geometry, dy.shape[2:]), dx, db, C, int(db_beta != 0.0),
                        what="max pooling backward (and the bias gradient)")
         return dx
-    if not tuning.cpu_shaped(dev):
-        stride = geometry[1]
+    k, stride, pad = geometry
+    OH, OW = dy.shape[2:]
+    if not tuning.cpu_shaped(dev) and tuple(k) == tuple(stride) and tuple(pad) == (0, 0) and \
+            OH * k[0] <= x_shape[2] and OW * k[1] <= x_shape[3]:  # the windows tile the input: a work-item a window
+        kern = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd_tiles", dict(defines, TILE_KH=k[0], TILE_KW=k[1]))
+        per = "out-grid"
+    elif not tuning.cpu_shaped(dev):
         kern = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd_grid", dict(defines, STRIDE_H=stride[0],
                                                                          STRIDE_W=stride[1]))
         per = "in-grid"

@@ -168,31 +168,36 @@ def test_pooling(dev, rng, limit, kernel_shape, pool):
     assert_close(t.grad.numpy(), rdx, pool + " pooling backward")
 
 
-def test_max_pooling_grids_in_runs_of_planes(dev, rng, limit, kernel_shape, monkeypatch):
+GRIDS = ("maxpool2d_fwd_grid", "maxpool2d_bwd_grid", "maxpool2d_bwd_tiles")
+
+
+@pytest.mark.parametrize("k,s,p,ceil", [(3, 2, 1, True), (2, 2, 0, False)], ids=["3x3-s2", "tiles"])
+def test_max_pooling_grids_in_runs_of_planes(dev, rng, limit, kernel_shape, monkeypatch, k, s, p, ceil):
     """A grid launch holds at most GRID_PLANES planes along its third dimension (NVIDIA's cap): with 7 a launch and
     INDEX_LIMIT 1000, (3, 11, 9, 10)'s 33 planes of 90 values run in runs of 11, each as launches of 7 and 4, each a
-    region of the tensors: the CPU shape's forward grid, the GPU shape's backward grid, with the ReLU before the
-    pooling taken inside it (nn.Sequential: RELU=1, the pooled output in regions too)."""
+    region of the tensors: the CPU shape's forward grid, the GPU shape's backward grid (a work-item an input element,
+    or a window where the windows tile the input), with the ReLU before the pooling taken inside it (nn.Sequential:
+    RELU=1, the pooled output in regions too)."""
     monkeypatch.setattr(ops, "GRID_PLANES", 7)
     limit(1000)
     planes, launch, inside = [], kernels.launch, []
 
-    def counted(dev_, k, global_size, *args, **kwargs):
-        if k.name in ("maxpool2d_fwd_grid", "maxpool2d_bwd_grid") and not inside:  # not a staged window's relaunch
+    def counted(dev_, kern, global_size, *args, **kwargs):
+        if kern.name in GRIDS and not inside:  # not a staged window's relaunch
             planes.append(global_size[2])
-        inside.append(k)
+        inside.append(kern)
         try:
-            return launch(dev_, k, global_size, *args, **kwargs)
+            return launch(dev_, kern, global_size, *args, **kwargs)
         finally:
             inside.pop()
     monkeypatch.setattr(kernels, "launch", counted)
     x = rng.standard_normal((3, 11, 9, 10))
     t = leaf(dev, x)
-    y = nn.Sequential(nn.ReLU(), nn.MaxPool2d(3, 2, 1, ceil_mode=True)).to(dev)(t)
+    y = nn.Sequential(nn.ReLU(), nn.MaxPool2d(k, s, p, ceil_mode=ceil)).to(dev)(t)
     dy = rng.standard_normal(y.shape)
     y.backward(clnet.tensor(dy, dev))
     assert planes == [7, 4] * 3, planes
-    ry, rdx = ref.maxpool2d(np.maximum(x, 0).astype(np.float32), (3, 3), (2, 2), (1, 1), True, dy)
+    ry, rdx = ref.maxpool2d(np.maximum(x, 0).astype(np.float32), (k, k), (s, s), (p, p), ceil, dy)
     assert_close(y.numpy(), ry, "max pooling")
     assert_close(t.grad.numpy(), rdx * (x > 0), "max pooling backward")
 

@@ -157,6 +157,8 @@ POOL_CASES = [
     (1, 1, 7, 7, 3, 1, 1, False),           # 3x3 stride 1 that keeps the size
     (3, 2, 10, 9, (3, 2), (2, 3), (1, 1), True),
     (1, 4, 31, 33, 3, 2, 0, True),
+    (2, 3, 9, 7, 2, None, 0, False),        # windows that tile the input, a row and a column past them
+    (1, 2, 11, 10, (3, 2), (3, 2), 0, False),
 ]
 
 
