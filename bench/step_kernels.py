@@ -27,19 +27,27 @@ def main():
     names = []
     for _ in range(args.steps):
         prof = kernels.Profiler()
-        spied, what = kernels.launch, []
+        spied, labels = kernels.launch, {}
 
-        def spy(d, k, gs, ls, *a, what_=what, **kw):
-            what_.append(kw.get("what", ""))
-            return spied(d, k, gs, ls, *a, **kw)
+        def spy(d, k, gs, ls, *a, _prof=prof, _labels=labels, **kw):
+            # each record the launch made gets its `what` (a staged launch's inner ones have theirs already)
+            first = len(_prof.records)
+            ev = spied(d, k, gs, ls, *a, **kw)
+            for i in range(first, len(_prof.records)):
+                _labels.setdefault(i, kw.get("what", ""))
+            return ev
         kernels.launch, kernels.context.profiler = spy, prof
         try:
             train_step(x, y)
             dev.synchronize()
         finally:
             kernels.launch, kernels.context.profiler = spied, None
-        runs.append([ms for _, _, ms in prof.times_ms()])
-        names = [(name, w) for (_, name, _), w in zip(prof.times_ms(), what)]
+        times = prof.times_ms()
+        runs.append([ms for _, _, ms in times])
+        names = [(name, labels.get(i, "")) for i, (_, name, _) in enumerate(times)]
+    if len({len(r) for r in runs}) > 1:
+        raise SystemExit(f"the steps launched different kernels ({sorted({len(r) for r in runs})} launches): "
+                         "no kernel-by-kernel least")
     least = [min(r[i] for r in runs) for i in range(len(names))]
     print(f"{args.model} b{args.batch} on {dev.name}: {len(names)} kernels, {sum(least) * 1e3:.1f} us of kernel time "
           f"(the least of {args.steps} steps, kernel by kernel)")
