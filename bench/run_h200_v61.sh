@@ -2,8 +2,8 @@
 # bench/NOTES.md v61's call (session 28; `bench/results/h100-v61/1-*.log`), run from a checkout of branch
 # maxpool-tiles-v60 (a6950c2, since merged) with .whl, .data and .bench-snap-head carried, a snapshot of 6bf982b:
 #   mkdir .bench-snap-head && git archive 6bf982b clnet cl_kernels bench | tar -x -C .bench-snap-head &&
-#   rm -rf .bench-snap-head/bench/results && echo 6bf982b > .bench-snap-head/.rev In order of need, each log written as it goes: the enqueue probe
-# (bench/enqueue_local.py); the small steps at both sides, one round (bench/run_h200_small_steps.sh); vgg11_bn's
+#   rm -rf .bench-snap-head/bench/results && echo 6bf982b > .bench-snap-head/.rev
+# In order of need, each log written as it goes: the enqueue probe (bench/enqueue_local.py); the small steps at both sides, one round (bench/run_h200_small_steps.sh); vgg11_bn's
 # replay at both sides (bench/run_h200_networks.sh); vgg11_bn's kernels at this side (v59 has the base's).
 set -u
 source bench/h200_env.sh
