@@ -8,6 +8,9 @@
 #     sed -i "s/^SPLIT_K_MIN_DEPTH = 256/SPLIT_K_MIN_DEPTH = $d/" .bench-snap-sk$d/clnet/tuning.py &&
 #     echo "HEAD + SPLIT_K_MIN_DEPTH $d" > .bench-snap-sk$d/.rev; done
 # and copy bench/step_kernels.py into .bench-snap-head/bench/; carry .whl and the three snapshots (about 150 s).
+# Then, while the call's 600 s last, resnet50's forward-only pass at b64 (issue 26: 0.93x PyTorch's CUDA graph on the
+# untuned H100, v59) at the defaults, after `clnet tune resnet50` (its cache kept in $OUT/cache for
+# bench/ship_tuning.py), and again: whether tuned choices reach 1.0x.
 set -u
 source bench/h200_env.sh
 kern() { PYTHONPATH=$PYTHONPATH:$PWD/bench timeout 40 python3 bench/step_kernels.py --device gpu --model lenet --batch 1 2>&1 | grep -v -i warn; }
@@ -17,3 +20,12 @@ SIDES=". .bench-snap-head" on_sides 1 kern > "$OUT/lenet-b1-kernels.log" 2>&1
 SIDES=". .bench-snap-sk128 .bench-snap-sk64" on_sides 1 one lenet
 echo "done at $SECONDS s"
 } > "$OUT/lenet-b1-splits.log" 2>&1
+r50() { timeout 100 python3 -m clnet.cli bench resnet50 --batch 64 --forward-only --device gpu --compare cuda "$@" 2>&1 | grep -v -i warn; }
+export CLNET_CACHE_DIR=$OUT/cache
+r50 --no-tune > "$OUT/r50-fwd-defaults.log"
+left=$((560 - SECONDS - 80))
+if [ $left -gt 60 ]; then
+  timeout $((left + 30)) python3 -m clnet.cli tune resnet50 --batch 64 --device gpu --budget $left 2>&1 | grep -v -i warn | tail -4 > "$OUT/r50-tune.log"
+  r50 > "$OUT/r50-fwd-tuned.log"
+fi
+echo "all done at $SECONDS s" >> "$OUT/lenet-b1-splits.log"
