@@ -1,5 +1,5 @@
 """Each kernel of one eager training step of a zoo network, in launch order, with its device time from profiling
-events (kernels.Profiler) and what launched it: where a small step's device time goes, launch by launch.
+events (kernels.Profiler.launches_ms) and what launched it: where a small step's device time goes, launch by launch.
 
     python3 bench/step_kernels.py --device gpu --model lenet --batch 1
 """
@@ -24,31 +24,20 @@ def main():
         train_step(x, y)
     dev.synchronize()
     runs = []
-    names = []
     for _ in range(args.steps):
         prof = kernels.Profiler()
-        spied, labels = kernels.launch, {}
-
-        def spy(d, k, gs, ls, *a, _prof=prof, _labels=labels, **kw):
-            # each record the launch made gets its `what` (a staged launch's inner ones have theirs already)
-            first = len(_prof.records)
-            ev = spied(d, k, gs, ls, *a, **kw)
-            for i in range(first, len(_prof.records)):
-                _labels.setdefault(i, kw.get("what", ""))
-            return ev
-        kernels.launch, kernels.context.profiler = spy, prof
+        kernels.context.profiler = prof
         try:
             train_step(x, y)
             dev.synchronize()
         finally:
-            kernels.launch, kernels.context.profiler = spied, None
-        times = prof.times_ms()
-        runs.append([ms for _, _, ms in times])
-        names = [(name, labels.get(i, "")) for i, (_, name, _) in enumerate(times)]
+            kernels.context.profiler = None
+        runs.append(prof.launches_ms())
+    names = [(name, what) for name, what, _ in runs[0]]
     if len({len(r) for r in runs}) > 1:
         raise SystemExit(f"the steps launched different kernels ({sorted({len(r) for r in runs})} launches): "
                          "no kernel-by-kernel least")
-    least = [min(r[i] for r in runs) for i in range(len(names))]
+    least = [min(r[i][2] for r in runs) for i in range(len(names))]
     print(f"{args.model} b{args.batch} on {dev.name}: {len(names)} kernels, {sum(least) * 1e3:.1f} us of kernel time "
           f"(the least of {args.steps} steps, kernel by kernel)")
     for (name, w), ms in zip(names, least):

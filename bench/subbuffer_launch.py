@@ -16,15 +16,19 @@ from clnet.sources import source
 
 
 
-def launch_times(q, kernels_, global_size, launches):
+def launch_times(q, kernels_, global_size, launches, enqueue=None):
     """(enqueue, to the end): medians of 5 (after one warm-up) of the host time a launch takes to enqueue and the time
-    a launch to the queue's end, over `launches` launches cycling through kernels_ (their arguments set beforehand)."""
+    a launch to the queue's end, over `launches` launches cycling through kernels_ (their arguments set beforehand).
+    enqueue(j): launch j made another way (kernels_ and global_size unused), in place of pyopencl's enqueue."""
     enq, total = [], []
     for rep in range(6):
         q.finish()
         t0 = time.perf_counter()
         for j in range(launches):
-            cl.enqueue_nd_range_kernel(q, kernels_[j % len(kernels_)], global_size, None)
+            if enqueue is None:
+                cl.enqueue_nd_range_kernel(q, kernels_[j % len(kernels_)], global_size, None)
+            else:
+                enqueue(j)
         t1 = time.perf_counter()
         q.finish()
         t2 = time.perf_counter()

@@ -218,17 +218,24 @@ atexit.register(forget_arguments)
 
 
 class Profiler:
-    """Collects (tag, kernel name, event) for every launch while attached; times read after the queue finishes."""
+    """Collects (tag, kernel name, event, the launch's `what`) for every launch while attached; times read after the
+    queue finishes."""
 
     def __init__(self):
         self.records = []
         self.tag = None
 
     def times_ms(self):
-        out = []
-        for tag, name, ev in self.records:
-            out.append((tag, name, (ev.profile.end - ev.profile.start) * 1e-6))
-        return out
+        """(tag, kernel name, device ms) of each launch."""
+        return [(tag, name, _event_ms(ev)) for tag, name, ev, _ in self.records]
+
+    def launches_ms(self):
+        """(kernel name, what launched it, device ms) of each launch, in launch order."""
+        return [(name, what, _event_ms(ev)) for _, name, ev, what in self.records]
+
+
+def _event_ms(ev):
+    return (ev.profile.end - ev.profile.start) * 1e-6
 
 
 def device_ms(dev, fn, repeats=1):
@@ -575,7 +582,7 @@ def launch(dev, k, global_size, local_size, *args, what=""):
                     sizes=f" (global size {global_size}, work-group {local_size})")
     launch_count += 1
     if profiler is not None:
-        profiler.records.append((profiler.tag, k.name, ev))
+        profiler.records.append((profiler.tag, k.name, ev, what))
     if c.capturing is not None and not c.paused:
         c.capturing.record_launch(dev, k, args, global_size, local_size, picked)
     return ev

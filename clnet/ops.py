@@ -487,16 +487,16 @@ def _maxpool_backward(dy, saved, x_shape, geometry, relu, db=None, db_beta=1.0):
         return dx
     k, stride, pad = geometry
     OH, OW = dy.shape[2:]
-    if not tuning.cpu_shaped(dev) and tuple(k) == tuple(stride) and tuple(pad) == (0, 0) and \
-            OH * k[0] <= x_shape[2] and OW * k[1] <= x_shape[3]:  # the windows tile the input: a work-item a window
+    if tuning.cpu_shaped(dev):  # one work-item per plane: scatter without a search per element
+        kern, per = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd_planes", defines or None), "plane"
+    elif tuple(k) == tuple(stride) and tuple(pad) == (0, 0) and OH * k[0] <= x_shape[2] and OW * k[1] <= x_shape[3]:
+        # the windows tile the input: a work-item a window
         kern = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd_tiles", dict(defines, TILE_KH=k[0], TILE_KW=k[1]))
         per = "out-grid"
-    elif not tuning.cpu_shaped(dev):
+    else:
         kern = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd_grid", dict(defines, STRIDE_H=stride[0],
                                                                          STRIDE_W=stride[1]))
         per = "in-grid"
-    else:  # one work-item per plane: scatter without a search per element
-        kern, per = kernels.kernel(dev, "pool.cl", "maxpool2d_bwd_planes", defines or None), "plane"
     _pool_launch(kern, per, (dy,) + tuple(saved), (dx,), x_shape, dy.shape[2:], geometry, "max pooling backward")
     return dx
 
