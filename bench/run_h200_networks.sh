@@ -12,7 +12,7 @@ source bench/h200_env.sh
 SIDES=${SIDES:-.bench-snap-base .}
 NETS=${NETS:-squeezenet1_1,alexnet}
 networks() {
-  timeout 200 python3 bench/depthwise.py --device gpu --torch cuda --no-layers --batch 64 --networks $NETS \
+  timeout ${NET_LIMIT:-200} python3 bench/depthwise.py --device gpu --torch cuda --no-layers --batch 64 --networks $NETS \
     --iterations 10 2>&1 | grep -v -i warn
 }
 {
