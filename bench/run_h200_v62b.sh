@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 26's targets at this tree in one call (carry .whl and .data), the most wanted first so that a call cut short
-# keeps them, after a 30 s probe (bench/build_threads.py: whether the driver builds programs in parallel): the torchvision table (bench/run_h200_networks.sh: one side, one round; replayed and eager against
-# PyTorch's CUDA graph and eager, b64), the eager add (bench/eager_cost.py), resnet50's forward-only pass at b64 and
-# b1, the seed's epoch and the small steps (bench/run_h200_v55.sh's seed stage), SGEMM 4096 against cuBLAS, and the
-# peak memory of resnet50's b128 step (bench/run_h200_memory.sh). Logs in $OUT; each part says when it ended.
+# keeps them, after a 30 s probe (bench/build_threads.py: whether the driver builds programs in parallel): the
+# torchvision table (bench/run_h200_networks.sh: one side, one round; replayed and eager against PyTorch's CUDA graph
+# and eager, b64), the eager add (bench/eager_cost.py), resnet50's forward-only pass at b64 and b1, the seed's epoch and
+# the small steps (bench/run_h200_v55.sh's seed stage), SGEMM 4096 against cuBLAS, and the peak memory of resnet50's
+# b128 step (bench/run_h200_memory.sh). Logs in $OUT; each part says when it ended.
 set -u
 source bench/h200_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/progress.log"
