@@ -13,7 +13,7 @@ SIDES=${SIDES:-.bench-snap-base .}
 NETS=${NETS:-squeezenet1_1,alexnet}
 networks() {
   timeout ${NET_LIMIT:-200} python3 bench/depthwise.py --device gpu --torch cuda --no-layers --batch 64 --networks $NETS \
-    --iterations 10 2>&1 | grep -v -i warn
+    --iterations 10 2>&1 | grep --line-buffered -v -i warn
 }
 {
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
