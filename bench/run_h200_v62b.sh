@@ -4,8 +4,8 @@
 # PyTorch's CUDA graph and eager, b64), a 30 s probe (bench/build_threads.py: whether the driver builds programs in
 # parallel), the eager add (bench/eager_cost.py), resnet50's forward-only pass at b64 and b1, the seed's epoch and the
 # small steps (bench/run_h200_v55.sh's seed stage), SGEMM 4096 against cuBLAS, and the peak memory of resnet50's b128
-# step (bench/run_h200_memory.sh). Logs in $OUT; each part says when it ended. On an H100 (its table measured in v59) the probe comes first and the table
-# is resnet50, vgg11_bn and squeezenet1_1 only (what this session's changes touch).
+# step (bench/run_h200_memory.sh). Logs in $OUT; each part says when it ended. On an H100 (its table measured in v59)
+# the probe comes first and the table is resnet50, vgg11_bn and squeezenet1_1 only (what this session's changes touch).
 set -u
 source bench/h200_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/progress.log"
