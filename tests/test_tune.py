@@ -504,6 +504,31 @@ def test_the_shipped_table_holds_no_run_of_anybody(dev):
     assert not marks, marks
 
 
+def test_the_shipped_table_names_only_choices_this_version_offers():
+    """Every shipped GEMM entry is a tile the GPUs' tuner offers (with a split-K factor, and transposes as flags), and
+    every convolution entry an algorithm the convolutions run: a candidate dropped or renamed without a new
+    CACHE_VERSION would leave the table's entries ignored (tuning.choose warns and takes the default) on the very
+    devices they were measured on, which CI, having none, would never see."""
+    with open(tuning.SHIPPED_TABLE) as f:
+        table = json.load(f)
+    tiles = [json.dumps(cfg, sort_keys=True) for cfg in tuning.GEMM_CANDIDATES["gpu"]]
+    algorithms = {"im2col", "direct", "depthwise", "conv1x1", *conv.WINOGRAD_TILE}
+    stale = []
+    for family, found in table["devices"].items():
+        for key, choice in found.items():
+            kind = key.split()[0]
+            if kind == "gemm":
+                ok = (set(choice) <= {"cfg", "ksplit", "ta", "tb"}
+                      and json.dumps(choice["cfg"], sort_keys=True) in tiles
+                      and type(choice["ksplit"]) is int and choice["ksplit"] >= 1
+                      and all(type(choice.get(t, False)) is bool for t in ("ta", "tb")))
+            else:
+                ok = kind in ("conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_weights") and choice in algorithms
+            if not ok:
+                stale.append(f"{family}: {key}: {choice}")
+    assert not stale, "\n".join(stale[:10])
+
+
 def test_the_shipped_table_fills_what_the_cache_lacks(dev, cache_dir, tmp_path, monkeypatch):
     # The table is keyed by driver family: this device under a later release of the same driver finds its entries.
     later = tuning.device_key(dev).rsplit(" | ", 1)[0] + " | " + dev.driver_version.split(".")[0] + ".999"
