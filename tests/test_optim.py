@@ -64,8 +64,12 @@ def test_adam_matches_torch_training(dev, rng, cls):
     start = model.state_dict()
     twin.load_state_dict({k: torch.from_numpy(v) for k, v in start.items()})
     twin.double()
-    opt = getattr(optim, cls)(model.parameters(), lr=0.01, weight_decay=0.02)
-    topt = getattr(torch.optim, cls)(twin.parameters(), lr=0.01, weight_decay=0.02)
+    # eps 1e-3 rather than 1e-8: Adam's step m / sqrt(v) is about +-1 however small the gradient, so an element whose
+    # gradient is a rounding's size (1e-9 here, 0 there) moves by lr in one engine and not in the other; with the
+    # default eps that failed 4 of 2700 random draws here (clnet's gradients within float32 rounding of float64's at
+    # every step, PyTorch float32 as far off as clnet), with 1e-3 none of 3000 (the worst at 0.57 of the tolerance)
+    opt = getattr(optim, cls)(model.parameters(), lr=0.01, weight_decay=0.02, eps=1e-3)
+    topt = getattr(torch.optim, cls)(twin.parameters(), lr=0.01, weight_decay=0.02, eps=1e-3)
     for _ in range(5):
         x = rng.standard_normal((6, 7)).astype(np.float32)
         y = rng.standard_normal((6, 1)).astype(np.float32)

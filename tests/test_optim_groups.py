@@ -30,14 +30,17 @@ def groups_of(params, group_hyper):
 
 
 # (clnet class, torch class, constructor defaults, per-group overrides): every optimizer, with groups that differ in
-# the settings that choose the kernel (momentum on or off, nesterov, centered) as well as in the numbers.
+# the settings that choose the kernel (momentum on or off, nesterov, centered) as well as in the numbers. RMSprop's
+# eps is 1e-3 or more: its first step g / sqrt((1 - alpha) g^2) is +-10 however small g is, so an element whose
+# gradient is a rounding's size moves by 10 lr in one engine and not in the other (with 1e-8, 1 and 4 of 1500 draws
+# failed for the two cases; with these, none, the worst at 0.33 and 0.58 of the tolerance).
 CASES = {
     "sgd": ("SGD", dict(lr=0.05, momentum=0.9), [dict(lr=0.2, nesterov=True, weight_decay=0.01), dict(momentum=0.0)]),
     "adam": ("Adam", dict(lr=0.01, betas=(0.8, 0.95)), [dict(weight_decay=0.05), dict(lr=0.03, eps=1e-4)]),
     "adamw": ("AdamW", dict(lr=0.01), [dict(weight_decay=0.1), dict(lr=0.02, betas=(0.5, 0.9))]),
-    "rmsprop": ("RMSprop", dict(lr=0.01), [dict(momentum=0.5, centered=True, weight_decay=0.02),
-                                           dict(alpha=0.9, eps=1e-3)]),
-    "rmsprop-momentum": ("RMSprop", dict(lr=0.005, momentum=0.9), [dict(), dict(centered=True, lr=0.002)]),
+    "rmsprop": ("RMSprop", dict(lr=0.01, eps=1e-3), [dict(momentum=0.5, centered=True, weight_decay=0.02),
+                                                     dict(alpha=0.9, eps=1e-2)]),
+    "rmsprop-momentum": ("RMSprop", dict(lr=0.005, momentum=0.9, eps=1e-3), [dict(), dict(centered=True, lr=0.002)]),
 }
 
 
