@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/NOTES.md v61's open question, not yet run (no device time was left): why lenet b1's replay went 0.206 ->
+# bench/NOTES.md v61's open question, run in v62 (bench/results/h100-v62/): why lenet b1's replay went 0.206 ->
 # 0.249 ms on the untuned H100 with v60's im2col default. lenet b1's kernels one by one at this tree
 # (bench/step_kernels.py: which of its 18 launches holds the time); then lenet b1 untuned (--no-tune: the defaults) at
 # this tree and at copies of it with a lower tuning.SPLIT_K_MIN_DEPTH (the conv 20->50 forward's product, 50 x 64 x
