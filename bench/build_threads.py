@@ -39,8 +39,7 @@ def candidate_builds(dev, n=512):
 
 
 def build(dev, filename, defines, salt):
-    options = [f"-D{k}={int(v) if isinstance(v, bool) else v}" for k, v in sorted(defines.items())]
-    options += kernels.build_options(dev) + [f"-DCLNET_BUILD_SALT={salt}"]
+    options = kernels.program_options(dev, sorted(dict(defines, CLNET_BUILD_SALT=salt).items()))
     cl.Program(dev.context, source(filename)).build(options=options)
 
 

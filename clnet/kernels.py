@@ -114,6 +114,11 @@ def build_options(dev):
     return options
 
 
+def program_options(dev, items):
+    """The build options of a program with defines `items` ((name, value) pairs, sorted): -D each, then dev's own."""
+    return [f"-D{k}={int(v) if isinstance(v, bool) else v}" for k, v in items] + build_options(dev)
+
+
 verbose = bool(os.environ.get("CLNET_VERBOSE"))  # `clnet --verbose`: show the OpenCL compilers' own output
 
 
@@ -147,8 +152,7 @@ def program(dev, filename, defines=None):
         prog = _programs.get(key)
         if prog is not None:
             return prog
-        options = [f"-D{k}={int(v) if isinstance(v, bool) else v}" for k, v in items]
-        options += build_options(dev)
+        options = program_options(dev, items)
         _quiet_builds()
         try:
             prog = cl.Program(dev.context, source(filename)).build(options=options)
