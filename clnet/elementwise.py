@@ -7,6 +7,8 @@ from . import chain, kernels
 from .chain import ACT_BWD, ACT_FWD, AXPBY, MUL, ChainStep
 from .tensor import Numel, Tensor, chunks, empty
 
+_context, _captures = kernels.context, kernels._captures  # one object each, made once (tensor.py reads them so)
+
 VW = 4  # elements per work-item of act_fwd, act_bwd, axpby, fill, accumulate, sgd_step, adam_step (common.h)
 
 
@@ -21,8 +23,9 @@ def _map(dev, k, n, vw, *args, what="", step=None):
                          (count if type(a) in (int, Numel) and a == n else a) for a in args)
             kernels.launch(dev, k, (-(-count // vw),), kernels.ANY_GROUP, *part, what=what)
         return
-    c = kernels.context
-    if step is None or c.capturing is None or c.paused:  # chain.launch's eager case, one call less (every op's)
+    c = _context
+    if step is None or not _captures or c.capturing is None or c.paused:  # chain.launch's eager case, one call less
+        # (every op's); a thread's context read only while some thread captures
         kernels.launch(dev, k, (-(-n // vw),), kernels.ANY_GROUP, *args, what=what)
         return
     chain.launch(dev, k, (-(-n // vw),), args, what, step, n)

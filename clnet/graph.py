@@ -92,7 +92,7 @@ class Graph:
     def __init__(self, fuse=None):
         self._items = []  # (clone, global size, local size, live args) launches; callables (copies, host actions)
         self._queue = self._device = None  # bound at the first recorded launch
-        self._seen = {}  # storage key (a buffer, a block's (segment, offset)) -> [buffer, its pool, [weak references
+        self._seen = {}  # storage key (id of a buffer, a block's (id of its segment's, offset)) -> [buffer, its pool, [weak references
         # to its storages], its block, bytes of the largest of them]
         self._regions = {}  # id -> region, window or set-up storage a launch touched, kept alive (a region: its parent)
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
@@ -181,7 +181,7 @@ class Graph:
 
     def uses(self, buf):
         """Whether a recorded launch touches this buffer."""
-        return buf in self._seen
+        return id(buf) in self._seen
 
     def offer(self, k, args, step, n):
         """The launch of kernel k with args about to be made is `step` (a chain.ChainStep) over n elements of a chain

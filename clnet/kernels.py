@@ -567,7 +567,8 @@ def launch(dev, k, global_size, local_size, *args, what=""):
     c = context
     profiler = c.profiler
     try:
-        with _launch_lock:  # _enqueue, inline
+        _launch_lock.acquire()  # _enqueue, inline; acquire and release rather than `with`: 0.05 us less a launch
+        try:
             clone, live, handle = _with_args(k, args)
             for i, j in live:
                 clone.set_arg(j, args[i].value)
@@ -578,6 +579,8 @@ def launch(dev, k, global_size, local_size, *args, what=""):
                 ev = None
             else:
                 ev = cl.enqueue_nd_range_kernel(dev.queue, clone, global_size, local_size)
+        finally:
+            _launch_lock.release()
     except NeedsStaging as e:  # a window of a tensor past INDEX_LIMIT, found before anything was queued
         e.stage(dev, k, global_size, local_size, args, what)
         return None
@@ -587,7 +590,7 @@ def launch(dev, k, global_size, local_size, *args, what=""):
     launch_count += 1
     if profiler is not None:
         profiler.records.append((profiler.tag, k.name, ev, what))
-    if c.capturing is not None and not c.paused:
+    if _captures and c.capturing is not None and not c.paused:  # no capture in any thread: no look-up in this one's
         c.capturing.record_launch(dev, k, args, global_size, local_size, picked)
     return ev
 

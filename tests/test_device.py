@@ -334,6 +334,25 @@ def test_argument_sets_are_kept_by_their_bits(dev):
         assert np.all(C.numpy() == 3 * alpha)
 
 
+def test_argument_sets_go_before_the_buffers_they_name(dev, rng):
+    """A kernel's kept argument sets are keyed by their buffers' ids (tensor._Storage.key), so the pool drops every
+    set before it releases a buffer: a buffer made later may get a released one's id, and must not find a set that
+    names the released memory. Each round's sum reads fresh tensors made after the pool let the last round's go."""
+    from clnet.tensor import pool
+    released, reused = set(), 0
+    for _ in range(6):
+        a, b = rng.standard_normal((2, 999)).astype(np.float32)
+        x, y = clnet.tensor(a, dev), clnet.tensor(b, dev)
+        z = x + y
+        keys = {x.storage.key, y.storage.key, z.storage.key}
+        reused += len(keys & released)
+        assert_close(z.numpy(), a.astype(np.float64) + b, "x + y", tol=1e-6)
+        del x, y, z
+        pool(dev).release_cached()
+        released |= keys
+    assert reused, "no buffer got a released one's id: the case this test is for did not happen"
+
+
 def test_deep_products_stay_accurate(dev, rng, cache_dir):
     """A Linear layer with 32,768 inputs after a ReLU (all inputs >= 0): a plain float32 running sum over k drifts
     (2.4e-6 normwise for 36,864 inputs on PoCL, where NumPy's BLAS gives 3.2e-7); the kernels must sum in stages
