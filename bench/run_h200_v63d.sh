@@ -2,14 +2,14 @@
 # bench/NOTES.md v63's fourth call (carry .whl and .bench-snap-base, a snapshot of f48f9fc): this tree's cheaper eager
 # launch (argument sets keyed by buffer ids, locks by acquire/release) and its H200 table with resnet50 retuned,
 # against f48f9fc side by side: the eager add in two rounds, resnet50's forward-only pass at b64 from a fresh cache
-# (the table alone), and the eager and replayed training steps of resnet50, googlenet and densenet121 at b64.
+# (the table alone), and densenet121's eager and replayed training steps at b64 (about 200 s in all).
 set -u
 source bench/h200_env.sh
 add() { timeout 60 python3 bench/eager_cost.py --device gpu 2>&1 | grep -E " us | calls "; }
 fwd() { timeout 90 python3 -m clnet.cli bench resnet50 --batch 64 --forward-only --device gpu --compare cuda --no-tune \
   2>&1 | grep -E "clnet on|replayed|^cuDNN:|ratio"; }
-nets() { timeout 200 python3 bench/depthwise.py --device gpu --torch cuda --no-layers --batch 64 \
-  --networks resnet50,googlenet,densenet121 --iterations 10 2>&1 | grep -v -i warn; }
+nets() { timeout 60 python3 bench/depthwise.py --device gpu --torch cuda --no-layers --batch 64 \
+  --networks densenet121 --iterations 10 2>&1 | grep -v -i warn; }
 {
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 SIDES=".bench-snap-base ." on_sides 2 add
