@@ -92,8 +92,8 @@ class Graph:
     def __init__(self, fuse=None):
         self._items = []  # (clone, global size, local size, live args) launches; callables (copies, host actions)
         self._queue = self._device = None  # bound at the first recorded launch
-        self._seen = {}  # storage key (id of a buffer, a block's (id of its segment's, offset)) -> [buffer, its pool, [weak references
-        # to its storages], its block, bytes of the largest of them]
+        self._seen = {}  # storage key (a buffer's id, a block's (its segment's id, offset)) -> [buffer, its pool,
+        # [weak references to its storages], its block, bytes of the largest of them]
         self._regions = {}  # id -> region, window or set-up storage a launch touched, kept alive (a region: its parent)
         self._kept = []  # storages alive at the end of capture, kept alive for the graph's lifetime
         self._taken = []  # (pool, its withdraw's entry): freed during capture, out of the pool until the graph goes

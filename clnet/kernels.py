@@ -208,14 +208,12 @@ def kernel(dev, filename, name, defines=None):
 
 def forget_arguments():
     """Drops every kept argument set (their buffers are about to be released). The clones go before the buffers
-    their arguments name (a clone's cache key holds those): a kernel argument does not keep a buffer alive, and
-    NVIDIA's driver (580) crashed releasing clones whose sub-buffer arguments were gone. At exit too, before the
-    interpreter tears its objects down in no particular order."""
+    their arguments name: a set is keyed by its buffers' ids (tensor._Storage.key), which a buffer made after the
+    release may take again, and NVIDIA's driver (580) crashed releasing clones whose sub-buffer arguments were gone.
+    At exit too, before the interpreter tears its objects down in no particular order."""
     with _build_lock, _launch_lock:
         for k in list(_kernels.values()):
-            keys = list(k.clones)
             k.clones.clear()
-            del keys
 
 
 atexit.register(forget_arguments)
