@@ -23,9 +23,9 @@ def _map(dev, k, n, vw, *args, what="", step=None):
                          (count if type(a) in (int, Numel) and a == n else a) for a in args)
             kernels.launch(dev, k, (-(-count // vw),), kernels.ANY_GROUP, *part, what=what)
         return
+    # chain.launch's eager case, one call less (every op's); the thread's capture looked up only while one exists
     c = _context
-    if step is None or not _captures or c.capturing is None or c.paused:  # chain.launch's eager case, one call less
-        # (every op's); a thread's context read only while some thread captures
+    if step is None or not _captures or c.capturing is None or c.paused:
         kernels.launch(dev, k, (-(-n // vw),), kernels.ANY_GROUP, *args, what=what)
         return
     chain.launch(dev, k, (-(-n // vw),), args, what, step, n)

@@ -331,7 +331,8 @@ class _Storage:
             self.block, self.at, self.key = None, 0, id(self.buffer)
         c = _context
         self.set_up = c.paused > 0
-        if _captures and c.capturing is not None and not self.set_up:  # the graph must know every buffer the step allocates
+        # the graph must know every buffer the step allocates (a thread's capture looked up only while one exists)
+        if _captures and c.capturing is not None and not self.set_up:
             c.capturing._note(self)
 
     def whole(self):
