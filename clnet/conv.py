@@ -1,7 +1,5 @@
 """Convolution and dense layers on the device: per pass (forward, data gradient, weight gradient) the algorithm
 tuned or defaulted for the shape (im2col + GEMM, Winograd, direct, depthwise, 1x1), and the bias gradient they share."""
-import dataclasses
-
 from . import conv1x1, depthwise, direct, kernels, tuning, winograd
 from .elementwise import _activation_grad
 from .gemm import NO_SPLIT, Mat, dense_backward_one_row, gemm, skinny, takes_split_rows
@@ -113,7 +111,7 @@ def _by_images_forward(x, w, bias, s, relu, what, runs):
     y = empty((s.N, s.O, s.OH, s.OW), x.device)
     x_image, y_image = s.C * s.H * s.W, s.O * s.OH * s.OW
     for n0, nimg in runs:
-        part = conv2d_forward(x.region(n0 * x_image, (nimg,) + x.shape[1:]), w, bias, dataclasses.replace(s, N=nimg),
+        part = conv2d_forward(x.region(n0 * x_image, (nimg,) + x.shape[1:]), w, bias, s._replace(N=nimg),
                               relu, what)
         y.region(n0 * y_image, part.shape).copy_from(part)
     return y
@@ -127,7 +125,7 @@ def _by_images_backward(x, w, dy, s, dw, db, need_dx, what, runs, betas):
     for n0, nimg in runs:
         shape = (nimg,) + x.shape[1:]
         part = conv2d_backward(x.region(n0 * x_image, shape), w, dy.region(n0 * y_image, (nimg,) + dy.shape[1:]),
-                               dataclasses.replace(s, N=nimg), dw, db, need_dx, what, betas)
+                               s._replace(N=nimg), dw, db, need_dx, what, betas)
         betas = (1.0, 1.0)  # the later runs add to the first's
         if need_dx:
             dx.region(n0 * x_image, shape).copy_from(part)

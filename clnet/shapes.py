@@ -1,13 +1,14 @@
 """The geometry of a convolution, in pure Python: what every convolution algorithm and the layers agree on."""
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from . import tuning
 
 
-@dataclass(frozen=True)
-class ConvShape:
+class ConvShape(NamedTuple):
+    """A layer's sizes (input N, C, H, W; O filters of KH x KW; strides, top/left paddings, dilations, groups; the
+    output plane): a tuple, as it keys the memoised choices of every convolution (hashed at each launch)."""
     N: int
     C: int
     H: int

@@ -1,5 +1,4 @@
 """Direct convolution (clnet/direct.py) against the float64 NumPy reference, with both kernel shapes on every device."""
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -39,7 +38,7 @@ def run(dev, rng, N, C, H, W, O, k, s, p, d, g, bias=True, relu=False, cfg=None,
     shape = layer.conv_shape(x.shape)
     pad_begin, pad_total = layer._pad_begin, layer._pad_total
     if asym is not None:  # shift the window: top/left padding asym, the output size (bottom/right padding) unchanged
-        shape = replace(shape, PH=asym[0], PW=asym[1])
+        shape = shape._replace(PH=asym[0], PW=asym[1])
         pad_begin = asym
     wt, b = layer.weight.numpy(), (layer.bias.numpy() if bias else None)
     y = direct.conv2d_forward(clnet.tensor(x, dev), layer.weight.data, layer.bias.data if bias else None, shape,

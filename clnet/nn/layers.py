@@ -50,8 +50,19 @@ class Conv2d(Module):
         return s
 
     def conv_shape(self, input_shape):
-        return conv_shape(repr(self), input_shape, self.weight.shape, self.stride, self._pad_begin, self._pad_total,
-                          self.dilation, self.groups)
+        """The ConvShape of this layer on an input of input_shape, kept by the input's and the weight's shapes (a
+        training step asks once a pass; the module drops them when an attribute is set)."""
+        d = self.__dict__
+        key = (tuple(input_shape), d["_parameters"]["weight"].shape)
+        shapes = d.get("_shapes")
+        s = shapes.get(key) if shapes is not None else None
+        if s is None:
+            s = conv_shape(repr(self), input_shape, key[1], self.stride, self._pad_begin, self._pad_total,
+                           self.dilation, self.groups)
+            if shapes is None or len(shapes) >= 64:  # (a few input shapes a layer)
+                shapes = d["_shapes"] = {}
+            shapes[key] = s
+        return s
 
     def output_shape(self, input_shape):
         s = self.conv_shape(input_shape)

@@ -13,6 +13,11 @@ from ..devices import device as _device
 from ..tensor import Parameter, Tensor
 
 
+# What a layer keeps derived from its attributes, dropped whenever one is set or deleted: its repr (layers name
+# themselves in every forward's messages) and a Conv2d's shapes by input shape (nn.Conv2d.conv_shape)
+_DERIVED = ("_repr", "_shapes")
+
+
 class _Handle:
     def __init__(self, hooks, key):
         self.hooks, self.key = hooks, key
@@ -38,7 +43,8 @@ class Module:
     # -- registration --------------------------------------------------------------------------------------------
     def __setattr__(self, name, value):
         d = self.__dict__
-        d.pop("_repr", None)  # any attribute may be configuration that repr shows
+        for derived in _DERIVED:  # any attribute may be configuration that these derive from
+            d.pop(derived, None)
         if "_parameters" not in d:
             raise AttributeError(f"{type(self).__name__}: call super().__init__() before assigning attributes")
         params, buffers, modules = d["_parameters"], d["_buffers"], d["_modules"]
@@ -68,7 +74,8 @@ class Module:
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __delattr__(self, name):
-        self.__dict__.pop("_repr", None)
+        for derived in _DERIVED:
+            self.__dict__.pop(derived, None)
         for table in ("_parameters", "_buffers", "_modules"):
             if name in self.__dict__[table]:
                 del self.__dict__[table][name]
