@@ -50,6 +50,27 @@ def test_conv2d(dev, rng, case, kernel_shape):
     assert_close(layer.bias.grad.numpy(), rdb, "grad bias")
 
 
+def test_conv2d_shapes_follow_the_input_and_the_attributes(dev, rng):
+    """nn.Conv2d keeps its ConvShape by input shape: another batch or image size, and a stride or dilation set after
+    a forward, each take their own (against the float64 reference, forward and backward)."""
+    layer = nn.Conv2d(3, 4, 3, padding=1).to(dev)
+    for shape, stride, dilation in [((2, 3, 9, 11), (1, 1), (1, 1)), ((1, 3, 9, 11), (1, 1), (1, 1)),
+                                    ((2, 3, 7, 5), (1, 1), (1, 1)), ((2, 3, 9, 11), (2, 1), (1, 1)),
+                                    ((2, 3, 9, 11), (2, 1), (1, 2))]:
+        if (stride, dilation) != (layer.stride, layer.dilation):  # set only on a change: a set drops the shapes
+            layer.stride, layer.dilation = stride, dilation
+        layer.weight.grad = layer.bias.grad = None
+        x = rng.standard_normal(shape).astype(np.float32)
+        y, dy, dx = run_layer(layer, dev, x, rng=rng)
+        ry, rdx, rdw, rdb = ref.conv2d(x, layer.weight.numpy(), layer.bias.numpy(), stride, layer._pad_begin,
+                                       layer._pad_total, dilation, 1, dy)
+        assert y.shape == ry.shape, (shape, stride, dilation)
+        assert_close(y, ry, f"output {shape} stride {stride} dilation {dilation}")
+        assert_close(dx, rdx, "grad input")
+        assert_close(layer.weight.grad.numpy(), rdw, "grad weight")
+        assert_close(layer.bias.grad.numpy(), rdb, "grad bias")
+
+
 def test_bias_gradient_in_runs(dev, rng, monkeypatch):
     """The two-pass bias gradient (sums cut into runs, as on GPUs for first layers) against the reference."""
     from clnet import tuning
