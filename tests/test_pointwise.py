@@ -250,12 +250,21 @@ def test_creation(dev):
 
 @pytest.mark.parametrize("sa, sb", [((5,), (5,)), ((3, 5), (5,)), ((5,), (5, 4)), ((3, 5), (5, 4)),
                                     ((2, 3, 5), (5, 4)), ((1, 3, 5), (2, 5, 4)), ((2, 1, 3, 5), (1, 3, 5, 4)),
-                                    ((2, 3, 0), (0, 4)), ((1, 33), (33, 1))])
+                                    ((2, 3, 0), (0, 4)), ((1, 33), (33, 1)), ((2, 3, 7, 5), (5, 4)),
+                                    ((3, 7, 5), (1, 5, 4)), ((2, 3, 7, 5), (1, 1, 5, 4)), ((3, 7, 5), (1, 1, 5, 4))])
 def test_matmul(dev, rng, sa, sb):
     a, b = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
     # each output a dot product, which can cancel ((1, 33) @ (33, 1) is one): judged against |a| @ |b|
     _check(dev, rng, [a, b], lambda x, y: x @ y, lambda x, y: x @ y, f"matmul of {sa} and {sb}", tol=1e-5,
            terms=lambda x, y: x @ y)
+
+
+def test_matmul_over_a_permuted_input(dev, rng):
+    """A channels-last product as ONNX exports ConvNeXt's MLP (a Linear over a permuted (N, H, W, C) view): the batch
+    folds into the rows of an input that is not contiguous."""
+    a, b = rng.standard_normal((2, 5, 3, 7)).astype(np.float32), rng.standard_normal((5, 4)).astype(np.float32)
+    _check(dev, rng, [a, b], lambda x, y: x.permute(0, 2, 3, 1) @ y, lambda x, y: x.permute(0, 2, 3, 1) @ y,
+           "matmul of a permuted (2, 3, 7, 5) and (5, 4)", tol=1e-5, terms=lambda x, y: x.permute(0, 2, 3, 1) @ y)
 
 
 def test_bmm_baddbmm_and_errors(dev, rng):
