@@ -89,6 +89,47 @@ def test_matmul_of_computed_tensors(dev, rng, tmp_path):
         assert_close(got, ref, f"MatMul {name} against ONNX Runtime", tol=1e-5)
 
 
+@pytest.mark.parametrize("bias_first", [True, False])
+def test_linear_over_more_dimensions_as_torch_exports_it(dev, rng, tmp_path, bias_first):
+    """torch.onnx's Linear over (N, H, W, C): Transpose(W), MatMul, Add(b, product) runs as one Linear reading W as
+    it is (load._linear_layers), with the same output, gradients of x, W and b, and state_dict (the file's layout);
+    a second product whose transposed weight is also a graph output, and whose product another node reads, keeps its
+    nodes. Against NumPy in float64 and ONNX Runtime."""
+    h = onnx.helper
+    w, b, w2 = f32(rng, 7, 5), f32(rng, 7), f32(rng, 3, 7)
+    nodes = [h.make_node("Transpose", ["w"], ["wt"], perm=[1, 0], name="t"),
+             h.make_node("MatMul", ["x", "wt"], ["xw"], name="mm"),
+             h.make_node("Add", ["b", "xw"] if bias_first else ["xw", "b"], ["y"], name="add"),
+             h.make_node("Transpose", ["w2"], ["w2t"], perm=[1, 0], name="t2"),
+             h.make_node("MatMul", ["y", "w2t"], ["z"], name="mm2"),
+             h.make_node("Mul", ["z", "z"], ["zz"], name="square")]
+    path = build(tmp_path / "linear.onnx", nodes, [("x", (2, 3, 4, 5))],
+                 [("zz", (2, 3, 4, 3)), ("z", (2, 3, 4, 3)), ("w2t", (7, 3))], dict(w=w, b=b, w2=w2))
+    net = connx.load(path, device=dev)
+    ops = [n.op for n in net._nodes]
+    assert ops.count("Transpose") == 1 and ops.count("Add") == 0, f"the first Linear's nodes kept: {ops}"
+    x = f32(rng, 2, 3, 4, 5)
+    X, W, B, W2 = (a.astype(np.float64) for a in (x, w, b, w2))
+    Y = X @ W.T + B
+    Z = Y @ W2.T
+    tx = clnet.tensor(x, dev, requires_grad=True)
+    zz, z, w2t = net(tx)
+    for got, want, ref, name in zip((zz, z, w2t), (Z * Z, Z, W2.T), runtime(path, x=x), ("z * z", "z", "w2^T")):
+        assert_close(got.numpy(), want, f"Linear {name}", tol=1e-5)
+        assert_close(got.numpy(), ref, f"Linear {name} against ONNX Runtime", tol=1e-5)
+    zz.sum().backward()  # dL/dz = 2z
+    dZ = 2.0 * Z
+    dY = dZ @ W2
+    params = dict(net.named_parameters())
+    assert_close(tx.grad.numpy(), dY @ W, "dx", tol=1e-5)
+    assert_close(params["w"].grad.numpy(), np.einsum("nhwo,nhwi->oi", dY, X), "dW", tol=1e-5)
+    assert_close(params["b"].grad.numpy(), dY.sum(axis=(0, 1, 2)), "db", tol=1e-5)
+    assert_close(params["w2"].grad.numpy(), np.einsum("nhwo,nhwi->oi", dZ, Y), "dW2", tol=1e-5)
+    state = net.state_dict()
+    np.testing.assert_array_equal(state["w"], w)
+    np.testing.assert_array_equal(state["b"], b)
+
+
 # ---- BatchNormalization in training mode ---------------------------------------------------------------------------
 
 def numpy_batch_norm_training(x, scale, bias, mean, var, eps, momentum):

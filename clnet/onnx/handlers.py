@@ -636,10 +636,11 @@ def _d_lrn(m, n, a):
 
 def _d_matmul(m, n, a):
     """ONNX's (NumPy's) matmul. A 2-D weight of the file is held as (out, in) (load sets transB) for the dense
-    kernels; every other pair, of any ranks, is the engine's batched matmul."""
-    x, w = a
+    kernels, with the bias of the Add after it where load gave it one (load._linear_layers); every other pair, of any
+    ranks, is the engine's batched matmul."""
+    x, w = a[:2]
     if n.attrs.get("transB", 0):
-        return [F.linear(_tensor_arg(m, n, x, 0), w)]
+        return [F.linear(_tensor_arg(m, n, x, 0), w, a[2] if len(a) > 2 else None)]
     return [products.matmul(_tensor_arg(m, n, x, 0), _tensor_arg(m, n, w, 1))]
 
 

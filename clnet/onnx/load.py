@@ -129,6 +129,7 @@ def load(path, device=None, fuse=False):
     for k in transposed:
         n = next(n for n in nodes if len(n.inputs) > 1 and n.inputs[1] == k)
         n.attrs = dict(n.attrs, transB=1)
+    nodes = _linear_layers(nodes, roles, initializers, set(outputs))
     net = OnnxModule(path, opset, inputs, outputs, nodes, constants, sorted(transposed))
     for k, role in roles.items():
         a = np.asarray(initializers[k], np.float32)
@@ -146,6 +147,43 @@ def load(path, device=None, fuse=False):
     if device is not None:
         net.to(device)
     return net
+
+
+def _linear_layers(nodes, roles, initializers, outputs):
+    """torch.onnx's export of a Linear over more than two dimensions (ConvNeXt's and ViT's MLPs): Transpose(W), then
+    MatMul(x, W^T), then Add(b, product). Such a MatMul reads the trained weight W itself, held (out, in) as a
+    Linear's (transB), with the Transpose dropped, and takes the Add's bias where that Add is the product's only
+    reader: one product with its bias in the epilogue, where the file's nodes copy W and its gradient each step and
+    add the bias in a pass of its own. Only where the transposed weight is read by MatMuls alone, as their B."""
+    readers = {}
+    for n in nodes:
+        for name in dict.fromkeys(n.inputs):
+            readers.setdefault(name, []).append(n)
+    dropped = set()
+    for t in nodes:
+        if t.op != "Transpose" or len(t.inputs) != 1 or roles.get(t.inputs[0]) != "param" or \
+                initializers[t.inputs[0]].ndim != 2 or tuple(t.attrs.get("perm", (1, 0))) != (1, 0):
+            continue
+        users = readers.get(t.outputs[0], [])
+        if not users or t.outputs[0] in outputs or any(u.op != "MatMul" or u.inputs != [u.inputs[0], t.outputs[0]]
+                                                       or u.inputs[0] == t.outputs[0] for u in users):
+            continue
+        dropped.add(id(t))
+        out_features = initializers[t.inputs[0]].shape[0]
+        for u in users:
+            u.inputs, u.attrs = [u.inputs[0], t.inputs[0]], dict(u.attrs, transB=1)
+            after = readers.get(u.outputs[0], [])
+            if len(after) != 1 or u.outputs[0] in outputs or after[0].op != "Add" or len(after[0].inputs) != 2:
+                continue
+            add = after[0]
+            bias = add.inputs[0] if add.inputs[1] == u.outputs[0] else add.inputs[1]
+            if bias == u.outputs[0] or roles.get(bias) != "param" or \
+                    initializers[bias].shape != (out_features,) or len(readers.get(bias, [])) != 1:
+                continue
+            u.inputs.append(bias)
+            u.outputs = list(add.outputs)
+            dropped.add(id(add))
+    return [n for n in nodes if id(n) not in dropped]
 
 
 def _scope(node_name):
