@@ -130,6 +130,52 @@ def test_linear_over_more_dimensions_as_torch_exports_it(dev, rng, tmp_path, bia
     np.testing.assert_array_equal(state["b"], b)
 
 
+def _gelu64(x):
+    from math import erf
+    x = x.astype(np.float64)
+    cdf = 0.5 * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0)))
+    pdf = np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi)
+    return x * cdf, cdf + x * pdf  # GELU and its derivative
+
+
+@pytest.mark.parametrize("spelling", ["torch", "clnet", "torch, 0.49", "clnet, erf read twice"])
+def test_gelu_as_exporters_spell_it(dev, rng, tmp_path, spelling):
+    """x * 0.5 * (1 + erf(x / sqrt 2)) in torch.onnx's nodes and in clnet's own export runs as one Gelu
+    (load._gelus); a near miss (0.49 for the half) and an Erf whose output another node reads keep their nodes.
+    Values and the gradient against NumPy in float64 and ONNX Runtime."""
+    h = onnx.helper
+    consts = dict(sqrt2=np.float32(2 ** 0.5), rsqrt2=np.float32(0.5 ** 0.5), one=np.float32(1.0),
+                  half=np.float32(0.49 if "0.49" in spelling else 0.5))
+    if spelling.startswith("torch"):
+        nodes = [h.make_node("Div", ["x", "sqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
+                 h.make_node("Add", ["e", "one"], ["a"]), h.make_node("Mul", ["x", "a"], ["m"]),
+                 h.make_node("Mul", ["m", "half"], ["y"])]
+    else:
+        nodes = [h.make_node("Mul", ["rsqrt2", "x"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
+                 h.make_node("Add", ["one", "e"], ["a"]), h.make_node("Mul", ["x", "half"], ["hx"]),
+                 h.make_node("Mul", ["hx", "a"], ["y"])]
+    outputs = [("y", (3, 37))]
+    if "twice" in spelling:
+        nodes.append(h.make_node("Neg", ["e"], ["ne"]))
+        outputs.append(("ne", (3, 37)))
+    path = build(tmp_path / "gelu.onnx", [n for n in nodes], [("x", (3, 37))], outputs, consts)
+    net = connx.load(path, device=dev)
+    fused = spelling in ("torch", "clnet")
+    assert [n.op for n in net._nodes].count("Gelu") == int(fused), [n.op for n in net._nodes]
+    x = f32(rng, 3, 37) * 2
+    value, slope = _gelu64(x)
+    if not fused and "0.49" in spelling:
+        value, slope = value * 0.98, slope * 0.98
+    tx = clnet.tensor(x, dev, requires_grad=True)
+    out = net(tx)
+    y = out[0] if isinstance(out, tuple) else out
+    assert_close(y.numpy(), value, f"GELU ({spelling})", tol=1e-5)
+    assert_close(y.numpy(), runtime(path, x=x)[0], f"GELU ({spelling}) against ONNX Runtime", tol=1e-5)
+    g = f32(rng, 3, 37)
+    y.backward(clnet.tensor(g, dev))
+    assert_close(tx.grad.numpy(), g * slope, f"GELU's gradient ({spelling})", tol=1e-5)
+
+
 # ---- BatchNormalization in training mode ---------------------------------------------------------------------------
 
 def numpy_batch_norm_training(x, scale, bias, mean, var, eps, momentum):
