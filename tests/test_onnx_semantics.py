@@ -176,6 +176,41 @@ def test_gelu_as_exporters_spell_it(dev, rng, tmp_path, spelling):
     assert_close(tx.grad.numpy(), g * slope, f"GELU's gradient ({spelling})", tol=1e-5)
 
 
+@pytest.mark.parametrize("spelling", ["x * sigmoid(x)", "sigmoid(x) * x", "gate: y * sigmoid(x)",
+                                      "sigmoid read twice"])
+def test_silu_as_exporters_spell_it(dev, rng, tmp_path, spelling):
+    """Mul(x, Sigmoid(x)) in either order runs as one SiLU (load._silus); a gate multiplying another tensor and a
+    Sigmoid with a second reader keep their nodes. Values and both inputs' gradients against NumPy in float64 and
+    ONNX Runtime."""
+    h = onnx.helper
+    mul_inputs = {"x * sigmoid(x)": ["x", "s"], "sigmoid(x) * x": ["s", "x"], "gate: y * sigmoid(x)": ["y", "s"],
+                  "sigmoid read twice": ["x", "s"]}[spelling]
+    nodes = [h.make_node("Sigmoid", ["x"], ["s"]), h.make_node("Mul", mul_inputs, ["z"])]
+    outputs = [("z", (4, 29))]
+    if "twice" in spelling:
+        nodes.append(h.make_node("Neg", ["s"], ["ns"]))
+        outputs.append(("ns", (4, 29)))
+    path = build(tmp_path / "silu.onnx", nodes, [("x", (4, 29)), ("y", (4, 29))], outputs)
+    net = connx.load(path, device=dev)
+    fused = spelling in ("x * sigmoid(x)", "sigmoid(x) * x")
+    assert ("Sigmoid" in [n.op for n in net._nodes]) != fused, [n.op for n in net._nodes]
+    x, y = f32(rng, 4, 29) * 3, f32(rng, 4, 29)
+    X, Y = x.astype(np.float64), y.astype(np.float64)
+    sig = 1.0 / (1.0 + np.exp(-X))
+    other = Y if spelling.startswith("gate") else X
+    tx, ty = clnet.tensor(x, dev, requires_grad=True), clnet.tensor(y, dev, requires_grad=True)
+    out = net(tx, ty)
+    z = out[0] if isinstance(out, tuple) else out
+    assert_close(z.numpy(), other * sig, f"SiLU ({spelling})", tol=1e-5)
+    assert_close(z.numpy(), runtime(path, x=x, y=y)[0], f"SiLU ({spelling}) against ONNX Runtime", tol=1e-5)
+    g = f32(rng, 4, 29)
+    z.backward(clnet.tensor(g, dev))
+    dx = g * other * sig * (1 - sig) + (0 if spelling.startswith("gate") else g * sig)
+    assert_close(tx.grad.numpy(), dx, f"SiLU's gradient ({spelling})", tol=1e-5)
+    if spelling.startswith("gate"):
+        assert_close(ty.grad.numpy(), g * sig, "the gate's gradient", tol=1e-5)
+
+
 # ---- BatchNormalization in training mode ---------------------------------------------------------------------------
 
 def numpy_batch_norm_training(x, scale, bias, mean, var, eps, momentum):

@@ -237,6 +237,11 @@ def _d_gelu(m, n, a):
     return [pointwise.unary("gelu_tanh" if n.attrs.get("approximate", "none") == "tanh" else "gelu", a[0])]
 
 
+def _d_silu(m, n, a):
+    """x * sigmoid(x) as one op: a Sigmoid and the Mul by its own input, as exporters spell SiLU (load._silus)."""
+    return [pointwise.unary("silu", _tensor_arg(m, n, a[0], 0))]
+
+
 def _c_gelu(n, ins, opset):
     if n.attrs.get("approximate", "none") not in ("none", "tanh"):
         raise ValueError(f"approximate={n.attrs['approximate']!r}: ONNX's Gelu takes 'none' or 'tanh'")
