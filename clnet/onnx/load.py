@@ -10,7 +10,7 @@ from .checks import _check_flow, _check_node, _inferred_shapes
 from .common import NEWEST_OPSET, OnnxImportError, OnnxOpsetWarning, _attributes, _onnx
 from .handlers import DEVICE_OPS, OPS, _BUFFER_INPUTS, _PARAMETER_INPUTS, _d_silu, _dispatch
 from .host import HOST_OPS
-from .module import OnnxModule, _Node
+from .module import OnnxModule, _Node, _readers
 from .reader import _all_tensors, _check_sizes, _read
 
 
@@ -157,10 +157,7 @@ def _linear_layers(nodes, roles, initializers, outputs):
     Linear's (transB), with the Transpose dropped, and takes the Add's bias where that Add is the product's only
     reader: one product with its bias in the epilogue, where the file's nodes copy W and its gradient each step and
     add the bias in a pass of its own. Only where the transposed weight is read by MatMuls alone, as their B."""
-    readers = {}
-    for n in nodes:
-        for name in dict.fromkeys(n.inputs):
-            readers.setdefault(name, []).append(n)
+    readers = _readers(nodes)
     dropped = set()
     for t in nodes:
         if t.op != "Transpose" or len(t.inputs) != 1 or roles.get(t.inputs[0]) != "param" or \
@@ -202,12 +199,8 @@ def _gelus(nodes, constants, outputs):
             return None
         return n.inputs[1] if n.inputs[0] == name else n.inputs[0]
 
-    producer, readers = {}, {}
-    for n in nodes:
-        for name in n.outputs:
-            producer[name] = n
-        for name in dict.fromkeys(n.inputs):
-            readers.setdefault(name, []).append(n)
+    producer = {name: n for n in nodes for name in n.outputs}
+    readers = _readers(nodes)
 
     def only_reader(n, op):  # the one node reading n's output, if it is an `op` and n's output is no graph output
         after = readers.get(n.outputs[0], []) if n.outputs else []
@@ -247,10 +240,7 @@ def _silus(nodes, outputs):
     """SiLU as exporters spell it, Mul(x, Sigmoid(x)) (EfficientNet's 49 activations), runs as one op: one launch and
     pass forward and backward where the two nodes took two forward and three backward. Only where the Mul is the
     Sigmoid's one reader and multiplies by the Sigmoid's own input (a squeeze-excite's gate multiplies another)."""
-    readers = {}
-    for n in nodes:
-        for name in dict.fromkeys(n.inputs):
-            readers.setdefault(name, []).append(n)
+    readers = _readers(nodes)
     dropped = set()
     for sig in nodes:
         if sig.op != "Sigmoid" or len(sig.inputs) != 1 or not sig.outputs or sig.outputs[0] in outputs:

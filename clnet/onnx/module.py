@@ -35,17 +35,23 @@ def _activation_of(n, constants):
     return "relu6" if bounds == (0.0, 6.0) else None
 
 
+def _readers(nodes):
+    """{value name: the nodes that read it, each node once}: what the graph's rewrites (here and load's) check."""
+    readers = {}
+    for n in nodes:
+        for name in dict.fromkeys(n.inputs):
+            if name:
+                readers.setdefault(name, []).append(n)
+    return readers
+
+
 def _fuse_relus(nodes, outputs, constants):
     """A BatchNormalization, Conv or Add whose output only a Relu (a batch norm's: or a ReLU6's Clip) reads applies it
     itself: the batch norm in its pass and, in its backward, the activation's gradient (ops.BatchNormTrain act=: two
     launches and two passes over the activations fewer), the convolution in its product's epilogue (ops.Conv2d relu=,
     as nn.Sequential fuses it), the add in its launch (ops.AddRelu, a residual block's end): one launch and pass fewer;
     the activation's node passes its input on. Not where that output is a graph output or has another reader."""
-    readers = {}
-    for n in nodes:
-        for name in dict.fromkeys(n.inputs):
-            if name:
-                readers.setdefault(name, []).append(n)
+    readers = _readers(nodes)
     for n in nodes:
         if n.op in ("BatchNormalization", "Conv", "Add") and n.outputs and n.outputs[0] and n.outputs[0] not in outputs:
             after = readers.get(n.outputs[0], [])
