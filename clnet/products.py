@@ -1,8 +1,9 @@
 """Products of computed tensors: torch.matmul's semantics (1-D to N-D, batch dimensions broadcast), bmm, baddbmm.
 
-Every product is one batched GEMM launch (gemm.py, tuned as every other product): an operand whose batch dimensions
-all broadcast is read with batch stride 0; one that broadcasts along only some of them is materialised at the batch
-shape first (a strided copy). Transposes cost nothing: backward's A^T and B^T are layouts (gemm.Mat), not copies.
+Every product is one batched GEMM launch (gemm.py, tuned as every other product): a B whose batch dimensions all
+broadcast folds A's batch into A's rows (one product, as torch.matmul runs it), an A whose batch dimensions all
+broadcast is read with batch stride 0; an operand that broadcasts along only some of them is materialised at the
+batch shape first (a strided copy). Transposes cost nothing: backward's A^T and B^T are layouts (gemm.Mat), not copies.
 """
 import math
 
