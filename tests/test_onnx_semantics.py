@@ -138,14 +138,19 @@ def _gelu64(x):
     return x * cdf, cdf + x * pdf  # GELU and its derivative
 
 
-@pytest.mark.parametrize("spelling", ["torch", "clnet", "torch, 0.49", "clnet, erf read twice"])
+@pytest.mark.parametrize("spelling", ["torch", "clnet", "torch, 0.49", "clnet, erf read twice",
+                                      "torch, constants of rank 3", "clnet, constants of rank 3"])
 def test_gelu_as_exporters_spell_it(dev, rng, tmp_path, spelling):
     """x * 0.5 * (1 + erf(x / sqrt 2)) in torch.onnx's nodes and in clnet's own export runs as one Gelu
-    (load._gelus); a near miss (0.49 for the half) and an Erf whose output another node reads keep their nodes.
-    Values and the gradient against NumPy in float64 and ONNX Runtime."""
+    (load._gelus); near misses keep their nodes: 0.49 for the half, an Erf whose output another node reads, and
+    one-element constants of rank 3, which raise the result's rank to 3. Values and the gradient against NumPy in
+    float64 and ONNX Runtime."""
     h = onnx.helper
     consts = dict(sqrt2=np.float32(2 ** 0.5), rsqrt2=np.float32(0.5 ** 0.5), one=np.float32(1.0),
                   half=np.float32(0.49 if "0.49" in spelling else 0.5))
+    rank3 = "rank 3" in spelling
+    if rank3:
+        consts = {k: np.reshape(v, (1, 1, 1)) for k, v in consts.items()}
     if spelling.startswith("torch"):
         nodes = [h.make_node("Div", ["x", "sqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
                  h.make_node("Add", ["e", "one"], ["a"]), h.make_node("Mul", ["x", "a"], ["m"]),
@@ -154,7 +159,7 @@ def test_gelu_as_exporters_spell_it(dev, rng, tmp_path, spelling):
         nodes = [h.make_node("Mul", ["rsqrt2", "x"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
                  h.make_node("Add", ["one", "e"], ["a"]), h.make_node("Mul", ["x", "half"], ["hx"]),
                  h.make_node("Mul", ["hx", "a"], ["y"])]
-    outputs = [("y", (3, 37))]
+    outputs = [("y", (1, 3, 37) if rank3 else (3, 37))]
     if "twice" in spelling:
         nodes.append(h.make_node("Neg", ["e"], ["ne"]))
         outputs.append(("ne", (3, 37)))
@@ -169,10 +174,12 @@ def test_gelu_as_exporters_spell_it(dev, rng, tmp_path, spelling):
     tx = clnet.tensor(x, dev, requires_grad=True)
     out = net(tx)
     y = out[0] if isinstance(out, tuple) else out
+    assert y.shape == ((1, 3, 37) if rank3 else (3, 37)), f"GELU ({spelling}): shape {y.shape}"
+    value = value.reshape(y.shape)
     assert_close(y.numpy(), value, f"GELU ({spelling})", tol=1e-5)
     assert_close(y.numpy(), runtime(path, x=x)[0], f"GELU ({spelling}) against ONNX Runtime", tol=1e-5)
     g = f32(rng, 3, 37)
-    y.backward(clnet.tensor(g, dev))
+    y.backward(clnet.tensor(g.reshape(y.shape), dev))
     assert_close(tx.grad.numpy(), g * slope, f"GELU's gradient ({spelling})", tol=1e-5)
 
 

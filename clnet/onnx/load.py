@@ -190,9 +190,9 @@ def _gelus(nodes, constants, outputs):
     0.5; clnet's own export: Mul by 1/sqrt 2, Erf, Add, Mul of x by 0.5, Mul), runs as one Gelu: one launch and one
     pass over the activations forward and backward where the five nodes took five each (ConvNeXt's and ViT's MLPs).
     Only where each value inside is read by the next node alone and is no graph output."""
-    def scalar(name, value):
+    def scalar(name, value):  # a 0-d constant: one of higher rank could raise the result's rank (ONNX broadcasts)
         c = constants.get(name)
-        return c is not None and np.asarray(c).size == 1 and abs(float(np.asarray(c).reshape(-1)[0]) - value) < 1e-6
+        return c is not None and np.asarray(c).ndim == 0 and abs(float(np.asarray(c)) - value) < 1e-6
 
     def other(n, name):  # the input of a two-input node that is not `name` (None if both or neither are)
         if len(n.inputs) != 2 or n.inputs.count(name) != 1:
