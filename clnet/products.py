@@ -31,13 +31,8 @@ class BatchedMatMul(Function):
         Ba, M, K = a.shape
         Bb, _, N = b.shape
         out = empty((batch, M, N), a.device)
-        if out.size:
-            if K == 0:
-                ops.fill(out, 0.0)
-            else:
-                gemm(M, N, K, a, Mat(bs=M * K if Ba > 1 else 0, rs=K, cs=1), b,
-                     Mat(bs=K * N if Bb > 1 else 0, rs=N, cs=1), out, Mat(bs=M * N, rs=N, cs=1), alpha=alpha,
-                     batch=batch, what="matmul")
+        _product(M, N, K, a, Mat(bs=M * K if Ba > 1 else 0, rs=K, cs=1), b, Mat(bs=K * N if Bb > 1 else 0, rs=N, cs=1),
+                 out, Mat(bs=M * N, rs=N, cs=1), alpha, batch, "matmul")
         self.save(a, b)
         return out
 
@@ -48,18 +43,40 @@ class BatchedMatMul(Function):
         batch = dc.shape[0]
         da = db = None
         if self.needs[0]:  # dA = dC @ B^T, summed over the batch where A was broadcast
-            da = empty((batch, M, K), dc.device)
-            gemm(M, K, N, dc, Mat(bs=M * N, rs=N, cs=1), b, Mat(bs=K * N if Bb > 1 else 0, rs=1, cs=N), da,
-                 Mat(bs=M * K, rs=K, cs=1), alpha=self.alpha, batch=batch, what="matmul backward (first operand)")
-            if Ba == 1 and batch > 1:
-                da = reduce.sum_to(da, (1, M, K))
+            da = _summed(Ba, (batch, M, K), dc.device, lambda t: _product(
+                M, K, N, dc, Mat(bs=M * N, rs=N, cs=1), b, Mat(bs=K * N if Bb > 1 else 0, rs=1, cs=N), t,
+                Mat(bs=M * K, rs=K, cs=1), self.alpha, batch, "matmul backward (first operand)"))
         if self.needs[1]:  # dB = A^T @ dC
-            db = empty((batch, K, N), dc.device)
-            gemm(K, N, M, a, Mat(bs=M * K if Ba > 1 else 0, rs=1, cs=K), dc, Mat(bs=M * N, rs=N, cs=1), db,
-                 Mat(bs=K * N, rs=N, cs=1), alpha=self.alpha, batch=batch, what="matmul backward (second operand)")
-            if Bb == 1 and batch > 1:
-                db = reduce.sum_to(db, (1, K, N))
+            db = _summed(Bb, (batch, K, N), dc.device, lambda t: _product(
+                K, N, M, a, Mat(bs=M * K if Ba > 1 else 0, rs=1, cs=K), dc, Mat(bs=M * N, rs=N, cs=1), t,
+                Mat(bs=K * N, rs=N, cs=1), self.alpha, batch, "matmul backward (second operand)"))
         return da, db
+
+
+def _product(M, N, K, A, a, B, b, C, c, alpha, batch, what):
+    """C = alpha * A @ B for `batch` products laid out as a, b, c (gemm); a sum of no terms (K = 0) is zeros, and an
+    empty C has nothing to compute."""
+    if C.size == 0:
+        return
+    if K == 0:
+        ops.fill(C, 0.0)
+        return
+    gemm(M, N, K, A, a, B, b, C, c, alpha=alpha, batch=batch, what=what)
+
+
+def _summed(own, shape, dev, write):
+    """An operand's gradient, shape (batch, rows, cols) written by write(tensor): as it is where the operand had the
+    batch (own, its batch size, is not 1), else summed over the batch to (1, rows, cols): zeros for a batch of none."""
+    batch = shape[0]
+    if own != 1 or batch == 1:
+        g = empty(shape, dev)
+        write(g)
+        return g
+    if batch == 0:
+        return ops.zeros((1,) + shape[1:], dev)
+    g = empty(shape, dev)
+    write(g)
+    return reduce.sum_to(g, (1,) + shape[1:])
 
 
 def _batched(a, b, what, alpha=1.0):
