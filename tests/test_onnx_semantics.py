@@ -218,6 +218,25 @@ def test_silu_as_exporters_spell_it(dev, rng, tmp_path, spelling):
         assert_close(ty.grad.numpy(), g * sig, "the gate's gradient", tol=1e-5)
 
 
+def test_imported_add_relu_exports_again(dev, rng, tmp_path):
+    """An Add whose one reader is a Relu runs as one op once imported (ops.AddRelu, a residual block's end); exported
+    again it is an Add and a Relu, and ONNX Runtime gives the import's output (a review found it had no translation)."""
+    h = onnx.helper
+    path = build(tmp_path / "add_relu.onnx", [h.make_node("Add", ["a", "b"], ["s"]), h.make_node("Relu", ["s"], ["y"])],
+                 [("a", (2, 3, 5)), ("b", (2, 3, 5))], [("y", (2, 3, 5))])
+    net = connx.load(path, device=dev)
+    a, b = f32(rng, 2, 3, 5), f32(rng, 2, 3, 5)
+    with clnet.no_grad():
+        ours = net(clnet.tensor(a, dev), clnet.tensor(b, dev)).numpy()
+    assert_close(ours, np.maximum(a.astype(np.float64) + b, 0), "the import", tol=1e-6)
+    again = str(tmp_path / "again.onnx")
+    connx.export(net, again, (clnet.tensor(a, dev), clnet.tensor(b, dev)))
+    assert {n.op_type for n in onnx.load(again).graph.node} >= {"Add", "Relu"}
+    sess = ort.InferenceSession(again, providers=["CPUExecutionProvider"])
+    theirs = sess.run(None, {i.name: v for i, v in zip(sess.get_inputs(), (a, b))})[0]
+    assert_close(theirs, ours, "the export again, in ONNX Runtime", tol=1e-6)
+
+
 # ---- BatchNormalization in training mode ---------------------------------------------------------------------------
 
 def numpy_batch_norm_training(x, scale, bias, mean, var, eps, momentum):

@@ -190,6 +190,9 @@ def _export_record(w, cls, inputs, options, out, batch_names):
             sb = w.node("Mul", [b, w.constant(np.array(beta, np.float32))])
             y = w.node("Add", [sa, sb], result)
         _carry(w, batch_names, y, result, inputs[:2])
+    elif name == "AddRelu":  # an imported file's Add whose one reader was a Relu (onnx/module._fuse_relus)
+        y = w.node("Relu", [w.node("Add", [xn, w.name(inputs[1])])], result)
+        _carry(w, batch_names, y, result, inputs[:2])
     elif name == "Affine":
         alpha, beta = options["alpha"], options["beta"]
         y = xn
