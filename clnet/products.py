@@ -42,41 +42,27 @@ class BatchedMatMul(Function):
         Bb, _, N = b.shape
         batch = dc.shape[0]
         da = db = None
-        if self.needs[0]:  # dA = dC @ B^T, summed over the batch where A was broadcast
-            da = _summed(Ba, (batch, M, K), dc.device, lambda t: _product(
-                M, K, N, dc, Mat(bs=M * N, rs=N, cs=1), b, Mat(bs=K * N if Bb > 1 else 0, rs=1, cs=N), t,
-                Mat(bs=M * K, rs=K, cs=1), self.alpha, batch, "matmul backward (first operand)"))
+        if self.needs[0]:  # dA = dC @ B^T, summed over the batch where A was broadcast (zeros over a batch of none)
+            da = empty((batch, M, K), dc.device)
+            _product(M, K, N, dc, Mat(bs=M * N, rs=N, cs=1), b, Mat(bs=K * N if Bb > 1 else 0, rs=1, cs=N), da,
+                     Mat(bs=M * K, rs=K, cs=1), self.alpha, batch, "matmul backward (first operand)")
+            if Ba == 1:
+                da = reduce.sum_to(da, (1, M, K))
         if self.needs[1]:  # dB = A^T @ dC
-            db = _summed(Bb, (batch, K, N), dc.device, lambda t: _product(
-                K, N, M, a, Mat(bs=M * K if Ba > 1 else 0, rs=1, cs=K), dc, Mat(bs=M * N, rs=N, cs=1), t,
-                Mat(bs=K * N, rs=N, cs=1), self.alpha, batch, "matmul backward (second operand)"))
+            db = empty((batch, K, N), dc.device)
+            _product(K, N, M, a, Mat(bs=M * K if Ba > 1 else 0, rs=1, cs=K), dc, Mat(bs=M * N, rs=N, cs=1), db,
+                     Mat(bs=K * N, rs=N, cs=1), self.alpha, batch, "matmul backward (second operand)")
+            if Bb == 1:
+                db = reduce.sum_to(db, (1, K, N))
         return da, db
 
 
 def _product(M, N, K, A, a, B, b, C, c, alpha, batch, what):
-    """C = alpha * A @ B for `batch` products laid out as a, b, c (gemm); a sum of no terms (K = 0) is zeros, and an
-    empty C has nothing to compute."""
-    if C.size == 0:
-        return
+    """C = alpha * A @ B for `batch` products laid out as a, b, c (gemm); a sum of no terms (K = 0) is zeros."""
     if K == 0:
         ops.fill(C, 0.0)
         return
     gemm(M, N, K, A, a, B, b, C, c, alpha=alpha, batch=batch, what=what)
-
-
-def _summed(own, shape, dev, write):
-    """An operand's gradient, shape (batch, rows, cols) written by write(tensor): as it is where the operand had the
-    batch (own, its batch size, is not 1), else summed over the batch to (1, rows, cols): zeros for a batch of none."""
-    batch = shape[0]
-    if own != 1 or batch == 1:
-        g = empty(shape, dev)
-        write(g)
-        return g
-    if batch == 0:
-        return ops.zeros((1,) + shape[1:], dev)
-    g = empty(shape, dev)
-    write(g)
-    return reduce.sum_to(g, (1,) + shape[1:])
 
 
 def _batched(a, b, what, alpha=1.0):
@@ -90,10 +76,10 @@ def _batched(a, b, what, alpha=1.0):
     batch_shape = layout.broadcast_shapes(what + " (batch dimensions)", a.shape[:-2], b.shape[:-2])
     nb = math.prod(batch_shape)
     if nb > 1 and math.prod(b.shape[:-2]) == 1:
-        # B the same for every batch (a Linear's weight applied over (N, H, W, C), as ONNX exports it): the batch
-        # folds into A's rows, as torch.matmul folds it. One product of nb * M rows; its backward's dB sums over the
-        # batch inside one product, where nb products would each write a dB for a reduction to sum (convnext_tiny's
-        # MLPs: 3584 products of 56 rows at batch 64)
+        # B the same for every batch (a weight applied over (N, H, W, C)): the batch folds into A's rows, as
+        # torch.matmul folds it. One product of nb * M rows; its backward's dB sums over the batch inside one
+        # product, where nb products would each write a dB for a reduction to sum (ONNX's convnext_tiny, before
+        # onnx/load took its MLPs as Linears: 3584 products of 56 rows a layer at batch 64)
         out = BatchedMatMul.apply(a.reshape(1, nb * M, K), b.reshape(1, K, N), batch=1, alpha=alpha)
         return out.reshape(batch_shape + (M, N))
 

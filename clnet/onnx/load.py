@@ -188,7 +188,8 @@ def _linear_layers(nodes, roles, initializers, outputs):
 def _gelus(nodes, constants, outputs):
     """GELU as exporters spell it, x * 0.5 * (1 + erf(x / sqrt 2)) (torch.onnx: Div, Erf, Add, Mul by x, Mul by
     0.5; clnet's own export: Mul by 1/sqrt 2, Erf, Add, Mul of x by 0.5, Mul), runs as one Gelu: one launch and one
-    pass over the activations forward and backward where the five nodes took five each (ConvNeXt's and ViT's MLPs).
+    pass over the activations forward and one backward, where the five nodes launch five forward and more backward
+    (ConvNeXt's and ViT's MLPs).
     Only where each value inside is read by the next node alone and is no graph output."""
     def scalar(name, value):  # a 0-d constant: one of higher rank could raise the result's rank (ONNX broadcasts)
         c = constants.get(name)
@@ -238,8 +239,9 @@ def _gelus(nodes, constants, outputs):
 
 def _silus(nodes, outputs):
     """SiLU as exporters spell it, Mul(x, Sigmoid(x)) (EfficientNet's 49 activations), runs as one op: one launch and
-    pass forward and backward where the two nodes took two forward and three backward. Only where the Mul is the
-    Sigmoid's one reader and multiplies by the Sigmoid's own input (a squeeze-excite's gate multiplies another)."""
+    pass forward and one backward, where the two nodes took two forward and four backward (efficientnet_b0's step:
+    1211 launches against 1015, bench/NOTES.md v64). Only where the Mul is the Sigmoid's one reader and multiplies
+    by the Sigmoid's own input (a squeeze-excite's gate multiplies another)."""
     readers = _readers(nodes)
     dropped = set()
     for sig in nodes:
