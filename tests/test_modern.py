@@ -132,7 +132,8 @@ def test_regression_losses(dev, rng):
     assert_close(loss.numpy(), np.mean((a - b) ** 2), "MSELoss of a list target")
 
 
-@pytest.mark.parametrize("case", ["plain", "weight", "ignore", "smoothing", "probabilities", "spatial", "sum", "none"])
+@pytest.mark.parametrize("case", ["plain", "weight", "ignore", "ignore -100", "smoothing", "probabilities", "spatial",
+                                  "sum", "none"])
 def test_cross_entropy_options(dev, rng, case):
     N, C = 6, 5
     logits = rng.standard_normal((N, C, 3) if case == "spatial" else (N, C)).astype(np.float32)
@@ -142,6 +143,8 @@ def test_cross_entropy_options(dev, rng, case):
                   ).get(case, {})
     if case == "ignore":  # two labels ignored, one kept (all six ignored, the mean is 0/0: seed 3308298759)
         labels[:2], labels[2] = 1, 0
+    if case == "ignore -100":  # PyTorch's default ignore_index
+        labels[:2] = -100
     target = labels
     if case == "probabilities":
         target = rng.dirichlet(np.ones(C), N).astype(np.float32)
@@ -153,7 +156,8 @@ def test_cross_entropy_options(dev, rng, case):
         return
     x, tx = clnet.tensor(logits, dev, requires_grad=True), torch.tensor(logits, dtype=torch.float64,
                                                                         requires_grad=True)
-    for t in (target, clnet.tensor(target, dev)):  # host and device labels
+    # host labels, device labels made from host data (their range known), and computed ones (a slice: range unknown)
+    for t in (target, clnet.tensor(target, dev), clnet.tensor(np.concatenate([target, target[:1]]), dev)[:N]):
         x.grad = None
         y, ty = nn.CrossEntropyLoss(**ours_kw)(x, t), torch.nn.CrossEntropyLoss(**theirs_kw)(tx, torch.tensor(target))
         assert_close(y.numpy(), ty.detach().numpy(), case)

@@ -656,10 +656,11 @@ def _float_target(target):
 
 def _may_hold(target, value):
     """Whether integer class targets may hold `value` (ignore_index): from the host data, or the range a device
-    tensor made from host data remembers (a computed one: assumed not to)."""
+    tensor made from host data remembers. A computed one (a slice, an index_select, arithmetic) has no known range and
+    may: the fused cross-entropy, which has no ignore_index, would poison its rows with NaN."""
     if isinstance(target, Tensor):
         r = target.value_range
-        return r is not None and r[0] <= value <= r[1]
+        return r is None or r[0] <= value <= r[1]
     host = np.asarray(target)
     return bool(host.size) and bool((host == value).any())
 
