@@ -145,6 +145,7 @@ class Function:
             t._settle_pending()
         if _context.capturing is not None:
             settle_grad(t)
+        t._grad_none = False  # written now
         if t._grad is None:
             t.grad = empty(t.shape, t.device)
             return t._grad, 0.0
@@ -182,7 +183,7 @@ def settle_grad(leaf):
         if leaf._grad is None:
             leaf.grad = _untouched(graph, leaf.shape, leaf.device)
             leaf._mark_grad_zero()
-        leaf.grad  # noqa: B018 -- reading a .grad marked zero fills it with zeros (Tensor.grad), here unrecorded
+        fill_marked(leaf)  # here unrecorded
 
 
 def deferral(leaf):
@@ -215,6 +216,7 @@ def accumulate(leaf, g):
         leaf._settle_pending()
     if _context.capturing is not None:  # kernels.capturing without its module property (every accumulation)
         settle_grad(leaf)
+    leaf._grad_none = False  # written now
     if leaf._grad is None:
         leaf.grad = empty(leaf.shape, leaf.device).copy_from(g)
         return
@@ -502,7 +504,16 @@ def _pending_of_inputs(inputs, pending):
 
 def _grad(t):
     """Tensor.grad: the gradient backward accumulated (a device tensor, for leaves), or None. One that zero_grad marked
-    as zero (Tensor._mark_grad_zero) is filled with zeros at its first read, one an op deferred is written."""
+    as zero (Tensor._mark_grad_zero) is filled with zeros at its first read, one an op deferred is written; one
+    marked None (zero_grad(set_to_none=True)) reads as None until a backward writes it."""
+    if t._grad_none:
+        return None
+    return fill_marked(t)
+
+
+def fill_marked(t):
+    """t's .grad buffer with what a read of it must see: a deferred gradient written, a mark of zero filled (also
+    under a mark of None, which only Tensor.grad's reads heed: a graph settling or ending a step fills it here)."""
     if t._grad_pending is not None:
         t._settle_pending()
     if t._grad_zeroed:
@@ -514,7 +525,7 @@ def _grad(t):
 
 
 def _set_grad(t, g):
-    t._grad, t._grad_zeroed, t._grad_pending = g, False, None
+    t._grad, t._grad_zeroed, t._grad_pending, t._grad_none = g, False, None, False
 
 
 def _backward(self, grad=None, retain_graph=False):
@@ -528,6 +539,7 @@ _backward.__name__ = "backward"
 
 # Tensor's gradient attributes are autograd's (tensor.py, below this module, knows no op)
 Tensor.grad, Tensor.backward = property(_grad, _set_grad), _backward
+Tensor._fill_marked = fill_marked  # for graph.py, which autograd builds on
 Tensor.register_post_accumulate_grad_hook = register_post_accumulate_grad_hook
 Tensor.register_hook = register_hook
 Tensor.retain_grad = retain_grad

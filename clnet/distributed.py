@@ -700,8 +700,9 @@ class DataParallel(Module):
             self.world.watch(lambda b=b: self._reduced(b), f"the all-reduce of gradient bucket {b.index}",
                              lambda b=b: b.collective, concurrent=True)
             for i, p in enumerate(b.params):
-                if p.grad is None:
-                    p.grad = zeros(p.shape, p.device)
+                # the average overwrites the .grad: one marked None or zero (an optimizer's flat buffer) is written
+                # in place, and reads as written
+                p.grad = zeros(p.shape, p.device) if p._grad is None else p._grad
                 p.grad.write(b.view(i), blocking=False)  # the next step's copies into b.host queue behind these
             b.written = True
 

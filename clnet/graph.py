@@ -154,9 +154,9 @@ class Graph:
             if not leaf._grad_zeroed:
                 continue
             if id(leaf) in self._own_marks:  # no replay reads it before writing it (note_grad): a mark will do
-                marked.append(leaf)
+                marked.append((leaf, leaf._grad_none))  # (None where no use followed zero_grad(set_to_none=True))
             else:
-                leaf.grad  # noqa: B018 -- reading a marked .grad fills it with zeros (autograd), recorded here
+                leaf._fill_marked()  # filled with zeros (autograd.fill_marked), recorded here
         if marked:
             self._items.append(lambda: _mark_zero(marked))
 
@@ -331,9 +331,11 @@ class Graph:
                                "or step()")
                 raise CaptureError(self.broken)
             if t._grad_zeroed and id(t) in self._own_marks:  # the replay reads it only after writing it (note_grad)
-                t._grad_zeroed, t._grad_pending = False, None  # (a deferred gradient under a mark is never written)
-            elif t._grad_zeroed:
-                t.grad  # noqa: B018 -- marked by an eager zero_grad since: reading it fills it (see note_grad)
+                t._grad_zeroed, t._grad_pending, t._grad_none = False, None, False  # (a deferred gradient under a
+                # mark is never written)
+            elif t._grad_zeroed:  # marked by an eager zero_grad since: filled (see note_grad); the replay writes it
+                t._fill_marked()
+                t._grad_none = False
         queue = self._queue
         try:
             if self.event_free:
@@ -555,5 +557,5 @@ class StepReplayer:
 def _mark_zero(leaves):
     """A replay's last host action where the captured step ended with these .grads marked zero
     (Graph._fill_late_marks): marked again, as each eager step leaves them."""
-    for leaf in leaves:
-        leaf._grad_zeroed = True
+    for leaf, none in leaves:
+        leaf._grad_zeroed, leaf._grad_none = True, none

@@ -190,6 +190,7 @@ class Optimizer:
                 total += -(-max(p.size, 1) // step) * step
             old_state = {name: [None if v is None else v.numpy() for v in views]
                          for name, views in self._views.items()}
+            no_grad = [p._grad is None or p._grad_none for p in self.params]  # each reads as None after, as before
             data, grad = ops.zeros((total,), dev), ops.zeros((total,), dev)
             state = {name: ops.zeros((total,), dev) for name in needed}  # zero state: PyTorch's first step
             for i, (p, off) in enumerate(zip(self.params, offsets)):
@@ -198,6 +199,8 @@ class Optimizer:
                 if p.grad is not None:
                     new_grad.copy_from(p.grad)
                 p.storage, p.grad = new_data.storage, new_grad
+                if no_grad[i]:
+                    p._grad_zeroed = p._grad_none = True
                 for name in self.state_names:
                     if name not in state:
                         self._views[name][i] = None
@@ -216,8 +219,9 @@ class Optimizer:
                 data.region(start, (count,)), grad.region(start, (count,)),
                 {n: s.region(start, (count,)) for n, s in state.items()}) for start, count in self._spans]
             self._flat = (data, grad, state)
+            self._extents = [(off, -(-max(p.size, 1) // step) * step) for p, off in zip(self.params, offsets)]
             _flat_grads[id(grad.storage)] = grad
-            self._layout = [(p.storage, p.grad) for p in self.params]
+            self._layout = [(p.storage, p._grad) for p in self.params]
             if self._pending is not None:
                 pending, self._pending = self._pending, None
                 self._load_state(pending)
@@ -226,38 +230,43 @@ class Optimizer:
         del new_data, new_grad, data, grad, state
         pool(dev).release_cached()
 
-    def zero_grad(self, set_to_none=False):
-        """Marks every gradient as zero, writing nothing: the next backward overwrites each instead of adding to it,
-        and any other read of a .grad fills it with zeros first (the gradients stay allocated in the optimizer's flat
-        buffer: set_to_none is accepted and ignored)."""
+    def zero_grad(self, set_to_none=True):
+        """Marks every gradient, writing nothing: the next backward overwrites each instead of adding to it. As
+        PyTorch's: with set_to_none (the default) each .grad reads as None until a backward writes it, and step()
+        passes over a parameter whose .grad is None (no momentum, no weight decay: a frozen or unused parameter stays
+        as it is); with set_to_none=False each reads as zeros (filled at the first read) and every parameter steps.
+        The gradients stay allocated in the optimizer's flat buffer either way."""
         if not self.params:
             return
         self._flatten()
         for p in self.params:
-            p._mark_grad_zero()
+            p._mark_grad_zero(set_to_none)
 
     def step(self):
         if not self.params:
             return
         self._flatten()
         data, grad, state = self._flat
-        if kernels.capturing is not None:  # the update reads every gradient: marks older than the capture settled
-            for p in self.params:
-                autograd.settle_grad(p)
+        skip = [p._grad_none for p in self.params]  # .grad None: passed over, as PyTorch's step does
+        if kernels.capturing is not None:  # the update reads these gradients: marks older than the capture settled
+            for p, passed in zip(self.params, skip):
+                if not passed:
+                    autograd.settle_grad(p)
         groups = self.param_groups
         fused = [self._takes_deferred(g) for g in groups]  # a deferred gradient taken in the update's pass
         for g, f in zip(groups, fused):
             for p in g["params"]:
                 if p._grad_pending is not None and not f:
                     p._settle_pending()
-        unwritten = [p for p in self.params if p._grad_zeroed]  # no backward reached them since zero_grad
-        if len(unwritten) == len(self.params):
+        unwritten = [p for p, passed in zip(self.params, skip) if p._grad_zeroed and not passed]  # marked zero
+        if len(unwritten) == len(self.params):  # (set_to_none=False) and no backward reached them since
             ops.fill(grad, 0.0)
             for p in unwritten:
                 p._grad_zeroed = False
         else:
             for p in unwritten:
-                p.grad  # noqa: B018 -- reading a .grad marked zero fills it
+                p._fill_marked()
+        runs = [self._runs(i, skip) for i in range(len(groups))]  # fixed for the launches recorded below
         layout = self._layout
         built = [self._built(g) for g in groups]  # the kernels' defines, fixed for the launches recorded below
 
@@ -271,13 +280,41 @@ class Optimizer:
                     raise CaptureError(f"{type(self).__name__}: param_groups[{i}] changed {self._what_built} since "
                                        "this step was captured, which its kernel was built for; capture the step "
                                        "again")
-                self._set_live(i, g)
+                self._set_live(i, g, runs[i])
         kernels.per_step(host)
         for i, bufs in enumerate(self._group_bufs):
             if fused[i]:
                 self._deferred_update(i, groups[i])
-            elif bufs is not None:
+            elif bufs is not None and runs[i] is None:
                 self._update_group(i, groups[i], *bufs)
+            elif bufs is not None:
+                for run in runs[i]:
+                    start = self._extents[run[0]][0]
+                    count = self._extents[run[1] - 1][0] + self._extents[run[1] - 1][1] - start
+                    self._update_group(i, groups[i], data.region(start, (count,)), grad.region(start, (count,)),
+                                       {n: t.region(start, (count,)) for n, t in state.items()}, run)
+
+    def _runs(self, i, skip):
+        """None where group i steps as one (every parameter has a .grad, and _run_key agrees); else the runs
+        [(first, end)] of its parameters' indices that step together, those passed over (skip) left out."""
+        first = sum(len(g["params"]) for g in self.param_groups[:i])
+        indices = range(first, first + len(self.param_groups[i]["params"]))
+        keys = [None if skip[j] else (self._run_key(j),) for j in indices]
+        if None not in keys and len(set(keys)) <= 1:
+            return None
+        runs = []
+        for j, key in zip(indices, keys):
+            if key is None:
+                continue
+            if runs and runs[-1][1] == j and keys[runs[-1][0] - first] == key:
+                runs[-1][1] = j + 1
+            else:
+                runs.append([j, j + 1])
+        return [tuple(r) for r in runs]
+
+    def _run_key(self, j):
+        """What parameters must share to step in one launch (besides their group): a count of their own steps."""
+        return None
 
     # -- per optimizer -------------------------------------------------------------------------------------------
     _what_built = "a setting"
@@ -300,10 +337,12 @@ class Optimizer:
     def _check(self, group):
         pass
 
-    def _set_live(self, i, group):
+    def _set_live(self, i, group, runs):
+        """Sets group i's kernels.Live arguments for this step (runs: as _runs gave them, fixed at the step)."""
         raise NotImplementedError
 
-    def _update_group(self, i, group, data, grad, state):
+    def _update_group(self, i, group, data, grad, state, run=None):
+        """Launches group i's update over data, grad and state (the group's regions, or a run's: run=(first, end))."""
         raise NotImplementedError
 
     # -- state ---------------------------------------------------------------------------------------------------
@@ -311,6 +350,13 @@ class Optimizer:
         return {}
 
     def _set_counters(self, i, counters):
+        pass
+
+    def _param_counters(self, j):
+        """Parameter j's own counters for its state entry, where they differ from its group's."""
+        return {}
+
+    def _set_param_counters(self, j, entry):
         pass
 
     def _group_indices(self):
@@ -331,6 +377,7 @@ class Optimizer:
                 for i in indices:
                     entry = {name: self._views[name][i].numpy() for name in self.state_names
                              if name in names and self._views[name][i] is not None}
+                    entry.update(self._param_counters(i))
                     if entry:
                         state[i] = entry
             counters = [self._counters(i) for i in range(len(self.param_groups))]
@@ -359,6 +406,8 @@ class Optimizer:
             if not 0 <= i < len(self.params):
                 raise ValueError(f"{who}: no parameter {i}")
             for name, a in entry.items():
+                if name in self._param_counters(i):
+                    continue
                 if name not in self.state_names:
                     raise ValueError(f"{who}: unknown state {name!r} (this optimizer keeps {list(self.state_names)})")
                 if tuple(np.shape(a)) != tuple(self.params[i].shape):
@@ -394,6 +443,8 @@ class Optimizer:
                     view.write(a)
         for i, c in enumerate(loaded["counters"]):
             self._set_counters(i, c)
+        for i, entry in loaded["state"].items():
+            self._set_param_counters(i, entry)
 
 
 def _live(n):
@@ -405,15 +456,65 @@ def _f32(*values):
 
 
 class _Counted(Optimizer):
-    """An optimizer that counts each group's steps (Adam's bias corrections, RMSprop's state): `self._steps`, one
-    per group, saved as the group's "step" as PyTorch saves it (PyTorch keeps one per parameter; a group steps
-    together)."""
+    """An optimizer that counts each parameter's steps (Adam's bias corrections), as PyTorch does: a step passes over
+    a parameter whose .grad is None, and its count stays. Parameters of a group whose counts agree step in one launch
+    (Optimizer._runs). Saved as the group's "step" (the largest count of its parameters) and, for a parameter whose
+    count differs from it, as that parameter's own "step", as PyTorch's state keeps it."""
+
+    def _group_added(self):
+        self._steps.extend([0] * (len(self.params) - len(self._steps)))  # per parameter
+        self._live.append(_live(self.live_count))
+
+    def _group_steps(self, i):
+        first = sum(len(g["params"]) for g in self.param_groups[:i])
+        return self._steps[first:first + len(self.param_groups[i]["params"])]
 
     def _counters(self, i):
-        return dict(step=self._steps[i]) if i < len(self._steps) else dict(step=0)
+        return dict(step=max(self._group_steps(i), default=0)) if i < len(self.param_groups) else dict(step=0)
 
     def _set_counters(self, i, counters):
-        self._steps[i] = int(counters.get("step", self._steps[i]))
+        if "step" in counters:
+            first = sum(len(g["params"]) for g in self.param_groups[:i])
+            for j in range(first, first + len(self.param_groups[i]["params"])):
+                self._steps[j] = int(counters["step"])
+
+    def _param_counters(self, j):
+        group = next(i for i, idx in enumerate(self._group_indices()) if j in idx)
+        return {} if self._steps[j] == self._counters(group)["step"] else dict(step=self._steps[j])
+
+    def _set_param_counters(self, j, entry):
+        if "step" in entry:
+            self._steps[j] = int(np.asarray(entry["step"]).reshape(-1)[0])
+
+    def _run_key(self, j):
+        return self._steps[j]
+
+    def _set_live(self, i, g, runs):
+        """Counts the step of each parameter that steps, and sets the Live arguments of the group (runs None) or of
+        each run from its parameters' count."""
+        first = sum(len(gr["params"]) for gr in self.param_groups[:i])
+        for a, b in [(first, first + len(g["params"]))] if runs is None else runs:
+            if self._run_key(a) is not None and len(set(self._steps[a:b])) > 1:  # only a replay (an eager step's
+                # runs are made from the counts), and only where the update reads the count (Adam's)
+                raise CaptureError(f"{type(self).__name__}: parameters {a}-{b - 1} (param_groups[{i}]) share one "
+                                   "launch in this captured step, but have stepped different numbers of times since "
+                                   "(another step passed over some of them), so one launch cannot give each its own "
+                                   "bias correction; capture the step again")
+            for j in range(a, b):
+                self._steps[j] += 1
+            live = self._live[i] if runs is None else self._run_live(i, (a, b))
+            for box, v in zip(live, self._live_values(g, self._steps[a])):
+                box.value = v
+
+    def _run_live(self, i, run):
+        """The Live arguments of a run of group i's parameters (kept: a captured step's launches name them)."""
+        lives = self.__dict__.setdefault("_run_lives", {})
+        if (i, run) not in lives:
+            lives[(i, run)] = _live(self.live_count)
+        return lives[(i, run)]
+
+    def _lives(self, i, run):
+        return self._live[i] if run is None else self._run_live(i, run)
 
 
 class SGD(Optimizer):
@@ -458,7 +559,7 @@ class SGD(Optimizer):
     def _built(self, g):
         return g["momentum"] != 0, bool(g["nesterov"])
 
-    def _set_live(self, i, g):
+    def _set_live(self, i, g, runs):
         now = (g["lr"], g["momentum"], g["weight_decay"])
         if now != self._live_set[i]:
             self._live_set[i] = now
@@ -477,7 +578,7 @@ class SGD(Optimizer):
         buf = self._views["momentum_buffer"][self._group_indices()[i][0]] if g["momentum"] else None
         p._grad_pending.sgd_step(p, buf, lr, momentum, weight_decay, g["nesterov"])
 
-    def _update_group(self, i, g, data, grad, state):
+    def _update_group(self, i, g, data, grad, state, run=None):
         lr, momentum, weight_decay = self._live[i]
         buf = state.get("momentum_buffer", grad) if g["momentum"] else grad
         k = kernels.kernel(data.device, "sgd.cl", "sgd_step", dict(MOMENTUM=g["momentum"] != 0,
@@ -495,13 +596,11 @@ class Adam(_Counted):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
         if amsgrad:
             raise ValueError(f"{type(self).__name__}: amsgrad=True is not offered by clnet")
-        self._steps = []  # per group (_Counted)
+        self._steps = []  # per parameter (_Counted)
         self._live = []   # per group: Live (lr, step size, sqrt(1 - b2^t), b1, b2, eps, decay)
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
-    def _group_added(self):
-        self._steps.append(0)
-        self._live.append(_live(7))
+    live_count = 7
 
     def _normalise(self, g):
         try:
@@ -518,19 +617,15 @@ class Adam(_Counted):
                              f"(got lr={h['lr']}, betas={h['betas']}, eps={h['eps']}, "
                              f"weight_decay={h['weight_decay']})")
 
-    def _set_live(self, i, g):
-        self._steps[i] += 1
-        t = self._steps[i]
+    def _live_values(self, g, t):
         b1, b2 = g["betas"]
         # PyTorch: p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-        values = _f32(g["lr"], g["lr"] / (1.0 - b1 ** t), (1.0 - b2 ** t) ** 0.5, b1, b2, g["eps"], g["weight_decay"])
-        for live, v in zip(self._live[i], values):
-            live.value = v
+        return _f32(g["lr"], g["lr"] / (1.0 - b1 ** t), (1.0 - b2 ** t) ** 0.5, b1, b2, g["eps"], g["weight_decay"])
 
-    def _update_group(self, i, g, data, grad, state):
+    def _update_group(self, i, g, data, grad, state, run=None):
         k = kernels.kernel(data.device, "adam.cl", "adam_step", dict(DECOUPLED=self.decoupled))
         ops._map(data.device, k, data.size, ops.VW, data, grad, state["exp_avg"], state["exp_avg_sq"], data.size,
-                 *self._live[i], what=f"{type(self).__name__} step")
+                 *self._lives(i, run), what=f"{type(self).__name__} step")
 
 
 class AdamW(Adam):
@@ -552,14 +647,12 @@ class RMSprop(_Counted):
     _what_built = "whether momentum is 0, or centered,"
 
     def __init__(self, params, lr=0.01, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False):
-        self._steps = []  # per group (_Counted)
+        self._steps = []  # per parameter (_Counted)
         self._live = []  # per group: Live (lr, alpha, eps, weight decay, momentum)
         super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
                                       centered=centered))
 
-    def _group_added(self):
-        self._steps.append(0)
-        self._live.append(_live(5))
+    live_count = 5
 
     def _normalise(self, g):
         for k in ("lr", "alpha", "eps", "weight_decay", "momentum"):
@@ -580,17 +673,18 @@ class RMSprop(_Counted):
     def _built(self, g):
         return g["momentum"] != 0, bool(g["centered"])
 
-    def _set_live(self, i, g):
-        self._steps[i] += 1
-        for live, v in zip(self._live[i], _f32(g["lr"], g["alpha"], g["eps"], g["weight_decay"], g["momentum"])):
-            live.value = v
+    def _live_values(self, g, t):
+        return _f32(g["lr"], g["alpha"], g["eps"], g["weight_decay"], g["momentum"])
 
-    def _update_group(self, i, g, data, grad, state):
+    def _run_key(self, j):
+        return None  # its update reads no count: every run of a group shares the group's Live arguments
+
+    def _update_group(self, i, g, data, grad, state, run=None):
         momentum, centered = self._built(g)
         k = kernels.kernel(data.device, "rmsprop.cl", "rmsprop_step", dict(MOMENTUM=momentum, CENTERED=centered))
         ops._map(data.device, k, data.size, ops.VW, data, grad, state["square_avg"],
                  state["momentum_buffer"] if momentum else grad, state["grad_avg"] if centered else grad, data.size,
-                 *self._live[i], what="RMSprop step")
+                 *self._lives(i, run), what="RMSprop step")
 
 
 __all__ = ["Adam", "AdamW", "Optimizer", "Parameter", "RMSprop", "SGD", "lr_scheduler"]

@@ -523,6 +523,9 @@ class Tensor:
     # on a CPU spent 2.4 ms of 15 filling 20 MB of gradients (bench/NOTES.md, v16). The `grad` property that fills
     # it, and `backward`, are autograd's, which installs them on this class (autograd builds on this module).
     _grad_zeroed = False
+    # zero_grad(set_to_none=True), PyTorch's default, and an optimizer's layout of a parameter that had no .grad: the
+    # .grad reads as None (its buffer kept, marked zero) until a backward writes it, and a step passes over it
+    _grad_none = False
     _grad_pending = None  # a gradient an op deferred for the leaf's post-accumulate hooks (autograd.deferral)
 
     def _settle_pending(self):
@@ -533,10 +536,12 @@ class Tensor:
         if pending is not None and not self._grad_zeroed:
             pending.write(self._grad)
 
-    def _mark_grad_zero(self):
-        """What zero_grad does to each parameter: its .grad (if any) reads as zeros from now on."""
+    def _mark_grad_zero(self, to_none=False):
+        """What zero_grad does to each parameter: its .grad (if any) reads as zeros from now on, or as None (to_none)
+        until a backward writes it."""
         if self._grad is not None:
             self._grad_zeroed = True
+            self._grad_none = self._grad_none or to_none
             if kernels.capturing is not None:
                 kernels.capturing.note_grad(self, marks=True)
 

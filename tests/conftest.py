@@ -328,3 +328,12 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("tests per OpenCL device")
     for name, c in counts.items():
         terminalreporter.write_line(f"{name}: " + ", ".join(f"{v} {k}" for k, v in c.items()))
+
+
+def give_gradients(params):
+    """Where a parameter has no .grad, a backward that reaches every one, so each has a .grad (zeros) in its
+    optimizer's flat buffer: what a test that writes gradients itself writes into (after zero_grad(set_to_none=False),
+    which keeps a .grad that exists and leaves None as None, as PyTorch's)."""
+    params = list(params)
+    if any(p.grad is None for p in params):
+        sum((p * 0.0).sum() for p in params).backward()

@@ -193,8 +193,8 @@ def test_zero_grad_marks_gradients_that_backward_then_overwrites(dev, rng, monke
                                                                  eval_norm):
     """zero_grad writes nothing: the next backward's kernels overwrite each .grad (conv weights by im2col or
     Winograd, biases, batch norm, a dense layer used twice, which adds its second use), so NaN left in the gradients
-    beforehand never shows; a parameter no backward reached reads as zeros, and SGD treats it so; without zero_grad,
-    gradients add up. Against PyTorch in float64."""
+    beforehand never shows; a parameter no backward reached reads as None, as PyTorch's, and SGD passes over it;
+    without zero_grad, gradients add up. Against PyTorch in float64."""
     torch = pytest.importorskip("torch")
     from clnet import optim, tuning
     monkeypatch.setattr(tuning, "conv_default",
@@ -221,15 +221,26 @@ def test_zero_grad_marks_gradients_that_backward_then_overwrites(dev, rng, monke
 
     step(*batch(), zero=True)
     for p in params.values():
-        p.grad.write(np.full(p.shape, np.nan, np.float32))
+        if p.grad is not None:  # (the unused layer's is None, as PyTorch's)
+            p.grad.write(np.full(p.shape, np.nan, np.float32))
     step(*batch(), zero=True)
     step(*batch(), zero=False)  # adds
     for k, p in params.items():
         want = theirs.get_parameter(k).grad
-        want = np.zeros(p.shape) if want is None else want.numpy()
-        assert_close(p.grad.numpy(), want, "grad " + k, tol=1e-4)  # batch norm at batch 3 cancels; a lost write is O(1)
-    opt.zero_grad()
-    before = params["4.weight"].numpy().astype(np.float64)
-    opt.step()  # every gradient still marked zero: weight decay alone moves the weights
-    assert_close(params["4.weight"].numpy(), before * (1 - 0.1 * 0.5), "unused weight after a step", tol=1e-6)
+        if want is None:
+            assert p.grad is None, f"{k}: no backward reached it, and its .grad is not None"
+            continue
+        assert_close(p.grad.numpy(), want.numpy(), "grad " + k, tol=1e-4)  # batch norm at batch 3 cancels; a lost
+        # write is O(1)
+    opt.zero_grad(set_to_none=False)
+    before = {k: p.numpy().astype(np.float64) for k, p in params.items()}
+    opt.step()  # the gradients read as zeros: weight decay alone moves the weights; the unused layer's (None) stay
+    assert_close(params["0.weight"].numpy(), before["0.weight"] * (1 - 0.1 * 0.5), "weight after a step", tol=1e-6)
+    assert np.array_equal(params["4.weight"].numpy(), before["4.weight"]), "an unused weight moved"
     assert not params["0.weight"].grad.numpy().any()
+    opt.zero_grad()  # set_to_none, PyTorch's default: every .grad None, and a step moves nothing
+    assert all(p.grad is None for p in params.values())
+    before = {k: p.numpy() for k, p in params.items()}
+    opt.step()
+    for k, p in params.items():
+        assert np.array_equal(p.numpy(), before[k]), f"{k} moved in a step without gradients"

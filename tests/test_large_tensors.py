@@ -12,7 +12,7 @@ from clnet.nn import functional as F
 from clnet.tensor import TooLarge, empty
 
 import reference as ref
-from conftest import assert_close, no_launch
+from conftest import assert_close, give_gradients, no_launch
 
 
 @pytest.fixture
@@ -414,7 +414,8 @@ def test_adam_step_split_equals_one_launch(dev, rng, limit, name):
         p = leaf(dev, p0)
         opt = getattr(optim, name)([p], lr=0.01, weight_decay=0.01)
         for g in grads:
-            opt.zero_grad()
+            give_gradients([p])
+            opt.zero_grad(set_to_none=False)
             p.grad.write(g)
             opt.step()
         return p.numpy()

@@ -7,7 +7,7 @@ from clnet import models, nn, optim
 from clnet.tensor import pool
 
 import reference as ref
-from conftest import assert_close, needs_torch, recorded_launches
+from conftest import assert_close, give_gradients, needs_torch, recorded_launches
 
 
 def lenet_reference(params, x, labels):
@@ -128,7 +128,8 @@ def test_sgd_matches_reference(dev, rng, momentum, weight_decay, nesterov):
     opt = optim.SGD(layer.parameters(), lr=0.1, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
     p = layer.weight.numpy().astype(np.float64)
     buf = None
-    opt.zero_grad()  # the gradients exist from the optimizer's first use (or a backward)
+    give_gradients(layer.parameters())  # each .grad then exists in the flat buffer, and reads zeros after:
+    opt.zero_grad(set_to_none=False)
     for _ in range(3):
         g = rng.standard_normal(p.shape)
         layer.weight.grad.write(g)
@@ -150,10 +151,10 @@ def test_sgd_updates_every_parameter_in_one_launch(dev, rng):
     p = [q.numpy().astype(np.float64) for q in params]
     start = [a.copy() for a in p]
     bufs = [None] * len(p)
-    opt.zero_grad()  # the first use builds the flat buffers
+    give_gradients(params)  # each .grad exists in the flat buffer
     for _ in range(3):
         before = kernels.launch_count
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False)
         assert kernels.launch_count - before == 0
         assert all(not q.grad.numpy().any() for q in params)
         grads = [rng.standard_normal(q.shape).astype(np.float32) for q in params]
@@ -181,7 +182,8 @@ def test_sgd_state_survives_loading_before_the_first_step(dev, rng):
     grads = [[rng.standard_normal(p.shape).astype(np.float32) for p in make().parameters()] for _ in range(3)]
 
     def step(model, opt, g):
-        opt.zero_grad()
+        give_gradients(model.parameters())
+        opt.zero_grad(set_to_none=False)
         for p, gi in zip(model.parameters(), g):
             p.grad.write(gi)
         opt.step()

@@ -6,7 +6,7 @@ import pytest
 import clnet
 from clnet import kernels, nn, optim
 
-from conftest import assert_close, needs_torch
+from conftest import assert_close, give_gradients, needs_torch
 
 
 def adam_reference(p, grads, lr, betas, eps, weight_decay, decoupled):
@@ -38,8 +38,9 @@ def test_adam_matches_reference_in_one_launch(dev, rng, cls, weight_decay):
     opt = cls(params, lr=0.02, betas=(0.8, 0.95), eps=1e-6, weight_decay=weight_decay)
     steps = [[rng.standard_normal(p.shape).astype(np.float32) for p in params] for _ in range(4)]
     for grads in steps:
-        opt.zero_grad()
-        for p, g in zip(params, grads):  # zero_grad gave every parameter a .grad in the flat buffer
+        give_gradients(params)
+        opt.zero_grad(set_to_none=False)
+        for p, g in zip(params, grads):  # each .grad is in the flat buffer
             p.grad.write(g)
         before = kernels.launch_count
         opt.step()
@@ -99,7 +100,8 @@ def test_adam_state_round_trip_continues_exactly(dev, rng):
     grads = [[rng.standard_normal(p.shape).astype(np.float32) for p in make().parameters()] for _ in range(4)]
 
     def step(model, opt, g):
-        opt.zero_grad()
+        give_gradients(model.parameters())
+        opt.zero_grad(set_to_none=False)
         for p, gi in zip(model.parameters(), g):
             p.grad.write(gi)
         opt.step()

@@ -7,8 +7,9 @@ import pytest
 
 import clnet
 from clnet import kernels, nn, optim
+from clnet.graph import CaptureError
 
-from conftest import eager_or_replayed, needs_torch
+from conftest import eager_or_replayed, give_gradients, needs_torch
 
 pytestmark = needs_torch
 
@@ -91,7 +92,8 @@ def test_one_launch_per_group(dev, rng):
     model = net(dev)
     params = model.parameters()
     opt = optim.RMSprop(groups_of(params, [dict(centered=True), dict(momentum=0.5)]), lr=0.01)
-    opt.zero_grad()
+    give_gradients(params)
+    opt.zero_grad(set_to_none=False)
     for p in params:
         p.grad.write(rng.standard_normal(p.shape).astype(np.float32))
     before = kernels.launch_count
@@ -109,7 +111,8 @@ def test_rmsprop_matches_float64_reference(dev, rng):
     p, sq, ga, buf = p0.astype(np.float64), 0.0, 0.0, 0.0
     for _ in range(4):
         g = rng.standard_normal(37).astype(np.float32)
-        opt.zero_grad()
+        give_gradients([w])
+        opt.zero_grad(set_to_none=False)
         w.grad.write(g)
         opt.step()
         d = g + wd * p
@@ -184,7 +187,8 @@ def test_state_dict_layout_and_round_trip(dev, rng):
     grads = [[rng.standard_normal(p.shape).astype(np.float32) for p in make()[0].parameters()] for _ in range(4)]
 
     def step(model, opt, g):
-        opt.zero_grad()
+        give_gradients(model.parameters())
+        opt.zero_grad(set_to_none=False)
         for p, gi in zip(model.parameters(), g):
             p.grad.write(gi)
         opt.step()
@@ -225,7 +229,8 @@ def test_add_param_group_after_steps(dev, rng):
             topt.add_param_group({"params": tparams[4:], "lr": 0.3})
         n = len(params) if i >= 2 else 4
         g = [rng.standard_normal(p.shape).astype(np.float32) for p in params[:n]]
-        opt.zero_grad()
+        give_gradients(params)
+        opt.zero_grad(set_to_none=False)
         for p, gi in zip(params, g):
             p.grad.write(gi)
         opt.step()
@@ -390,3 +395,63 @@ def test_fit_replays_rmsprop_with_groups_as_eager_steps(dev, rng, monkeypatch):
     assert len(replays) == 4 - 2  # 4 batches of 16 (the first eager, the second captured), 1 of 6 eager
     for k in runs[False]:
         np.testing.assert_array_equal(runs[False][k], runs[True][k], err_msg=k)
+
+
+@needs_torch
+@pytest.mark.parametrize("replayed", [False, True], ids=["eager", "replayed"])
+@pytest.mark.parametrize("case", ["sgd", "adamw", "rmsprop"])
+def test_parameters_without_a_gradient_are_passed_over(dev, rng, case, replayed):
+    """As PyTorch's step: a parameter whose .grad is None is passed over. The first layer is frozen after the
+    optimizer took it (requires_grad False: no momentum, no weight decay moves it), and a second head is used only
+    at some steps, its Adam step count its own (bias corrections) where the layers around it count every step.
+    zero_grad() sets the gradients to None (PyTorch's default). Replayed: a step of each kind captured once, the
+    passed-over parameters fixed at the capture. Against torch.optim in float64 over six steps."""
+    import torch
+    cls, defaults, _ = CASES[case]
+    defaults = dict(defaults, weight_decay=0.1, **({"momentum": 0.9} if case == "sgd" else {}))
+    clnet.manual_seed(int(rng.integers(1 << 30)))
+    layers = [nn.Linear(7, 5), nn.Linear(5, 3), nn.Linear(5, 3)]  # trunk, head, the head used at some steps
+    model = nn.Sequential(*layers).to(dev)
+    twin = torch.nn.Sequential(*[torch.nn.Linear(m.in_features, m.out_features) for m in layers]).double()
+    twin.load_state_dict({k: torch.from_numpy(v) for k, v in model.state_dict().items()})
+    opt = getattr(optim, cls)(model.parameters(), **defaults)
+    topt = getattr(torch.optim, cls)(twin.parameters(), **defaults)
+    for p in list(model[0].parameters()) + list(twin[0].parameters()):
+        p.requires_grad = False
+    x, y = clnet.tensor(np.zeros((6, 7), np.float32), dev), clnet.tensor(np.zeros((6, 3), np.float32), dev)
+
+    def step(both):
+        opt.zero_grad()
+        h = model[0](x)
+        d = model[1](h) + model[2](h) - y if both else model[1](h) - y
+        (d * d).mean().backward()
+        opt.step()
+
+    steps = {both: eager_or_replayed(lambda both=both: step(both), replayed) for both in (False, True)}
+    start = model.state_dict()
+    for i, both in enumerate((True, False, False, True, True, False)):
+        xb, yb = rng.standard_normal((6, 7)).astype(np.float32), rng.standard_normal((6, 3)).astype(np.float32)
+        x.write(xb)
+        y.write(yb)
+        if replayed and case == "adamw" and i == 3:  # both heads in one launch, at counts 3 and 1 now: refused
+            with pytest.raises(CaptureError, match=r"AdamW: parameters 2-5 .* stepped different numbers of times"):
+                steps[both]()
+            return
+        steps[both]()
+        topt.zero_grad()
+        h = twin[0](torch.from_numpy(xb).double())
+        d = twin[1](h) + (twin[2](h) if both else 0) - torch.from_numpy(yb).double()
+        (d * d).mean().backward()
+        topt.step()
+        assert (model[2].weight.grad is None) == (not both), "the unused head's .grad is not None"
+        theirs = twin.state_dict()
+        for k, v in model.state_dict().items():
+            scale = np.abs(start[k]).max() + 6 * defaults["lr"] * 10
+            worst = np.abs(v - theirs[k].numpy()).max()
+            assert worst < 2e-6 * scale, f"{case} {k}: error {worst:.2e}, scale {scale:.2e}"
+    for k in ("0.weight", "0.bias"):
+        assert np.array_equal(model.state_dict()[k], start[k]), f"the frozen {k} moved"
+    if case == "adamw":  # the second head stepped three times, the frozen layer never, the rest six: each count
+        state = opt.state_dict()  # that differs from the group's saved as the parameter's own, as PyTorch keeps it
+        assert state["param_groups"][0]["step"] == 6
+        assert [state["state"].get(i, {}).get("step") for i in range(6)] == [0, 0, None, None, 3, 3]

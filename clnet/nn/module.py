@@ -171,11 +171,11 @@ class Module:
             p.requires_grad_(flag)
         return self
 
-    def zero_grad(self):
-        """Sets every parameter's gradient that exists to zero (kept allocated: an optimizer's flat buffers stay in
-        place), as Optimizer.zero_grad does: marked, not written."""
+    def zero_grad(self, set_to_none=True):
+        """Marks every parameter's gradient that exists as None (set_to_none, PyTorch's default) or as zero, as
+        Optimizer.zero_grad does: marked, not written (kept allocated: an optimizer's flat buffers stay in place)."""
         for p in self.parameters():
-            p._mark_grad_zero()
+            p._mark_grad_zero(set_to_none)
 
     # -- weights -------------------------------------------------------------------------------------------------
     def _state_items(self):
