@@ -14,7 +14,15 @@ inline float softplus_f(const float x, const float beta, const float threshold) 
 }
 
 inline float sigm(const float x) { return 1.0f / (1.0f + exp(-x)); }
-inline float gelu_t(const float x) { return tanh(SQRT2_PI * (x + 0.044715f * x * x * x)); }
+// The tanh GELU, x (1 + tanh u) / 2 with u = sqrt(2/pi) (x + 0.044715 x^3), as x sigmoid(2u), and tanh's
+// derivative sech^2 u from exp(-2|u|): 1 + tanh u and 1 - tanh^2 u cancel where tanh saturates, and a tanh an ulp
+// short of -1 there (PoCL's) gave -2.4e-6 for -0 at x = -80, and -3e-3 for its gradient of 0
+inline float gelu_u(const float x) { return SQRT2_PI * (x + 0.044715f * x * x * x); }
+inline float gelu_half(const float x) { return 1.0f / (1.0f + exp(-2.0f * gelu_u(x))); }  // (1 + tanh u) / 2
+inline float gelu_sech2(const float x) {
+    const float e = exp(-2.0f * fabs(gelu_u(x)));
+    return 4.0f * e / ((1.0f + e) * (1.0f + e));
+}
 inline float mish_t(const float x) { return tanh(softplus_f(x, 1.0f, 20.0f)); }
 #define SELU_A 1.6732632423543772f
 #define SELU_S 1.0507009873554805f
@@ -38,15 +46,15 @@ inline float uf(const int op, const float x, const float p0, const float p1) {
         case 13: return sigm(x);                                                    // sigmoid
         case 14: return (x < 0.0f ? 0.0f : x);                                      // relu (NaN passes, as PyTorch)
         case 15: return (0.5f * x * (1.0f + erf(x * SQRT1_2)));                     // gelu, exact: x * Phix
-        case 16: return (0.5f * x * (1.0f + gelu_t(x)));                            // gelu, approximate="tanh"
+        case 16: return (x * gelu_half(x));                                         // gelu, approximate="tanh"
         case 17: return (x * sigm(x));                                              // silu: x * sigmoidx
         case 18: return (x * mish_t(x));                                            // mish: x * tanh(softplusx)
-        case 19: return (x * clamp(x + 3.0f, 0.0f, 6.0f) / 6.0f);  // hardswish (gradient PyTorch's: 0 below -3, 1 above 3)
-        case 20: return (clamp(x + 3.0f, 0.0f, 6.0f) / 6.0f);                       // hardsigmoid: relu6(x + 3) / 6
+        case 19: return (x * clamp(x + 3.0f, 0.0f, 6.0f) / 6.0f);  // hardswish (NaN * 0 stays NaN)
+        case 20: return (isnan(x) ? x : clamp(x + 3.0f, 0.0f, 6.0f) / 6.0f);        // hardsigmoid: relu6(x + 3) / 6
         case 21: return (x > 0.0f ? x : x * p0);                                    // leaky_relu, slope p0
         case 22: return (x > 0.0f ? x : p0 * (exp(x) - 1.0f));                      // elu, alpha p0
         case 23: return softplus_f(x, p0, p1);                                      // softplus, beta p0, threshold p1
-        case 24: return fmin(fmax(x, p0), p1);                                      // clamp to [p0, p1]
+        case 24: return (isnan(x) ? x : fmin(fmax(x, p0), p1));  // clamp to [p0, p1] (fmin, fmax drop a NaN)
         case 25: return (p0 == 2.0f ? x * x : pow(x, p0));                          // x ** p0
         case 26: return pow(p0, x);                                                 // p0 ** x
         case 27: return (p0 / x);                                                   // p0 / x
@@ -58,6 +66,7 @@ inline float uf(const int op, const float x, const float p0, const float p1) {
         case 33: return rint(x);  // round half to even, as PyTorch (gradient 0)
         case 34: return (1.0f / x);                                                 // reciprocal
         case 35: return (x == 0);                                                   // logical not (uchar in and out)
+        case 36: return (isnan(x) ? x : fmin(fmax(x, p0), p1));                      // hardtanh to [p0, p1]
         default: return NAN;
     }
 }
@@ -80,11 +89,11 @@ inline float ug(const int op, const float x, const float g, const float p0, cons
         case 13: return (g * sigm(x) * (1.0f - sigm(x)));
         case 14: return (x <= 0.0f ? 0.0f : g);
         case 15: return (g * (0.5f * (1.0f + erf(x * SQRT1_2)) + x * INV_SQRT_2PI * exp(-0.5f * x * x)));
-        case 16: return (g * (0.5f * (1.0f + gelu_t(x)) + 0.5f * x * (1.0f - gelu_t(x) * gelu_t(x)) * SQRT2_PI *
+        case 16: return (g * (gelu_half(x) + 0.5f * x * gelu_sech2(x) * SQRT2_PI *
                            (1.0f + 3.0f * 0.044715f * x * x)));
         case 17: return (g * sigm(x) * (1.0f + x * (1.0f - sigm(x))));
         case 18: return (g * (mish_t(x) + x * sigm(x) * (1.0f - mish_t(x) * mish_t(x))));
-        case 19: return (x < -3.0f ? 0.0f : (x <= 3.0f ? g * (x / 3.0f + 0.5f) : g));
+        case 19: return (x <= -3.0f ? 0.0f : (x < 3.0f ? g * (x / 3.0f + 0.5f) : g));  // PyTorch's: 0 at -3, 1 at 3
         case 20: return (x > -3.0f && x < 3.0f ? g / 6.0f : 0.0f);
         case 21: return (x > 0.0f ? g : g * p0);
         case 22: return (x > 0.0f ? g : g * p0 * exp(x));
@@ -101,6 +110,7 @@ inline float ug(const int op, const float x, const float g, const float p0, cons
         case 33: return 0.0f;
         case 34: return (-g / (x * x));
         case 35: return 0.0f;
+        case 36: return (x <= p0 || x >= p1 ? 0.0f : g);  // PyTorch's hardtanh: 0 at the bounds (clamp's: g)
         default: return NAN;
     }
 }

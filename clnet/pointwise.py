@@ -46,6 +46,7 @@ UNARY = {
     "selu": UnaryOp(28, "Selu"), "celu": UnaryOp(29, "Celu", 1, onnx_attrs=(("alpha", 1.0),)), "relu6": UnaryOp(30),
     "floor": UnaryOp(31, "Floor", grad=False), "ceil": UnaryOp(32, "Ceil", grad=False),
     "round": UnaryOp(33, "Round", grad=False), "reciprocal": UnaryOp(34, "Reciprocal"),
+    "hardtanh": UnaryOp(36, "Clip", 2),  # clamp's values, with a gradient of 0 at the bounds (clamp's passes there)
 }
 
 

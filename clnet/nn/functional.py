@@ -272,7 +272,7 @@ def softplus(input, beta=1.0, threshold=20.0):
 
 
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
-    return pointwise.clamp(_float("hardtanh", input), min_val, max_val)
+    return pointwise.unary("hardtanh", _float("hardtanh", input), float(min_val), float(max_val))
 
 
 def prelu(input, weight):

@@ -290,7 +290,7 @@ def _export_unary(w, xn, options, result, done):
         return c(np.array(v, np.float32))
     if UNARY[op].onnx_attrs:  # the kernel's p0, p1 as the ONNX attributes the table names
         done(w.node(UNARY[op].onnx, [xn], result, **{a: p for (a, _), p in zip(UNARY[op].onnx_attrs, (p0, p1))}))
-    elif op == "clamp":
+    elif op in ("clamp", "hardtanh"):
         done(w.node("Clip", [xn, f(p0), f(p1)], result))
     elif op == "relu6":
         done(w.node("Clip", [xn, f(0.0), f(6.0)], result))
