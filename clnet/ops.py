@@ -29,12 +29,31 @@ def _same_device(what, *tensors):
                          "move them to one with .to(device)")
 
 
+def _operands(what, *tensors):
+    """A layer's tensors (None skipped): float32, on one device. Its kernels would read int32 or bool bits as floats,
+    and a buffer of another device's context crashes some drivers (PoCL's, given Intel's)."""
+    dev = None
+    for t in tensors:
+        if t is None:
+            continue
+        if t.dtype != np.float32:
+            raise TypeError(f"{what}: expected float32 tensors, got one of dtype {t.dtype} and shape {t.shape}; "
+                            "convert it with .float()")
+        if dev is None:
+            dev = t.device
+        elif t.device is not dev:
+            where = [getattr(d, "name", "the host (not placed yet)") for d in (t.device, dev)]
+            raise ValueError(f"{what}: a tensor of shape {t.shape} is on {where[0]}, another on {where[1]}; "
+                             "move them to one device with .to(device)")
+
+
 def _float(what, t):
     if not isinstance(t, Tensor):
         raise TypeError(f"{what}: expected a clnet tensor, got {type(t).__name__}; wrap host data with "
                         "clnet.tensor(array, device=...)")
     if t.dtype != np.float32:
-        raise TypeError(f"{what}: expected a float32 tensor, got {t.dtype}")
+        raise TypeError(f"{what}: expected a float32 tensor, got {t.dtype} (shape {t.shape}); convert it with "
+                        ".float()")
     return t
 
 
@@ -518,6 +537,7 @@ class MaxPool2d(Function):
     __slots__ = ("geometry", "in_shape", "relu")
 
     def forward(self, x, out_shape, k, s, p, relu=False):
+        _operands("max pooling", x)
         self.geometry, self.in_shape, self.relu = (k, s, p), x.shape, relu
         y, idx = _maxpool_forward(x, out_shape, self.geometry, relu)
         self.save(*((idx, y) if relu else (idx,)))
@@ -531,6 +551,7 @@ class AvgPool2d(Function):
     __slots__ = ("geometry", "count_pad", "in_shape")
 
     def forward(self, x, out_shape, k, s, p, count_include_pad):
+        _operands("average pooling", x)
         self.geometry, self.count_pad, self.in_shape = (k, s, p), count_include_pad, x.shape
         y = empty(out_shape, x.device)
         kern = kernels.kernel(x.device, "pool.cl", "avgpool2d_fwd", dict(COUNT_PAD=count_include_pad))
@@ -585,6 +606,7 @@ class Conv2d(Function):
     __slots__ = ("shape", "what", "relu")
 
     def forward(self, x, w, b, s, what, relu=False):
+        _operands(what, x, w, b)
         self.shape, self.what, self.relu = s, what, relu
         y = conv.conv2d_forward(x, w, b, s, relu=relu, what=what)
         self.save(x, w, *((y,) if relu else ()))
@@ -612,6 +634,7 @@ class Conv2dMaxPool(Function):
     __slots__ = ("shape", "what", "geometry", "relu")
 
     def forward(self, x, w, b, s, what, out_shape, k, st, p, relu):
+        _operands(what, x, w, b)
         self.shape, self.what, self.geometry, self.relu = s, what, (k, st, p), relu
         y, idx = _maxpool_forward(conv.conv2d_forward(x, w, b, s, what=what), out_shape, self.geometry, relu)
         self.save(x, w, idx, *((y,) if relu else ()))
@@ -643,6 +666,7 @@ class ConvTranspose2d(Function):
     __slots__ = ("shape", "what")
 
     def forward(self, x, w, s, what):
+        _operands(what, x, w)
         self.shape, self.what = s, what
         self.save(x, w)
         return conv.conv2d_backward(_ShapeOnly((s.N, s.C, s.H, s.W), x.device), w, x, s, None, None, need_dx=True,
@@ -664,6 +688,7 @@ class Linear(Function):
     __slots__ = ("what", "relu")
 
     def forward(self, x, w, b, what, relu=False):
+        _operands(what, x, w, b)
         self.what, self.relu = what, relu
         y = conv.linear_forward(x, w, b, relu=relu, what=what)
         self.save(x, w, *((y,) if relu else ()))
@@ -691,6 +716,7 @@ class BatchNormTrain(Function):
         if act not in (None, "relu", "relu6"):  # the kernels' vector path applies these two
             raise ValueError(f"batch norm: the activation applied in its pass is relu or relu6, not {act!r}")
         self.act = act
+        _operands("batch norm", x, weight, bias, running_mean, running_var)
         y, mean, invstd = normalization.batch_norm_train_forward(x, weight, bias, running_mean, running_var, momentum,
                                                                  eps, unbiased, ACTIVATIONS[act] if act else 0)
         self.save(x, weight, mean, invstd, *((y,) if act else ()))  # the output only for its activation's gradient
@@ -711,6 +737,7 @@ class BatchNormEval(BatchNormTrain):
     """Batch normalisation with fixed (running) statistics."""
 
     def forward(self, x, weight, bias, running_mean, running_var, eps):
+        _operands("batch norm", x, weight, bias, running_mean, running_var)
         self.save(x, weight, running_mean, running_var, eps)
         return normalization.batch_norm_eval_forward(x, weight, bias, running_mean, running_var, eps)
 

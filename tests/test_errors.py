@@ -142,3 +142,43 @@ def test_every_error_class_derives_from_clnet_error():
     outside = [f"{c.__module__}.{c.__qualname__}" for c in seen
                if not issubclass(c, clnet.Error) and f"{c.__module__}.{c.__qualname__}" not in INTERNAL]
     assert not outside, f"not clnet.Error subclasses: {outside} (modules not imported: {unloaded})"
+
+
+@pytest.mark.parametrize("dtype", [np.int32, bool])
+def test_layers_refuse_inputs_that_are_not_float32(dev, dtype):
+    """An int32 or bool input to a layer whose kernels read floats is refused, as PyTorch refuses it (its bits were
+    read as floats: 1e-45 for 1)."""
+    from clnet.nn import functional as F
+    image, flat = np.ones((1, 2, 4, 4), dtype), np.ones((2, 3), dtype)
+    for what, run in [("Conv2d", lambda: nn.Conv2d(2, 1, 1).to(dev)(clnet.tensor(image, dev))),
+                      ("Linear", lambda: nn.Linear(3, 2).to(dev)(clnet.tensor(flat, dev))),
+                      ("max pooling", lambda: nn.MaxPool2d(2).to(dev)(clnet.tensor(image, dev))),
+                      ("average pooling", lambda: nn.AvgPool2d(2).to(dev)(clnet.tensor(image, dev))),
+                      ("conv2d", lambda: F.conv2d(clnet.tensor(np.ones((1, 2, 4, 4), np.float32), dev),
+                                                  clnet.tensor(np.ones((1, 2, 1, 1), dtype), dev)))]:
+        with no_launch(), pytest.raises(TypeError, match=rf"{what}.*: expected a? ?float32 tensors?, got (one of dtype )?"
+                                                         rf"{np.dtype(dtype)}.*convert it with \.float\(\)"):
+            run()
+
+
+def test_layers_refuse_tensors_on_two_devices():
+    """A layer's weights on another device than its input: a clear error before any launch (PoCL's driver crashed
+    the process on a buffer of Intel's context, and Intel's reported INVALID_MEM_OBJECT)."""
+    from conftest import DEVICES
+    from clnet.nn import functional as F
+    if len(DEVICES) < 2:
+        pytest.skip("one OpenCL device")
+    a, b = clnet.device(DEVICES[0]["index"]), clnet.device(DEVICES[1]["index"])
+    for x_dev, w_dev in ((a, b), (b, a)):
+        def t(*shape, dev):
+            return clnet.tensor(np.ones(shape, np.float32), dev)
+        for what, run in [("linear", lambda: F.linear(t(2, 3, dev=x_dev), t(4, 3, dev=w_dev))),
+                          ("conv2d", lambda: F.conv2d(t(1, 1, 3, 3, dev=x_dev), t(1, 1, 1, 1, dev=w_dev))),
+                          ("conv_transpose2d", lambda: F.conv_transpose2d(t(1, 1, 3, 3, dev=x_dev),
+                                                                          t(1, 1, 1, 1, dev=w_dev))),
+                          ("batch norm", lambda: F.batch_norm(t(2, 3, dev=x_dev), t(3, dev=w_dev), t(3, dev=w_dev))),
+                          ("batch norm", lambda: F.batch_norm(t(2, 3, dev=x_dev), t(3, dev=w_dev), t(3, dev=w_dev),
+                                                              training=True))]:
+            with pytest.raises(ValueError, match=rf"{what}: a tensor of shape .* is on .*, another on .*; move "
+                                                 "them to one device"):
+                run()
