@@ -40,6 +40,7 @@ def _index(self):
 
 def _in_place(name, compute):
     def method(self, *args, **kwargs):
+        views.refuse_write_to_copy(self, name)
         if self.requires_grad and autograd.is_grad_enabled():
             raise RuntimeError(f"{name}: an in-place op on a tensor that requires a gradient (shape {self.shape}) "
                                f"would lose the values autograd needs; use the out-of-place {name[:-1]} or run it "
@@ -55,6 +56,28 @@ def _in_place(name, compute):
                 self.copy_from(out)
         return self
     method.__name__ = name
+    return method
+
+
+def _augmented(symbol, compute):
+    """x += y and the like, in place as PyTorch's: x's memory takes the result, and every reference to x (a
+    hand-written update `p -= lr * p.grad` under no_grad) sees it. A leaf that requires a gradient is refused while
+    gradients are recorded, as PyTorch refuses it; a computed tensor that requires one gets the result as a new
+    tensor, recorded by autograd (the name rebound, as Python's fallback to `x = x + y` would), and so does a copy
+    that stands for a view (Tensor.copy_for_view), which `x[i] += y` writes back through x's setitem."""
+    in_place = _in_place(f"{symbol}=", compute)
+
+    def method(self, other):
+        if self.copy_for_view is not None:  # x[i] += y: Python's getitem, iadd, setitem; the setitem writes x
+            return compute(self, other)
+        if self.requires_grad and autograd.is_grad_enabled():
+            if self.grad_fn is None:
+                raise RuntimeError(f"{symbol}=: a leaf tensor that requires a gradient (shape {self.shape}) cannot be "
+                                   f"changed in place while gradients are recorded; update it under clnet.no_grad() "
+                                   f"(as an optimizer does), or write x = x {symbol} y")
+            return compute(self, other)
+        return in_place(self, other)
+    method.__name__ = {"+": "__iadd__", "-": "__isub__", "*": "__imul__", "/": "__itruediv__"}[symbol]
     return method
 
 
@@ -108,6 +131,8 @@ _OPERATORS = {
     "__matmul__": products.matmul, "__rmatmul__": _reflected(products.matmul, "__rmatmul__"),
     "__getitem__": views.getitem, "__bool__": _bool, "__index__": _index,
     "__hash__": object.__hash__,  # tensors stay hashable by identity beside an element-wise ==, as PyTorch's
+    "__iadd__": _augmented("+", pointwise.add), "__isub__": _augmented("-", pointwise.sub),
+    "__imul__": _augmented("*", pointwise.mul), "__itruediv__": _augmented("/", pointwise.div),
 }
 
 def _zero(self):

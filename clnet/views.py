@@ -174,12 +174,27 @@ class View(Function):
         return dx
 
 
-def _view(x, shape, strides, base, what):
+def _view(x, shape, strides, base, what, copy=False):
+    """x read through (shape, strides, base): x's own memory where that is x's layout, else a new tensor, marked as a
+    copy standing for PyTorch's view (Tensor.copy_for_view) unless the op copies in PyTorch too (copy)."""
     shape, strides = tuple(int(s) for s in shape), tuple(int(s) for s in strides)
     if _identity(x, shape, strides, base):
         return x.reshape(shape)
     _fits(what, x.shape, shape)
-    return View.apply(x, shape=shape, strides=strides, base=int(base), what=what)
+    y = View.apply(x, shape=shape, strides=strides, base=int(base), what=what)
+    if not copy:
+        y.copy_for_view = what
+    return y
+
+
+def refuse_write_to_copy(x, what):
+    """An in-place write (`what`) to a tensor that stands for a view of another's memory: refused, since clnet's is
+    a copy, and the write would not reach the original as PyTorch's does."""
+    if x.copy_for_view is not None:
+        raise RuntimeError(f"{what}: this tensor of shape {x.shape} is the result of {x.copy_for_view}, a copy in "
+                           f"clnet where PyTorch's is a view of the original's memory, so writing it in place would "
+                           f"leave the original as it is; write through the original (x[...] = value), or write "
+                           f".contiguous() or .clone() of this one")
 
 
 def _tensor_arg(what, x):
@@ -261,8 +276,9 @@ moveaxis = movedim
 
 
 def contiguous(x):
-    """x itself: clnet's tensors are always contiguous."""
-    return x
+    """x's memory: clnet's tensors are always contiguous. One that stands for a view (Tensor.copy_for_view) comes as
+    an alias that may be written in place, as PyTorch's contiguous() of a view is a copy of its own."""
+    return x if x.copy_for_view is None else x._alias(x.shape, copy_for_view=None)
 
 
 # ---- aliases: no copy, no launch -----------------------------------------------------------------------------------
@@ -360,7 +376,7 @@ def repeat(x, *sizes):
     # as (r0, s0, r1, s1, ...): each repeat a stride-0 dimension before the one it tiles
     shape = tuple(v for r, s in zip(sizes, have) for v in (r, s))
     strides = tuple(v for st in own for v in (0, st))
-    return _view(x, shape, strides, 0, what).reshape(tuple(r * s for r, s in zip(sizes, have)))
+    return _view(x, shape, strides, 0, what, copy=True).reshape(tuple(r * s for r, s in zip(sizes, have)))
 
 
 def tile(x, *dims):
@@ -907,7 +923,7 @@ def getitem(x, key):
         raise IndexingError(f"{what}: more than one index list or tensor (dimensions "
                             f"{', '.join(str(a[2]) for a in advanced)}) is not supported; index one dimension with a "
                             "list and use gather or index_select for the rest")
-    y = _view(x, shape, strides, base, what)
+    y = _view(x, shape, strides, base, what, copy=bool(advanced))
     if not advanced:
         return y
     pos, index, _ = advanced[0]
@@ -923,6 +939,7 @@ def setitem(x, key, value):
     inside clnet.no_grad() it writes a parameter's data."""
     what = "x[...] = value"
     _tensor_arg(what, x)
+    refuse_write_to_copy(x, what)
     shape, strides, base, advanced = _parse(x, key, what)
     if advanced:
         raise IndexingError(f"{what}: assignment through an index list or tensor is not supported; assign through "

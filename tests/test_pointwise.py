@@ -237,6 +237,51 @@ def test_in_place(dev, rng):
         clnet.tensor(a[:1], dev).add_(x)
 
 
+def test_augmented_assignment_is_in_place(dev, rng):
+    """x += y, -=, *=, /= write x's memory, as PyTorch's: a hand-written SGD step under no_grad moves the parameter,
+    and a view of x sees the change (Python's fallback, x = x + y, rebound the name and left both as they were). A
+    leaf that requires a gradient is refused while gradients are recorded; a computed tensor gets the recorded op."""
+    a, b = _away(rng, (3, 5)), _away(rng, (5,))
+    w = clnet.tensor(a, dev, requires_grad=True)
+    (w * w).sum().backward()
+    with clnet.no_grad():
+        w -= 0.1 * w.grad
+    assert_close(w.numpy(), a - 0.1 * 2 * a.astype(np.float64), "w after w -= 0.1 * w.grad", tol=1e-6)
+    assert w.grad_fn is None and w.requires_grad
+    x = clnet.tensor(a, dev)
+    view = x.view(5, 3)
+    expected = a.astype(np.float64)
+    for op, y in (("+", clnet.tensor(b, dev)), ("*", clnet.tensor(b, dev)), ("-", 2.5), ("/", clnet.tensor(b, dev))):
+        before = x
+        x = _iop(x, op, y)
+        assert x is before, f"{op}= made a new tensor"
+        yy = y.numpy() if isinstance(y, clnet.Tensor) else y
+        expected = {"+": expected + yy, "*": expected * yy, "-": expected - yy, "/": expected / yy}[op]
+        assert_close(view.numpy(), expected.reshape(5, 3), f"a view after {op}=", tol=1e-6)
+    with pytest.raises(RuntimeError, match=r"\+=: a leaf tensor that requires a gradient \(shape \(3, 5\)\)"):
+        w += 1
+    h = w * 2.0
+    h += clnet.tensor(b, dev)
+    h.sum().backward()
+    assert_close(h.numpy(), 2 * w.numpy().astype(np.float64) + b, "h += b of a computed h", tol=1e-6)
+    i = clnet.tensor(np.array([1, 2], np.int32), dev)
+    i += 3
+    assert i.dtype == np.int32 and i.numpy().tolist() == [4, 5]
+
+
+def _iop(x, op, y):
+    """x op= y, the augmented assignment itself."""
+    if op == "+":
+        x += y
+    elif op == "-":
+        x -= y
+    elif op == "*":
+        x *= y
+    else:
+        x /= y
+    return x
+
+
 def test_bad_operands_name_the_op_and_shapes(dev):
     a = clnet.tensor(np.zeros((2, 3), np.float32), dev)
     with pytest.raises(ValueError, match=r"'\*': shapes \(2, 3\) and \(4,\) do not broadcast \(dimension -1 has "

@@ -189,6 +189,32 @@ def test_setitem(dev, rng):
     assert (w.numpy()[0] == 1.0).all()
 
 
+def test_writes_to_a_copy_standing_for_a_view_are_refused(dev, rng):
+    """x[0], x[:, 1:3], x.t(), chunk, narrow, expand are copies in clnet where PyTorch's are views of x's memory: an
+    in-place write to one (a method, or assignment into it) is refused, since it would leave x as it is, where
+    PyTorch's changes x. x[i] += y still writes x (Python's getitem, iadd, setitem), and the copies PyTorch makes
+    too (repeat, an index list), reshape's aliases, contiguous() and clone() may be written."""
+    a = rng.standard_normal((3, 4)).astype(np.float32)
+    x = clnet.tensor(a, dev)
+    for what, write in [("add_", lambda: x[0].add_(1.0)), ("fill_", lambda: x[:, 1:3].fill_(5.0)),
+                        ("mul_", lambda: x.t().mul_(0.0)), ("fill_", lambda: x.chunk(2, dim=1)[1].fill_(7.0)),
+                        ("zero_", lambda: x.narrow(0, 1, 2).zero_()), ("copy_", lambda: x.expand(2, 3, 4).copy_(
+                            clnet.zeros(2, 3, 4, device=dev))),
+                        (r"x\[...\] = value", lambda: V.setitem(x[0], 1, 5.0))]:
+        with pytest.raises(RuntimeError, match=rf"{what}: this tensor of shape .* is the result of .*, a copy in "
+                                               r"clnet where PyTorch's is a view"):
+            write()
+    np.testing.assert_array_equal(x.numpy(), a)
+    x[1:3] += 1.0
+    expected = a.copy()
+    expected[1:3] += 1.0
+    np.testing.assert_array_equal(x.numpy(), expected)
+    for own in (x.repeat(2, 1), x[[0, 2]], x.t().contiguous(), x.t().clone(), x.reshape(12)):
+        own.add_(1.0)
+    expected += 1.0  # the reshape's alias wrote x
+    np.testing.assert_array_equal(x.numpy(), expected)
+
+
 # ---- expand, repeat, narrow, split, chunk ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape, sizes", [((3, 1, 5), (2, 3, 31, -1)), ((1,), (0,)), ((1, 1), (33, 3))])
