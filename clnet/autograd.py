@@ -42,7 +42,7 @@ import numpy as np
 from . import kernels
 from .elementwise import VW, _elementwise, _map, add, fill, full, full_like
 from .graph import CaptureError
-from .tensor import Tensor, empty
+from .tensor import Tensor, empty, in_place_writes, written_since
 
 _context = kernels.context  # grad mode is per thread (context.grad_enabled), as PyTorch's is
 _hooked = 0  # leaves with post-accumulate-grad hooks; backward counts uses only when there are any
@@ -89,7 +89,7 @@ class Function:
     # uses (or None), and returns that sum plus its own gradient where given (ops.Cat)
     adds_into_pending = False
 
-    __slots__ = ("needs", "inputs", "saved", "tag", "out_shape", "out_device", "hooks")
+    __slots__ = ("needs", "inputs", "saved", "saved_at", "tag", "out_shape", "out_device", "hooks")
 
     @classmethod
     def apply(cls, *inputs, **options):
@@ -131,7 +131,7 @@ class Function:
 
     def save(self, *tensors):
         if self.needs is not None:
-            self.saved = tensors
+            self.saved, self.saved_at = tensors, in_place_writes[0]
 
     def grad_sink(self, i):
         """(The .grad of input i, beta) when input i is a leaf that wants a gradient, so that backward can write into
@@ -162,6 +162,17 @@ class Function:
 
     def __repr__(self):
         return f"<{type(self).__name__} backward>"
+
+
+def _check_saved(fn):
+    """Refuses fn's backward where a tensor it saved took an in-place write since (its gradient would be computed from
+    the new values), as PyTorch's version counters do."""
+    for t in fn.saved:
+        if isinstance(t, Tensor) and written_since(t, fn.saved_at):
+            raise RuntimeError(f"{type(fn).__name__} backward: a tensor of shape {t.shape} that this op saved for its "
+                               "gradient was changed in place since (an in-place op, x[...] = value or write()), so "
+                               "the gradient would be computed from the new values; change a copy (x.clone()) "
+                               "instead, or run backward before the change")
 
 
 def settle_grad(leaf):
@@ -461,6 +472,8 @@ def backward(root, grad=None, retain_graph=False):
             g = full(fn.out_shape, fn.out_device, 1.0)
         if profiling:
             _context.profiler.tag = (fn.tag, "backward")
+        if fn.saved is not None and fn.saved_at != in_place_writes[0]:
+            _check_saved(fn)
         if fn.adds_into_pending:
             into = _pending_of_inputs(fn.inputs, pending)
             grads = fn.backward(g, into)

@@ -11,7 +11,7 @@ import numpy as np
 from . import autograd, ops, pointwise, products, reduce, views
 from .creation import full
 from .devices import Device
-from .tensor import Tensor, tensor
+from .tensor import Tensor, note_in_place, tensor
 
 
 def _reshape(self, *shape):
@@ -54,6 +54,7 @@ def _in_place(name, compute):
                 out = pointwise.cast(out, self.dtype)
             if out is not self:
                 self.copy_from(out)
+        note_in_place(self)
         return self
     method.__name__ = name
     return method

@@ -2,6 +2,7 @@
 import heapq
 import math
 import threading
+import weakref
 
 import numpy as np
 import pyopencl as cl
@@ -13,6 +14,25 @@ from .devices import device as _device
 from .errors import Error
 
 _stats = dict(host_to_device_bytes=0, host_to_device_count=0, device_to_host_bytes=0, device_to_host_count=0)
+
+# In-place writes (an in-place op, x[...] = value, write()): a count of them, and for each storage written the count
+# at its last write. An op's backward compares these with the count when it saved its tensors (autograd): a saved
+# tensor written since would give a gradient of the new values, which PyTorch's version counters refuse too. Nothing
+# on the path of an op that writes nothing in place.
+in_place_writes = [0]
+_last_written = weakref.WeakKeyDictionary()
+
+
+def note_in_place(t):
+    """Records an in-place write to t's memory."""
+    if t.storage is not None:
+        in_place_writes[0] += 1
+        _last_written[t.storage] = in_place_writes[0]
+
+
+def written_since(t, count):
+    """Whether t's memory took an in-place write after the write count was `count`."""
+    return t.storage is not None and _last_written.get(t.storage, 0) > count
 
 
 def transfer_stats():
@@ -361,7 +381,7 @@ class _Window:
     mishandled in buffers past 8 GiB: writes through them failed, releasing kernels that named them crashed; offsets
     that far into a buffer are not measured on a GPU yet), and so are regions at offsets that are not a multiple of
     region_alignment (kernels' vector loads assume it). A region of a region is one of its parent."""
-    __slots__ = ("size", "parent", "offset")
+    __slots__ = ("size", "parent", "offset", "__weakref__")
 
     def __init__(self, parent, offset_bytes, nbytes):
         if hasattr(parent, "parent"):
@@ -680,6 +700,7 @@ class Tensor:
             # Held, not dropped: pyopencl's event for a non-blocking copy waits for the copy when it is destroyed
             # (keeping the host array safe), holding the GIL, so a dropped one would make the upload blocking.
             self._upload = None if blocking else event
+            note_in_place(self)
             _stats["host_to_device_bytes"] += array.nbytes
             _stats["host_to_device_count"] += 1
         if self.dtype == np.int32 and array.size:

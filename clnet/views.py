@@ -30,7 +30,7 @@ from . import autograd, kernels, layout, ops
 from .autograd import Function
 from .errors import Error
 from .layout import contiguous_strides, numel
-from .tensor import Tensor, empty, too_large
+from .tensor import Tensor, empty, note_in_place, too_large
 
 __all__ = ["permute", "transpose", "swapaxes", "swapdims", "t", "movedim", "moveaxis", "contiguous", "squeeze",
            "unsqueeze", "flatten", "unflatten", "expand", "expand_as", "repeat", "tile", "channel_shuffle", "narrow",
@@ -954,6 +954,7 @@ def setitem(x, key, value):
     if not isinstance(value, Tensor):
         _bits(value, x.dtype, what)
         _fill(x, base, strides, shape, value, what)
+        note_in_place(x)
         return x
     if value.dtype != x.dtype:
         raise TypeError(f"{what}: the value is {value.dtype}, the tensor {x.dtype}; convert the value first")
@@ -968,6 +969,7 @@ def setitem(x, key, value):
     if value.storage is x.storage:  # reading and writing one buffer in one launch: copy the value first
         value = Tensor(value.shape, value.dtype, value.device).copy_from(value)
     _copy(x, base, strides, value, 0, layout.broadcast_strides(vshape, shape), shape, what)
+    note_in_place(x)
     return x
 
 

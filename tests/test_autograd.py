@@ -244,3 +244,27 @@ def test_zero_grad_marks_gradients_that_backward_then_overwrites(dev, rng, monke
     opt.step()
     for k, p in params.items():
         assert np.array_equal(p.numpy(), before[k]), f"{k} moved in a step without gradients"
+
+
+def test_a_saved_tensor_changed_in_place_is_refused_at_backward(dev, rng):
+    """As PyTorch's version counters: backward refuses an op whose saved tensor took an in-place write since (an
+    in-place method, x[...] = value, write() of host data, through an alias too), naming the op; the gradient would
+    be computed from the new values (w * x's dw was x after x.mul_(10)). Writes to other tensors, or before the
+    forward, change nothing."""
+    a, b = rng.standard_normal(5).astype(np.float32), rng.standard_normal(5).astype(np.float32)
+    w = clnet.tensor(a, dev, requires_grad=True)
+    for change in (lambda x: x.mul_(10.0), lambda x: x.__setitem__(0, 9.0), lambda x: x.write(np.zeros(5)),
+                   lambda x: x.reshape(1, 5).add_(1.0)):
+        x = clnet.tensor(b, dev)
+        y = (w * x).sum()
+        change(x)
+        with pytest.raises(RuntimeError, match=r"Mul backward: a tensor of shape \(5,\) that this op saved for its "
+                                               r"gradient was changed in place since"):
+            y.backward()
+    w.grad = None
+    x, other = clnet.tensor(b, dev), clnet.tensor(b, dev)
+    x.mul_(2.0)  # before the forward
+    y = (w * x).sum()
+    other.add_(1.0)  # another tensor
+    y.backward()
+    assert_close(w.grad.numpy(), 2.0 * b.astype(np.float64), "dw after writes that do not touch what Mul saved")
