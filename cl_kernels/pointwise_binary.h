@@ -52,6 +52,11 @@ inline BW BW_NAME(bf)(const int op, const BW a, const BW b) {
         case 15: return a != 0 || b != 0;
         case 16: return BW_NAME(floor_div)(a, b);
         case 17: return BW_NAME(py_rem)(a, b);
+#if !BW_FLOAT
+        case 18: return a & b;                                                      // bitwise (int32, or bool's 0/1)
+        case 19: return a | b;
+        case 20: return a ^ b;
+#endif
         default: return 0;
     }
 }

@@ -107,6 +107,24 @@ def _abs(self):
     return pointwise.unary("abs", self)
 
 
+def _bitwise(op):
+    """& | ^ as PyTorch's: bitwise on int32, logical on bool (the same on 0 and 1), refused on float32."""
+    def method(a, b):
+        return pointwise.binary(op, a, b)
+    method.__name__ = op
+    return method
+
+
+def _invert(self):
+    """~x as PyTorch's: logical not of a bool tensor, bitwise not (-x - 1) of an int32 one; refused on float32."""
+    if self.dtype == np.bool_:
+        return pointwise.logical_not(self)
+    if self.dtype == np.int32:
+        return pointwise.sub(-1, self)
+    raise TypeError(f"'~': bitwise not of a float32 tensor (shape {self.shape}); it takes int32 or bool tensors (for "
+                    "a mask, compare first: ~(x > 0), or use logical_not)")
+
+
 def _floordiv(a, b):
     return pointwise.binary("floor_divide", a, b)
 
@@ -127,8 +145,10 @@ _OPERATORS = {
     "__lt__": pointwise.TENSOR_METHODS["lt"], "__le__": pointwise.TENSOR_METHODS["le"],
     "__gt__": pointwise.TENSOR_METHODS["gt"], "__ge__": pointwise.TENSOR_METHODS["ge"],
     "__eq__": pointwise.TENSOR_METHODS["eq"], "__ne__": pointwise.TENSOR_METHODS["ne"],
-    "__and__": pointwise.TENSOR_METHODS["logical_and"], "__or__": pointwise.TENSOR_METHODS["logical_or"],
-    "__invert__": pointwise.logical_not,
+    "__and__": _bitwise("bitwise_and"), "__rand__": _reflected(_bitwise("bitwise_and"), "__rand__"),
+    "__or__": _bitwise("bitwise_or"), "__ror__": _reflected(_bitwise("bitwise_or"), "__ror__"),
+    "__xor__": _bitwise("bitwise_xor"), "__rxor__": _reflected(_bitwise("bitwise_xor"), "__rxor__"),
+    "__invert__": _invert,
     "__matmul__": products.matmul, "__rmatmul__": _reflected(products.matmul, "__rmatmul__"),
     "__getitem__": views.getitem, "__bool__": _bool, "__index__": _index,
     "__hash__": object.__hash__,  # tensors stay hashable by identity beside an element-wise ==, as PyTorch's

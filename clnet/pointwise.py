@@ -69,6 +69,8 @@ BINARY = {
     "eq": BinaryOp(12, "==", "Equal", "bool", False), "ne": BinaryOp(13, "!=", None, "bool", False),
     "logical_and": BinaryOp(14, "&", "And", "bool", False), "logical_or": BinaryOp(15, "|", "Or", "bool", False),
     "floor_divide": BinaryOp(16, "//", None, grad=False), "remainder": BinaryOp(17, "%", "Mod"),
+    "bitwise_and": BinaryOp(18, "&", None, grad=False), "bitwise_or": BinaryOp(19, "|", None, grad=False),
+    "bitwise_xor": BinaryOp(20, "^", None, grad=False),
 }
 
 
@@ -319,6 +321,9 @@ def binary(op, a, b):
     work = result_type(a, b)
     if spec.number >= 14 and spec.number <= 15:  # logical: operands as bool
         work = BOOL
+    if spec.number >= 18 and work == FLOAT:
+        raise TypeError(f"'{what}': bitwise {op[8:]} of float32 operands; it takes int32 or bool tensors (for a mask, "
+                        f"compare first: (x > 0) {what} (y > 0), or use logical_{op[8:]})")
     if op == "pow" and work != FLOAT:
         work = FLOAT  # clnet computes integer powers in float (PyTorch keeps them integer)
     out_dtype = BOOL if spec.result == "bool" else (FLOAT if spec.result == "float" else work)

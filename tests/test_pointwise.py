@@ -282,6 +282,28 @@ def _iop(x, op, y):
     return x
 
 
+def test_bitwise_operators_as_pytorch(dev, rng):
+    """& | ^ ~ are bitwise on int32 (they were logical: 6 & 3 gave True), logical on bool, with broadcasting and
+    numbers on either side, as NumPy's and PyTorch's; refused on float32, naming the operator and the fix."""
+    a = rng.integers(-50, 50, (3, 5)).astype(np.int32)
+    b = rng.integers(-50, 50, (5,)).astype(np.int32)
+    x, y = clnet.tensor(a, dev), clnet.tensor(b, dev)
+    for got, want in [(x & y, a & b), (x | y, a | b), (x ^ y, a ^ b), (~x, ~a), (x & 6, a & 6), (6 | x, 6 | a),
+                      (13 ^ x, 13 ^ a)]:
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got.numpy(), want)
+    p, q = a > 0, b % 2 == 0
+    m, n = clnet.tensor(p, dev), clnet.tensor(q, dev)
+    for got, want in [(m & n, p & q), (m | n, p | q), (m ^ n, p ^ q), (~m, ~p)]:
+        assert got.dtype == np.bool_
+        np.testing.assert_array_equal(got.numpy(), want)
+    f = clnet.tensor(a.astype(np.float32), dev)
+    with pytest.raises(TypeError, match=r"'&': bitwise and of float32 operands.*\(x > 0\) & \(y > 0\)"):
+        f & f
+    with pytest.raises(TypeError, match=r"'~': bitwise not of a float32 tensor \(shape \(3, 5\)\)"):
+        ~f
+
+
 def test_bad_operands_name_the_op_and_shapes(dev):
     a = clnet.tensor(np.zeros((2, 3), np.float32), dev)
     with pytest.raises(ValueError, match=r"'\*': shapes \(2, 3\) and \(4,\) do not broadcast \(dimension -1 has "
