@@ -1,7 +1,7 @@
 """Convolution and dense layers on the device: per pass (forward, data gradient, weight gradient) the algorithm
 tuned or defaulted for the shape (im2col + GEMM, Winograd, direct, depthwise, 1x1), and the bias gradient they share."""
 from . import conv1x1, depthwise, direct, kernels, tuning, winograd
-from .elementwise import _activation_grad
+from .elementwise import _activation_grad, fill
 from .gemm import NO_SPLIT, Mat, dense_backward_one_row, gemm, skinny, takes_split_rows
 from .tensor import TooLarge, chunks, empty
 
@@ -165,6 +165,11 @@ def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward", b
     (betas: dw's, db's) is 0; returns d loss / d x (or None). Each gradient uses the algorithm tuned (or defaulted)
     for this shape; when both use im2col they share one lowering of x."""
     dev = x.device
+    if s.N == 0:  # sums of no terms: the gradients are zeros (no algorithm shapes a launch over no images)
+        for g, beta in ((dw, betas[0]), (db, betas[1])):
+            if g is not None and beta == 0.0:
+                fill(g, 0.0)
+        return empty(x.shape, dev) if need_dx else None
     runs = _image_runs(s, what)
     if runs:
         return _by_images_backward(x, w, dy, s, dw, db, need_dx, what, runs, betas)
@@ -358,6 +363,11 @@ def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", beta
     by a CPU's rank-1 product of at least DEFER_MIN elements."""
     N, I = x.shape
     O = w.shape[0]
+    if N == 0:  # sums of no terms: the gradients are zeros (a product of depth 0 is no launch gemm can shape)
+        for g, beta in ((dw, betas[0]), (db, betas[1])):
+            if g is not None and beta == 0.0:
+                fill(g, 0.0)
+        return empty((0, I), x.device) if need_dx else None
     a, b, c = Mat(rs=1, cs=O), Mat(rs=I, cs=1), Mat(rs=I, cs=1)  # the weight gradient's operands
     rank1 = N == 1 and skinny(x.device, O, N, 1, a, b, c)  # (then the data gradient's one row is skinny too)
     deferred = (defer is not None and rank1 and dw is not None and betas[0] == 0.0 and O * I >= DEFER_MIN

@@ -570,3 +570,27 @@ def test_a_layer_is_named_by_its_configuration_as_it_is_now():
     conv.extra = 1
     del conv.extra
     assert repr(conv) == "Conv2d(3, 4, kernel_size=(3, 3), stride=(2, 2))"
+
+
+@pytest.mark.parametrize("layer", ["linear", "linear 3-d", "conv", "depthwise", "conv_transpose", "max_pool",
+                                   "avg_pool"])
+def test_an_empty_batch_gives_zero_gradients(dev, layer):
+    """A batch of no examples, forward and backward, as PyTorch's: outputs of no elements, weight and bias gradients of
+    zeros written over what the .grad held (a product of depth 0: linear's raised ZeroDivisionError, conv's left
+    the pool's old values in its weight gradient)."""
+    make, shape = {"linear": (lambda: nn.Linear(5, 3), (0, 5)), "linear 3-d": (lambda: nn.Linear(5, 3), (2, 0, 5)),
+                   "conv": (lambda: nn.Conv2d(2, 3, 3), (0, 2, 5, 5)),
+                   "depthwise": (lambda: nn.Conv2d(4, 4, 3, padding=1, groups=4), (0, 4, 5, 5)),
+                   "conv_transpose": (lambda: nn.ConvTranspose2d(2, 3, 3, stride=2), (0, 2, 4, 4)),
+                   "max_pool": (lambda: nn.MaxPool2d(2), (0, 2, 4, 4)),
+                   "avg_pool": (lambda: nn.AvgPool2d(2), (0, 2, 4, 4))}[layer]
+    m = make().to(dev)
+    for p in m.parameters():  # stale values where the gradients will be written
+        p.grad = clnet.tensor(np.full(p.shape, np.nan, np.float32), dev)
+    m.zero_grad(set_to_none=False)
+    x = clnet.tensor(np.zeros(shape, np.float32), dev, requires_grad=True)
+    y = m(x)
+    y.sum().backward()
+    assert x.grad.shape == shape
+    for name, p in m.named_parameters():
+        np.testing.assert_array_equal(p.grad.numpy(), np.zeros(p.shape), err_msg=f"{layer}: {name}'s gradient")
