@@ -378,3 +378,27 @@ def test_unary_parameters_travel_as_the_tables_onnx_attributes(dev, rng, tmp_pat
     session = ort.InferenceSession(path)
     assert_close(session.run(None, {session.get_inputs()[0].name: x})[0], expected, "ONNX Runtime")
     assert_close(connx.load(path, device=dev)(clnet.tensor(x, dev)).numpy(), expected, "clnet from the file")
+
+
+@pytest.mark.parametrize("given", ["tensor", "numpy"])
+def test_export_takes_an_integer_input(dev, rng, tmp_path, given):
+    """A network whose input is integer (an Embedding's indices) exports with an int32 input, from a clnet tensor or
+    NumPy integers (refused before: an int32 tensor cannot require a gradient, and NumPy's were cast to float), and
+    runs in ONNX Runtime and in clnet as it ran when exported."""
+    class Tokens(clnet.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = clnet.nn.Embedding(11, 4), clnet.nn.Linear(4, 3)
+
+        def forward(self, i):
+            return self.head(self.embed(i))
+    model = Tokens().to(dev)
+    idx = rng.integers(0, 11, (2, 5))
+    expected = model(clnet.tensor(idx, dev)).numpy()
+    path = tmp_path / "tokens.onnx"
+    connx.export(model, path, clnet.tensor(idx, dev) if given == "tensor" else idx)
+    session = ort.InferenceSession(str(path))
+    assert session.get_inputs()[0].type == "tensor(int32)"
+    got = session.run(None, {session.get_inputs()[0].name: idx.astype(np.int32)})[0]
+    assert_close(got, expected, "ONNX Runtime on the exported tokens network", tol=1e-6)
+    assert_close(connx.load(path, device=dev)(clnet.tensor(idx, dev)).numpy(), expected, "clnet on it", tol=1e-6)

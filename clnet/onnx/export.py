@@ -443,8 +443,12 @@ def export(model, path, example_input, opset=EXPORT_OPSET, dynamic_batch=True):
     dev = model.device
     xs = []
     for e in examples:
-        t = e if isinstance(e, Tensor) else _to_device(np.asarray(e, np.float32), dev)
-        xs.append(t.detach().requires_grad_(True))
+        if not isinstance(e, Tensor):  # host data: float32, or int32 for integer data (an Embedding's indices)
+            e = np.asarray(e)
+            e = _to_device(e.astype(np.int32 if e.dtype.kind in "iu" else np.bool_ if e.dtype.kind == "b" else
+                                    np.float32), dev)
+        t = e.detach()
+        xs.append(t.requires_grad_(True) if t.dtype == np.float32 else t)  # (a float input's ops are traced too)
     names = {}
     for k, p in list(model.named_parameters()) + list(model.named_buffers()):
         if p is not None and p.dtype == np.float32:
@@ -473,11 +477,13 @@ def export(model, path, example_input, opset=EXPORT_OPSET, dynamic_batch=True):
         w.nodes.append(w.h.make_node("Identity", [w.name(t)], [n], name=f"/{n}"))
     dynamic = dynamic_batch and all(w.name(t) in batch_names for t in outs)
 
-    def value_info(name, shape):
-        dims = ["N" if dynamic else shape[0]] + list(shape[1:]) if shape else []
-        return w.h.make_tensor_value_info(name, onnx.TensorProto.FLOAT, dims)
-    graph = w.h.make_graph(w.nodes, type(model).__name__, [value_info(n, t.shape) for t, n in zip(xs, input_names)],
-                           [value_info(n, t.shape) for t, n in zip(outs, output_names)], w.initializers)
+    def value_info(name, t):
+        dims = ["N" if dynamic else t.shape[0]] + list(t.shape[1:]) if t.shape else []
+        kind = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.int32): onnx.TensorProto.INT32,
+                np.dtype(np.bool_): onnx.TensorProto.BOOL}[np.dtype(t.dtype)]
+        return w.h.make_tensor_value_info(name, kind, dims)
+    graph = w.h.make_graph(w.nodes, type(model).__name__, [value_info(n, t) for t, n in zip(xs, input_names)],
+                           [value_info(n, t) for t, n in zip(outs, output_names)], w.initializers)
     proto = w.h.make_model(graph, opset_imports=[w.h.make_opsetid("", int(opset))], producer_name="clnet")
     proto.ir_version = min(proto.ir_version, 9)  # ONNX Runtime's readers lag the newest IR version
     write_atomically(path, lambda f: f.write(proto.SerializeToString()))
