@@ -372,7 +372,8 @@ def within_float32(ours, reference, single, name, floor=1e-5):
 @needs_torch
 def test_state_dict_round_trip(exports):
     """The imported module's state_dict has PyTorch's keys (no num_batches_tracked, which ONNX does not carry) and
-    values; load_state_dict takes a PyTorch state_dict."""
+    values; load_state_dict takes a PyTorch state_dict, the model's own included (its num_batches_tracked passed
+    over; an unknown key is still refused)."""
     e = exports.get("resnet18", training=True)
     net = connx.load(e["path"])
     torch_state = {k: v for k, v in e["model"].state_dict().items() if "num_batches" not in k}
@@ -383,6 +384,10 @@ def test_state_dict_round_trip(exports):
     changed = {k: v + 1.0 for k, v in torch_state.items()}
     net.load_state_dict(changed)
     assert np.array_equal(net.state_dict()["fc.weight"], changed["fc.weight"].numpy())
+    net.load_state_dict(e["model"].state_dict())
+    assert np.array_equal(net.state_dict()["fc.weight"], torch_state["fc.weight"].numpy())
+    with pytest.raises(KeyError, match=r"unexpected keys \['fc.num_batches_tracked'\]"):
+        net.load_state_dict(dict(torch_state, **{"fc.num_batches_tracked": np.zeros((), np.int64)}))
 
 
 @needs_torch

@@ -140,7 +140,14 @@ class OnnxModule(Module):
         return out
 
     def load_state_dict(self, state_dict, strict=True):
+        """Module.load_state_dict, taking the model's own state_dict too: a PyTorch batch norm's num_batches_tracked,
+        which no ONNX file holds, is passed over beside the running statistics the file does hold."""
         fixed = dict(state_dict)
+        own = {k for k, _ in self._state_items()}  # (the keys alone: no read-back)
+        for k in list(fixed):
+            if k.endswith("num_batches_tracked") and k not in own and \
+                    k[:-len("num_batches_tracked")] + "running_mean" in own:
+                del fixed[k]
         for k in self._transposed:
             if k in fixed:
                 v = fixed[k]
