@@ -168,6 +168,20 @@ def test_cross_entropy_options(dev, rng, case):
         assert_close(x.grad.numpy(), tx.grad.numpy(), f"{case}: the logits' gradient")
 
 
+def test_class_weights_from_the_host(dev, rng):
+    """A loss's per-class weight as a list, a NumPy array or a torch tensor, as PyTorch users write it (a list raised
+    AttributeError, a NumPy array blamed index_select), and a weight of the wrong length refused naming the loss."""
+    logits, labels = rng.standard_normal((6, 4)).astype(np.float32), rng.integers(0, 4, 6)
+    w = rng.uniform(0.5, 2.0, 4)
+    want = torch.nn.CrossEntropyLoss(weight=torch.tensor(w))(torch.tensor(logits, dtype=torch.float64),
+                                                              torch.tensor(labels)).item()
+    for given in (w.tolist(), w, torch.tensor(w)):
+        for loss in (nn.CrossEntropyLoss(weight=given), lambda x, t: F.nll_loss(F.log_softmax(x, 1), t, given)):
+            assert_close(loss(clnet.tensor(logits, dev), labels).numpy(), want, f"weight as {type(given).__name__}")
+    with pytest.raises(ValueError, match=r"cross_entropy: weight has shape \(3,\), expected \(4,\)"):
+        nn.CrossEntropyLoss(weight=[1.0, 2.0, 3.0])(clnet.tensor(logits, dev), labels)
+
+
 def test_nll_loss_refuses_labels_out_of_range(dev):
     x = clnet.tensor(np.zeros((2, 3), np.float32), dev)
     with pytest.raises(ValueError, match=r"nll_loss: targets must lie in \[0, 2\]"):
@@ -207,6 +221,21 @@ def test_multihead_attention(dev, rng, batch_first):
     tout, tw = theirs(tx, tx, tx, key_padding_mask=torch.tensor(pad))
     assert_close(out.numpy(), tout.detach().numpy(), "attention with key padding")
     assert_close(w.numpy(), tw.detach().numpy(), "head-averaged weights")
+    # unbatched, as PyTorch takes it: a query (L, E), keys and values (S, E), a padding mask (S,); forward and backward
+    q, kv = x[:, 0] if not batch_first else x[0], rng.standard_normal((4, E)).astype(np.float32)
+    pad1 = np.array([False, False, True, False])
+    _compare(dev, rng, lambda a, b: ours(a, b, b, key_padding_mask=clnet.tensor(pad1, dev))[0],
+             lambda a, b: theirs(a, b, b, key_padding_mask=torch.tensor(pad1))[0], [q, kv], "unbatched attention")
+    t = clnet.tensor(x, dev)
+    for bad, words in [(dict(key_padding_mask=clnet.tensor(pad[:, :4], dev)), r"key_padding_mask has shape \(3, 4\), "
+                                                                               r"expected \(N, S\) = \(3, 5\)"),
+                       (dict(attn_mask=clnet.tensor(np.zeros((4, 5), bool), dev)), r"attn_mask has shape \(4, 5\)"),
+                       (dict(value=clnet.tensor(x[:2] if batch_first else x[:, :2], dev)),
+                        r"the key has shape .* and the value .*; they must match")]:
+        args = dict(query=t, key=t, value=t)
+        args.update({k: v for k, v in bad.items() if k == "value"})
+        with pytest.raises(ValueError, match=r"MultiheadAttention\(embed_dim=8, num_heads=2.*\): " + words):
+            ours(**args, **{k: v for k, v in bad.items() if k != "value"})
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

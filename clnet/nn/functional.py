@@ -536,6 +536,21 @@ def _target(what, input, target, dtype=np.float32):
     return target
 
 
+def _class_weight(what, input, weight):
+    """A per-class weight as a device tensor of C floats (host lists and arrays, and torch's CPU tensors, copied up),
+    or None."""
+    if weight is None:
+        return None
+    if not isinstance(weight, Tensor):
+        weight = _tensor(np.asarray(weight.detach().cpu().numpy() if hasattr(weight, "detach") else weight,
+                                    np.float32), input.device)
+    C = input.shape[1] if input.ndim >= 2 else 0
+    if tuple(weight.shape) != (C,):
+        raise ValueError(f"{what}: weight has shape {tuple(weight.shape)}, expected ({C},): one per class of the "
+                         f"input's {C}")
+    return _float(what, weight)
+
+
 def _same_shape(what, input, target):
     if tuple(target.shape) != tuple(input.shape):
         raise ValueError(f"{what}: target of shape {target.shape} does not match input of shape {input.shape}")
@@ -621,6 +636,7 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
     the mean divides by the summed weights of the targets kept, as PyTorch's."""
     what = "nll_loss"
     _float(what, input)
+    weight = _class_weight(what, input, weight)
     if input.ndim < 2:
         raise ValueError(f"{what}: expected input of shape (N, C) or (N, C, d1, ...), got {input.shape}")
     target = _class_targets(what, input, target)
@@ -638,8 +654,6 @@ def nll_loss(input, target, weight=None, ignore_index=-100, reduction="mean"):
     picked = views.gather(logp, 1, safe.reshape(-1, 1)).reshape(-1)
     w = pointwise.cast(keep, np.float32)
     if weight is not None:
-        if weight.shape != (C,):
-            raise ValueError(f"{what}: weight has shape {weight.shape}, expected ({C},)")
         w = w * views.index_select(weight, 0, safe)
     loss = -(picked * w)
     if reduction == "none":
@@ -671,6 +685,7 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     (mean over (N, C) logits, integer classes, no options) runs as one fused launch."""
     what = "cross_entropy"
     _float(what, input)
+    weight = _class_weight(what, input, weight)
     probabilities = _float_target(target)
     if (not probabilities and reduction == "mean" and weight is None and label_smoothing == 0 and input.ndim == 2
             and not _may_hold(target, ignore_index)):

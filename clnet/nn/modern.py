@@ -343,12 +343,35 @@ class MultiheadAttention(Module):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
+        if getattr(query, "ndim", 0) == 2:  # unbatched, as PyTorch takes it: (L, E) and (S, E), a padding mask (S,)
+            at = 0 if self.batch_first else 1
+            out, weights = self.forward(
+                *(views.unsqueeze(t, at) if getattr(t, "ndim", 0) == 2 else t for t in (query, key, value)),
+                None if key_padding_mask is None else views.unsqueeze(key_padding_mask, 0), need_weights, attn_mask,
+                average_attn_weights, is_causal)
+            return views.squeeze(out, at), (None if weights is None else views.squeeze(weights, 0))
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if getattr(t, "ndim", 0) != 3:
+                raise ValueError(f"{self._name()}: the {name} has shape {getattr(t, 'shape', type(t).__name__)}; expected "
+                                 f"{'(N, L, E)' if self.batch_first else '(L, N, E)'} (or an unbatched (L, E) query)")
+        if key.shape != value.shape:
+            raise ValueError(f"{self._name()}: the key has shape {key.shape} and the value {value.shape}; they must match "
+                             "(one value per key)")
         if not self.batch_first:  # (L, N, E) -> (N, L, E)
             query, key, value = (views.transpose(t, 0, 1) for t in (query, key, value))
         N, L, E = query.shape
         S = key.shape[1]
-        if E != self.embed_dim:
-            raise ValueError(f"{self!r}: the query's last dimension is {E}, expected {self.embed_dim}")
+        if E != self.embed_dim or key.shape[2] != self.embed_dim:
+            raise ValueError(f"{self._name()}: the query's and the key's last dimensions are {E} and {key.shape[2]}, "
+                             f"expected {self.embed_dim}")
+        if key.shape[0] != N:
+            raise ValueError(f"{self._name()}: the query holds a batch of {N}, the key and value {key.shape[0]}")
+        if key_padding_mask is not None and tuple(key_padding_mask.shape) != (N, S):
+            raise ValueError(f"{self._name()}: key_padding_mask has shape {tuple(key_padding_mask.shape)}, expected (N, S) = "
+                             f"{(N, S)}: a batch of {N}, {S} keys")
+        if attn_mask is not None and tuple(attn_mask.shape) not in ((L, S), (N * self.num_heads, L, S)):
+            raise ValueError(f"{self._name()}: attn_mask has shape {tuple(attn_mask.shape)}, expected (L, S) = {(L, S)} or "
+                             f"(N * num_heads, L, S) = {(N * self.num_heads, L, S)}")
         h, d = self.num_heads, self.head_dim
         w, b = self.in_proj_weight, self.in_proj_bias
         ws = views.chunk(w, 3, 0)
