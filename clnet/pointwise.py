@@ -510,8 +510,14 @@ def masked_fill(x, mask, value):
     if isinstance(value, Tensor) and value.size != 1:
         raise ValueError(f"masked_fill: value must be a number or a one-element tensor, got shape {value.shape}")
     if isinstance(value, Tensor):
-        value = value.reshape(())
-    return where(mask, value if isinstance(value, Tensor) else (float(value) if x.dtype == FLOAT else value), x)
+        value = value.reshape(()) if value.dtype == x.dtype else cast(value.reshape(()), x.dtype)
+    elif x.dtype == FLOAT:
+        value = float(value)
+    elif x.dtype == INT:  # x's dtype kept, the value cast to it, as PyTorch's (2.5 fills an int32 tensor with 2)
+        value = int(value)
+    else:
+        value = bool(value)
+    return where(mask, value, x)
 
 
 # ---- PyTorch's function names ----------------------------------------------------------------------------------

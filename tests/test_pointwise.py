@@ -218,6 +218,12 @@ def test_where_and_masked_fill(dev, rng):
            lambda x: x.masked_fill(torch.tensor(m), -1.5), "masked_fill")
     with pytest.raises(TypeError, match="masked_fill: the mask must be a bool tensor"):
         clnet.tensor(a, dev).masked_fill(clnet.tensor(m.astype(np.float32), dev), 0)
+    n = rng.integers(-9, 9, (3, 5)).astype(np.int32)  # the tensor's dtype kept, the value cast to it, as PyTorch's
+    for value in (2.5, clnet.tensor(np.array([-3.5], np.float32), dev)):
+        got = clnet.tensor(n, dev).masked_fill(clnet.tensor(m, dev), value)
+        want = torch.tensor(n).masked_fill(torch.tensor(m), value if isinstance(value, float) else -3.5)
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
 def test_in_place(dev, rng):
