@@ -124,9 +124,23 @@ class Unary(Function):
 
 
 def unary(op, x, p0=0.0, p1=0.0):
-    """The UNARY op `op` of x (int32 and bool inputs are promoted to float, as PyTorch's math functions do)."""
+    """The UNARY op `op` of x (int32 and bool inputs are promoted to float, as PyTorch's math functions do, except
+    for the ops PyTorch keeps integer, which an int32 input runs exactly in int32: _INT_FORMS)."""
     _check(op, x)
+    if x.dtype == INT and op in _INT_FORMS:
+        return _INT_FORMS[op](x)
     return Unary.apply(x, op=op, p0=p0, p1=p1)
+
+
+# int32 in, int32 out, as PyTorch's: computed by the integer binary kernels, exactly (the float formulas would round
+# values past 2^24)
+_INT_FORMS = {
+    "neg": lambda x: binary("sub", 0, x), "abs": lambda x: binary("maximum", x, binary("sub", 0, x)),
+    "relu": lambda x: binary("maximum", x, 0),
+    "sign": lambda x: binary("sub", cast(binary("gt", x, 0), INT), cast(binary("lt", x, 0), INT)),
+    "floor": lambda x: binary("add", x, 0), "ceil": lambda x: binary("add", x, 0),
+    "round": lambda x: binary("add", x, 0),
+}
 
 
 def logical_not(x):
@@ -578,6 +592,8 @@ def reciprocal(input):
 
 
 def square(input):
+    if isinstance(input, Tensor) and input.dtype == INT:
+        return binary("mul", input, input)  # int32 kept, as PyTorch's
     return unary("pow_scalar", input, 2.0)
 
 

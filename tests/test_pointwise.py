@@ -196,6 +196,13 @@ def test_type_promotion_and_integers(dev, rng):
     for k, (out, expected, dtype) in enumerate(cases):
         assert out.dtype == dtype, f"case {k}: dtype {out.dtype}, expected {np.dtype(dtype)}"
         np.testing.assert_allclose(out.numpy(), expected.astype(dtype), rtol=1e-6, err_msg=f"case {k}")
+    # the ops PyTorch keeps integer, exact past float32's 2^24 (they ran in float and came back float32)
+    big = np.array([-(2 ** 24) - 1, -3, 0, 5, 2 ** 24 + 1, 2 ** 31 - 1], np.int32)
+    for name in ("abs", "neg", "relu", "sign", "floor", "ceil", "round", "square"):
+        values = big if name != "square" else np.array([-46340, -4097, 0, 3, 4097, 46340], np.int32)  # no overflow
+        got, want = getattr(clnet.tensor(values, dev), name)(), getattr(torch, name)(torch.tensor(values))
+        assert got.dtype == np.int32, f"{name} of int32 gave {got.dtype}"
+        np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=name)
     # Python's floor division and remainder of floats, signs included
     a = np.array([-7.5, 7.5, -7.5, 7.5], np.float32)
     b = np.array([2.0, -2.0, -2.0, 2.0], np.float32)
