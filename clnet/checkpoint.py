@@ -404,7 +404,8 @@ def load_into(ckpt, model, optimizer, model_name=None, scheduler=None):
         _check_groups(where, ckpt["optimizer_state"]["param_groups"], optimizer)
         for i, entry in ckpt["optimizer_state"]["state"].items():
             for name, a in entry.items():
-                _check_array(where, f"the optimizer's {name} of parameter {i}", a, np.dtype(np.float32))
+                if name not in optimizer.counter_names:  # (a count, Adam's own "step": optimizer's check)
+                    _check_array(where, f"the optimizer's {name} of parameter {i}", a, np.dtype(np.float32))
         _check_scheduler(where, ckpt["scheduler"], scheduler)
     try:
         if optimizer is not None:  # it checks the whole state before it changes anything

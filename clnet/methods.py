@@ -38,18 +38,35 @@ def _index(self):
     return int(self.item())
 
 
+def _records(self, args):
+    """Whether an op of self and args would be recorded by autograd: gradients are recorded, and self or a tensor
+    argument requires one."""
+    return autograd.is_grad_enabled() and (self.requires_grad or any(getattr(a, "requires_grad", False)
+                                                                     for a in args))
+
+
+# the dtypes an in-place result may be cast back to, as PyTorch's can_cast: never a float into int32 or bool, nor an
+# int32 into bool
+_CASTS = {(np.dtype(np.float32), np.dtype(np.int32)), (np.dtype(np.float32), np.dtype(np.bool_)),
+          (np.dtype(np.int32), np.dtype(np.bool_))}
+
+
 def _in_place(name, compute):
     def method(self, *args, **kwargs):
         views.refuse_write_to_copy(self, name)
-        if self.requires_grad and autograd.is_grad_enabled():
-            raise RuntimeError(f"{name}: an in-place op on a tensor that requires a gradient (shape {self.shape}) "
-                               f"would lose the values autograd needs; use the out-of-place {name[:-1]} or run it "
-                               "under clnet.no_grad()")
+        if _records(self, args):
+            raise RuntimeError(f"{name}: an in-place op where autograd records (the tensor of shape {self.shape} or "
+                               f"an operand requires a gradient) is not supported: the old values autograd needs "
+                               f"would be lost, or the gradient dropped; use the out-of-place {name.rstrip('_=')} "
+                               "or run it under clnet.no_grad()")
         with autograd.no_grad():
             out = compute(self, *args, **kwargs)
             if out.shape != self.shape:
                 raise ValueError(f"{name}: the result has shape {out.shape}, the tensor {self.shape}; an in-place "
                                  "op cannot change the shape")
+            if (out.dtype, self.dtype) in _CASTS:
+                raise TypeError(f"{name}: the result is {out.dtype}, which cannot be cast back into the {self.dtype} "
+                                f"tensor (shape {self.shape}) in place, as in PyTorch; use the out-of-place form")
             if out.dtype != self.dtype:
                 out = pointwise.cast(out, self.dtype)
             if out is not self:
@@ -64,19 +81,20 @@ def _augmented(symbol, compute):
     """x += y and the like, in place as PyTorch's: x's memory takes the result, and every reference to x (a
     hand-written update `p -= lr * p.grad` under no_grad) sees it. A leaf that requires a gradient is refused while
     gradients are recorded, as PyTorch refuses it; a computed tensor that requires one gets the result as a new
-    tensor, recorded by autograd (the name rebound, as Python's fallback to `x = x + y` would), and so does a copy
+    tensor, recorded by autograd (the name rebound, as Python's fallback to `x = x + y` would), as does a tensor to
+    which an operand that requires a gradient is added (`total += loss`), and so does a copy
     that stands for a view (Tensor.copy_for_view), which `x[i] += y` writes back through x's setitem."""
     in_place = _in_place(f"{symbol}=", compute)
 
     def method(self, other):
         if self.copy_for_view is not None:  # x[i] += y: Python's getitem, iadd, setitem; the setitem writes x
             return compute(self, other)
-        if self.requires_grad and autograd.is_grad_enabled():
-            if self.grad_fn is None:
+        if _records(self, (other,)):
+            if self.requires_grad and self.grad_fn is None:
                 raise RuntimeError(f"{symbol}=: a leaf tensor that requires a gradient (shape {self.shape}) cannot be "
                                    f"changed in place while gradients are recorded; update it under clnet.no_grad() "
                                    f"(as an optimizer does), or write x = x {symbol} y")
-            return compute(self, other)
+            return compute(self, other)  # recorded (`total += loss`: the gradient reaches the loss's inputs)
         return in_place(self, other)
     method.__name__ = {"+": "__iadd__", "-": "__isub__", "*": "__imul__", "/": "__itruediv__"}[symbol]
     return method

@@ -55,6 +55,7 @@ class Optimizer:
     `_check`), and launch one group's update in `_update_group`."""
 
     state_names = ()
+    counter_names = ()  # counts a parameter's state entry may hold beside its arrays (Adam's "step")
 
     def __init__(self, params, defaults):
         object.__setattr__(self, "defaults", dict(defaults))
@@ -104,10 +105,12 @@ class Optimizer:
             raise TypeError(f"{who}: a group's params is a set, whose order changes between runs; pass a list")
         params = list(params)
         i0 = len(self.param_groups)
-        for i, p in enumerate(params):
-            if not isinstance(p, Tensor) or not p.requires_grad:
-                raise TypeError(f"{who}: item {i} of params{f' of group {i0}' if i0 else ''} is not a tensor that "
-                                "requires a gradient (pass model.parameters())")
+        for i, p in enumerate(params):  # a frozen one (requires_grad False) is taken: it has no .grad, and steps
+            # pass over it, as PyTorch's
+            if not isinstance(p, Tensor) or p.grad_fn is not None:
+                raise TypeError(f"{who}: item {i} of params{f' of group {i0}' if i0 else ''} is not a leaf tensor "
+                                f"(a parameter: pass model.parameters()), got "
+                                f"{'a computed tensor' if isinstance(p, Tensor) else type(p).__name__}")
         seen = {id(p) for p in self.params}
         if len({id(p) for p in params}) != len(params) or any(id(p) in seen for p in params):
             raise ValueError(f"{who}: a parameter appears twice in the parameter groups (group {i0}); give each "
@@ -406,7 +409,11 @@ class Optimizer:
             if not 0 <= i < len(self.params):
                 raise ValueError(f"{who}: no parameter {i}")
             for name, a in entry.items():
-                if name in self._param_counters(i):
+                if name in self.counter_names:
+                    v = np.asarray(a)
+                    if v.size != 1 or not np.isfinite(v).all() or float(v.reshape(-1)[0]) < 0 or \
+                            float(v.reshape(-1)[0]) != int(v.reshape(-1)[0]):
+                        raise ValueError(f"{who}: {name} of parameter {i} is {a!r}, expected a whole number >= 0")
                     continue
                 if name not in self.state_names:
                     raise ValueError(f"{who}: unknown state {name!r} (this optimizer keeps {list(self.state_names)})")
@@ -460,6 +467,7 @@ class _Counted(Optimizer):
     a parameter whose .grad is None, and its count stays. Parameters of a group whose counts agree step in one launch
     (Optimizer._runs). Saved as the group's "step" (the largest count of its parameters) and, for a parameter whose
     count differs from it, as that parameter's own "step", as PyTorch's state keeps it."""
+    counter_names = ("step",)
 
     def _group_added(self):
         self._steps.extend([0] * (len(self.params) - len(self._steps)))  # per parameter

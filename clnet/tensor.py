@@ -24,7 +24,8 @@ _last_written = weakref.WeakKeyDictionary()
 
 
 def note_in_place(t):
-    """Records an in-place write to t's memory."""
+    """Records an in-place write to t's memory; the value range t remembered (int32 labels) is no longer known."""
+    t.value_range = None
     if t.storage is not None:
         in_place_writes[0] += 1
         _last_written[t.storage] = in_place_writes[0]

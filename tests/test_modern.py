@@ -168,6 +168,22 @@ def test_cross_entropy_options(dev, rng, case):
         assert_close(x.grad.numpy(), tx.grad.numpy(), f"{case}: the logits' gradient")
 
 
+def test_labels_changed_in_place_forget_their_range(dev, rng):
+    """Labels made from host data remember their range (the fused cross-entropy checks it without a read-back); an
+    in-place change forgets it, so the loss is PyTorch's: labels shifted into range (refused before, by the old
+    range) and a label set to ignore_index (NaN before: the fused kernel has no ignore_index)."""
+    logits = rng.standard_normal((4, 4)).astype(np.float32)
+    tl = torch.tensor(logits, dtype=torch.float64)
+    y = clnet.tensor(np.array([1, 2, 3, 4]), dev)
+    y -= 1
+    assert_close(F.cross_entropy(clnet.tensor(logits, dev), y).numpy(),
+                 TF.cross_entropy(tl, torch.tensor([0, 1, 2, 3])).item(), "labels shifted in place")
+    y = clnet.tensor(np.array([0, 1, 2, 3]), dev)
+    y[3] = -100
+    assert_close(nn.CrossEntropyLoss()(clnet.tensor(logits, dev), y).numpy(),
+                 TF.cross_entropy(tl, torch.tensor([0, 1, 2, -100])).item(), "a label set to ignore_index")
+
+
 def test_class_weights_from_the_host(dev, rng):
     """A loss's per-class weight as a list, a NumPy array or a torch tensor, as PyTorch users write it (a list raised
     AttributeError, a NumPy array blamed index_select), and a weight of the wrong length refused naming the loss."""

@@ -130,8 +130,9 @@ def test_optimizer_arguments_are_checked():
         optim.Adam(params, betas=(0.9, 1.0))
     with pytest.raises(ValueError, match="amsgrad"):
         optim.AdamW(params, amsgrad=True)
-    with pytest.raises(TypeError, match="requires a gradient"):
-        optim.Adam([clnet.tensor(np.zeros(3))])
+    with pytest.raises(TypeError, match="item 1 of params is not a leaf tensor .*, got ndarray"):
+        optim.Adam([params[0], np.zeros(3)])
+    optim.Adam([clnet.tensor(np.zeros(3))])  # a frozen one is taken, as PyTorch's: steps pass over it
     opt = optim.SGD(params, lr=0.1)
     opt.param_groups[0]["lr"] = 0.2  # PyTorch's way of changing a learning rate
     assert opt.lr == 0.2

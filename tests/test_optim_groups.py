@@ -400,7 +400,7 @@ def test_fit_replays_rmsprop_with_groups_as_eager_steps(dev, rng, monkeypatch):
 @needs_torch
 @pytest.mark.parametrize("replayed", [False, True], ids=["eager", "replayed"])
 @pytest.mark.parametrize("case", ["sgd", "adamw", "rmsprop"])
-def test_parameters_without_a_gradient_are_passed_over(dev, rng, case, replayed):
+def test_parameters_without_a_gradient_are_passed_over(dev, rng, tmp_path, case, replayed):
     """As PyTorch's step: a parameter whose .grad is None is passed over. The first layer is frozen after the
     optimizer took it (requires_grad False: no momentum, no weight decay moves it), and a second head is used only
     at some steps, its Adam step count its own (bias corrections) where the layers around it count every step.
@@ -455,3 +455,22 @@ def test_parameters_without_a_gradient_are_passed_over(dev, rng, case, replayed)
         state = opt.state_dict()  # that differs from the group's saved as the parameter's own, as PyTorch keeps it
         assert state["param_groups"][0]["step"] == 6
         assert [state["state"].get(i, {}).get("step") for i in range(6)] == [0, 0, None, None, 3, 3]
+        # loaded into a fresh optimizer, directly and through a checkpoint (it refused "step" before), the counts come
+        # back; so do PyTorch's own, a step in every entry
+        from clnet import checkpoint
+        path = tmp_path / "run.ckpt"
+        checkpoint.save_checkpoint(path, model, opt, dict(model="heads", architecture=repr(model), epoch=0, step=0,
+                                                          global_step=6, rng_state=clnet.rng.get_state(), config={},
+                                                          history=[]))
+        for load in (lambda o: o.load_state_dict(state),
+                     lambda o: checkpoint.load_into(checkpoint.load_checkpoint(path), model, o)):
+            fresh = getattr(optim, cls)(model.parameters(), **defaults)
+            load(fresh)
+            assert fresh.state_dict()["param_groups"][0]["step"] == 6
+            assert [fresh.state_dict()["state"].get(i, {}).get("step") for i in range(6)] == [0, 0, None, None, 3, 3]
+        theirs_state = topt.state_dict()
+        fresh = getattr(optim, cls)(model.parameters(), **defaults)
+        fresh.load_state_dict({"state": {i: {k: np.asarray(v) for k, v in e.items()}
+                                         for i, e in theirs_state["state"].items()},
+                               "param_groups": theirs_state["param_groups"]})
+        assert [fresh.state_dict()["state"].get(i, {}).get("step") for i in range(2, 6)] == [None, None, 3, 3]

@@ -241,7 +241,8 @@ def test_in_place(dev, rng):
     x.zero_()
     assert not x.numpy().any()
     w = clnet.tensor(a, dev, requires_grad=True)
-    with pytest.raises(RuntimeError, match=r"add_: an in-place op on a tensor that requires a gradient"):
+    with pytest.raises(RuntimeError, match=r"add_: an in-place op where autograd records \(the tensor of shape "
+                                           r"\(3, 4\) or an operand requires a gradient\)"):
         w.add_(1)
     with clnet.no_grad():
         w.mul_(2)
@@ -280,6 +281,16 @@ def test_augmented_assignment_is_in_place(dev, rng):
     i = clnet.tensor(np.array([1, 2], np.int32), dev)
     i += 3
     assert i.dtype == np.int32 and i.numpy().tolist() == [4, 5]
+    with pytest.raises(TypeError, match=r"/=: the result is float32, which cannot be cast back into the int32"):
+        i /= 2  # as PyTorch's
+    # a total that needs no gradient, plus one that does (a regulariser, a summed loss): recorded, the gradient kept
+    w.grad = None
+    total = clnet.zeros((), device=dev)
+    total += (w * w).sum()
+    total.backward()
+    assert_close(w.grad.numpy(), 2 * w.numpy().astype(np.float64), "the gradient through total += loss", tol=1e-6)
+    with pytest.raises(RuntimeError, match=r"add_: an in-place op where autograd records .* or the gradient dropped"):
+        clnet.zeros(5, device=dev).add_(w[0])
 
 
 def _iop(x, op, y):
