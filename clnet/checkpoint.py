@@ -183,7 +183,8 @@ def _check_record(path, meta):
     config = meta["config"]
     if not isinstance(config, dict):
         bad("config", config, "a mapping of the run's options")
-    for key in ("batch", "train_images"):  # fit writes both; fit refuses a resume whose values differ from its own
+    for key in ("batch", "train_images", "epochs"):  # fit writes them; it refuses a resume whose batch or images
+        # differ from its own, and the train command resumes for the epochs recorded unless told otherwise
         if key in config and not _whole(config[key], 1):
             bad(f"config {key}", config[key], "a whole number of at least 1")
     if "seed" in config and not _whole(config["seed"], -2**63, 2**64 - 1):
@@ -239,8 +240,10 @@ def _check_record(path, meta):
         if not isinstance(params, list) or params != list(range(first, first + len(params))):
             bad(f"{where} params", params, f"the parameters' numbers from {first} on")
         first += len(params)
-        for key, v in group.items():
-            if key == "params" or isinstance(v, bool):
+        for key, v in group.items():  # the numbers the optimizers and schedulers read; a group may hold any other
+            # setting of the user's, as PyTorch's may ("name": "backbone")
+            if key == "params" or isinstance(v, bool) or (key not in GROUP_NUMBERS and (isinstance(v, str) or
+                                                                                       v is None)):
                 continue
             values = v if isinstance(v, list) else [v]
             if not values or not all(_number(x) for x in values):
@@ -256,7 +259,10 @@ def _check_record(path, meta):
             bad("scheduler state", sched["state"], f"an lr scheduler's state ({e})")
 
 
-RUNNING = ("loss", "correct", "seen", "seconds", "wait")  # the unfinished epoch's sums (train.fit)
+RUNNING = ("loss", "correct", "seen", "seconds", "wait")
+# a parameter group's settings that clnet's optimizers and lr schedulers read as numbers
+GROUP_NUMBERS = ("lr", "momentum", "weight_decay", "betas", "eps", "alpha", "step", "initial_lr", "max_lr",
+                 "min_lr", "base_momentum", "max_momentum")  # the unfinished epoch's sums (train.fit)
 
 
 def load_checkpoint(path):

@@ -302,7 +302,7 @@ def _train(world, model, dataset, data_dir, epochs, batch, lr, momentum, optimiz
             if value not in known:
                 raise click.ClickException(f"checkpoint {resume} is damaged: its record's {what} {value!r} is not "
                                            "one clnet knows; use an earlier checkpoint")
-        given = {k: stored.get(k, DEFAULTS[k]) if k != "epochs" else v for k, v in given.items()}
+        given = {k: stored.get(k, DEFAULTS[k]) if k != "epochs" or v is None else v for k, v in given.items()}
         checkpoint = checkpoint or resume
     dataset = dataset or "fashion-mnist"
     cfg = {k: (DEFAULTS[k] if v is None and k not in ("subset", "test_subset") else v) for k, v in given.items()}

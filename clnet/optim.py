@@ -545,8 +545,8 @@ class SGD(Optimizer):
         g["nesterov"] = bool(g["nesterov"])
 
     def _check(self, h):
-        if h["lr"] <= 0 or h["momentum"] < 0 or h["weight_decay"] < 0:
-            raise ValueError(f"SGD: lr must be positive and momentum, weight_decay non-negative (got lr={h['lr']}, "
+        if h["lr"] < 0 or h["momentum"] < 0 or h["weight_decay"] < 0:  # lr 0: a schedule's end, as PyTorch's
+            raise ValueError(f"SGD: lr, momentum and weight_decay must be non-negative (got lr={h['lr']}, "
                              f"momentum={h['momentum']}, weight_decay={h['weight_decay']})")
         if h["nesterov"] and h["momentum"] == 0:
             raise ValueError("SGD: nesterov=True needs momentum > 0")
@@ -620,8 +620,8 @@ class Adam(_Counted):
 
     def _check(self, h):
         b1, b2 = h["betas"]
-        if h["lr"] <= 0 or h["eps"] < 0 or h["weight_decay"] < 0 or not (0 <= b1 < 1 and 0 <= b2 < 1):
-            raise ValueError(f"{type(self).__name__}: need lr > 0, eps >= 0, weight_decay >= 0 and betas in [0, 1) "
+        if h["lr"] < 0 or h["eps"] < 0 or h["weight_decay"] < 0 or not (0 <= b1 < 1 and 0 <= b2 < 1):
+            raise ValueError(f"{type(self).__name__}: need lr >= 0, eps >= 0, weight_decay >= 0 and betas in [0, 1) "
                              f"(got lr={h['lr']}, betas={h['betas']}, eps={h['eps']}, "
                              f"weight_decay={h['weight_decay']})")
 
@@ -668,9 +668,9 @@ class RMSprop(_Counted):
         g["centered"] = bool(g["centered"])
 
     def _check(self, h):
-        if not (h["lr"] > 0 and h["eps"] >= 0 and h["weight_decay"] >= 0 and h["momentum"] >= 0
+        if not (h["lr"] >= 0 and h["eps"] >= 0 and h["weight_decay"] >= 0 and h["momentum"] >= 0
                 and 0 <= h["alpha"] <= 1):
-            raise ValueError(f"RMSprop: need lr > 0, eps >= 0, weight_decay >= 0, momentum >= 0 and alpha in [0, 1] "
+            raise ValueError(f"RMSprop: need lr >= 0, eps >= 0, weight_decay >= 0, momentum >= 0 and alpha in [0, 1] "
                              f"(got lr={h['lr']}, alpha={h['alpha']}, eps={h['eps']}, "
                              f"weight_decay={h['weight_decay']}, momentum={h['momentum']})")
 

@@ -111,9 +111,16 @@ def _has_hooks(model):
     return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
+def _whole_arg(who, name, v, low):
+    """FitError unless v is a whole number (an int, not a bool) of at least low."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+        raise FitError(f"{who}: {name} is {v!r}; it must be a whole number of at least {low}")
+
+
 def evaluate(model, dataset, batch=256, device=None, graphs=True):
     """Loss, accuracy and confusion counts (rows: true class, columns: predicted) of ``model`` on ``dataset``. With
     ``graphs`` the forward pass is captured once the batch shape repeats and replayed after (clnet.Graph), as in fit."""
+    _whole_arg("evaluate", "batch", batch, 1)
     dev = _device(device if device is not None else (model.device or "auto"))
     model.to(dev)
     was_training = model.training
@@ -306,6 +313,9 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
         ``epoch``, ``seconds``, ``first_step_s`` (from the call to the end of its first step), ``checkpoint``
         (path written or None) and ``final`` (last test figures or None).
     """
+    for name, v, low in (("batch", batch, 1), ("epochs", epochs, 1), ("seed", seed, 0)) + \
+            ((("max_steps", max_steps, 0),) if max_steps is not None else ()):
+        _whole_arg("fit", name, v, low)
     world = getattr(model, "world", None)  # a clnet.distributed.DataParallel model trains over every rank
     rank, ranks = (world.rank, world.size) if world is not None else (0, 1)
     data_mod.check_global_batch(batch, ranks)
@@ -334,7 +344,7 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
         if scheduler is not None and (checkpoint or interrupt_checkpoint) is not None:
             scheduler_record(scheduler)  # a user's scheduler whose state JSON cannot hold: said before the first step
     name = model_name or type(model).__name__
-    config = dict(config or {}, batch=int(batch), seed=int(seed), train_images=len(train_data))
+    config = dict(config or {}, batch=int(batch), seed=int(seed), train_images=len(train_data), epochs=int(epochs))
     history, epoch, step, global_step = [], 0, 0, 0
     sums = dict(loss=0.0, correct=0, seen=0, seconds=0.0, wait=0.0)
     if resume is not None:
@@ -347,10 +357,13 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
         load_into(ckpt, model, optimizer, model_name, scheduler)
         history, epoch, step, global_step = list(ckpt["history"]), ckpt["epoch"], ckpt["step"], ckpt["global_step"]
         sums.update(ckpt.get("running", {}))
-        config = dict(ckpt["config"], **{k: v for k, v in config.items() if k not in ckpt["config"]})
+        config = dict(ckpt["config"], **{k: v for k, v in config.items() if k not in ckpt["config"]},
+                      epochs=int(epochs))  # (a resume may extend the run: the span it now has)
     loss_fn = nn.CrossEntropyLoss()
     steps_per_epoch = -(-len(train_data) // batch)
     result = dict(epochs=history, interrupted=False, stopped=False, checkpoint=None, final=None, first_step_s=None)
+    if max_steps is not None and global_step >= max_steps:  # (a resumed run that has made them all: no step more)
+        result["stopped"] = True
     start = time.perf_counter()
 
     def meta():

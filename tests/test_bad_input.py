@@ -429,3 +429,45 @@ def test_a_signal_checkpoints_prints_the_resume_command_and_exits_128_plus_it(tm
     assert f"Continue with: clnet train lenet --resume {ckpt}" in out, out
     saved = checkpoint.load_checkpoint(ckpt)
     assert saved["global_step"] >= 1
+
+
+@pytest.mark.parametrize("name,value", [("batch", 0), ("batch", -3), ("batch", "4"), ("batch", 2.5),
+                                        ("epochs", None), ("epochs", 1.5), ("max_steps", -1), ("seed", None)])
+def test_fit_refuses_counts_that_are_not_whole_numbers(dev, name, value):
+    """A FitError naming the argument before any step (ZeroDivisionError and TypeError escaped before; 1.5 epochs ran
+    two)."""
+    args = dict(dict(epochs=1, batch=16, device=dev), **{name: value})
+    with pytest.raises(train.FitError, match=rf"fit: {name} is {value!r}; it must be a whole number of at least"):
+        train.fit(tiny_model(), synthetic(32), **args)
+    with pytest.raises(train.FitError, match=r"evaluate: batch is 0"):
+        train.evaluate(tiny_model(), synthetic(8), batch=0, device=dev)
+
+
+def test_fit_resumes_what_it_saved(dev, tmp_path):
+    """max_steps counts the steps of a resumed run too (a run resumed at its max_steps trained one more and wrote its
+    checkpoint over; max_steps=0 trained one); a checkpoint whose group holds a setting of the user's ("name") or
+    whose schedule reached lr 0 resumes (both were refused as damaged); a model with a frozen layer trains, the layer
+    unchanged (its optimizer refused it)."""
+    path = tmp_path / "run.ckpt"
+    assert train.fit(tiny_model(), synthetic(64), epochs=3, batch=16, max_steps=0, device=dev)["global_step"] == 0
+    train.fit(tiny_model(), synthetic(64), epochs=3, batch=16, max_steps=4, checkpoint=path, device=dev)
+    again = train.fit(tiny_model(), synthetic(64), epochs=3, batch=16, max_steps=4, checkpoint=path, resume=path,
+                      device=dev)
+    assert again["global_step"] == 4 and again["stopped"]
+
+    def run(resume=None):
+        model = tiny_model()
+        opt = optim.SGD([{"params": model.parameters(), "name": "all"}], lr=0.1, momentum=0.9)
+        sched = optim.lr_scheduler.CosineAnnealingLR(opt, T_max=2)  # lr 0 after two epochs
+        return train.fit(model, synthetic(32), epochs=4, batch=16, optimizer=opt, scheduler=sched,
+                         checkpoint=tmp_path / "named.ckpt", resume=resume, max_steps=None if resume else 5,
+                         device=dev)
+    run()
+    assert run(resume=tmp_path / "named.ckpt")["global_step"] == 8
+    model = tiny_model().to(dev)
+    frozen = model[1]
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    before = frozen.weight.numpy().copy()
+    assert train.fit(model, synthetic(32), epochs=1, batch=16, device=dev, weight_decay=0.1)["global_step"] == 2
+    np.testing.assert_array_equal(frozen.weight.numpy(), before)

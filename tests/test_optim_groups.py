@@ -249,8 +249,9 @@ def test_group_arguments_are_checked():
         optim.SGD([{"params": params[:1]}, params[1]])
     with pytest.raises(TypeError, match="one tensor"):
         optim.SGD(params[0])
-    with pytest.raises(ValueError, match="SGD: lr must be positive"):
+    with pytest.raises(ValueError, match=r"SGD: lr, momentum and weight_decay must be non-negative \(got lr=-1.0"):
         optim.SGD([{"params": params[:1], "lr": -1.0}, {"params": params[1:]}])
+    optim.SGD(params, lr=0.0)  # the end of a cosine schedule, as PyTorch takes it
     with pytest.raises(ValueError, match="RMSprop: need .*alpha"):
         optim.RMSprop(params, alpha=1.5)
     opt = optim.Adam([{"params": params[:1], "lr": 0.1}, {"params": params[1:]}], lr=0.01)
