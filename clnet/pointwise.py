@@ -420,8 +420,8 @@ def div(a, b, rounding_mode=None):
 def pow(a, b):
     """a ** b: tensor to a number, a number to a tensor, or two tensors (broadcast)."""
     if isinstance(a, Tensor) and _is_number(b):
-        if b == 1:
-            return a if a.dtype == FLOAT else cast(a, FLOAT)
+        if b == 1:  # a new tensor, as PyTorch's
+            return a.clone() if a.dtype == FLOAT else cast(a, FLOAT)
         return unary("pow_scalar", a, float(b))
     if isinstance(b, Tensor) and _is_number(a):
         if a <= 0:

@@ -485,9 +485,9 @@ class Tensor:
     __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's operators
     # What a new tensor starts with, read from the class until set on the tensor (five stores fewer per tensor made)
     requires_grad, _grad, grad_fn, value_range, _host = False, None, None, None, None
-    # The op whose copy this tensor is where PyTorch's result would be a view of another tensor's memory (x[0], x.t(),
-    # narrow, chunk, expand: views.py materialises them): in-place writes to it are refused, since they would not
-    # reach the original as PyTorch's do
+    # (the op, whether PyTorch's view would be contiguous) where this tensor is a copy and PyTorch's result a view of
+    # another tensor's memory (x[0], x.t(), narrow, chunk, expand: views.py materialises them): in-place writes to it
+    # are refused, since they would not reach the original as PyTorch's do
     copy_for_view = None
 
     def __init__(self, shape, dtype=np.float32, device=None, _storage=None, _host=None):
@@ -602,7 +602,9 @@ class Tensor:
     def _alias(self, shape, copy_for_view=False):
         view = Tensor(shape, self.dtype, self.device, _storage=self.storage)
         view.value_range = self.value_range
-        view.copy_for_view = self.copy_for_view if copy_for_view is False else copy_for_view
+        if copy_for_view is False:  # a reshape: PyTorch's of a contiguous view is a view, of another one a copy
+            copy_for_view = self.copy_for_view if self.copy_for_view is not None and self.copy_for_view[1] else None
+        view.copy_for_view = copy_for_view
         return view
 
     def _resolve_shape(self, shape):

@@ -179,11 +179,12 @@ def _view(x, shape, strides, base, what, copy=False):
     copy standing for PyTorch's view (Tensor.copy_for_view) unless the op copies in PyTorch too (copy)."""
     shape, strides = tuple(int(s) for s in shape), tuple(int(s) for s in strides)
     if _identity(x, shape, strides, base):
-        return x.reshape(shape)
+        return x.clone().reshape(shape) if copy else x.reshape(shape)
     _fits(what, x.shape, shape)
     y = View.apply(x, shape=shape, strides=strides, base=int(base), what=what)
-    if not copy:
-        y.copy_for_view = what
+    if not copy:  # PyTorch's view, and whether it is contiguous (then its contiguous() and reshape are views too)
+        y.copy_for_view = (what, all(st == c for n, st, c in zip(shape, strides, contiguous_strides(shape))
+                                     if n > 1))
     return y
 
 
@@ -191,7 +192,7 @@ def refuse_write_to_copy(x, what):
     """An in-place write (`what`) to a tensor that stands for a view of another's memory: refused, since clnet's is
     a copy, and the write would not reach the original as PyTorch's does."""
     if x.copy_for_view is not None:
-        raise RuntimeError(f"{what}: this tensor of shape {x.shape} is the result of {x.copy_for_view}, a copy in "
+        raise RuntimeError(f"{what}: this tensor of shape {x.shape} is the result of {x.copy_for_view[0]}, a copy in "
                            f"clnet where PyTorch's is a view of the original's memory, so writing it in place would "
                            f"leave the original as it is; write through the original (x[...] = value), or write "
                            f".contiguous() or .clone() of this one")
@@ -276,9 +277,10 @@ moveaxis = movedim
 
 
 def contiguous(x):
-    """x's memory: clnet's tensors are always contiguous. One that stands for a view (Tensor.copy_for_view) comes as
-    an alias that may be written in place, as PyTorch's contiguous() of a view is a copy of its own."""
-    return x if x.copy_for_view is None else x._alias(x.shape, copy_for_view=None)
+    """x's memory: clnet's tensors are always contiguous. One that stands for a view that PyTorch's would not hold
+    contiguous (x.t()) comes as an alias that may be written in place, as PyTorch's contiguous() of it is a copy of
+    its own; one that PyTorch's would (x[0]) stays marked (Tensor.copy_for_view), its contiguous() being the view."""
+    return x if x.copy_for_view is None or x.copy_for_view[1] else x._alias(x.shape, copy_for_view=None)
 
 
 # ---- aliases: no copy, no launch -----------------------------------------------------------------------------------
@@ -671,8 +673,8 @@ def cat(tensors, dim=0):
         if t.ndim != ref.ndim or t.shape[:d] + t.shape[d + 1:] != ref.shape[:d] + ref.shape[d + 1:]:
             raise ValueError(f"{what}: tensor {i} has shape {t.shape}, tensor 0 has {ref.shape}; all sizes but "
                              f"dimension {dim} must match")
-    if len(kept) == 1:
-        return kept[0]
+    if len(kept) == 1:  # a new tensor, as PyTorch's (an in-place write to it must not reach the input)
+        return kept[0].clone()
     shape = ref.shape[:d] + (sum(t.shape[d] for t in kept),) + ref.shape[d + 1:]
     if ref.dtype == np.float32:
         return ops.Cat.apply(*kept, dim=d)
@@ -823,7 +825,7 @@ def _pad_dims(x, pairs, mode, value, what):
     """x padded by pairs (of its last len(pairs) dimensions, first padded one first)."""
     k = len(pairs)
     if k == 0 or all(p == (0, 0) for p in pairs):
-        return x
+        return x.clone()  # a new tensor, as PyTorch's
     out_shape = _padded_shape(x.shape, pairs)
     if mode == 0:
         begins = (0,) * (x.ndim - k) + tuple(b for b, _ in pairs)
@@ -923,7 +925,7 @@ def getitem(x, key):
         raise IndexingError(f"{what}: more than one index list or tensor (dimensions "
                             f"{', '.join(str(a[2]) for a in advanced)}) is not supported; index one dimension with a "
                             "list and use gather or index_select for the rest")
-    y = _view(x, shape, strides, base, what, copy=bool(advanced))
+    y = _view(x, shape, strides, base, what)  # (with an index, an intermediate: index_select makes the result)
     if not advanced:
         return y
     pos, index, _ = advanced[0]

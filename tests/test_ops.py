@@ -276,9 +276,14 @@ def test_cat_backward_adds_each_slice_into_the_gradient_so_far(dev, rng, monkeyp
         assert_close(fused, leaf.grad.numpy(), "d leaf", tol=1e-6)
 
 
-def test_cat_of_one_tensor_is_that_tensor(dev, rng):
-    t = clnet.tensor(rng.standard_normal((2, 3)), dev)
-    assert clnet.cat([t], 1) is t
+def test_cat_of_one_tensor_is_a_copy(dev, rng):
+    """As PyTorch's: a new tensor, which an in-place write leaves the input's values out of."""
+    a = rng.standard_normal((2, 3)).astype(np.float32)
+    t = clnet.tensor(a, dev)
+    y = clnet.cat([t], 1)
+    assert y is not t and np.array_equal(y.numpy(), a)
+    y.add_(1.0)
+    assert np.array_equal(t.numpy(), a)
 
 
 # ---- activations ----------------------------------------------------------------------------------------------------

@@ -200,7 +200,9 @@ def test_writes_to_a_copy_standing_for_a_view_are_refused(dev, rng):
                         ("mul_", lambda: x.t().mul_(0.0)), ("fill_", lambda: x.chunk(2, dim=1)[1].fill_(7.0)),
                         ("zero_", lambda: x.narrow(0, 1, 2).zero_()), ("copy_", lambda: x.expand(2, 3, 4).copy_(
                             clnet.zeros(2, 3, 4, device=dev))),
-                        (r"x\[...\] = value", lambda: V.setitem(x[0], 1, 5.0))]:
+                        (r"x\[...\] = value", lambda: V.setitem(x[0], 1, 5.0)),
+                        ("fill_", lambda: x[0].contiguous().fill_(1.0)),  # PyTorch's x[0] is contiguous: a view still
+                        ("add_", lambda: x[1:].reshape(8).add_(1.0))]:
         with pytest.raises(RuntimeError, match=rf"{what}: this tensor of shape .* is the result of .*, a copy in "
                                                r"clnet where PyTorch's is a view"):
             write()
@@ -209,10 +211,17 @@ def test_writes_to_a_copy_standing_for_a_view_are_refused(dev, rng):
     expected = a.copy()
     expected[1:3] += 1.0
     np.testing.assert_array_equal(x.numpy(), expected)
-    for own in (x.repeat(2, 1), x[[0, 2]], x.t().contiguous(), x.t().clone(), x.reshape(12)):
+    for own in (x.repeat(2, 1), x[[0, 2]], x.t().contiguous(), x.t().clone(), x.t().reshape(12), x.reshape(12)):
         own.add_(1.0)
     expected += 1.0  # the reshape's alias wrote x
     np.testing.assert_array_equal(x.numpy(), expected)
+    # results that are new tensors in PyTorch, written in place: x unchanged (some were x itself)
+    from clnet.nn import functional as F
+    for new in (lambda: clnet.cat([x]), lambda: clnet.stack([x])[0], lambda: F.pad(x, (0, 0)), lambda: x ** 1,
+                lambda: x.repeat(1, 1), lambda: x.tile((1, 1))):
+        y = new()
+        y += 1.0
+        np.testing.assert_array_equal(x.numpy(), expected)
 
 
 # ---- expand, repeat, narrow, split, chunk ----------------------------------------------------------------------
