@@ -23,7 +23,7 @@ import numpy as np
 
 from . import autograd, kernels, lr_scheduler, ops
 from .graph import CaptureError
-from .tensor import Parameter, Tensor, pool, region_alignment
+from .tensor import Parameter, Tensor, note_in_place, pool, region_alignment
 
 sys.modules[__name__ + ".lr_scheduler"] = lr_scheduler  # `from clnet.optim.lr_scheduler import StepLR`, as torch's
 
@@ -296,6 +296,9 @@ class Optimizer:
                     count = self._extents[run[1] - 1][0] + self._extents[run[1] - 1][1] - start
                     self._update_group(i, groups[i], data.region(start, (count,)), grad.region(start, (count,)),
                                        {n: t.region(start, (count,)) for n, t in state.items()}, run)
+        for p, passed in zip(self.params, skip):  # written in place: a backward still to come through an op that
+            if not passed:  # saved one is refused (autograd._check_saved), as PyTorch's
+                note_in_place(p)
 
     def _runs(self, i, skip):
         """None where group i steps as one (every parameter has a .grad, and _run_key agrees); else the runs

@@ -261,6 +261,13 @@ def test_a_saved_tensor_changed_in_place_is_refused_at_backward(dev, rng):
         with pytest.raises(RuntimeError, match=r"Mul backward: a tensor of shape \(5,\) that this op saved for its "
                                                r"gradient was changed in place since"):
             y.backward()
+    layer = clnet.nn.Linear(5, 2).to(dev)  # an optimizer's step writes the weights a backward still to come saved
+    opt = clnet.optim.SGD(layer.parameters(), lr=0.1)
+    out = layer(clnet.tensor(np.stack([a, b]), dev)).sum()
+    out.backward(retain_graph=True)
+    opt.step()
+    with pytest.raises(RuntimeError, match=r"Linear backward: a tensor of shape \(2, 5\) that this op saved"):
+        out.backward()
     w.grad = None
     x, other = clnet.tensor(b, dev), clnet.tensor(b, dev)
     x.mul_(2.0)  # before the forward
