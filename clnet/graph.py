@@ -548,8 +548,14 @@ class StepReplayer:
         sx, sy = x.new_empty(x.shape).copy_from(x), y.new_empty(y.shape).copy_from(y)
         sy.value_range = y.value_range
         graph = Graph()
-        with graph.capture():
-            out = self.step(sx, sy)
+        try:
+            with graph.capture():
+                out = self.step(sx, sy)
+        except CaptureError:  # the step does host work of the user's (a read-back in forward): eager from now on.
+            # The capture ran the step up to that point; nothing of it was kept (its optimizer's update comes last),
+            # but a batch norm before it counted this batch in its running statistics, as it will again.
+            self.enabled, self.key = False, None
+            return self.step(x, y)
         self.graph = (graph, sx, sy, out)
         return out
 

@@ -107,8 +107,9 @@ class _StepFigures:
 
 
 def _has_hooks(model):
-    """A module hook is host code of the user's, which a replay would not run."""
-    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    """A module hook, or a parameter's gradient hook, is host code of the user's, which a replay would not run."""
+    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()) or any(
+        p.__dict__.get("_grad_hooks") or p.__dict__.get("_post_grad_hooks") for p in model.parameters())
 
 
 def _whole_arg(who, name, v, low):

@@ -564,3 +564,39 @@ def test_evaluate_runs_a_forward_that_reads_back_eagerly(dev):
     a, b = train.evaluate(m, test, batch=8), train.evaluate(m, test, batch=8, graphs=False)
     assert (a["loss"], a["accuracy"]) == (b["loss"], b["accuracy"])
     np.testing.assert_array_equal(a["confusion"], b["confusion"])
+
+
+def test_fit_runs_eagerly_what_a_replay_would_skip(dev):
+    """fit's captured step holds no host code of the user's: a forward that reads a tensor back (.item()) falls back
+    to eager steps (its capture raised CaptureError at step 2), and a parameter's gradient hook or
+    post-accumulate-grad hook keeps the step eager (the replays skipped them: 2 of 6 calls). Either way the weights
+    are those of graphs=False, bit for bit."""
+    X = np.random.default_rng(0).standard_normal((12, 6)).astype(np.float32)
+    Y = np.arange(12) % 3
+
+    class Reads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(6, 3)
+
+        def forward(self, x):
+            out = self.a(x)
+            return out * 0.0 if out.abs().max().item() > 1e6 else out
+
+    def hooked():
+        m = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+        m[0].weight.register_hook(lambda g: g * 0.5)
+        m[2].weight.register_post_accumulate_grad_hook(lambda p: calls.append(1))
+        return m
+    for make in (Reads, hooked):
+        weights = []
+        for graphs in (True, False):
+            calls = []
+            clnet.manual_seed(0)
+            model = make().to(dev)
+            assert train.fit(model, (X, Y), epochs=2, batch=4, device=dev, graphs=graphs)["global_step"] == 6
+            weights.append([p.numpy() for p in model.parameters()])
+            if make is hooked:
+                assert len(calls) == 6
+        for a, b in zip(*weights):
+            np.testing.assert_array_equal(a, b)
