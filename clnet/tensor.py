@@ -638,6 +638,21 @@ class Tensor:
     def data(self):
         return self.detach()
 
+    @data.setter
+    def data(self, value):
+        """t.data = v: t takes v's values (`p.data -= lr * p.grad` ends with this, its in-place result being t's own
+        memory already). PyTorch's t takes v's memory; clnet copies, keeping t's place in an optimizer's flat buffer,
+        and refuses another shape or dtype."""
+        if not isinstance(value, Tensor):
+            raise TypeError(f"t.data = v: v must be a clnet tensor, got {type(value).__name__}")
+        if value.storage is self.storage:
+            return
+        if value.shape != self.shape or value.dtype != self.dtype:
+            raise ValueError(f"t.data = v: v has shape {value.shape} and dtype {value.dtype}, t {self.shape} and "
+                             f"{self.dtype}; clnet keeps a tensor's shape and dtype (write a new tensor instead)")
+        self.copy_from(value)
+        note_in_place(self)
+
     def requires_grad_(self, flag=True):
         if self.grad_fn is not None and not flag:
             raise RuntimeError("requires_grad_(False) is only for leaves; use detach() on a computed tensor")
@@ -729,6 +744,12 @@ class Tensor:
 
     def __float__(self):
         return float(self.item())
+
+    def __int__(self):  # a float one truncated, as int() of PyTorch's
+        return int(self.item())
+
+    def __format__(self, spec):  # f"{loss:.3f}" of a one-element tensor formats its number, as PyTorch's
+        return format(self.item(), spec) if spec and self.size == 1 else format(str(self), spec)
 
     def __len__(self):
         if not self.shape:

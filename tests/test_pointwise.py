@@ -262,6 +262,11 @@ def test_augmented_assignment_is_in_place(dev, rng):
         w -= 0.1 * w.grad
     assert_close(w.numpy(), a - 0.1 * 2 * a.astype(np.float64), "w after w -= 0.1 * w.grad", tol=1e-6)
     assert w.grad_fn is None and w.requires_grad
+    moved = w.numpy().astype(np.float64)
+    w.data -= 0.1 * w.grad  # the older spelling: in place through .data, then Python's w.data = (it had no setter)
+    assert_close(w.numpy(), moved - 0.2 * a, "w after w.data -= 0.1 * w.grad", tol=1e-6)
+    with pytest.raises(ValueError, match=r"t.data = v: v has shape \(2,\) .* clnet keeps a tensor's shape"):
+        w.data = clnet.zeros(2, device=dev)
     x = clnet.tensor(a, dev)
     view = x.view(5, 3)
     expected = a.astype(np.float64)
@@ -395,6 +400,15 @@ def test_bmm_baddbmm_and_errors(dev, rng):
         clnet.tensor(a, dev) @ clnet.tensor(b.transpose(0, 2, 1).copy(), dev)
     with pytest.raises(ValueError, match=r"batch dimensions\): shapes \(3,\) and \(2,\) do not broadcast"):
         clnet.tensor(a, dev) @ clnet.tensor(b[:2], dev)
+
+
+def test_one_element_tensors_convert_as_pytorch(dev):
+    """int() truncates a float one and f"{t:.3f}" formats its number, as PyTorch's (both raised TypeError); F.relu of
+    an int32 tensor keeps it int32 (it was refused)."""
+    from clnet.nn import functional as CF
+    t = clnet.tensor(np.array(-2.75, np.float32), dev)
+    assert int(t) == -2 and f"{t:.3f}" == "-2.750" and f"{t}" == str(t)
+    assert CF.relu(clnet.tensor(np.array([-2, 3], np.int32), dev)).numpy().tolist() == [0, 3]
 
 
 def test_tensor_conveniences(dev, rng):

@@ -87,6 +87,8 @@ def _activation(kind, input):
 
 
 def relu(input, inplace=False):
+    if isinstance(input, Tensor) and input.dtype == np.int32:  # int32 kept, as PyTorch's
+        return pointwise.relu(input)
     return _activation("relu", input)
 
 
