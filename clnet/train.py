@@ -247,6 +247,12 @@ def _check_data(train_data, test_data):
     images (found after a whole epoch), test images of another shape than the training images."""
     if len(train_data) == 0:
         raise FitError("fit: the training set holds no images; pass a data set with at least one")
+    for name, d in (("training", train_data), ("test", test_data)):  # a data set of the user's: its first label,
+        if d is not None and not isinstance(d, data_mod.Dataset) and len(d):  # before any epoch is spent
+            labels = np.asarray(d.batch(np.arange(1))[1])
+            if labels.dtype.kind not in "iu":
+                raise FitError(f"fit: the {name} set's batch() gives labels of dtype {labels.dtype}; class labels "
+                               "must be integers (return labels.astype(np.int64))")
     if test_data is None:
         return
     if len(test_data) == 0:

@@ -471,3 +471,17 @@ def test_fit_resumes_what_it_saved(dev, tmp_path):
     before = frozen.weight.numpy().copy()
     assert train.fit(model, synthetic(32), epochs=1, batch=16, device=dev, weight_decay=0.1)["global_step"] == 2
     np.testing.assert_array_equal(frozen.weight.numpy(), before)
+
+
+def test_fit_refuses_float_labels_of_a_data_set_of_its_own_before_training(dev):
+    """A data set of the user's whose labels are floats is refused before the first step (the epoch trained on them
+    cast, then its test pass failed with a raw IndexError and no checkpoint was written)."""
+    class Floats:
+        def __len__(self):
+            return 8
+
+        def batch(self, idx):
+            return np.zeros((len(idx), 1, 28, 28), np.float32), (np.asarray(idx) % 3).astype(np.float32)
+    with pytest.raises(train.FitError, match=r"fit: the training set's batch\(\) gives labels of dtype float32; "
+                                             r"class labels must be integers"):
+        train.fit(tiny_model(), Floats(), epochs=1, batch=4, device=dev)
