@@ -50,6 +50,7 @@ class _Writer:
         self.nodes, self.initializers = [], []
         self.names = dict(names)  # id(tensor) -> value name
         self.keep = []  # tensors whose ids name values: kept alive while writing
+        self.traced = {}  # id(storage) -> the traced value (an input or a node's output) that holds it
         self.merged = {}  # names whose dimension 0 is the input's batch times a known factor (attention's heads)
         self.batch_size = 1
         self.count = 0
@@ -64,7 +65,13 @@ class _Writer:
         constant tensor made inside forward (an initializer of its own)."""
         k = id(t)
         if k not in self.names:
-            self.names[k] = self.constant(t.numpy(), hint)
+            src = self.traced.get(id(t.storage)) if getattr(t, "storage", None) is not None else None
+            if src is not None and src.size == t.size and id(src) in self.names:  # an alias of a traced value made
+                # without an op (a reshape of an int32 input): its value, reshaped, not a constant of the example's
+                self.names[k] = self.node("Reshape", [self.names[id(src)],
+                                                      self.constant(np.array(t.shape, np.int64), "shape")])
+            else:
+                self.names[k] = self.constant(t.numpy(), hint)
             self.keep.append(t)
         n = self.names[k]
         if isinstance(n, tuple):  # a parameter or buffer not yet written
@@ -90,6 +97,8 @@ class _Writer:
         if out is not None:
             self.names[id(out)] = output
             self.keep.append(out)
+            if getattr(out, "storage", None) is not None:
+                self.traced[id(out.storage)] = out
         return output
 
 
@@ -266,6 +275,8 @@ def _export_record(w, cls, inputs, options, out, batch_names):
         y = w.node("Gather", [xn, w.name(inputs[1], "indices")], result, axis=int(options["dim"]))
         if options["dim"] != 0:
             done(y)
+        elif w.name(inputs[1]) in batch_names and not keeps_batch:  # rows picked by batch-sized indices (an
+            batch_names.add(y)  # Embedding's): the result's first dimension is the indices' batch
     elif name == "Gather":  # views.gather: ONNX's GatherElements
         y = w.node("GatherElements", [xn, w.name(inputs[1], "indices")], result, axis=int(options["dim"]))
         if options["dim"] != 0 and inputs[1].shape[:1] == x.shape[:1]:
@@ -461,6 +472,7 @@ def export(model, path, example_input, opset=EXPORT_OPSET, dynamic_batch=True):
     for t, n in zip(xs, input_names):
         w.names[id(t)] = n
         w.keep.append(t)
+        w.traced[id(t.storage)] = t
         batch_names.add(n)
     was_training = model.training
     model.eval()
