@@ -602,8 +602,11 @@ class Tensor:
     def _alias(self, shape, copy_for_view=False):
         view = Tensor(shape, self.dtype, self.device, _storage=self.storage)
         view.value_range = self.value_range
-        if copy_for_view is False:  # a reshape: PyTorch's of a contiguous view is a view, of another one a copy
-            copy_for_view = self.copy_for_view if self.copy_for_view is not None and self.copy_for_view[1] else None
+        if copy_for_view is False:  # a reshape: PyTorch's of a contiguous view is a view, and so is one that only
+            # adds or drops dimensions of 1 (unsqueeze, squeeze); another is a copy
+            mark = self.copy_for_view
+            keeps = mark is not None and (mark[1] or [n for n in shape if n != 1] == [n for n in self.shape if n != 1])
+            copy_for_view = mark if keeps else None
         view.copy_for_view = copy_for_view
         return view
 

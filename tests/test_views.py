@@ -202,7 +202,8 @@ def test_writes_to_a_copy_standing_for_a_view_are_refused(dev, rng):
                             clnet.zeros(2, 3, 4, device=dev))),
                         (r"x\[...\] = value", lambda: V.setitem(x[0], 1, 5.0)),
                         ("fill_", lambda: x[0].contiguous().fill_(1.0)),  # PyTorch's x[0] is contiguous: a view still
-                        ("add_", lambda: x[1:].reshape(8).add_(1.0))]:
+                        ("add_", lambda: x[1:].reshape(8).add_(1.0)), ("add_", lambda: x.t().unsqueeze(0).add_(1.0)),
+                        ("zero_", lambda: x[:, 0].reshape(3, 1).zero_())]:
         with pytest.raises(RuntimeError, match=rf"{what}: this tensor of shape .* is the result of .*, a copy in "
                                                r"clnet where PyTorch's is a view"):
             write()
