@@ -170,8 +170,8 @@ def _check_saved(fn):
     for t in fn.saved:
         if isinstance(t, Tensor) and written_since(t, fn.saved_at):
             raise RuntimeError(f"{type(fn).__name__} backward: a tensor of shape {t.shape} that this op saved for its "
-                               "gradient was changed in place since (an in-place op, x[...] = value, write() or an optimizer's "
-                               "step), so "
+                               "gradient was changed in place since (an in-place op, x[...] = value, write() or an "
+                               "optimizer's step), so "
                                "the gradient would be computed from the new values; change a copy (x.clone()) "
                                "instead, or run backward before the change")
 

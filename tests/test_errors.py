@@ -156,8 +156,8 @@ def test_layers_refuse_inputs_that_are_not_float32(dev, dtype):
                       ("average pooling", lambda: nn.AvgPool2d(2).to(dev)(clnet.tensor(image, dev))),
                       ("conv2d", lambda: F.conv2d(clnet.tensor(np.ones((1, 2, 4, 4), np.float32), dev),
                                                   clnet.tensor(np.ones((1, 2, 1, 1), dtype), dev)))]:
-        with no_launch(), pytest.raises(TypeError, match=rf"{what}.*: expected a? ?float32 tensors?, got (one of dtype )?"
-                                                         rf"{np.dtype(dtype)}.*convert it with \.float\(\)"):
+        words = rf"{what}.*: expected a? ?float32 tensors?, got (one of dtype )?{np.dtype(dtype)}.*convert it with "
+        with no_launch(), pytest.raises(TypeError, match=words + r"\.float\(\)"):
             run()
 
 

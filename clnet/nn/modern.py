@@ -352,11 +352,12 @@ class MultiheadAttention(Module):
             return views.squeeze(out, at), (None if weights is None else views.squeeze(weights, 0))
         for name, t in (("query", query), ("key", key), ("value", value)):
             if getattr(t, "ndim", 0) != 3:
-                raise ValueError(f"{self._name()}: the {name} has shape {getattr(t, 'shape', type(t).__name__)}; expected "
-                                 f"{'(N, L, E)' if self.batch_first else '(L, N, E)'} (or an unbatched (L, E) query)")
+                raise ValueError(f"{self._name()}: the {name} has shape {getattr(t, 'shape', type(t).__name__)}; "
+                                 f"expected {'(N, L, E)' if self.batch_first else '(L, N, E)'} (or an unbatched "
+                                 "(L, E) query)")
         if key.shape != value.shape:
-            raise ValueError(f"{self._name()}: the key has shape {key.shape} and the value {value.shape}; they must match "
-                             "(one value per key)")
+            raise ValueError(f"{self._name()}: the key has shape {key.shape} and the value {value.shape}; they must "
+                             "match (one value per key)")
         if not self.batch_first:  # (L, N, E) -> (N, L, E)
             query, key, value = (views.transpose(t, 0, 1) for t in (query, key, value))
         N, L, E = query.shape
@@ -367,11 +368,11 @@ class MultiheadAttention(Module):
         if key.shape[0] != N:
             raise ValueError(f"{self._name()}: the query holds a batch of {N}, the key and value {key.shape[0]}")
         if key_padding_mask is not None and tuple(key_padding_mask.shape) != (N, S):
-            raise ValueError(f"{self._name()}: key_padding_mask has shape {tuple(key_padding_mask.shape)}, expected (N, S) = "
-                             f"{(N, S)}: a batch of {N}, {S} keys")
+            raise ValueError(f"{self._name()}: key_padding_mask has shape {tuple(key_padding_mask.shape)}, expected "
+                             f"(N, S) = {(N, S)}: a batch of {N}, {S} keys")
         if attn_mask is not None and tuple(attn_mask.shape) not in ((L, S), (N * self.num_heads, L, S)):
-            raise ValueError(f"{self._name()}: attn_mask has shape {tuple(attn_mask.shape)}, expected (L, S) = {(L, S)} or "
-                             f"(N * num_heads, L, S) = {(N * self.num_heads, L, S)}")
+            raise ValueError(f"{self._name()}: attn_mask has shape {tuple(attn_mask.shape)}, expected (L, S) = "
+                             f"{(L, S)} or (N * num_heads, L, S) = {(N * self.num_heads, L, S)}")
         h, d = self.num_heads, self.head_dim
         w, b = self.in_proj_weight, self.in_proj_bias
         ws = views.chunk(w, 3, 0)
