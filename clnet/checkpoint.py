@@ -259,10 +259,10 @@ def _check_record(path, meta):
             bad("scheduler state", sched["state"], f"an lr scheduler's state ({e})")
 
 
-RUNNING = ("loss", "correct", "seen", "seconds", "wait")
+RUNNING = ("loss", "correct", "seen", "seconds", "wait")  # the unfinished epoch's sums (train.fit)
 # a parameter group's settings that clnet's optimizers and lr schedulers read as numbers
 GROUP_NUMBERS = ("lr", "momentum", "weight_decay", "betas", "eps", "alpha", "step", "initial_lr", "max_lr",
-                 "min_lr", "base_momentum", "max_momentum")  # the unfinished epoch's sums (train.fit)
+                 "min_lr", "base_momentum", "max_momentum")
 
 
 def load_checkpoint(path):

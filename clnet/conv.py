@@ -160,16 +160,22 @@ def _conv2d_forward_im2col(x, w, bias, s, relu, what):
     return y
 
 
+def _no_terms(dw, db, betas, x_shape, dev, need_dx):
+    """A layer's backward over a batch of none: the weight and bias gradients are sums of no terms, zeros (written
+    where beta 0 overwrites; added, they change nothing); dx has no elements."""
+    for g, beta in ((dw, betas[0]), (db, betas[1])):
+        if g is not None and beta == 0.0:
+            fill(g, 0.0)
+    return empty(x_shape, dev) if need_dx else None
+
+
 def conv2d_backward(x, w, dy, s, dw, db, need_dx=True, what="Conv2d backward", betas=(1.0, 1.0)):
     """Adds d loss / d w into dw (and d loss / d bias into db), each unless None, or overwrites it where its beta
     (betas: dw's, db's) is 0; returns d loss / d x (or None). Each gradient uses the algorithm tuned (or defaulted)
     for this shape; when both use im2col they share one lowering of x."""
     dev = x.device
-    if s.N == 0:  # sums of no terms: the gradients are zeros (no algorithm shapes a launch over no images)
-        for g, beta in ((dw, betas[0]), (db, betas[1])):
-            if g is not None and beta == 0.0:
-                fill(g, 0.0)
-        return empty(x.shape, dev) if need_dx else None
+    if s.N == 0:  # no algorithm shapes a launch over no images
+        return _no_terms(dw, db, betas, x.shape, dev, need_dx)
     runs = _image_runs(s, what)
     if runs:
         return _by_images_backward(x, w, dy, s, dw, db, need_dx, what, runs, betas)
@@ -363,11 +369,8 @@ def linear_backward(x, w, dy, dw, db, need_dx=True, what="Linear backward", beta
     by a CPU's rank-1 product of at least DEFER_MIN elements."""
     N, I = x.shape
     O = w.shape[0]
-    if N == 0:  # sums of no terms: the gradients are zeros (a product of depth 0 is no launch gemm can shape)
-        for g, beta in ((dw, betas[0]), (db, betas[1])):
-            if g is not None and beta == 0.0:
-                fill(g, 0.0)
-        return empty((0, I), x.device) if need_dx else None
+    if N == 0:  # a product of depth 0 is no launch gemm can shape
+        return _no_terms(dw, db, betas, x.shape, x.device, need_dx)
     a, b, c = Mat(rs=1, cs=O), Mat(rs=I, cs=1), Mat(rs=I, cs=1)  # the weight gradient's operands
     rank1 = N == 1 and skinny(x.device, O, N, 1, a, b, c)  # (then the data gradient's one row is skinny too)
     deferred = (defer is not None and rank1 and dw is not None and betas[0] == 0.0 and O * I >= DEFER_MIN

@@ -552,8 +552,8 @@ class StepReplayer:
             with graph.capture():
                 out = self.step(sx, sy)
         except CaptureError:  # the step does host work of the user's (a read-back in forward): eager from now on.
-            # The capture ran the step up to that point; nothing of it was kept (its optimizer's update comes last),
-            # but a batch norm before it counted this batch in its running statistics, as it will again.
+            # The capture ran the step up to that point, and it runs again whole: where the update comes last (fit's
+            # step) no weight moved, but a batch norm before that point counted this batch in its running statistics.
             self.enabled, self.key = False, None
             return self.step(x, y)
         self.graph = (graph, sx, sy, out)

@@ -23,28 +23,23 @@ def _flat_launch(dev, k, n, *args, what=""):
 
 
 def _same_device(what, *tensors):
-    devs = {id(t.device): t.device for t in tensors if t is not None}
-    if len(devs) > 1:
-        raise ValueError(f"{what}: the tensors are on different devices ({', '.join(d.name for d in devs.values())}); "
-                         "move them to one with .to(device)")
+    """ValueError unless every tensor given (None skipped) is on one device: a buffer of another device's context
+    crashes some drivers (PoCL's, given Intel's)."""
+    tensors = [t for t in tensors if t is not None]
+    for t in tensors[1:]:
+        if t.device is not tensors[0].device:
+            where = [getattr(d, "name", "the host (not placed yet)") for d in (t.device, tensors[0].device)]
+            raise ValueError(f"{what}: a tensor of shape {t.shape} is on {where[0]}, another on {where[1]}; move "
+                             "them to one device with .to(device)")
 
 
 def _operands(what, *tensors):
-    """A layer's tensors (None skipped): float32, on one device. Its kernels would read int32 or bool bits as floats,
-    and a buffer of another device's context crashes some drivers (PoCL's, given Intel's)."""
-    dev = None
+    """A layer's tensors (None skipped): float32 (its kernels would read int32 or bool bits as floats), on one
+    device."""
     for t in tensors:
-        if t is None:
-            continue
-        if t.dtype != np.float32:
-            raise TypeError(f"{what}: expected float32 tensors, got one of dtype {t.dtype} and shape {t.shape}; "
-                            "convert it with .float()")
-        if dev is None:
-            dev = t.device
-        elif t.device is not dev:
-            where = [getattr(d, "name", "the host (not placed yet)") for d in (t.device, dev)]
-            raise ValueError(f"{what}: a tensor of shape {t.shape} is on {where[0]}, another on {where[1]}; "
-                             "move them to one device with .to(device)")
+        if t is not None:
+            _float(what, t)
+    _same_device(what, *tensors)
 
 
 def _float(what, t):

@@ -303,8 +303,8 @@ class Optimizer:
     def _runs(self, i, skip):
         """None where group i steps as one (every parameter has a .grad, and _run_key agrees); else the runs
         [(first, end)] of its parameters' indices that step together, those passed over (skip) left out."""
-        first = sum(len(g["params"]) for g in self.param_groups[:i])
-        indices = range(first, first + len(self.param_groups[i]["params"]))
+        indices = self._group_indices()[i]
+        first = indices[0] if indices else 0
         keys = [None if skip[j] else (self._run_key(j),) for j in indices]
         if None not in keys and len(set(keys)) <= 1:
             return None
@@ -358,7 +358,7 @@ class Optimizer:
     def _set_counters(self, i, counters):
         pass
 
-    def _param_counters(self, j):
+    def _param_counters(self, j, group_counters):
         """Parameter j's own counters for its state entry, where they differ from its group's."""
         return {}
 
@@ -378,15 +378,15 @@ class Optimizer:
             counters = self._pending["counters"]
         else:
             state = {}
-            for g, indices in zip(self.param_groups, self._group_indices()):
+            counters = [self._counters(i) for i in range(len(self.param_groups))]
+            for g, indices, c in zip(self.param_groups, self._group_indices(), counters):
                 names = self._group_state(g)
                 for i in indices:
                     entry = {name: self._views[name][i].numpy() for name in self.state_names
                              if name in names and self._views[name][i] is not None}
-                    entry.update(self._param_counters(i))
+                    entry.update(self._param_counters(i, c))
                     if entry:
                         state[i] = entry
-            counters = [self._counters(i) for i in range(len(self.param_groups))]
         groups = [dict({k: v for k, v in g.items() if k != "params"}, params=idx, **c)
                   for g, idx, c in zip(self.param_groups, self._group_indices(), counters)]
         return {"state": state, "param_groups": groups}
@@ -476,22 +476,17 @@ class _Counted(Optimizer):
         self._steps.extend([0] * (len(self.params) - len(self._steps)))  # per parameter
         self._live.append(_live(self.live_count))
 
-    def _group_steps(self, i):
-        first = sum(len(g["params"]) for g in self.param_groups[:i])
-        return self._steps[first:first + len(self.param_groups[i]["params"])]
-
     def _counters(self, i):
-        return dict(step=max(self._group_steps(i), default=0)) if i < len(self.param_groups) else dict(step=0)
+        indices = self._group_indices()[i] if i < len(self.param_groups) else []
+        return dict(step=max((self._steps[j] for j in indices), default=0))
 
     def _set_counters(self, i, counters):
         if "step" in counters:
-            first = sum(len(g["params"]) for g in self.param_groups[:i])
-            for j in range(first, first + len(self.param_groups[i]["params"])):
+            for j in self._group_indices()[i]:
                 self._steps[j] = int(counters["step"])
 
-    def _param_counters(self, j):
-        group = next(i for i, idx in enumerate(self._group_indices()) if j in idx)
-        return {} if self._steps[j] == self._counters(group)["step"] else dict(step=self._steps[j])
+    def _param_counters(self, j, group_counters):
+        return {} if self._steps[j] == group_counters["step"] else dict(step=self._steps[j])
 
     def _set_param_counters(self, j, entry):
         if "step" in entry:
@@ -503,8 +498,9 @@ class _Counted(Optimizer):
     def _set_live(self, i, g, runs):
         """Counts the step of each parameter that steps, and sets the Live arguments of the group (runs None) or of
         each run from its parameters' count."""
-        first = sum(len(gr["params"]) for gr in self.param_groups[:i])
-        for a, b in [(first, first + len(g["params"]))] if runs is None else runs:
+        indices = self._group_indices()[i]
+        spans = runs if runs is not None else [(indices[0], indices[-1] + 1)] if indices else []
+        for a, b in spans:
             if self._run_key(a) is not None and len(set(self._steps[a:b])) > 1:  # only a replay (an eager step's
                 # runs are made from the counts), and only where the update reads the count (Adam's)
                 raise CaptureError(f"{type(self).__name__}: parameters {a}-{b - 1} (param_groups[{i}]) share one "

@@ -138,8 +138,7 @@ _INT_FORMS = {
     "neg": lambda x: binary("sub", 0, x), "abs": lambda x: binary("maximum", x, binary("sub", 0, x)),
     "relu": lambda x: binary("maximum", x, 0),
     "sign": lambda x: binary("sub", cast(binary("gt", x, 0), INT), cast(binary("lt", x, 0), INT)),
-    "floor": lambda x: binary("add", x, 0), "ceil": lambda x: binary("add", x, 0),
-    "round": lambda x: binary("add", x, 0),
+    **dict.fromkeys(("floor", "ceil", "round"), lambda x: binary("add", x, 0)),  # an integer's own value
 }
 
 

@@ -364,8 +364,8 @@ def fit(model, train_data, test_data=None, epochs=1, batch=64, optimizer=None, l
         load_into(ckpt, model, optimizer, model_name, scheduler)
         history, epoch, step, global_step = list(ckpt["history"]), ckpt["epoch"], ckpt["step"], ckpt["global_step"]
         sums.update(ckpt.get("running", {}))
-        config = dict(ckpt["config"], **{k: v for k, v in config.items() if k not in ckpt["config"]},
-                      epochs=int(epochs))  # (a resume may extend the run: the span it now has)
+        config = dict(ckpt["config"], **{k: v for k, v in config.items() if k not in ckpt["config"]})
+        config["epochs"] = int(epochs)  # a resume may extend the run: the span it has now
     loss_fn = nn.CrossEntropyLoss()
     steps_per_epoch = -(-len(train_data) // batch)
     result = dict(epochs=history, interrupted=False, stopped=False, checkpoint=None, final=None, first_step_s=None)

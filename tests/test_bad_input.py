@@ -454,6 +454,9 @@ def test_fit_resumes_what_it_saved(dev, tmp_path):
     again = train.fit(tiny_model(), synthetic(64), epochs=3, batch=16, max_steps=4, checkpoint=path, resume=path,
                       device=dev)
     assert again["global_step"] == 4 and again["stopped"]
+    old = checkpoint.load_checkpoint(path)  # a record written before fit kept the run's epochs
+    del old["config"]["epochs"]
+    assert train.fit(tiny_model(), synthetic(64), epochs=3, batch=16, resume=old, device=dev)["global_step"] == 12
 
     def run(resume=None):
         model = tiny_model()

@@ -473,6 +473,21 @@ def test_printed_resume_command_continues_the_same_run(dev, tmp_path, monkeypatc
 
 
 @needs_fashion
+def test_resume_without_epochs_keeps_the_runs(dev, tmp_path):
+    """`clnet train --resume` without --epochs continues for the epochs the run was started with, which its
+    checkpoint records (it fell back to the default 10: a finished 2-epoch run trained 8 more)."""
+    path = tmp_path / "run.ckpt"
+    common = ["--device", str(dev.index), "--no-tune"]
+    r = CliRunner().invoke(cli.train_command, ["lenet", "--dataset", "fashion-mnist", "--subset", "64",
+                                               "--test-subset", "32", "--epochs", "2", "--checkpoint", str(path),
+                                               *common])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli.train_command, ["lenet", "--resume", str(path), *common])
+    assert r.exit_code == 0 and "2 epochs" in r.output, r.output
+    assert checkpoint.load_checkpoint(path)["epoch"] == 2
+
+
+@needs_fashion
 def test_train_command_stops_on_divergence(dev, tmp_path):
     r = CliRunner().invoke(cli.train_command, ["lenet", "--dataset", "fashion-mnist", "--subset", "256", "--epochs", "1",
                                                "--lr", "1e9", "--device", str(dev.index), "--no-tune"])
